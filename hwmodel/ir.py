@@ -1,0 +1,142 @@
+"""The program IR: what the workload asks the machine to do, rank by rank.
+
+This is the machine's instruction set -- what CUDA and NCCL are asked to run -- so it lives in
+``hwmodel`` and the workload generators depend on it, never the reverse.
+
+A per-rank :class:`Program` is a list of :class:`Task` s. Each task wraps one operation
+(:class:`Compute`, :class:`Collective`, :class:`SendRecv` or :class:`Memcpy`), names the CUDA stream
+it is issued on and the ids of the tasks it waits for. Tasks on one stream run in list order (CUDA
+stream semantics); ``deps`` are cross-stream events (``cudaStreamWaitEvent``). Everything is a small
+frozen dataclass so programs can be shared between ranks and hashed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Union
+
+KernelKind = Literal[
+    "gemm", "attention", "elementwise", "norm", "softmax", "embedding", "loss", "optimizer",
+    "reduction", "copy", "other",
+]
+"""What a compute kernel does; the kernel cost model prices each kind differently."""
+
+KERNEL_KINDS: tuple[str, ...] = KernelKind.__args__  # type: ignore[attr-defined]
+
+CollectiveOp = Literal["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all"]
+COLLECTIVE_OPS: tuple[str, ...] = CollectiveOp.__args__  # type: ignore[attr-defined]
+
+Phase = Literal["fwd", "bwd", "opt", "other"]
+
+
+@dataclass(frozen=True, slots=True)
+class Compute:
+    """One GPU kernel. Its duration comes from the GPU's kernel cost model, not from the task."""
+
+    name: str
+    """Kernel or aten op name, e.g. ``aten.mm`` or ``flash_attn_fwd``."""
+    kind: str
+    """One of :data:`KERNEL_KINDS`."""
+    flops: float
+    """Floating-point operations (FLOP) the kernel performs."""
+    bytes_accessed: float
+    """Bytes read from and written to HBM, unfused (an upper bound for fused kernels)."""
+    dtype: str = "bf16"
+    """Math dtype: fp32, tf32, fp16, bf16 or fp8."""
+    shape: tuple[int, ...] = ()
+    """For ``gemm``: (batch, m, n, k). For ``attention``: (batch, heads, seq_q, seq_kv, head_dim).
+    Empty for other kinds."""
+    layer: str = ""
+    """Module path that issued the kernel, e.g. ``layers.3.attn``."""
+    phase: str = "fwd"
+    """fwd, bwd, opt or other."""
+
+
+@dataclass(frozen=True, slots=True)
+class Collective:
+    """An NCCL collective on a communicator (an ordered tuple of global ranks).
+
+    Matched across the ranks of ``group`` by (group, sequence number on that group), as NCCL does.
+    ``size_bytes`` is nccl-tests' ``S``: the per-rank buffer for all_reduce/broadcast/reduce, the
+    *total* (gathered) buffer for all_gather/reduce_scatter/all_to_all.
+    """
+
+    op: str
+    """One of :data:`COLLECTIVE_OPS`."""
+    size_bytes: int
+    group: tuple[int, ...]
+    dtype: str = "bf16"
+    root: int = 0
+    """Index in ``group`` of the root for broadcast/reduce."""
+    algorithm: str | None = None
+    """Force an algorithm (ring, tree, nvls), as NCCL_ALGO; ``None`` lets the tuner pick."""
+    protocol: str | None = None
+    """Force a protocol (simple, ll, ll128), as NCCL_PROTO; ``None`` lets the tuner pick."""
+    name: str = ""
+    """Label for reports, e.g. ``tp_allreduce`` or ``dp_grad_bucket_3``."""
+
+
+@dataclass(frozen=True, slots=True)
+class SendRecv:
+    """One side of a point-to-point transfer (pipeline activations, ring attention blocks).
+
+    A ``send`` on rank a to peer b is matched with the next ``recv`` on rank b from peer a
+    (FIFO per ordered pair, as NCCL send/recv)."""
+
+    direction: Literal["send", "recv"]
+    peer: int
+    size_bytes: int
+    name: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Memcpy:
+    """A copy served by a copy engine: host<->device over PCIe, or device<->device (peer)."""
+
+    direction: Literal["h2d", "d2h", "d2d", "peer"]
+    size_bytes: int
+    peer: int | None = None
+    """Destination rank for ``peer`` copies."""
+    name: str = ""
+
+
+Operation = Union[Compute, Collective, SendRecv, Memcpy]
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """An operation issued on a stream, after the tasks in ``deps`` (ids in the same program)."""
+
+    id: int
+    op: Operation
+    stream: str = "compute"
+    """CUDA stream name: compute, comm, p2p, copy, ... Tasks on one stream run in order."""
+    deps: tuple[int, ...] = ()
+    """Ids of tasks (on any stream of this rank) that must finish first (CUDA events)."""
+
+
+@dataclass(slots=True)
+class Program:
+    """One rank's work for one iteration: tasks in issue order.
+
+    Build with :meth:`add`, which assigns ids and checks that dependencies exist.
+
+    Raises:
+        ValueError: a dependency names a task that does not exist yet.
+    """
+
+    rank: int
+    tasks: list[Task] = field(default_factory=list)
+
+    def add(self, op: Operation, stream: str = "compute", deps: tuple[int, ...] | list[int] = ()) -> int:
+        tid = len(self.tasks)
+        deps = tuple(deps)
+        for d in deps:
+            if not 0 <= d < tid:
+                raise ValueError(f"task {tid} ({op!r}) depends on unknown task id {d}")
+        self.tasks.append(Task(tid, op, stream, deps))
+        return tid
+
+    def streams(self) -> list[str]:
+        """Stream names in order of first use."""
+        return list(dict.fromkeys(t.stream for t in self.tasks))
