@@ -80,13 +80,15 @@ class Collective:
 class SendRecv:
     """One side of a point-to-point transfer (pipeline activations, ring attention blocks).
 
-    A ``send`` on rank a to peer b is matched with the next ``recv`` on rank b from peer a
-    (FIFO per ordered pair, as NCCL send/recv)."""
+    A ``send`` on rank a to peer b is matched with the next ``recv`` on rank b from peer a with the
+    same ``tag`` (FIFO per ordered pair and tag, as NCCL send/recv per communicator)."""
 
     direction: Literal["send", "recv"]
     peer: int
     size_bytes: int
     name: str = ""
+    tag: str = ""
+    """Matching key besides the rank pair (e.g. ``fwd``/``bwd`` activations vs gradients)."""
 
 
 @dataclass(frozen=True, slots=True)

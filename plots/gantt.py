@@ -1,0 +1,214 @@
+"""Timeline (Gantt) PNG of a run: one lane per (GPU, stream), GPU 0 on top.
+
+Bars are coloured by what ran: compute kernels in blues (GEMM), greens (attention) and teals (other
+kinds), forward light and backward dark; NCCL collectives in oranges and reds; send/recv in purples;
+copies in grey; optimizer kernels olive. Idle time is the pale lane background showing through, so
+pipeline bubbles are gaps, and a collective overlapped with compute shows on its comm lane under
+the compute lane of the same GPU.
+
+Fast for big traces: one ``broken_barh`` per (lane, colour) with ``linewidth=0`` (20 000 bars render
+and save in well under a second). Takes plain event objects, no SimPy.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from plots.chrome_trace import stream_tids
+
+__all__ = ["GanttInfo", "category_style", "select_ranks", "plot_gantt", "TIME_UNITS"]
+
+TIME_UNITS = {"s": 1.0, "ms": 1e3, "us": 1e6, "µs": 1e6}
+"""Seconds -> display unit factors accepted by ``time_unit``."""
+
+_SHADES = {  # family -> (fwd, bwd, other phase)
+    "gemm": ("#9ecae1", "#2171b5", "#6baed6"),
+    "attention": ("#a1d99b", "#238b45", "#74c476"),
+    "other compute": ("#a6dbd8", "#1f7f7a", "#5fb3ae"),
+}
+_NCCL = {
+    "all_reduce": "#d62728",
+    "reduce_scatter": "#e6550d",
+    "all_gather": "#fd8d3c",
+    "all_to_all": "#a50f15",
+    "broadcast": "#fdae6b",
+    "reduce": "#f16913",
+}
+_FIXED = {
+    "optimizer": "#bcbd22",
+    "send": "#6a51a3",
+    "recv": "#9e9ac8",
+    "memcpy": "#969696",
+}
+_LEGEND_ORDER = (
+    [f"{fam} {ph}" for fam in _SHADES for ph in ("fwd", "bwd", "other")]
+    + ["optimizer"] + [f"nccl {op}" for op in _NCCL] + ["nccl other", "send", "recv", "memcpy"]
+)
+
+
+def category_style(category: str, phase: str = "") -> tuple[str, str]:
+    """Legend label and colour for an event's ``category`` (kernel kind, ``nccl:<op>``, ``send``,
+    ``recv`` or ``memcpy``) and ``phase`` (fwd, bwd, opt, ...)."""
+    if category.startswith("nccl:"):
+        op = category[5:]
+        if op in _NCCL:
+            return f"nccl {op}", _NCCL[op]
+        return "nccl other", "#ff7f0e"
+    if category in ("send", "recv", "memcpy"):
+        return category, _FIXED[category]
+    if category == "optimizer" or phase == "opt":
+        return "optimizer", _FIXED["optimizer"]
+    family = category if category in ("gemm", "attention") else "other compute"
+    fwd, bwd, other = _SHADES[family]
+    if phase == "fwd":
+        return f"{family} fwd", fwd
+    if phase == "bwd":
+        return f"{family} bwd", bwd
+    return f"{family} other", other
+
+
+def select_ranks(ranks: Sequence[int], max_ranks: int) -> list[int]:
+    """At most ``max_ranks`` of the sorted ``ranks``: the first half and the last half (so the first
+    and last pipeline stages are both visible)."""
+    ranks = sorted(ranks)
+    if max_ranks <= 0 or len(ranks) <= max_ranks:
+        return ranks
+    head = (max_ranks + 1) // 2
+    return ranks[:head] + ranks[len(ranks) - (max_ranks - head):]
+
+
+def _ranges_label(ranks: Sequence[int]) -> str:
+    """``[0, 1, 2, 5, 6]`` -> ``"0-2, 5-6"``."""
+    parts: list[str] = []
+    start = prev = None
+    for r in ranks:
+        if start is None:
+            start = prev = r
+        elif r == prev + 1:
+            prev = r
+        else:
+            parts.append(f"{start}" if start == prev else f"{start}-{prev}")
+            start = prev = r
+    if start is not None:
+        parts.append(f"{start}" if start == prev else f"{start}-{prev}")
+    return ", ".join(parts)
+
+
+@dataclass
+class GanttInfo:
+    """What :func:`plot_gantt` drew."""
+
+    path: Path
+    """The PNG written."""
+    lanes: list[tuple[int, str]]
+    """(rank, stream) of each lane, top to bottom."""
+    ranks_shown: list[int]
+    """Ranks with lanes (a subset when the run has more than ``max_ranks``)."""
+    n_bars: int
+    """Events drawn."""
+    groups: list[str] = field(default_factory=list)
+    """Legend labels (colour groups present), in legend order."""
+
+    @property
+    def n_lanes(self) -> int:
+        return len(self.lanes)
+
+
+def plot_gantt(events: Iterable[Any], path: str | Path, *, ranks: Iterable[int] | None = None,
+               max_ranks: int = 16, title: str = "", time_unit: str = "ms", dpi: int = 120,
+               t_range_s: tuple[float, float] | None = None) -> GanttInfo:
+    """Draw the run's timeline to a PNG.
+
+    Args:
+        events: ``TraceEvent``-like objects (``rank``, ``stream``, ``category``, ``start_s``, ``end_s``,
+            ``phase``; seconds).
+        path: PNG file to write (parent directories are created).
+        ranks: ranks to show (default: all ranks with events, capped by ``max_ranks``).
+        max_ranks: show at most this many ranks, the first and last ones; the title says which.
+        title: figure title.
+        time_unit: x-axis unit: ``s``, ``ms`` or ``us``.
+        dpi: PNG resolution.
+        t_range_s: (start, end) window in seconds to show (default: the whole run).
+
+    Returns:
+        :class:`GanttInfo` (lanes, ranks shown, bar count, legend groups).
+    """
+    if time_unit not in TIME_UNITS:
+        raise ValueError(f"time_unit must be one of {sorted(TIME_UNITS)}, got {time_unit!r}")
+    scale = TIME_UNITS[time_unit]
+    evs = list(events)
+    all_ranks = sorted({e.rank for e in evs})
+    wanted = sorted(set(ranks)) if ranks is not None else all_ranks
+    shown = select_ranks(wanted, max_ranks)
+    shown_set = set(shown)
+    tids = stream_tids(e.stream for e in evs)
+    streams_of: dict[int, set[str]] = defaultdict(set)
+    for e in evs:
+        if e.rank in shown_set:
+            streams_of[e.rank].add(e.stream)
+    lanes = [(r, s) for r in shown for s in sorted(streams_of.get(r, ()), key=lambda s: tids[s])]
+    lane_index = {lane: i for i, lane in enumerate(lanes)}
+
+    # (lane, colour group) -> list of (start, width) in display units.
+    bars: dict[tuple[int, str], list[tuple[float, float]]] = defaultdict(list)
+    colours: dict[str, str] = {}
+    n_bars = 0
+    t_end = 0.0
+    for e in evs:
+        i = lane_index.get((e.rank, e.stream))
+        if i is None:
+            continue
+        label, colour = category_style(e.category, getattr(e, "phase", "") or "")
+        colours[label] = colour
+        bars[(i, label)].append((e.start_s * scale, (e.end_s - e.start_s) * scale))
+        n_bars += 1
+        t_end = max(t_end, e.end_s)
+
+    n = max(len(lanes), 1)
+    fig = Figure(figsize=(13, min(2.0 + 0.32 * n, 40)), layout="constrained")
+    ax = fig.add_subplot()
+    x_max = t_end * scale if t_end > 0 else 1.0
+    # Pale lane backgrounds: idle time (bubbles) shows as gaps in the colour.
+    for i in range(len(lanes)):
+        ax.broken_barh([(0.0, x_max)], (i - 0.42, 0.84), facecolors="#f2f2f2", linewidth=0, zorder=0)
+    for (i, label), xr in bars.items():
+        ax.broken_barh(xr, (i - 0.4, 0.8), facecolors=colours[label], linewidth=0, zorder=2)
+    # Separate GPUs with a line; a thick dashed one where ranks were left out.
+    pos = {r: k for k, r in enumerate(all_ranks)}
+    for i in range(1, len(lanes)):
+        prev, cur = lanes[i - 1][0], lanes[i][0]
+        if cur != prev:
+            skipped = pos[cur] - pos[prev] > 1
+            ax.axhline(i - 0.5, color="#c00000" if skipped else "#555555", linewidth=1.6 if skipped else 0.6,
+                       linestyle="--" if skipped else "-", zorder=3)
+
+    ax.set_yticks(range(len(lanes)), [f"GPU {r} {s}" for r, s in lanes], fontsize=8 if n > 24 else 9)
+    ax.set_ylim(len(lanes) - 0.5, -0.5)  # GPU 0 on top
+    if t_range_s is not None:
+        ax.set_xlim(t_range_s[0] * scale, t_range_s[1] * scale)
+    else:
+        ax.set_xlim(0, x_max * 1.005)
+    ax.set_xlabel(f"time ({time_unit})")
+    ax.grid(axis="x", color="#dddddd", linewidth=0.5, zorder=1)
+    ax.set_axisbelow(True)
+
+    full_title = title or "Timeline"
+    if len(shown) < len(wanted):
+        full_title += f"  (GPUs {_ranges_label(shown)} of {len(wanted)} shown)"
+    ax.set_title(full_title)
+    groups = [g for g in _LEGEND_ORDER if g in colours]
+    if groups:
+        handles = [Patch(facecolor=colours[g], label=g) for g in groups]
+        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8,
+                  frameon=False)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    return GanttInfo(path=path, lanes=lanes, ranks_shown=shown, n_bars=n_bars, groups=groups)

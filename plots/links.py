@@ -1,0 +1,120 @@
+"""Link utilisation: the busiest links of a run as a table and as step lines over time.
+
+A link is any object with ``name``, ``nominal_capacity`` (bytes/s), ``timeline`` -- a step function
+``[(t_s, bytes_per_s), ...]`` whose value holds until the next point (zero before the first) -- and
+optionally ``carried`` (bytes). ``hwmodel.fluid.Resource`` is one; plain namespaces do as well.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+from matplotlib.figure import Figure
+
+from plots.gantt import TIME_UNITS
+
+__all__ = ["link_stats", "busiest_links", "plot_link_utilisation"]
+
+
+def link_stats(timeline: Sequence[tuple[float, float]], capacity: float,
+               end_time_s: float) -> tuple[float, float, float]:
+    """Integrate a step function over ``[0, end_time_s]``.
+
+    Args:
+        timeline: ``[(t_s, units_per_s)]``, each value holding until the next point; 0 before the first.
+        capacity: nominal capacity (units/s) the utilisation is relative to.
+        end_time_s: end of the window (s); the last value holds until then.
+
+    Returns:
+        ``(units carried, mean utilisation, peak utilisation)``; utilisations are fractions of
+        ``capacity`` (mean over the whole window, peak over points inside it).
+    """
+    total = 0.0
+    peak = 0.0
+    for i, (t, u) in enumerate(timeline):
+        if t >= end_time_s:
+            break
+        t_next = timeline[i + 1][0] if i + 1 < len(timeline) else end_time_s
+        total += u * (min(t_next, end_time_s) - t)
+        peak = max(peak, u)
+    cap = capacity if capacity > 0 else 1.0
+    mean = total / (cap * end_time_s) if end_time_s > 0 else 0.0
+    return total, mean, peak / cap
+
+
+def busiest_links(links: Iterable[Any], top: int, end_time_s: float) -> list[tuple[str, float, float, float]]:
+    """The ``top`` links that carried the most bytes.
+
+    Args:
+        links: link objects (see module doc). ``carried`` is used when present, else the timeline's
+            integral.
+        top: how many to return.
+        end_time_s: length of the run (s), the window of the mean utilisation.
+
+    Returns:
+        ``[(name, carried_bytes, mean_utilisation, peak_utilisation)]``, busiest first (ties by name);
+        utilisations are fractions 0..1 of ``nominal_capacity``.
+    """
+    rows = []
+    for lk in links:
+        integral, mean, peak = link_stats(lk.timeline, float(lk.nominal_capacity), end_time_s)
+        carried = getattr(lk, "carried", None)
+        rows.append((lk.name, float(integral if carried is None else carried), mean, peak))
+    rows.sort(key=lambda r: (-r[1], r[0]))
+    return rows[:max(top, 0)]
+
+
+def plot_link_utilisation(links: Iterable[Any], path: str | Path, *, top: int = 8, title: str = "",
+                          end_time_s: float | None = None, time_unit: str = "ms",
+                          dpi: int = 120) -> list[str]:
+    """Plot the ``top`` busiest links' utilisation (percent of nominal capacity) over time.
+
+    Args:
+        links: link objects (see module doc).
+        path: PNG to write.
+        top: how many links (busiest by carried bytes).
+        title: figure title.
+        end_time_s: end of the x axis (s); default the last timeline point of any link.
+        time_unit: ``s``, ``ms`` or ``us``.
+        dpi: PNG resolution.
+
+    Returns:
+        The names of the links drawn, busiest first.
+    """
+    if time_unit not in TIME_UNITS:
+        raise ValueError(f"time_unit must be one of {sorted(TIME_UNITS)}, got {time_unit!r}")
+    scale = TIME_UNITS[time_unit]
+    links = list(links)
+    if end_time_s is None:
+        end_time_s = max((lk.timeline[-1][0] for lk in links if lk.timeline), default=0.0)
+    by_name = {lk.name: lk for lk in links}
+    rows = [r for r in busiest_links(links, top, end_time_s or 1.0) if r[1] > 0]
+
+    fig = Figure(figsize=(12, 4.8), layout="constrained")
+    ax = fig.add_subplot()
+    cmap = matplotlib.colormaps["tab10"]
+    for k, (name, carried, mean, _peak) in enumerate(rows):
+        lk = by_name[name]
+        cap = float(lk.nominal_capacity) or 1.0
+        ts = [0.0] + [t * scale for t, _ in lk.timeline] + [end_time_s * scale]
+        us = [0.0] + [100.0 * u / cap for _, u in lk.timeline]
+        us.append(us[-1])
+        ax.step(ts, us, where="post", linewidth=1.2, color=cmap(k % 10),
+                label=f"{name}  ({cap / 1e9:g} GB/s; {carried / 1e9:.3g} GB, mean {100 * mean:.0f} %)")
+    if not rows:
+        ax.text(0.5, 0.5, "no link traffic", ha="center", va="center", transform=ax.transAxes)
+    ax.set_ylim(0, 105)
+    ax.set_xlim(0, max(end_time_s * scale, 1e-12))
+    ax.set_xlabel(f"time ({time_unit})")
+    ax.set_ylabel("utilisation (% of nominal capacity)")
+    ax.grid(color="#dddddd", linewidth=0.5)
+    ax.set_title(title or f"Busiest {len(rows)} links")
+    if rows:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    return [r[0] for r in rows]

@@ -1,0 +1,69 @@
+"""ParallelConfig validation and rank layout (Megatron's RankGenerator order)."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from workload.parallel.config import ParallelConfig
+from workload.parallel.placement import Layout
+
+
+def test_dp_derived_and_microbatches():
+    c = ParallelConfig(tensor_model_parallel_size=8, pipeline_model_parallel_size=8, micro_batch_size=1,
+                       global_batch_size=1536).resolve(1024)
+    assert c.dp == 16
+    assert c.num_microbatches == 96
+
+
+def test_tp_innermost_layout():
+    c = ParallelConfig(tensor_model_parallel_size=4, pipeline_model_parallel_size=2).resolve(16)
+    lay = Layout(c)
+    assert lay.group(0, "tp") == (0, 1, 2, 3)
+    assert lay.group(0, "dp") == (0, 4)
+    assert lay.group(0, "pp") == (0, 8)
+    assert lay.coords(13) == {"tp": 1, "cp": 0, "dp": 1, "pp": 1, "ep": 0}
+    assert all(lay.rank(**lay.coords(r)) == r for r in range(16))
+
+
+def test_expert_groups_carved_from_dp():
+    c = ParallelConfig(expert_model_parallel_size=2).resolve(8)
+    lay = Layout(c)
+    assert lay.group(0, "ep") == (0, 1)
+    assert lay.group(0, "edp") == (0, 2, 4, 6)
+
+
+@pytest.mark.parametrize("kwargs, world, msg", [
+    (dict(tensor_model_parallel_size=3), 8, "world_size=8 is not divisible"),
+    (dict(data_parallel_size=3), 8, "world_size=8"),
+    (dict(micro_batch_size=2, global_batch_size=6), 2, "global_batch_size=6 is not divisible"),
+    (dict(pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=2, global_batch_size=3), 2,
+     "multiple of pipeline_model_parallel_size=2"),
+])
+def test_resolve_errors_name_fields(kwargs, world, msg):
+    with pytest.raises(ValueError, match=msg):
+        ParallelConfig(**kwargs).resolve(world)
+
+
+@pytest.mark.parametrize("kwargs, msg", [
+    (dict(recompute_granularity="fulll"), "recompute_granularity.*none, selective, full"),
+    (dict(sequence_parallel=True), "sequence_parallel"),
+    (dict(zero_stage=4), "zero_stage"),
+    (dict(tensor_model_parallel_size=0), "tensor_model_parallel_size"),
+    (dict(rank_order="tp-dp-pp"), "rank_order"),
+    (dict(virtual_pipeline_model_parallel_size=2), "pipeline_model_parallel_size > 1"),
+])
+def test_field_errors(kwargs, msg):
+    with pytest.raises(ValueError, match=msg):
+        ParallelConfig(**kwargs)
+
+
+def test_model_divisibility():
+    model = SimpleNamespace(num_attention_heads=12, hidden_size=768, ffn_hidden_size=3072, num_layers=10,
+                            seq_length=1024, num_query_groups=12)
+    with pytest.raises(ValueError, match="tensor_model_parallel_size=5 does not divide num_attention_heads=12"):
+        ParallelConfig(tensor_model_parallel_size=5).validate_model(model)
+    with pytest.raises(ValueError, match="does not divide num_layers=10"):
+        ParallelConfig(pipeline_model_parallel_size=4).validate_model(model)
+    uneven = ParallelConfig(pipeline_model_parallel_size=4, num_layers_in_first_pipeline_stage=1,
+                            num_layers_in_last_pipeline_stage=3)
+    assert uneven.stage_layers(10) == [1, 3, 3, 3]

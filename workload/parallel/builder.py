@@ -1,0 +1,424 @@
+"""Per-rank programs from a traced micro-batch and a parallel configuration.
+
+Input: the op graph of ONE micro-batch on ONE tensor-parallel rank (the model built with its TP shard,
+so TP/SP/EP collectives are already ops of the graph, see :mod:`workload.parallel.tp`), and a resolved
+:class:`ParallelConfig`. Output: one :class:`hwmodel.ir.Program` per rank with the streams Megatron-LM
+and PyTorch use:
+
+* ``compute``: kernels and the tensor/expert-parallel collectives (synchronous in Megatron: they
+  block the compute stream);
+* ``pp_fwd_recv`` / ``pp_fwd_send`` / ``pp_bwd_recv`` / ``pp_bwd_send``: pipeline activations and
+  gradients (asynchronous p2p; one stream per direction so no send waits behind an unrelated receive);
+* ``cp_send`` / ``cp_recv``: ring-attention K/V blocks (context parallelism);
+* ``dp``: data-parallel gradient buckets (all-reduce, or reduce-scatter + all-gather with the
+  distributed optimizer); with ``overlap_grad_reduce`` each bucket starts as soon as the last
+  micro-batch's backward has produced it (Megatron's ``DistributedDataParallel``);
+* ``fsdp_ag`` / ``fsdp_rs``: ZeRO-3/FSDP per-layer parameter all-gathers (prefetching one layer) and
+  gradient reduce-scatters.
+
+Gradients are reduced in fp32 (Megatron forces ``accumulate_allreduce_grads_in_fp32`` for bf16);
+parameters are gathered in the training dtype.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from hwmodel.ir import Collective, Compute, Program, SendRecv
+from workload.parallel.config import ParallelConfig
+from workload.parallel.placement import Layout
+from workload.parallel.schedules import schedule
+from workload.parallel.tp import COLLECTIVE_PREFIX
+
+ELEM_BYTES = {"fp64": 8, "fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+GRAD_REDUCE_BYTES = 4
+"""Bytes per gradient element in the data-parallel reduction (fp32 main grads)."""
+
+
+@dataclass
+class ModelTrace:
+    """What the builder needs from tracing one TP rank's model for one micro-batch.
+
+    Parameter counts are elements of this rank's shard.
+    """
+
+    graph: object
+    """A :class:`workload.trace.OpGraph` (fwd, bwd, opt; blocks deduplicated)."""
+    num_layers: int
+    hidden_size: int
+    seq_length: int
+    """Sequence length of the traced micro-batch (already divided by CP)."""
+    micro_batch_size: int
+    params_pre: int
+    params_block: int
+    params_post: int
+    params_block_expert: int = 0
+    """Of ``params_block``, the expert (MoE) parameters, reduced over the expert-data-parallel group."""
+    dtype: str = "bf16"
+
+
+@dataclass
+class BuildResult:
+    """Programs for every rank plus facts reports need."""
+
+    programs: dict[int, Program]
+    layout: Layout
+    config: ParallelConfig
+    stage_layers: list[int]
+    info: dict = field(default_factory=dict)
+
+
+class _Ops:
+    """The traced ops of one micro-batch, converted once to IR operations per (part, phase)."""
+
+    def __init__(self, trace: ModelTrace) -> None:
+        self.t = trace
+        self._cache: dict[tuple, list] = {}
+
+    def get(self, part: str, phase: str, block: int | None = None) -> list:
+        key = (part, phase, block)
+        hit = self._cache.get(key)
+        if hit is None:
+            g = self.t.graph
+            recs = (g.block_ops(block, phase) if part == "block" else
+                    g.pre_ops(phase) if part == "pre" else g.post_ops(phase))
+            hit = [_convert(o) for o in recs]
+            self._cache[key] = hit
+        return hit
+
+
+def _convert(o) -> object:
+    """An op record as a Compute, or ("coll", op, size_bytes, axis, dtype) for a traced collective."""
+    if o.name.startswith(COLLECTIVE_PREFIX):
+        op = o.name[len(COLLECTIVE_PREFIX):].split(".")[0]
+        eb = ELEM_BYTES.get(o.dtype, 2)
+        if op == "all_gather":
+            size = math.prod(o.out_shapes[0]) * eb
+        else:
+            size = math.prod(o.in_shapes[0]) * eb
+        return ("coll", op, int(size), "ep" if op == "all_to_all" else "tp", o.dtype)
+    return o.to_compute()
+
+
+def build_programs(trace: ModelTrace, config: ParallelConfig, *, ranks: list[int] | None = None) -> BuildResult:
+    """Programs of ``ranks`` (default: all) for one training iteration.
+
+    Raises:
+        ValueError: the configuration does not fit the model (names the fields).
+    """
+    cfg = config
+    layout = Layout(cfg)
+    p, v, m = cfg.pp, cfg.vpp, cfg.num_microbatches
+    per_vstage = cfg.stage_layers(trace.num_layers)
+    if len(per_vstage) != p * v:
+        raise AssertionError("stage_layers must give one entry per virtual stage")
+    offsets = [0]
+    for n in per_vstage:
+        offsets.append(offsets[-1] + n)
+    ops = _Ops(trace)
+    eb = ELEM_BYTES.get(trace.dtype, 2)
+    sp_div = cfg.tp if cfg.sequence_parallel else 1
+    act_bytes = trace.micro_batch_size * trace.seq_length * trace.hidden_size * eb // sp_div
+    ranks = list(range(layout.world_size)) if ranks is None else ranks
+    programs = {}
+    for r in ranks:
+        programs[r] = _RankBuilder(r, trace, cfg, layout, ops, per_vstage, offsets, act_bytes).build(p, v, m)
+    info = {"activation_p2p_bytes": act_bytes, "num_microbatches": m}
+    return BuildResult(programs, layout, cfg, per_vstage, info)
+
+
+class _RankBuilder:
+    def __init__(self, rank, trace, cfg, layout, ops, per_vstage, offsets, act_bytes) -> None:
+        self.rank = rank
+        self.t = trace
+        self.cfg = cfg
+        self.L = layout
+        self.ops = ops
+        self.per_vstage = per_vstage
+        self.offsets = offsets
+        self.act_bytes = act_bytes
+        self.c = layout.coords(rank)
+        self.prog = Program(rank)
+        self.groups = {
+            "tp": layout.group(rank, "tp"),
+            "ep": layout.group(rank, "ep"),
+            "dp": layout.group(rank, ("dp", "cp")),
+            "edp": layout.group(rank, ("edp", "cp")),
+            "cp": layout.group(rank, "cp"),
+        }
+        s, p = self.c["pp"], cfg.pp
+        self.next_rank = layout.rank(**{**self.c, "pp": (s + 1) % p})
+        self.prev_rank = layout.rank(**{**self.c, "pp": (s - 1) % p})
+        cp_g = self.groups["cp"]
+        i = cp_g.index(rank)
+        self.cp_next, self.cp_prev = cp_g[(i + 1) % len(cp_g)], cp_g[(i - 1) % len(cp_g)]
+        self.zero = cfg.effective_zero_stage
+        self.last_compute: int | None = None
+        self.dp_tasks: list[int] = []
+        self.fsdp_ag_fwd: dict[int, int] = {}
+
+    # -- helpers -------------------------------------------------------------------------------
+    def add(self, op, stream="compute", deps=()) -> int:
+        deps = tuple(d for d in deps if d is not None)
+        tid = self.prog.add(op, stream, deps)
+        if stream == "compute":
+            self.last_compute = tid
+        return tid
+
+    def emit(self, items: list, deps=(), scale: float = 1.0) -> int | None:
+        """Put kernels and TP/EP collectives on the compute stream; the first waits for ``deps``."""
+        first = True
+        for it in items:
+            if isinstance(it, tuple):
+                _, op, size, axis, dtype = it
+                task = Collective(op, size, self.groups[axis], dtype=dtype, name=f"{axis}_{op}")
+            else:
+                task = it
+                if scale != 1.0:
+                    task = replace(it, flops=it.flops * scale, bytes_accessed=it.bytes_accessed * scale)
+                if self.cfg.cp > 1 and task.kind == "attention":
+                    self._ring_attention(task, deps if first else ())
+                    first = False
+                    continue
+            self.add(task, "compute", deps if first else ())
+            first = False
+        if first and deps:  # nothing emitted: keep the dependency on the compute stream
+            return None
+        return self.last_compute
+
+    def _ring_attention(self, task: Compute, deps) -> None:
+        """Context parallelism: cp attention steps, K/V blocks passed around the CP ring
+        (Megatron-Core ``AttnFuncWithCPAndKVP2P``); backward also returns dK/dV."""
+        cp = self.cfg.cp
+        b, h, sq, skv, d = task.shape if len(task.shape) == 5 else (1, 1, 1, 1, 1)
+        kv_bytes = 2 * b * h * skv * d * ELEM_BYTES.get(task.dtype, 2)
+        block = kv_bytes * (2 if task.phase == "bwd" else 1)
+        recv_prev = None
+        for j in range(cp):
+            if j < cp - 1:
+                self.add(SendRecv("send", self.cp_next, block, name="cp_kv", tag=f"cp{task.phase}"), "cp_send",
+                         (recv_prev if j else self.last_compute,))
+                nxt = self.add(SendRecv("recv", self.cp_prev, block, name="cp_kv", tag=f"cp{task.phase}"), "cp_recv")
+            self.add(replace(task, name=f"{task.name}[cp{j}]"), "compute",
+                     tuple(deps) + ((recv_prev,) if recv_prev is not None else ()))
+            deps = ()
+            recv_prev = nxt if j < cp - 1 else None
+
+    # -- layers ----------------------------------------------------------------------------------
+    def chunk_layers(self, chunk: int) -> range:
+        vs = chunk * self.cfg.pp + self.c["pp"]
+        return range(self.offsets[vs], self.offsets[vs + 1])
+
+    def layer_param_bytes(self, eb: int) -> int:
+        return self.t.params_block * eb
+
+    def fsdp_gather(self, layer: int, phase: str, after: int | None) -> int:
+        size = self.layer_param_bytes(ELEM_BYTES.get(self.t.dtype, 2)) * self.cfg.dp
+        return self.add(Collective("all_gather", size, self.groups["dp"], dtype=self.t.dtype,
+                                   name=f"fsdp_ag_{phase}_L{layer}"), "fsdp_ag", (after,))
+
+    def forward(self, mb: int, chunk: int, first_v: bool, last_v: bool, deps: list) -> int | None:
+        zero3 = self.zero == 3
+        if first_v:
+            self.emit(self.ops.get("pre", "fwd"), deps + self.gathered("pre"))
+            deps = []
+        layers = self.chunk_layers(chunk)
+        prev_prev = None
+        for layer in layers:
+            d = list(deps) + self.gathered(layer)
+            if zero3:
+                d.append(self.fsdp_gather(layer, "fwd", prev_prev))
+            before = self.last_compute
+            self.emit(self.ops.get("block", "fwd", layer), d)
+            prev_prev = before
+            deps = []
+        if last_v:
+            self.emit(self.ops.get("post", "fwd"), deps)
+        return self.last_compute
+
+    def backward(self, mb: int, chunk: int, first_v: bool, last_v: bool, deps: list, last_mb: bool) -> None:
+        cfg = self.cfg
+        zero3 = self.zero == 3
+        if last_v:
+            self.emit(self.ops.get("post", "bwd"), deps)
+            deps = []
+        layers = list(self.chunk_layers(chunk))
+        prev_prev = None
+        for layer in reversed(layers):
+            d = list(deps)
+            if zero3:
+                d.append(self.fsdp_gather(layer, "bwd", prev_prev))
+            before = self.last_compute
+            if cfg.recompute_granularity == "full":
+                self.emit(self.ops.get("block", "fwd", layer), d)
+                d = []
+            elif cfg.recompute_granularity == "selective":
+                core = [o for o in self.ops.get("block", "fwd", layer)
+                        if not isinstance(o, tuple) and o.kind in ("attention", "softmax")]
+                core = [replace(o, name=f"recompute:{o.name}") for o in core]
+                self.emit(core, d)
+                d = [] if core else d
+            self.emit(self.ops.get("block", "bwd", layer), d)
+            prev_prev = before
+            deps = []
+            done = self.last_compute
+            if zero3:
+                size = self.t.params_block * GRAD_REDUCE_BYTES * cfg.dp
+                self.add(Collective("reduce_scatter", size, self.groups["dp"], dtype="fp32",
+                                    name=f"fsdp_rs_L{layer}"), "fsdp_rs", (done,))
+            elif last_mb:
+                self.grad_ready(layer, done)
+        if first_v:
+            self.emit(self.ops.get("pre", "bwd"), deps)
+            if last_mb and not zero3:
+                self.grad_ready("pre", self.last_compute)
+
+    # -- data-parallel gradient buckets -----------------------------------------------------------
+    def plan_buckets(self) -> None:
+        """Group this stage's parameters into buckets in backward order (Megatron's DDP)."""
+        cfg, p, v, s = self.cfg, self.cfg.pp, self.cfg.vpp, self.c["pp"]
+        order: list[tuple[object, int, int]] = []  # (key, params, expert params)
+        for chunk in reversed(range(v)):
+            vs = chunk * p + s
+            if vs == p * v - 1:
+                order.append(("post", self.t.params_post, 0))
+            for layer in reversed(self.chunk_layers(chunk)):
+                order.append((layer, self.t.params_block, self.t.params_block_expert))
+            if vs == 0:
+                order.append(("pre", self.t.params_pre, 0))
+        cap = cfg.grad_bucket_size_bytes
+        self.buckets: list[list[object]] = []
+        self.bucket_bytes: list[tuple[int, int]] = []
+        self.key_bucket: dict[object, int] = {}
+        cur, dense, expert = [], 0, 0
+        for key, n, ne in order:
+            cur.append(key)
+            dense += (n - ne) * GRAD_REDUCE_BYTES
+            expert += ne * GRAD_REDUCE_BYTES
+            if dense + expert >= cap:
+                self._close_bucket(cur, dense, expert)
+                cur, dense, expert = [], 0, 0
+        if cur:
+            self._close_bucket(cur, dense, expert)
+        self.pending = {i: set(b) for i, b in enumerate(self.buckets)}
+        self.param_ag: dict[object, int] = {}
+
+    def _close_bucket(self, keys, dense, expert) -> None:
+        i = len(self.buckets)
+        self.buckets.append(list(keys))
+        self.bucket_bytes.append((dense, expert))
+        for k in keys:
+            self.key_bucket[k] = i
+
+    def grad_ready(self, key, task: int | None) -> None:
+        i = self.key_bucket.get(key)
+        if i is None:
+            return
+        self.pending[i].discard(key)
+        if not self.pending[i] and self.cfg.overlap_grad_reduce:
+            self.reduce_bucket(i, task)
+
+    def reduce_bucket(self, i: int, after: int | None) -> None:
+        dense, expert = self.bucket_bytes[i]
+        op = "reduce_scatter" if self.zero in (1, 2) else "all_reduce"
+        for size, group in ((dense, "dp"), (expert, "edp")):
+            if size <= 0 or len(self.groups[group]) == 1:
+                continue
+            self.dp_tasks.append(self.add(Collective(op, size, self.groups[group], dtype="fp32",
+                                                     name=f"dp_grad_bucket{i}"), "dp", (after,)))
+
+    # -- the iteration -------------------------------------------------------------------------------
+    def build(self, p: int, v: int, m: int) -> Program:
+        cfg, s = self.cfg, self.c["pp"]
+        self.plan_buckets()
+        if self.zero in (1, 2) and cfg.overlap_param_gather:
+            # Steady state: the previous step's parameter all-gathers overlap this forward pass;
+            # each layer's first forward waits for its bucket (Megatron --overlap-param-gather).
+            for i in reversed(range(len(self.buckets))):
+                for t in self.gather_bucket(i, None):
+                    for key in self.buckets[i]:
+                        self.param_ag[key] = t
+        steps = schedule(cfg.schedule, p, m, s, v)
+        last_b = {}
+        for idx, st in enumerate(steps):
+            if st.kind == "B":
+                last_b[st.chunk] = idx
+        nvs = p * v
+        for idx, st in enumerate(steps):
+            vs = st.chunk * p + s
+            first_v, last_v = vs == 0, vs == nvs - 1
+            if st.kind == "F":
+                deps = []
+                if not first_v:
+                    deps.append(self.add(SendRecv("recv", self.prev_rank, self.act_bytes, name="pp_act",
+                                                  tag="fwd"), "pp_fwd_recv"))
+                done = self.forward(st.microbatch, st.chunk, first_v, last_v, deps)
+                if not last_v:
+                    self.add(SendRecv("send", self.next_rank, self.act_bytes, name="pp_act", tag="fwd"),
+                             "pp_fwd_send", (done,))
+            else:
+                deps = []
+                if not last_v:
+                    deps.append(self.add(SendRecv("recv", self.next_rank, self.act_bytes, name="pp_grad",
+                                                  tag="bwd"), "pp_bwd_recv"))
+                last_mb = idx == last_b[st.chunk]
+                self.backward(st.microbatch, st.chunk, first_v, last_v, deps, last_mb)
+                if last_mb and last_v:
+                    self.grad_ready("post", self.last_compute)
+                if not first_v:
+                    self.add(SendRecv("send", self.prev_rank, self.act_bytes, name="pp_grad", tag="bwd"),
+                             "pp_bwd_send", (self.last_compute,))
+        if not cfg.overlap_grad_reduce and self.zero != 3:
+            for i in range(len(self.buckets)):
+                self.reduce_bucket(i, self.last_compute)
+        elif self.zero != 3:  # buckets never completed (e.g. empty keys) still need reducing
+            for i, pend in self.pending.items():
+                if pend:
+                    self.reduce_bucket(i, self.last_compute)
+        self.optimizer()
+        return self.prog
+
+    def optimizer(self) -> None:
+        cfg = self.cfg
+        scale = 1.0 / cfg.dp if self.zero >= 1 else 1.0
+        items: list = []
+        s, p, v = self.c["pp"], cfg.pp, cfg.vpp
+        for chunk in range(v):
+            vs = chunk * p + s
+            if vs == 0:
+                items += self.ops.get("pre", "opt")
+            for layer in self.chunk_layers(chunk):
+                items += self.ops.get("block", "opt", layer)
+            if vs == p * v - 1:
+                items += self.ops.get("post", "opt")
+        wait = list(self.dp_tasks)
+        if self.zero == 3:
+            wait += [i for i, t in enumerate(self.prog.tasks) if t.stream == "fsdp_rs"][-1:]
+        self.emit(items, wait, scale)
+        if self.zero in (1, 2) and not cfg.overlap_param_gather:
+            for i in range(len(self.bucket_bytes)):
+                self.gather_bucket(i, self.last_compute)
+
+    def gather_bucket(self, i: int, after: int | None) -> list[int]:
+        """Distributed optimizer: all-gather bucket ``i``'s updated parameters (training dtype)."""
+        eb = ELEM_BYTES.get(self.t.dtype, 2)
+        dense, expert = self.bucket_bytes[i]
+        out = []
+        for size, group in ((dense, "dp"), (expert, "edp")):
+            if size <= 0 or len(self.groups[group]) == 1:
+                continue
+            out.append(self.add(Collective("all_gather", size // GRAD_REDUCE_BYTES * eb, self.groups[group],
+                                           dtype=self.t.dtype, name=f"dp_param_gather{i}"), "dp", (after,)))
+        return out
+
+    def gathered(self, key) -> list[int]:
+        """The parameter all-gather a layer's first forward waits for (overlap_param_gather)."""
+        t = self.param_ag.pop(key, None)
+        return [t] if t is not None else []
+
+
+def default_rank_filter(layout: Layout) -> Callable[[int], bool]:
+    """Ranks that stand for their symmetry class: tp = cp = dp = 0, one per pipeline stage."""
+    return lambda r: all(v == 0 for k, v in layout.coords(r).items() if k in ("tp", "cp", "dp", "ep"))

@@ -1,0 +1,248 @@
+"""The parallel configuration, with Megatron-LM's names.
+
+:class:`ParallelConfig` is a frozen, keyword-only dataclass; :meth:`ParallelConfig.validate` checks it
+against a model and a world size and raises ``ValueError`` naming the fields and values that conflict
+(torchtitan ``ParallelDims._validate`` style, not asserts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+RECOMPUTE = ("none", "selective", "full")
+SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
+AXES = ("tp", "cp", "ep", "dp", "pp")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelConfig:
+    """How one training iteration is split over GPUs (Megatron-LM argument names)."""
+
+    tensor_model_parallel_size: int = 1
+    """TP: Megatron column/row-parallel linears inside a layer."""
+    pipeline_model_parallel_size: int = 1
+    """PP: consecutive layers on consecutive stages."""
+    data_parallel_size: int | None = None
+    """DP: model replicas; derived as world / (tp * cp * pp) when omitted."""
+    virtual_pipeline_model_parallel_size: int | None = None
+    """Model chunks per pipeline stage for the interleaved 1F1B schedule."""
+    context_parallel_size: int = 1
+    """CP: the sequence split over GPUs, attention by ring send/recv of K/V blocks."""
+    expert_model_parallel_size: int = 1
+    """EP: MoE experts split over GPUs (carved out of the data-parallel ranks)."""
+    sequence_parallel: bool = False
+    """With TP: LayerNorm/dropout split along the sequence; all-gather + reduce-scatter replace the
+    all-reduces (Korthikanti et al. 2022)."""
+    micro_batch_size: int = 1
+    global_batch_size: int | None = None
+    """Sequences per iteration; default micro_batch_size * data_parallel_size (one micro-batch)."""
+    recompute_granularity: str = "none"
+    """none, selective (attention core only) or full (every layer's forward re-run)."""
+    zero_stage: int = 0
+    """0: DDP; 1: distributed optimizer (optimizer states sharded); 2: + gradients; 3: + parameters."""
+    use_distributed_optimizer: bool = False
+    """Megatron's flag; equivalent to zero_stage = 1."""
+    fsdp: bool = False
+    """PyTorch FSDP (= ZeRO-3 with per-layer all-gather / reduce-scatter and prefetch)."""
+    pipeline_schedule: str | None = None
+    """gpipe, 1f1b or interleaved_1f1b; default 1f1b, or interleaved_1f1b when virtual stages > 1."""
+    grad_bucket_size_bytes: int = 40_000_000 * 2
+    """DDP gradient bucket (Megatron: 40M parameters, bf16 gradients reduced as fp32 -> here bytes)."""
+    overlap_grad_reduce: bool = False
+    """Launch each bucket's reduction as soon as backward has produced it, overlapping compute."""
+    overlap_param_gather: bool = False
+    """With the distributed optimizer: overlap the parameter all-gather with the next forward."""
+    rank_order: str = "tp-cp-ep-dp-pp"
+    """Axis order from innermost (fastest-varying rank) to outermost, Megatron's RankGenerator."""
+    num_layers_in_first_pipeline_stage: int | None = None
+    """Uneven pipeline: layers on the first stage (the rest split evenly)."""
+    num_layers_in_last_pipeline_stage: int | None = None
+    """Uneven pipeline: layers on the last stage."""
+    moe_tokens_per_expert: str = "uniform"
+    """Routing assumption for MoE all-to-all and expert GEMMs (data-dependent on real GPUs)."""
+
+    # -- derived ---------------------------------------------------------------------------
+    @property
+    def tp(self) -> int:
+        return self.tensor_model_parallel_size
+
+    @property
+    def pp(self) -> int:
+        return self.pipeline_model_parallel_size
+
+    @property
+    def cp(self) -> int:
+        return self.context_parallel_size
+
+    @property
+    def ep(self) -> int:
+        return self.expert_model_parallel_size
+
+    @property
+    def dp(self) -> int:
+        if self.data_parallel_size is None:
+            raise ValueError("data_parallel_size is not set: call ParallelConfig.resolve(world_size) first")
+        return self.data_parallel_size
+
+    @property
+    def vpp(self) -> int:
+        return self.virtual_pipeline_model_parallel_size or 1
+
+    @property
+    def schedule(self) -> str:
+        if self.pipeline_schedule:
+            return self.pipeline_schedule
+        return "interleaved_1f1b" if self.vpp > 1 else "1f1b"
+
+    @property
+    def effective_zero_stage(self) -> int:
+        if self.fsdp:
+            return 3
+        return max(self.zero_stage, 1 if self.use_distributed_optimizer else 0)
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.cp * self.dp * self.pp
+
+    @property
+    def num_microbatches(self) -> int:
+        """Micro-batches per pipeline per iteration: global_batch / (micro_batch * dp)."""
+        gbs = self.global_batch_size or self.micro_batch_size * self.dp
+        return gbs // (self.micro_batch_size * self.dp)
+
+    def __post_init__(self) -> None:
+        for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
+                     "expert_model_parallel_size", "micro_batch_size"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        for name in ("data_parallel_size", "global_batch_size", "virtual_pipeline_model_parallel_size",
+                     "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+                raise ValueError(f"{name} must be a positive integer or unset, got {v!r}")
+        if self.recompute_granularity not in RECOMPUTE:
+            raise ValueError(f"recompute_granularity: unknown value {self.recompute_granularity!r}; "
+                             f"allowed: {', '.join(RECOMPUTE)}")
+        if self.pipeline_schedule is not None and self.pipeline_schedule not in SCHEDULES:
+            raise ValueError(f"pipeline_schedule: unknown value {self.pipeline_schedule!r}; "
+                             f"allowed: {', '.join(SCHEDULES)}")
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
+        if self.grad_bucket_size_bytes <= 0:
+            raise ValueError(f"grad_bucket_size_bytes must be > 0, got {self.grad_bucket_size_bytes}")
+        order = self.rank_order.split("-")
+        if sorted(order) != sorted(AXES):
+            raise ValueError(f"rank_order {self.rank_order!r} must be a permutation of {'-'.join(AXES)}")
+        if self.sequence_parallel and self.tp == 1:
+            raise ValueError("sequence_parallel=True needs tensor_model_parallel_size > 1")
+        if self.vpp > 1 and self.pp == 1:
+            raise ValueError("virtual_pipeline_model_parallel_size > 1 needs pipeline_model_parallel_size > 1")
+        if self.schedule == "interleaved_1f1b" and self.vpp == 1:
+            raise ValueError("pipeline_schedule='interleaved_1f1b' needs virtual_pipeline_model_parallel_size > 1")
+        if self.vpp > 1 and self.schedule != "interleaved_1f1b":
+            raise ValueError(f"virtual_pipeline_model_parallel_size={self.vpp} needs pipeline_schedule="
+                             f"'interleaved_1f1b', got {self.schedule!r}")
+        if self.fsdp and self.pp > 1:
+            raise ValueError("fsdp=True with pipeline_model_parallel_size > 1 is not supported; "
+                             "use zero_stage=1 (distributed optimizer) with pipelining")
+
+    # -- resolution against a world and a model ------------------------------------------------
+    def resolve(self, world_size: int) -> ParallelConfig:
+        """Fill ``data_parallel_size`` and ``global_batch_size`` for ``world_size`` GPUs.
+
+        Raises:
+            ValueError: the product of the parallel sizes does not match ``world_size``, or the global
+                batch is not divisible by micro_batch_size x data_parallel_size.
+        """
+        if world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {world_size}")
+        model_par = self.tp * self.cp * self.pp
+        if self.data_parallel_size is None:
+            if world_size % model_par:
+                raise ValueError(
+                    f"world_size={world_size} is not divisible by tensor_model_parallel_size={self.tp} x "
+                    f"context_parallel_size={self.cp} x pipeline_model_parallel_size={self.pp} = {model_par}")
+            cfg = replace(self, data_parallel_size=world_size // model_par)
+        else:
+            cfg = self
+            if cfg.world_size != world_size:
+                raise ValueError(
+                    f"tensor_model_parallel_size={self.tp} x context_parallel_size={self.cp} x "
+                    f"data_parallel_size={cfg.dp} x pipeline_model_parallel_size={self.pp} = "
+                    f"{cfg.world_size}, but the cluster has world_size={world_size} GPUs")
+        if cfg.dp % cfg.ep:
+            raise ValueError(f"expert_model_parallel_size={cfg.ep} must divide data_parallel_size={cfg.dp}")
+        gbs = cfg.global_batch_size or cfg.micro_batch_size * cfg.dp
+        if gbs % (cfg.micro_batch_size * cfg.dp):
+            raise ValueError(
+                f"global_batch_size={gbs} is not divisible by micro_batch_size={cfg.micro_batch_size} x "
+                f"data_parallel_size={cfg.dp} = {cfg.micro_batch_size * cfg.dp}")
+        cfg = replace(cfg, global_batch_size=gbs)
+        if cfg.schedule == "interleaved_1f1b" and cfg.num_microbatches % cfg.pp:
+            raise ValueError(
+                f"interleaved_1f1b needs the number of micro-batches ({cfg.num_microbatches} = "
+                f"global_batch_size / (micro_batch_size x data_parallel_size)) to be a multiple of "
+                f"pipeline_model_parallel_size={cfg.pp} (Megatron-LM's requirement)")
+        return cfg
+
+    def validate_model(self, model: Any) -> None:
+        """Check divisibility against a transformer config (Megatron names).
+
+        Raises:
+            ValueError: naming the model field, its value and the parallel size that does not divide it.
+        """
+        tp = self.tp
+        for fname in ("num_attention_heads", "hidden_size", "ffn_hidden_size", "num_query_groups"):
+            v = getattr(model, fname, None)
+            if v and v % tp:
+                raise ValueError(f"tensor_model_parallel_size={tp} does not divide {fname}={v}")
+        seq = getattr(model, "seq_length", None)
+        if seq and self.cp > 1 and seq % (2 * self.cp):
+            raise ValueError(f"context_parallel_size={self.cp}: seq_length={seq} must be divisible by "
+                             f"2 x context_parallel_size = {2 * self.cp} (load-balanced causal split)")
+        if seq and self.sequence_parallel and (seq // self.cp) % tp:
+            raise ValueError(f"sequence_parallel: seq_length={seq} (per context-parallel rank) is not "
+                             f"divisible by tensor_model_parallel_size={tp}")
+        experts = getattr(model, "num_experts", None)
+        if self.ep > 1 and (not experts or experts % self.ep):
+            raise ValueError(f"expert_model_parallel_size={self.ep} must divide num_experts={experts}")
+        layers = getattr(model, "num_layers", None)
+        if layers:
+            self.stage_layers(layers)
+
+    def stage_layers(self, num_layers: int) -> list[int]:
+        """Layers per pipeline stage (per model chunk when interleaved: ``len == pp * vpp``).
+
+        Raises:
+            ValueError: the layers cannot be split as asked.
+        """
+        pp, v = self.pp, self.vpp
+        first, last = self.num_layers_in_first_pipeline_stage, self.num_layers_in_last_pipeline_stage
+        if first is None and last is None:
+            if num_layers % (pp * v):
+                what = "pipeline_model_parallel_size" + (" x virtual_pipeline_model_parallel_size" if v > 1 else "")
+                raise ValueError(f"{what} = {pp * v} does not divide num_layers={num_layers}; set "
+                                 f"num_layers_in_first_pipeline_stage / num_layers_in_last_pipeline_stage "
+                                 f"for uneven stages")
+            return [num_layers // (pp * v)] * (pp * v)
+        if v > 1:
+            raise ValueError("uneven first/last pipeline stages are not supported with virtual pipeline stages")
+        if pp == 1:
+            raise ValueError("num_layers_in_first/last_pipeline_stage need pipeline_model_parallel_size > 1")
+        rest_stages = pp - (first is not None) - (last is not None)
+        rest_layers = num_layers - (first or 0) - (last or 0)
+        if rest_layers < rest_stages or (rest_stages and rest_layers % rest_stages) or (
+                not rest_stages and rest_layers):
+            raise ValueError(
+                f"num_layers={num_layers} with num_layers_in_first_pipeline_stage={first} and "
+                f"num_layers_in_last_pipeline_stage={last} leaves {rest_layers} layers for {rest_stages} "
+                f"middle stages: not an even split")
+        mid = rest_layers // rest_stages if rest_stages else 0
+        out = [mid] * pp
+        if first is not None:
+            out[0] = first
+        if last is not None:
+            out[-1] = last
+        return out

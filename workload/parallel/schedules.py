@@ -1,0 +1,105 @@
+"""Pipeline schedules: the order of forward and backward micro-batch passes on each stage.
+
+A schedule is a list of :class:`Step` per stage. Sources:
+
+* GPipe (Huang et al. 2019): all forwards, then all backwards (in reverse micro-batch order).
+* 1F1B (PipeDream-Flush, Narayanan et al. SC'21 §2.2.1, Megatron-LM
+  ``forward_backward_pipelining_without_interleaving``): stage *s* of *p* runs
+  ``min(p - s - 1, m)`` warm-up forwards, then alternates one forward and one backward, then drains
+  the remaining backwards.
+* Interleaved 1F1B (SC'21 §2.2.2, Megatron-LM ``forward_backward_pipelining_with_interleaving``):
+  each stage holds *v* model chunks; virtual micro-batch *k* maps to chunk ``(k // p) % v`` and
+  micro-batch ``(k // (p v)) p + k % p``; warm-up is ``(p - s - 1) * 2 + (v - 1) * p`` (capped at
+  ``m v``). Requires ``m % p == 0``.
+
+With uniform stages and free communication the bubble fraction is (p-1)/(m+p-1) for GPipe and 1F1B,
+and (p-1)/(v m + p - 1)... i.e. divided by *v* for the interleaved schedule (SC'21 eq. 1-2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One pass of one micro-batch through one model chunk of a stage."""
+
+    kind: str
+    """``F`` (forward) or ``B`` (backward)."""
+    microbatch: int
+    chunk: int = 0
+    """Model chunk (virtual stage) index on this stage, 0 unless interleaved."""
+
+
+def gpipe(p: int, m: int, stage: int) -> list[Step]:
+    """GPipe: all forwards then all backwards on ``stage`` of ``p`` with ``m`` micro-batches."""
+    _check(p, m, stage)
+    return [Step("F", i) for i in range(m)] + [Step("B", i) for i in reversed(range(m))]
+
+
+def one_f_one_b(p: int, m: int, stage: int) -> list[Step]:
+    """1F1B (PipeDream-Flush) on ``stage`` of ``p`` with ``m`` micro-batches."""
+    _check(p, m, stage)
+    warmup = min(p - stage - 1, m)
+    steps = [Step("F", i) for i in range(warmup)]
+    f, b = warmup, 0
+    for _ in range(m - warmup):
+        steps.append(Step("F", f))
+        f += 1
+        steps.append(Step("B", b))
+        b += 1
+    steps += [Step("B", i) for i in range(b, m)]
+    return steps
+
+
+def interleaved_1f1b(p: int, m: int, stage: int, v: int) -> list[Step]:
+    """Interleaved 1F1B with ``v`` model chunks per stage (Megatron-LM's schedule).
+
+    Raises:
+        ValueError: ``m`` is not a multiple of ``p``.
+    """
+    _check(p, m, stage)
+    if v < 1:
+        raise ValueError(f"virtual stages must be >= 1, got {v}")
+    if m % p:
+        raise ValueError(f"interleaved 1F1B needs micro-batches ({m}) to be a multiple of pipeline stages ({p})")
+    total = m * v
+    warmup = min((p - stage - 1) * 2 + (v - 1) * p, total)
+
+    def fwd(k: int) -> Step:
+        return Step("F", (k // (p * v)) * p + k % p, (k // p) % v)
+
+    def bwd(k: int) -> Step:
+        return Step("B", (k // (p * v)) * p + k % p, v - 1 - (k // p) % v)
+
+    steps = [fwd(k) for k in range(warmup)]
+    for i in range(total - warmup):
+        steps.append(fwd(warmup + i))
+        steps.append(bwd(i))
+    steps += [bwd(k) for k in range(total - warmup, total)]
+    return steps
+
+
+def schedule(name: str, p: int, m: int, stage: int, v: int = 1) -> list[Step]:
+    """The named schedule (gpipe, 1f1b, interleaved_1f1b) for one stage."""
+    if name == "gpipe":
+        return gpipe(p, m, stage)
+    if name == "1f1b":
+        return one_f_one_b(p, m, stage)
+    if name == "interleaved_1f1b":
+        return interleaved_1f1b(p, m, stage, v)
+    raise ValueError(f"pipeline_schedule: unknown {name!r}; allowed: gpipe, 1f1b, interleaved_1f1b")
+
+
+def bubble_fraction(p: int, m: int, v: int = 1) -> float:
+    """Ideal bubble time over ideal compute time, (p - 1) / (v m) (SC'21 §2.2), as a share of the
+    iteration: (p - 1) / (v m + p - 1)."""
+    return (p - 1) / (v * m + p - 1)
+
+
+def _check(p: int, m: int, stage: int) -> None:
+    if p < 1 or m < 1:
+        raise ValueError(f"pipeline stages and micro-batches must be >= 1, got p={p}, m={m}")
+    if not 0 <= stage < p:
+        raise ValueError(f"stage {stage} out of range for {p} pipeline stages")
