@@ -1,0 +1,330 @@
+"""Executes per-rank programs on a cluster, with CUDA stream and NCCL semantics.
+
+One long-lived SimPy process per (rank, stream) consumes that stream's tasks in order -- measured ~10x
+faster than a process per kernel. A task starts when (1) the previous task on its stream is done,
+(2) the tasks in its ``deps`` are done (CUDA events), and (3) the host has issued it: the host thread of
+each rank issues tasks in program order, ``host_launch_overhead_s`` apart, and runs ahead of the GPU
+as CUDA's asynchronous launch queue allows.
+
+Collectives are matched across the ranks of their communicator by sequence number on that
+communicator, as NCCL does. An NCCL kernel launches when its stream reaches it and holds its channels'
+SMs while it waits for the other ranks -- so a rank that arrives early loses SMs for compute, as on real
+GPUs. The collective starts when the last rank arrives. Sends are matched to receives FIFO per ordered
+pair. A mismatch (same communicator and sequence, different operation) raises
+:class:`CollectiveMismatchError` at once; programs that wait forever raise :class:`DeadlockError`
+naming the ranks and tasks involved -- never a hang.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict, deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import simpy
+
+from hwmodel.cluster import Cluster
+from hwmodel.ir import Collective, Compute, Memcpy, Program, SendRecv, Task
+
+
+class DeadlockError(RuntimeError):
+    """The programs cannot finish: some ranks wait for work other ranks never issue."""
+
+
+class CollectiveMismatchError(RuntimeError):
+    """Ranks of one communicator issued different collectives at the same sequence number."""
+
+
+DEFAULT_HOST_LAUNCH_OVERHEAD_S = 4e-6
+"""CPU time to issue one kernel (``cudaLaunchKernel`` plus framework dispatch). No primary measurement
+was found: the reference notes "a few µs" for the launch itself (hardware_nccl.md §5(c)); PyTorch
+eager dispatch adds more. Uncertain; a scenario can change it."""
+
+
+@dataclass(frozen=True, slots=True)
+class TraceEvent:
+    """One executed task: where and when it ran. Times in seconds."""
+
+    rank: int
+    stream: str
+    task_id: int
+    name: str
+    category: str
+    """kernel kind for Compute, ``nccl:<op>`` for collectives, ``send``/``recv``, ``memcpy``."""
+    start_s: float
+    end_s: float
+    phase: str = ""
+    layer: str = ""
+    info: tuple = ()
+    """Extra details, e.g. (algorithm, protocol, channels, size_bytes) for collectives."""
+    xfer_start_s: float | None = None
+    """Communication only: when data started to move (every peer had arrived). Before it the task
+    waited for its peers -- idle or pipeline bubble, not communication."""
+
+    @property
+    def duration_s(self) -> float:
+        return self.end_s - self.start_s
+
+
+@dataclass(slots=True)
+class RunResult:
+    """What a run produced: the time each rank finished and the trace of executed tasks."""
+
+    end_time_s: float
+    rank_end_s: dict[int, float]
+    events: list[TraceEvent]
+    cluster: Cluster
+    placement: dict[int, str]
+    stats: dict[str, float] = field(default_factory=dict)
+
+
+class _Rendezvous:
+    __slots__ = ("op", "arrived", "started", "done", "plan", "task_desc", "start_time")
+
+    def __init__(self, op: Collective, env: simpy.Environment) -> None:
+        self.op = op
+        self.arrived: dict[int, float] = {}
+        self.started = False
+        self.done: simpy.Event = env.event()
+        self.plan = None
+        self.task_desc: dict[int, str] = {}
+        self.start_time = 0.0
+
+
+class Runtime:
+    """Run ``programs`` (one per rank) on ``cluster``.
+
+    Args:
+        cluster: the machine.
+        programs: one :class:`Program` per rank (a mapping rank -> program, or a list in rank order).
+        placement: rank -> GPU node name; default: rank i on the topology's i-th GPU.
+        host_launch_overhead_s: CPU time per issued task (see module doc).
+        nccl: the collective engine; default :class:`hwmodel.nccl.engine.NcclEngine` on ``cluster``.
+
+    Raises:
+        ValueError: a placement names an unknown GPU, two ranks share a GPU, or there are more ranks
+            than GPUs.
+    """
+
+    def __init__(self, cluster: Cluster, programs: Mapping[int, Program] | Iterable[Program], *,
+                 placement: Mapping[int, str] | None = None,
+                 host_launch_overhead_s: float = DEFAULT_HOST_LAUNCH_OVERHEAD_S, nccl=None) -> None:
+        self.cluster = cluster
+        self.env = cluster.env
+        progs = dict(programs) if isinstance(programs, Mapping) else {p.rank: p for p in programs}
+        self.programs: dict[int, Program] = dict(sorted(progs.items()))
+        gpus = cluster.topology.gpus()
+        if placement is None:
+            if len(self.programs) > len(gpus):
+                raise ValueError(f"{len(self.programs)} ranks but the cluster has only {len(gpus)} GPUs")
+            placement = {r: gpus[i] for i, r in enumerate(self.programs)}
+        self.placement = dict(placement)
+        for r in self.programs:
+            g = self.placement.get(r)
+            if g not in cluster.gpus:
+                raise ValueError(f"placement of rank {r}: unknown GPU {g!r} (e.g. {gpus[:3]} ...)")
+        if len(set(self.placement[r] for r in self.programs)) != len(self.programs):
+            raise ValueError("placement maps two ranks to the same GPU")
+        if host_launch_overhead_s < 0:
+            raise ValueError(f"host_launch_overhead_s must be >= 0, got {host_launch_overhead_s}")
+        self.host_overhead = host_launch_overhead_s
+        if nccl is None:
+            from hwmodel.nccl.engine import NcclEngine
+            nccl = NcclEngine(cluster)
+        self.nccl = nccl
+        self.events: list[TraceEvent] = []
+        self._finished: dict[int, bytearray] = {r: bytearray(len(p.tasks)) for r, p in self.programs.items()}
+        self._task_events: dict[tuple[int, int], simpy.Event] = {}
+        self._waiting_on: dict[tuple[int, str], str] = {}
+        self._coll_seq: dict[tuple[int, tuple[int, ...]], int] = defaultdict(int)
+        self._rdv: dict[tuple[tuple[int, ...], int], _Rendezvous] = {}
+        self._sends: dict[tuple[int, int, str], deque] = defaultdict(deque)
+        self._recvs: dict[tuple[int, int, str], deque] = defaultdict(deque)
+        self._procs: list[tuple[int, str, simpy.Process]] = []
+        self._rank_end: dict[int, float] = {r: 0.0 for r in self.programs}
+        self._copy_engines: dict[str, simpy.Resource] = {}
+
+    # -- public -------------------------------------------------------------------------------
+    def run(self) -> RunResult:
+        """Simulate until every program has finished.
+
+        Raises:
+            DeadlockError: some streams can never proceed.
+            CollectiveMismatchError: ranks disagree on a collective.
+        """
+        for rank, prog in self.programs.items():
+            by_stream: dict[str, list[Task]] = defaultdict(list)
+            for t in prog.tasks:
+                by_stream[t.stream].append(t)
+            needed = {d for t in prog.tasks for d in t.deps}
+            for d in needed:
+                self._task_events[(rank, d)] = self.env.event()
+            for stream, tasks in by_stream.items():
+                proc = self.env.process(self._stream(rank, stream, tasks))
+                self._procs.append((rank, stream, proc))
+        self.env.run()
+        stuck = [(r, s) for r, s, p in self._procs if p.is_alive]
+        if stuck:
+            raise DeadlockError(self._deadlock_report(stuck))
+        end = max(self._rank_end.values(), default=0.0)
+        return RunResult(end, dict(self._rank_end), self.events, self.cluster, self.placement,
+                         {"fluid_solves": self.cluster.fs.solves})
+
+    # -- stream processes -----------------------------------------------------------------------
+    def _stream(self, rank: int, stream: str, tasks: list[Task]):
+        env = self.env
+        finished = self._finished[rank]
+        gpu = self.cluster.gpus[self.placement[rank]]
+        for t in tasks:
+            for d in t.deps:
+                if not finished[d]:
+                    self._waiting_on[(rank, stream)] = f"task {t.id} waits for task {d}"
+                    yield self._task_events[(rank, d)]
+            issue = (t.id + 1) * self.host_overhead
+            if issue > env.now:
+                yield env.timeout(issue - env.now)
+            start = env.now
+            op = t.op
+            if isinstance(op, Compute):
+                self._waiting_on[(rank, stream)] = f"task {t.id} kernel {op.name}"
+                cost = gpu.cost(op)
+                act = gpu.launch(op, cost)
+                yield act.done
+                self.events.append(TraceEvent(rank, stream, t.id, op.name, op.kind, start, env.now,
+                                              op.phase, op.layer, (op.flops, cost.solo_time_s)))
+            elif isinstance(op, Collective):
+                yield from self._collective(rank, stream, t, op, start)
+            elif isinstance(op, SendRecv):
+                yield from self._p2p(rank, stream, t, op, start)
+            elif isinstance(op, Memcpy):
+                yield from self._memcpy(rank, stream, t, op, start)
+            else:
+                raise TypeError(f"rank {rank} task {t.id}: unknown operation {op!r}")
+            finished[t.id] = 1
+            ev = self._task_events.get((rank, t.id))
+            if ev is not None:
+                ev.succeed()
+            if env.now > self._rank_end[rank]:
+                self._rank_end[rank] = env.now
+        self._waiting_on.pop((rank, stream), None)
+
+    def _collective(self, rank: int, stream: str, t: Task, op: Collective, start: float):
+        group = op.group
+        if rank not in group:
+            raise ValueError(f"rank {rank} task {t.id}: issues {op.op} on group {group} it is not part of")
+        key_seq = (rank, group)
+        seq = self._coll_seq[key_seq]
+        self._coll_seq[key_seq] = seq + 1
+        key = (group, seq)
+        rdv = self._rdv.get(key)
+        if rdv is None:
+            if len(set(group)) != len(group):
+                dup = sorted({r for r in group if group.count(r) > 1})
+                raise ValueError(f"collective {op.op} ({op.name or 'unnamed'}): duplicate ranks {dup} "
+                                 f"in group {group}")
+            rdv = _Rendezvous(op, self.env)
+            rdv.plan = self.nccl.plan(op, tuple(self.placement[r] for r in group))
+            self._rdv[key] = rdv
+        elif (rdv.op.op, rdv.op.size_bytes, rdv.op.dtype, rdv.op.root) != (op.op, op.size_bytes, op.dtype,
+                                                                           op.root):
+            first = next(iter(rdv.arrived), None)
+            raise CollectiveMismatchError(
+                f"collective #{seq} on group {group}: rank {first} issued {_desc(rdv.op)} but rank {rank} "
+                f"issued {_desc(op)} (task {t.id}); real NCCL would hang here")
+        rdv.arrived[rank] = self.env.now
+        rdv.task_desc[rank] = f"task {t.id} {_desc(op)}"
+        gpu = self.cluster.gpus[self.placement[rank]]
+        channels = rdv.plan.n_channels
+        gpu.hold_sms(channels)
+        self._waiting_on[(rank, stream)] = f"task {t.id} {_desc(op)} #{seq} on group {group}"
+        if len(rdv.arrived) == len(group):
+            rdv.started = True
+            rdv.start_time = self.env.now
+            del self._rdv[key]
+            done = self.nccl.start(rdv.plan)
+            done.callbacks.append(lambda ev, rdv=rdv: rdv.done.succeed())
+        yield rdv.done
+        gpu.release_sms(channels)
+        p = rdv.plan
+        self.events.append(TraceEvent(rank, stream, t.id, op.name or op.op, f"nccl:{op.op}", start,
+                                      self.env.now, "", "",
+                                      (p.algorithm, p.protocol, p.n_channels, op.size_bytes),
+                                      rdv.start_time))
+
+    def _p2p(self, rank: int, stream: str, t: Task, op: SendRecv, start: float):
+        if op.peer not in self.programs:
+            raise ValueError(f"rank {rank} task {t.id}: {op.direction} peer {op.peer} is not a rank")
+        if op.direction == "send":
+            pair, mine, theirs = (rank, op.peer, op.tag), self._sends, self._recvs
+        else:
+            pair, mine, theirs = (op.peer, rank, op.tag), self._recvs, self._sends
+        self._waiting_on[(rank, stream)] = f"task {t.id} {op.direction} {op.size_bytes} B " \
+                                           f"{'to' if op.direction == 'send' else 'from'} rank {op.peer}"
+        gpu = self.cluster.gpus[self.placement[rank]]
+        if theirs[pair]:
+            other_op, done = theirs[pair].popleft()
+            if other_op.size_bytes != op.size_bytes:
+                raise CollectiveMismatchError(
+                    f"send/recv between ranks {pair[0]}->{pair[1]}: sizes differ "
+                    f"({other_op.size_bytes} vs {op.size_bytes} bytes)")
+            plan = self.nccl.plan_p2p(self.placement[pair[0]], self.placement[pair[1]], op.size_bytes)
+            gpu.hold_sms(plan.n_channels)
+            now = self.env.now
+            self.nccl.start(plan).callbacks.append(lambda ev, d=done: d.succeed(now))
+        else:
+            done = self.env.event()
+            mine[pair].append((op, done))
+            # Hold this side's SMs while waiting, with the channel count the transfer will use.
+            plan = self.nccl.plan_p2p(self.placement[pair[0]], self.placement[pair[1]], op.size_bytes)
+            gpu.hold_sms(plan.n_channels)
+        xfer_start = yield done
+        gpu.release_sms(plan.n_channels)
+        self.events.append(TraceEvent(rank, stream, t.id, op.name or op.direction, op.direction, start,
+                                      self.env.now, "", "", (op.peer, op.size_bytes), xfer_start))
+
+    def _memcpy(self, rank: int, stream: str, t: Task, op: Memcpy, start: float):
+        gname = self.placement[rank]
+        ce = self._copy_engines.get(gname)
+        if ce is None:
+            ce = self._copy_engines[gname] = simpy.Resource(self.env, self.cluster.gpus[gname].spec.copy_engines)
+        self._waiting_on[(rank, stream)] = f"task {t.id} memcpy {op.direction}"
+        with ce.request() as req:
+            yield req
+            if op.direction in ("h2d", "d2h"):
+                act = self.cluster.fs.start(op.size_bytes, {self.cluster.pcie_link(gname, op.direction): 1.0},
+                                            name=op.name or f"memcpy_{op.direction}")
+            elif op.direction == "peer":
+                if op.peer is None or op.peer not in self.placement:
+                    raise ValueError(f"rank {rank} task {t.id}: peer memcpy needs a valid peer rank")
+                act = self.cluster.transfer(gname, self.placement[op.peer], op.size_bytes)
+            else:  # d2d on one GPU: read and write through HBM
+                gpu = self.cluster.gpus[gname]
+                act = self.cluster.fs.start(op.size_bytes, {gpu.hbm: 2.0}, name=op.name or "memcpy_d2d")
+            yield act.done
+        self.events.append(TraceEvent(rank, stream, t.id, op.name or f"memcpy_{op.direction}", "memcpy",
+                                      start, self.env.now, "", "", (op.size_bytes,)))
+
+    def _deadlock_report(self, stuck: list[tuple[int, str]]) -> str:
+        lines = [f"deadlock: {len(stuck)} stream(s) can never finish"]
+        for rank, stream in stuck[:20]:
+            lines.append(f"  rank {rank} stream {stream!r}: {self._waiting_on.get((rank, stream), '?')}")
+        for (group, seq), rdv in list(self._rdv.items())[:10]:
+            missing = [r for r in group if r not in rdv.arrived]
+            lines.append(f"  {_desc(rdv.op)} #{seq} on group {group}: arrived ranks "
+                         f"{sorted(rdv.arrived)}, never issued by ranks {missing}")
+        for (a, b, tag), q in self._sends.items():
+            if q:
+                lines.append(f"  rank {a} sends to rank {b} (tag {tag!r}, {len(q)} pending) but rank {b} "
+                             f"never receives")
+        for (a, b, tag), q in self._recvs.items():
+            if q:
+                lines.append(f"  rank {b} receives from rank {a} (tag {tag!r}, {len(q)} pending) but rank "
+                             f"{a} never sends")
+        if len(stuck) > 20:
+            lines.append(f"  ... and {len(stuck) - 20} more")
+        return "\n".join(lines)
+
+
+def _desc(op: Collective) -> str:
+    label = f" '{op.name}'" if op.name else ""
+    return f"{op.op}{label} of {op.size_bytes} B ({op.dtype})"

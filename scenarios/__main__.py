@@ -1,0 +1,5 @@
+import sys
+
+from scenarios.cli import main
+
+sys.exit(main())

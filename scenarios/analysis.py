@@ -1,0 +1,144 @@
+"""From a run's trace to the numbers people read: time breakdown, overlap and contention.
+
+Per rank, over the iteration ``[0, T]``:
+
+* ``compute_s``: time with at least one compute kernel running (union of kernel intervals);
+* ``exposed_comm_s``: time moving data (collectives, send/recv, copies) with no kernel running.
+  A communication task counts from when its data started to move -- time spent waiting for peers is
+  not communication;
+* ``bubble_s``: with pipeline parallelism, time with nothing running between the rank's first and last
+  forward/backward kernel (waiting on other stages);
+* ``idle_s``: the rest (host launch gaps, waiting for peers outside the pipeline, head and tail).
+
+They add up to ``T``. Overlap statistics: the share of communication time hidden under compute, and
+how much contention slowed compute: sum of (actual - solo) kernel time over the sum of solo time,
+where *solo* is the cost model's time for the kernel alone on an idle GPU.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from hwmodel.runtime import TraceEvent
+
+COMM_PREFIXES = ("nccl:", "send", "recv", "memcpy")
+
+
+def is_comm(ev: TraceEvent) -> bool:
+    return ev.category.startswith(COMM_PREFIXES)
+
+
+def _merge(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for a, b in sorted(intervals):
+        if b <= a:
+            continue
+        if out and a <= out[-1][1]:
+            if b > out[-1][1]:
+                out[-1] = (out[-1][0], b)
+        else:
+            out.append((a, b))
+    return out
+
+
+def _length(iv: Iterable[tuple[float, float]]) -> float:
+    return sum(b - a for a, b in iv)
+
+
+def _intersect(x: list[tuple[float, float]], y: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out, i, j = [], 0, 0
+    while i < len(x) and j < len(y):
+        a, b = max(x[i][0], y[j][0]), min(x[i][1], y[j][1])
+        if a < b:
+            out.append((a, b))
+        if x[i][1] < y[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+@dataclass(frozen=True)
+class RankBreakdown:
+    """Where one rank's iteration time went, in seconds (the four parts sum to the iteration)."""
+
+    compute_s: float
+    exposed_comm_s: float
+    bubble_s: float
+    idle_s: float
+    comm_total_s: float
+    comm_hidden_s: float
+
+    def as_dict(self) -> dict[str, float]:
+        return {"compute_s": self.compute_s, "exposed_comm_s": self.exposed_comm_s,
+                "bubble_s": self.bubble_s, "idle_s": self.idle_s}
+
+
+def breakdown(events: Iterable[TraceEvent], iteration_s: float, *, pipeline: bool) -> dict[int, RankBreakdown]:
+    """Per-rank :class:`RankBreakdown` of the iteration ``[0, iteration_s]``."""
+    comp: dict[int, list] = defaultdict(list)
+    comm: dict[int, list] = defaultdict(list)
+    pipe_span: dict[int, list[float]] = {}
+    for ev in events:
+        if is_comm(ev):
+            start = ev.xfer_start_s if ev.xfer_start_s is not None else ev.start_s
+            comm[ev.rank].append((start, ev.end_s))
+        else:
+            comp[ev.rank].append((ev.start_s, ev.end_s))
+            if ev.phase in ("fwd", "bwd"):
+                span = pipe_span.setdefault(ev.rank, [ev.start_s, ev.end_s])
+                span[0] = min(span[0], ev.start_s)
+                span[1] = max(span[1], ev.end_s)
+    out = {}
+    for rank in sorted(set(comp) | set(comm)):
+        c = _merge(comp[rank])
+        m = _merge(comm[rank])
+        both = _intersect(c, m)
+        compute = _length(c)
+        comm_total = _length(m)
+        hidden = _length(both)
+        exposed = comm_total - hidden
+        busy = _merge(c + m)
+        gaps_total = max(iteration_s - _length(busy), 0.0)
+        bubble = 0.0
+        if pipeline and rank in pipe_span:
+            lo, hi = pipe_span[rank]
+            bubble = max((hi - lo) - _length(_intersect(busy, [(lo, hi)])), 0.0)
+        out[rank] = RankBreakdown(compute, exposed, bubble, max(gaps_total - bubble, 0.0), comm_total, hidden)
+    return out
+
+
+@dataclass(frozen=True)
+class OverlapStats:
+    """How much communication hid under compute, and how much contention slowed compute."""
+
+    comm_hidden_fraction: float
+    """Communication time overlapped with compute / all communication time (0..1)."""
+    compute_slowdown: float
+    """sum(actual - solo kernel time) / sum(solo kernel time): 0.1 means kernels ran 10 % slower than
+    alone because of SM and HBM sharing."""
+    kernels: int
+
+
+def overlap_stats(events: Iterable[TraceEvent], per_rank: dict[int, RankBreakdown]) -> OverlapStats:
+    solo = actual = 0.0
+    n = 0
+    for ev in events:
+        if not is_comm(ev) and len(ev.info) >= 2:
+            solo += ev.info[1]
+            actual += ev.end_s - ev.start_s
+            n += 1
+    total = sum(b.comm_total_s for b in per_rank.values())
+    hidden = sum(b.comm_hidden_s for b in per_rank.values())
+    return OverlapStats(hidden / total if total else 0.0, (actual - solo) / solo if solo else 0.0, n)
+
+
+def megatron_flops_per_iteration(*, batch: int, seq: int, layers: int, hidden: int, vocab: int,
+                                 full_recompute: bool) -> float:
+    """Narayanan et al. SC'21 eq. 3: ``96·B·s·l·h²·(1 + s/6h + V/16lh)`` FLOPs per iteration with full
+    activation recomputation; ``72·B·s·l·h²·(1 + s/6h + V/12lh)`` without (fwd + bwd only)."""
+    if full_recompute:
+        return 96 * batch * seq * layers * hidden ** 2 * (1 + seq / (6 * hidden) + vocab / (16 * layers * hidden))
+    return 72 * batch * seq * layers * hidden ** 2 * (1 + seq / (6 * hidden) + vocab / (12 * layers * hidden))

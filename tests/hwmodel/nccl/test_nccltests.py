@@ -1,0 +1,112 @@
+"""nccl-tests conventions (hwmodel.nccl.nccltests)."""
+
+import json
+
+import pytest
+
+from hwmodel.nccl import nccltests as N
+from hwmodel.nccl.channels import CommTopology
+
+
+def test_busbw_factors():
+    assert N.busbw_factor("all_reduce", 8) == pytest.approx(14 / 8)
+    assert N.busbw_factor("all_gather", 8) == pytest.approx(7 / 8)
+    assert N.busbw_factor("reduce_scatter", 4) == pytest.approx(3 / 4)
+    assert N.busbw_factor("alltoall", 8) == pytest.approx(7 / 8)
+    assert N.busbw_factor("all_to_all", 16) == pytest.approx(15 / 16)
+    assert N.busbw_factor("broadcast", 8) == 1.0
+    assert N.busbw_factor("reduce", 8) == 1.0
+    assert N.busbw_factor("sendrecv", 8) == 1.0
+    assert N.busbw_factor("all_reduce", 1) == 0.0
+    with pytest.raises(ValueError, match="all_reduce"):
+        N.busbw_factor("gather", 8)
+
+
+def test_parse_size_and_sweep():
+    assert N.parse_size("8G") == 8 * 2**30
+    assert N.parse_size("32k") == 32768
+    assert N.parse_size("1M") == 2**20
+    assert N.parse_size("1.5M") == 1572864
+    assert N.parse_size("100") == 100
+    assert N.parse_size(4096) == 4096
+    for bad in ("8T", "", "G", "-1", "1 GB"):
+        with pytest.raises(ValueError):
+            N.parse_size(bad)
+    assert N.size_sweep("32K", "1M") == [2**15, 2**16, 2**17, 2**18, 2**19, 2**20]
+    assert N.size_sweep(8, 64, factor=4) == [8, 32]
+    assert N.size_sweep(100, 400, factor=1, step_bytes=100) == [100, 200, 300, 400]
+    with pytest.raises(ValueError):
+        N.size_sweep("1M", "1K")
+
+
+def test_counts_sizes_and_bandwidths():
+    assert N.dtype_size("bf16") == 2 and N.dtype_size("float") == 4 and N.dtype_size("fp8") == 1
+    with pytest.raises(ValueError):
+        N.dtype_size("complex64")
+    # all_reduce: count = size / 4; S = size.
+    assert N.element_count("all_reduce", 2**20, "float", 8) == 262144
+    assert N.nccltests_size_bytes("all_reduce", 2**20, "float", 8) == 2**20
+    # all_gather: per-rank count, 16-byte aligned; S = count * 4 * nranks.
+    assert N.element_count("all_gather", 2**20, "float", 8) == 32768
+    assert N.element_count("all_gather", 1000, "float", 3) == 80  # (250 // 3 = 83) & ~3
+    assert N.nccltests_size_bytes("all_gather", 1000, "float", 3) == 960
+    assert N.algbw_Bps(2**30, 0.01) == pytest.approx(2**30 / 0.01)
+    assert N.busbw_Bps("all_reduce", 1e9, 1.0, 8) == pytest.approx(1.75e9)
+    row = N.make_row("broadcast", 2**20, 1e-3, 8, "half")
+    assert (row.redop, row.root, row.count) == ("none", 0, 2**19)
+    assert row.busbw_Bps == pytest.approx(row.algbw_Bps)
+
+
+GOLDEN = """\
+# Collective test starting: all_reduce_perf (trainsim model)
+# nThread 1 nGpus 8 minBytes 32768 maxBytes 1073741824 step: 2(factor) warmup iters: 0 iters: 1 \
+agg iters: 1 validation: 0 graph: 0 unalign: 0
+#
+#                                                              out-of-place            trainsim
+#       size         count      type   redop    root     time   algbw   busbw    algo   proto
+#        (B)    (elements)                               (us)  (GB/s)  (GB/s)
+       32768          8192     float     sum      -1    15.70    2.09    3.65    ring      ll
+  1073741824     268435456     float     sum      -1  7885.40  136.17  238.29    ring  simple
+# Avg bus bandwidth    : 120.974
+#
+"""
+
+
+def test_format_table_golden():
+    rows = [
+        N.make_row("all_reduce", 32768, 15.7e-6, 8, "float", algorithm="ring", protocol="ll"),
+        N.make_row("all_reduce", 2**30, 7885.4e-6, 8, "float", algorithm="ring", protocol="simple"),
+    ]
+    assert N.format_table(rows, step_factor=2) == GOLDEN
+    with pytest.raises(ValueError):
+        N.format_table([])
+
+
+def test_float_str_like_nccl_tests():
+    assert N._float_str(15.7, 7) == "  15.70"
+    assert N._float_str(123456.7, 7) == " 123457"
+    assert N._float_str(1234567.0, 7) == "1234567"
+    assert N._float_str(12345678.0, 7) == "1.2e+07"
+
+
+def test_rows_to_json():
+    rows = [N.make_row("all_gather", 2**20, 100e-6, 8, "bf16", algorithm="ring", protocol="simple")]
+    recs = N.rows_to_json(rows)
+    assert json.loads(json.dumps(recs)) == recs
+    r = recs[0]
+    assert r["size_bytes"] == 2**20 and r["count"] == 65536 and r["type"] == "bfloat16"
+    assert r["time_us"] == pytest.approx(100.0)
+    assert r["algbw_GBps"] == pytest.approx(2**20 / 100e-6 / 1e9)
+    assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * 7 / 8)
+    assert (r["algorithm"], r["protocol"]) == ("ring", "simple")
+
+
+def test_model_rows_against_measured_a100():
+    """NCCL's own model vs. the measured 8x A100 all-reduce (validation/nccl_tests_a100_8gpu.csv):
+    at 1 GiB the model's busbw (ring simple, 240 GB/s) is within 5% of the measured 229 GB/s."""
+    topo = CommTopology.from_system("ampere", 1, 8, 240.0, 25.0, 8, "amd")
+    rows = N.model_rows("all_reduce", topo, N.size_sweep("32K", "1G", factor=32))
+    assert [r.size_bytes for r in rows] == [2**15, 2**20, 2**25, 2**30]
+    assert rows[-1].algorithm == "ring" and rows[-1].protocol == "simple"
+    assert rows[-1].busbw_Bps / 1e9 == pytest.approx(229.04, rel=0.05)
+    assert rows[0].protocol == "ll"

@@ -1,0 +1,457 @@
+"""Memory per GPU for a parallel training configuration: parameters, gradients, optimizer states,
+activations, and an out-of-memory verdict.
+
+Plain arguments (tp, pp, dp, cp, ep, micro-batch, recompute, ZeRO stage), and a model config read by
+attribute names (Megatron's: ``num_layers``, ``hidden_size``, ``num_attention_heads``, ``seq_length``,
+``vocab_size``, ``ffn_hidden_size``, ``num_query_groups``, ...; Hugging Face names are accepted too), so
+:class:`workload.zoo.config.TransformerConfig`, a ``SimpleNamespace`` or a dict all work.
+
+**Activations** follow Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+Models" (arXiv:2205.05198), §4 and Table 2. Per transformer layer, in bytes, with 16-bit activations and
+1-byte dropout masks (s sequence, b micro-batch, h hidden, a heads, t tensor-parallel size)::
+
+    no parallelism                         s*b*h*(34 + 5*a*s/h)                 (eq. 1)
+    tensor parallel (TP)                   s*b*h*(10 + 24/t + 5*a*s/(h*t))      (eq. 2)
+    TP + sequence parallel (SP)            s*b*h/t*(34 + 5*a*s/h)               (eq. 4)
+    selective recompute, TP                s*b*h*(10 + 24/t)                    (Table 2)
+    selective recompute, TP + SP           34*s*b*h/t                           (eq. 6)
+    full recompute                         2*s*b*h        (layer input only; /t with SP, see below)
+
+Of the 34: 10 s*b*h are never split by TP (two layer-norm inputs 4, the QKV and MLP inputs 2+2, two
+dropout masks 2), 24 s*b*h are (Q, K, V 6, attention-projection input 2, GeLU input and output 16);
+5*a*s^2*b is the attention score, softmax and dropout. :func:`activation_bytes_per_layer` computes the
+same decomposition for any MLP width, grouped-query attention, SwiGLU and top-k MoE; for GPT (4h GeLU MLP,
+MHA) it is exactly the paper's closed forms. With full recompute Table 2 lists ``2sbhL`` (no SP); with SP
+Megatron checkpoints the sequence-sharded layer input, so this module uses ``2sbh/t`` then.
+
+**Pipeline** (§4.2.3): with 1F1B the first stage holds ``p`` micro-batches in flight, each over ``L/p``
+layers, i.e. ``L`` layers' worth regardless of ``p``; stage ``i`` holds ``p - i``. Interleaving with ``v``
+model chunks per stage multiplies the first stage's by ``1 + (p-1)/(p*v)``.
+
+**Other activations** (§4.3): the embedding dropout mask, ``s*b*h`` bytes (/t with SP) per micro-batch in
+flight on the first stage; and on the last stage the final layer norm input ``2sbh``, the output
+projection input ``2sbh`` (both /t with SP) and the fp32 logits ``4*s*b*V/t`` for the loss
+(``4sbh/t*(1 + V/h)`` with SP, the paper's figure for p = 1).
+
+**Model states** (mixed-precision Adam): bf16 parameters (2 bytes/param); gradients in **fp32, 4 bytes/param,
+by default**, because Megatron-LM accumulates and all-reduces main gradients in fp32 for bf16 training
+(``accumulate_allreduce_grads_in_fp32``, set automatically with ``--bf16``); ``grad_bytes=2`` gives the
+ZeRO paper's fp16 gradients. Optimizer: fp32 master weights + two fp32 Adam moments = 12 bytes/param
+(8 when parameters are already fp32). Totals per parameter: 18 bytes (Megatron-LM's distributed-optimizer
+doc: "bf16 param, fp32 grads: 18 bytes, 6 + 12/d with the distributed optimizer") or 16 (ZeRO, Rajbhandari
+et al. 2020, arXiv:1910.02054, with K = 12). ZeRO stage 1 shards optimizer states over the data-parallel
+ranks (dp x cp: context-parallel ranks hold the same weights), stage 2 also gradients, stage 3 also
+parameters.
+
+Not modelled: CUDA context and allocator fragmentation, communication buffers, temporary GEMM workspace;
+leave headroom with :meth:`MemoryBreakdown.fits` ``headroom_bytes``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+RECOMPUTE_MODES = ("none", "selective", "full")
+"""Activation recomputation: none, selective (attention core, Korthikanti §5), full (whole layer)."""
+
+_MISSING = object()
+
+
+def _attr(cfg: Any, names: tuple[str, ...], default: Any = _MISSING) -> Any:
+    """First present, non-None attribute (or key, for a mapping) among ``names``."""
+    for n in names:
+        v = cfg.get(n) if isinstance(cfg, Mapping) else getattr(cfg, n, None)
+        if v is not None:
+            return v
+    if default is _MISSING:
+        raise ValueError(f"model config {getattr(cfg, 'name', '')!r} has none of the attributes {names}")
+    return default
+
+
+@dataclass(frozen=True, kw_only=True)
+class TransformerShape:
+    """The dimensions the memory model needs, read from any config by :meth:`of`."""
+
+    num_layers: int
+    """L."""
+    hidden_size: int
+    """h."""
+    num_attention_heads: int
+    """a (query heads)."""
+    num_query_groups: int
+    """Key/value heads (= a without grouped-query attention)."""
+    ffn_hidden_size: int
+    """MLP inner width f (per expert)."""
+    seq_length: int
+    """s."""
+    vocab_size: int
+    """V."""
+    gated_mlp: bool = False
+    """SwiGLU-style MLP (three weight matrices, two f-wide fc1 outputs)."""
+    learned_position_embeddings: bool = True
+    """A learned s x h position table (GPT) rather than rotary (Llama)."""
+    tied_embeddings: bool = True
+    """The output layer reuses the input embedding."""
+    bias: bool = True
+    """Biases in the linear layers."""
+    layernorm_bias: bool = True
+    """LayerNorm (weight and bias) rather than RMSNorm (weight only)."""
+    num_experts: int = 1
+    """MoE experts per layer (1: dense)."""
+    moe_topk: int = 1
+    """Experts each token visits."""
+    moe_capacity_factor: float = 1.0
+    """Token capacity factor of an expert (>= 1)."""
+    num_tokentypes: int = 0
+    """BERT segment embeddings."""
+
+    @classmethod
+    def of(cls, cfg: Any) -> TransformerShape:
+        """Read a config by attribute (or key), Megatron names first, then Hugging Face ones."""
+        h = int(_attr(cfg, ("hidden_size", "n_embd", "d_model")))
+        a = int(_attr(cfg, ("num_attention_heads", "n_head", "num_heads")))
+        activation = str(_attr(cfg, ("activation", "hidden_act", "activation_function"), "gelu")).lower()
+        gated = bool(_attr(cfg, ("gated_linear_unit", "swiglu"), False)) or activation in ("swiglu", "silu",
+                                                                                           "geglu")
+        pos = str(_attr(cfg, ("position_embedding_type",), "learned_absolute")).lower()
+        norm = str(_attr(cfg, ("normalization",), "LayerNorm")).lower()
+        tie = _attr(cfg, ("tie_word_embeddings",), None)
+        untie = _attr(cfg, ("untie_embeddings_and_output_weights",), None)
+        tied = (not untie) if untie is not None else (bool(tie) if tie is not None else True)
+        experts = _attr(cfg, ("num_moe_experts", "num_experts", "num_local_experts"), 1) or 1
+        return cls(
+            num_layers=int(_attr(cfg, ("num_layers", "n_layer", "num_hidden_layers"))),
+            hidden_size=h,
+            num_attention_heads=a,
+            num_query_groups=int(_attr(cfg, ("num_query_groups", "num_key_value_heads"), a)),
+            ffn_hidden_size=int(_attr(cfg, ("ffn_hidden_size", "intermediate_size", "n_inner"), 4 * h)),
+            seq_length=int(_attr(cfg, ("seq_length", "seq_len", "max_position_embeddings", "n_positions"))),
+            vocab_size=int(_attr(cfg, ("padded_vocab_size", "vocab_size"))),
+            gated_mlp=gated,
+            learned_position_embeddings=pos in ("learned_absolute", "learned", "absolute"),
+            tied_embeddings=tied,
+            bias=bool(_attr(cfg, ("add_bias_linear",), True)),
+            layernorm_bias=norm != "rmsnorm",
+            num_experts=int(experts),
+            moe_topk=int(_attr(cfg, ("moe_router_topk", "num_experts_per_tok"), 1)) if experts > 1 else 1,
+            moe_capacity_factor=float(_attr(cfg, ("moe_capacity_factor",), 1.0)),
+            num_tokentypes=int(_attr(cfg, ("num_tokentypes",), 0)),
+        )
+
+
+# --------------------------------------------------------------------------------------------------
+# Parameters
+# --------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ParamCounts:
+    """Parameter counts of a transformer (elements, not bytes)."""
+
+    embedding: int
+    """Word (+ token-type) embedding, V*h."""
+    position: int
+    """Learned position table, s*h (0 with rotary embeddings)."""
+    layer_dense: int
+    """One layer's attention + norms + router (+ dense MLP when not MoE)."""
+    layer_experts: int
+    """One layer's MoE expert MLPs, all experts (0 for dense models)."""
+    layer_norms: int
+    """Of ``layer_dense``: norm parameters (replicated across tensor-parallel ranks)."""
+    final_norm: int
+    """Final layer norm."""
+    output: int
+    """Separate output layer V*h (0 when tied to the embedding)."""
+    num_layers: int
+
+    @property
+    def per_layer(self) -> int:
+        return self.layer_dense + self.layer_experts
+
+    @property
+    def total(self) -> int:
+        """All parameters; GPT-3 175B: 174.6e9 (12*L*h^2 + 13*L*h + V*h + s*h + 2h)."""
+        return (self.embedding + self.position + self.num_layers * self.per_layer + self.final_norm
+                + self.output)
+
+
+def parameter_count(cfg: Any) -> ParamCounts:
+    """Count a transformer's parameters (Megatron GPT layout: per layer ``12h^2 + 13h`` for a 4h GeLU MLP,
+    Narayanan et al. 2021 arXiv:2104.04473 §5.1), generalised to GQA, SwiGLU, MoE, RMSNorm, no biases."""
+    m = cfg if isinstance(cfg, TransformerShape) else TransformerShape.of(cfg)
+    h, f = m.hidden_size, m.ffn_hidden_size
+    kv = h * m.num_query_groups // m.num_attention_heads  # key/value width
+    bias = 1 if m.bias else 0
+    attn = h * (h + 2 * kv) + bias * (h + 2 * kv) + h * h + bias * h
+    mlp = (3 if m.gated_mlp else 2) * h * f + bias * ((2 if m.gated_mlp else 1) * f + h)
+    norm_one = 2 * h if m.layernorm_bias else h
+    norms = 2 * norm_one
+    router = h * m.num_experts if m.num_experts > 1 else 0
+    dense = attn + norms + router + (mlp if m.num_experts == 1 else 0)
+    experts = mlp * m.num_experts if m.num_experts > 1 else 0
+    return ParamCounts(
+        embedding=m.vocab_size * h + m.num_tokentypes * h,
+        position=m.seq_length * h if m.learned_position_embeddings else 0,
+        layer_dense=dense, layer_experts=experts, layer_norms=norms,
+        final_norm=norm_one, output=0 if m.tied_embeddings else m.vocab_size * h,
+        num_layers=m.num_layers)
+
+
+# --------------------------------------------------------------------------------------------------
+# Activations
+# --------------------------------------------------------------------------------------------------
+
+def activation_bytes_per_layer(seq_length: int, micro_batch_size: int, hidden_size: int,
+                               num_attention_heads: int, *, tp: int = 1, sequence_parallel: bool = False,
+                               recompute: str = "none", cp: int = 1, ffn_hidden_size: int | None = None,
+                               num_query_groups: int | None = None, gated_mlp: bool = False,
+                               moe_tokens_factor: float = 1.0, flash_attention: bool = False) -> float:
+    """Bytes of activations one transformer layer stores for the backward pass, per micro-batch, per GPU.
+
+    Korthikanti et al. 2022 Table 2 (see the module docstring), decomposed so that it generalises:
+    ``replicated = 10*s*b*h`` (/t with SP), ``split = (2h + 4*h_kv + 2h + mlp)*s*b / t`` with
+    ``mlp = 4f`` (GeLU input and output, 2 bytes each) or ``6f`` (SwiGLU: gate, up, product),
+    ``attention core = 5*a*s^2*b / t``. For GPT (f = 4h, h_kv = h) ``10 + 24/t + 5as/(ht)`` exactly.
+
+    Args:
+        seq_length: s, tokens per sample (full sequence; divided by ``cp`` here).
+        micro_batch_size: b.
+        hidden_size: h.
+        num_attention_heads: a.
+        tp: tensor-parallel size t.
+        sequence_parallel: Megatron sequence parallelism (splits the replicated part over t).
+        recompute: ``none``, ``selective`` (attention core recomputed) or ``full`` (only the layer input).
+        cp: context-parallel size; each rank keeps s/cp queries (the score term uses s/cp x s).
+        ffn_hidden_size: f (default 4h).
+        num_query_groups: key/value heads (default a).
+        gated_mlp: SwiGLU-style MLP.
+        moe_tokens_factor: MLP activations scale (top-k x capacity factor for MoE; 1 dense).
+        flash_attention: FlashAttention stores no s x s matrices, only fp32 softmax statistics
+            (``4*a*s*b/t`` bytes) instead of ``5*a*s^2*b/t``.
+
+    Raises:
+        ValueError: unknown ``recompute`` or non-positive sizes.
+    """
+    if recompute not in RECOMPUTE_MODES:
+        raise ValueError(f"recompute must be one of {RECOMPUTE_MODES}, got {recompute!r}")
+    for name, v in (("seq_length", seq_length), ("micro_batch_size", micro_batch_size),
+                    ("hidden_size", hidden_size), ("num_attention_heads", num_attention_heads), ("tp", tp),
+                    ("cp", cp)):
+        if v <= 0:
+            raise ValueError(f"{name} must be positive, got {v}")
+    s_full, b, h, a, t = seq_length, micro_batch_size, hidden_size, num_attention_heads, tp
+    s = s_full / cp  # local sequence
+    sp = t if sequence_parallel else 1
+    if recompute == "full":  # Table 2: 2sbh per layer, the checkpointed layer input
+        return 2.0 * s * b * h / sp
+    f = ffn_hidden_size if ffn_hidden_size is not None else 4 * h
+    kv = h * (num_query_groups or a) / a
+    replicated = 10.0 * s * b * h / sp
+    mlp = (6.0 if gated_mlp else 4.0) * f * moe_tokens_factor
+    split = (2.0 * h + 4.0 * kv + 2.0 * h + mlp) * s * b / t
+    if recompute == "selective":
+        core = 0.0
+    elif flash_attention:
+        core = 4.0 * a * s * b / t
+    else:
+        core = 5.0 * a * s * s_full * b / t
+    return replicated + split + core
+
+
+# --------------------------------------------------------------------------------------------------
+# The breakdown
+# --------------------------------------------------------------------------------------------------
+
+def _fmt(nbytes: float) -> str:
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(nbytes) >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes:.0f} B"
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Memory one GPU needs at its peak, in bytes (1 GB = 10^9 bytes, as HBM datasheets)."""
+
+    parameters: float
+    """Model weights held (after ZeRO-3 sharding)."""
+    gradients: float
+    """Gradients (after ZeRO-2 sharding)."""
+    optimizer_states: float
+    """fp32 master weights and Adam moments (after ZeRO-1 sharding)."""
+    activations: float
+    """Activations stored for the backward pass (Korthikanti et al. 2022)."""
+    workspace: float = 0.0
+    """Transient: one layer's activations rematerialised during backward under recomputation."""
+    stage: int = 0
+    """Pipeline stage this breakdown is for (the one with the largest total unless asked)."""
+    params_per_gpu: float = 0.0
+    """Parameter elements this GPU owns before ZeRO sharding."""
+    detail: Mapping[str, float] = field(default_factory=dict, compare=False, repr=False)
+    """Intermediate figures (per-layer activations, micro-batches in flight, ...)."""
+
+    @property
+    def model_states(self) -> float:
+        """Parameters + gradients + optimizer states (bytes)."""
+        return self.parameters + self.gradients + self.optimizer_states
+
+    @property
+    def total(self) -> float:
+        """Everything (bytes)."""
+        return self.model_states + self.activations + self.workspace
+
+    def fits(self, gpu_hbm_bytes: float | Any, headroom_bytes: float = 0.0) -> bool:
+        """Whether :attr:`total` + ``headroom_bytes`` fits in ``gpu_hbm_bytes`` (a number, or a GPUSpec
+        whose ``hbm_capacity_bytes`` is used)."""
+        cap = float(getattr(gpu_hbm_bytes, "hbm_capacity_bytes", gpu_hbm_bytes))
+        return self.total + headroom_bytes <= cap
+
+    def verdict(self, gpu_hbm_bytes: float | Any, headroom_bytes: float = 0.0) -> str:
+        """One line: ``fits`` or ``OOM`` with the numbers, e.g.
+        ``OOM: needs 3.1 TB > 80.0 GB HBM (parameters 349.2 GB, gradients ..., ...)``."""
+        cap = float(getattr(gpu_hbm_bytes, "hbm_capacity_bytes", gpu_hbm_bytes))
+        parts = (f"parameters {_fmt(self.parameters)}, gradients {_fmt(self.gradients)}, "
+                 f"optimizer {_fmt(self.optimizer_states)}, activations {_fmt(self.activations)}")
+        if self.workspace:
+            parts += f", recompute workspace {_fmt(self.workspace)}"
+        if headroom_bytes:
+            parts += f", headroom {_fmt(headroom_bytes)}"
+        need = self.total + headroom_bytes
+        if need <= cap:
+            share = f"{100 * need / cap:.0f} %"
+            return f"fits: {_fmt(need)} of {_fmt(cap)} HBM ({share}; {parts}; stage {self.stage})"
+        return f"OOM: needs {_fmt(need)} > {_fmt(cap)} HBM ({parts}; stage {self.stage})"
+
+
+def memory_per_gpu(model_cfg: Any, *, tp: int = 1, pp: int = 1, dp: int = 1, cp: int = 1, ep: int = 1,
+                   micro_batch_size: int = 1, num_microbatches_in_flight: int | None = None,
+                   num_microbatches: int | None = None, virtual_pipeline_size: int = 1,
+                   sequence_parallel: bool = False, recompute: str = "none", zero_stage: int = 0,
+                   param_bytes: int = 2, grad_bytes: int = 4, optimizer_bytes_per_param: int | None = None,
+                   flash_attention: bool = False, stage: int | None = None) -> MemoryBreakdown:
+    """Peak memory of one GPU training ``model_cfg`` under a parallel configuration.
+
+    Args:
+        model_cfg: a transformer config, read by attribute (see :class:`TransformerShape`).
+        tp, pp, dp, cp, ep: tensor, pipeline, data, context and expert parallel sizes.
+        micro_batch_size: b, samples per micro-batch.
+        num_microbatches_in_flight: micro-batches whose activations the first stage holds at its peak;
+            default ``pp`` (1F1B, Korthikanti §4.2.3), capped by ``num_microbatches``. Stage i holds
+            ``max(1, in_flight - i)``.
+        num_microbatches: micro-batches per iteration (caps the in-flight count), default unlimited.
+        virtual_pipeline_size: model chunks per stage for the interleaved schedule (1: plain 1F1B); the
+            first stage's activations grow by ``1 + (pp-1)/(pp*v)``.
+        sequence_parallel: Megatron sequence parallelism (with tp > 1).
+        recompute: ``none``, ``selective`` or ``full``.
+        zero_stage: 0-3 (1: optimizer states, 2: + gradients, 3: + parameters sharded over dp*cp).
+        param_bytes: bytes per parameter (2 for bf16/fp16, 4 for fp32).
+        grad_bytes: bytes per gradient element (4: Megatron's fp32 main grads, the default; 2: bf16/fp16).
+        optimizer_bytes_per_param: default 12 (fp32 master + Adam m, v) or 8 when ``param_bytes == 4``.
+        flash_attention: activations without the s x s score matrices.
+        stage: report this pipeline stage; default the stage with the largest total.
+
+    Raises:
+        ValueError: a size is not positive, tp does not divide the heads, pp exceeds the layers, an
+            unknown recompute mode or ZeRO stage.
+    """
+    m = TransformerShape.of(model_cfg)
+    for name, v in (("tp", tp), ("pp", pp), ("dp", dp), ("cp", cp), ("ep", ep),
+                    ("micro_batch_size", micro_batch_size), ("virtual_pipeline_size", virtual_pipeline_size)):
+        if int(v) != v or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    if zero_stage not in (0, 1, 2, 3):
+        raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
+    if recompute not in RECOMPUTE_MODES:
+        raise ValueError(f"recompute must be one of {RECOMPUTE_MODES}, got {recompute!r}")
+    if m.num_attention_heads % tp:
+        raise ValueError(f"tp={tp} must divide num_attention_heads={m.num_attention_heads}")
+    if pp > m.num_layers:
+        raise ValueError(f"pp={pp} exceeds num_layers={m.num_layers}")
+    if m.num_experts > 1 and m.num_experts % ep:
+        raise ValueError(f"ep={ep} must divide num_experts={m.num_experts}")
+    if stage is not None and not 0 <= stage < pp:
+        raise ValueError(f"stage must be in [0, {pp}), got {stage}")
+    opt_bytes = optimizer_bytes_per_param if optimizer_bytes_per_param is not None else (
+        12 if param_bytes < 4 else 8)
+    sp = sequence_parallel and tp > 1
+
+    counts = parameter_count(m)
+    s, b, h, v = m.seq_length, micro_batch_size, m.hidden_size, m.vocab_size
+    s_local = s / cp
+    per_layer_act = activation_bytes_per_layer(
+        s, b, h, m.num_attention_heads, tp=tp, sequence_parallel=sp, recompute=recompute, cp=cp,
+        ffn_hidden_size=m.ffn_hidden_size, num_query_groups=m.num_query_groups, gated_mlp=m.gated_mlp,
+        moe_tokens_factor=m.moe_topk * m.moe_capacity_factor, flash_attention=flash_attention)
+    workspace = 0.0
+    if recompute != "none":  # one layer rematerialised at a time during backward
+        full_layer = activation_bytes_per_layer(
+            s, b, h, m.num_attention_heads, tp=tp, sequence_parallel=sp, recompute="none", cp=cp,
+            ffn_hidden_size=m.ffn_hidden_size, num_query_groups=m.num_query_groups, gated_mlp=m.gated_mlp,
+            moe_tokens_factor=m.moe_topk * m.moe_capacity_factor, flash_attention=flash_attention)
+        workspace = full_layer - per_layer_act
+
+    in_flight_first = num_microbatches_in_flight if num_microbatches_in_flight is not None else pp
+    if num_microbatches is not None:
+        in_flight_first = min(in_flight_first, num_microbatches)
+    in_flight_first = max(1, in_flight_first)
+    shard = dp * cp  # ranks holding identical weights
+
+    def one_stage(i: int) -> MemoryBreakdown:
+        layers = m.num_layers // pp + (1 if i < m.num_layers % pp else 0)
+        # parameters this GPU owns (elements): tensor-parallel layers, replicated norms, experts over ep
+        dense = (counts.layer_dense - counts.layer_norms) / tp + counts.layer_norms
+        experts = counts.layer_experts / (ep * tp)
+        params = layers * (dense + experts)
+        expert_params = layers * experts
+        if i == 0:
+            params += counts.embedding / tp + counts.position
+        if i == pp - 1:
+            params += counts.final_norm
+            if pp > 1 or not m.tied_embeddings:  # the last stage keeps its own output matrix
+                params += m.vocab_size * h / tp
+        # activations
+        in_flight = max(1, in_flight_first - i)
+        act = per_layer_act * layers * in_flight
+        if i == 0 and virtual_pipeline_size > 1 and pp > 1:
+            act *= 1 + (pp - 1) / (pp * virtual_pipeline_size)
+        extra = 0.0
+        if i == 0:  # embedding dropout mask, 1 byte per element (§4.3)
+            extra += s_local * b * h / (tp if sp else 1) * in_flight
+        if i == pp - 1:  # final norm input, output projection input, fp32 logits (§4.3)
+            extra += (4.0 * s_local * b * h / (tp if sp else 1) + 4.0 * s_local * b * v / tp) * in_flight
+        # ZeRO: expert weights are replicated over dp*cp/ep ranks only
+        dense_params = params - expert_params
+        expert_shard = max(1, shard // ep) if m.num_experts > 1 else shard
+
+        def sharded(nbytes: float, on: bool) -> float:
+            if not on:
+                return (dense_params + expert_params) * nbytes
+            return dense_params * nbytes / shard + expert_params * nbytes / expert_shard
+
+        return MemoryBreakdown(
+            parameters=sharded(param_bytes, zero_stage >= 3),
+            gradients=sharded(grad_bytes, zero_stage >= 2),
+            optimizer_states=sharded(opt_bytes, zero_stage >= 1),
+            activations=act + extra,
+            workspace=workspace,
+            stage=i,
+            params_per_gpu=params,
+            detail={"activation_bytes_per_layer": per_layer_act, "layers": layers,
+                    "microbatches_in_flight": in_flight, "other_activations": extra},
+        )
+
+    if stage is not None:
+        return one_stage(stage)
+    candidates = {0, pp - 1}  # stage 0 has the most activations, the last the output layer
+    return max((one_stage(i) for i in sorted(candidates)), key=lambda r: (r.total, -r.stage))
+
+
+def gb(nbytes: float) -> float:
+    """Bytes -> GB (10^9 bytes)."""
+    return nbytes / 1e9
+
+
+__all__ = ["RECOMPUTE_MODES", "TransformerShape", "ParamCounts", "parameter_count",
+           "activation_bytes_per_layer", "MemoryBreakdown", "memory_per_gpu", "gb"]
+

@@ -1,0 +1,792 @@
+"""Trace one training step of a torch module into an :class:`OpGraph`, on the meta device.
+
+The recipe (``reference/style_ecosystem.md`` §2.3): build the model on ``torch.device("meta")`` (no
+memory, no init cost), run forward, backward and an ``AdamW`` step under a
+:class:`~torch.utils._python_dispatch.TorchDispatchMode` that records every aten op, while a
+:class:`~torch.utils.module_tracker.ModuleTracker` says which module issued it. Per op we keep the
+name, shapes, dtype, FLOPs (``torch.utils.flop_counter.flop_registry``), bytes read + written
+(views skipped, stride-0 dims counted once, as ``torch/utils/_runtime_estimation.py``), module path,
+phase and the producers of its inputs (dependency edges).
+
+Two reroutes (a :class:`~torch.overrides.TorchFunctionMode`) make the trace look like a GPU run rather
+than the meta/CPU fallback: ``F.scaled_dot_product_attention`` becomes one
+``aten._scaled_dot_product_flash_attention`` op (and one ``..._backward``) instead of the math path
+with its ``B·H·T·T`` score tensor, and ``F.rms_norm`` becomes one ``aten._fused_rms_norm``.
+
+**Layer dedup.** A model whose ``layers`` attribute is an ``nn.ModuleList`` of identical blocks (same
+class, same parameter and buffer shapes) is traced with only its first block; the block's forward,
+backward and optimizer ops are then cloned once per layer with renamed module paths and re-wired
+dependencies. A 96-layer model therefore costs about one layer to trace.
+
+**FLOP convention.** :attr:`OpRecord.flops` are *model* FLOPs, the count of Megatron-LM's formula
+(Narayanan et al., SC'21, arXiv:2104.04473, eq. 3): 2 FLOPs per multiply-accumulate, the backward
+pass twice the forward, attention counted over the full ``s × s`` score matrix (causality ignored).
+:attr:`OpRecord.kernel_flops` is what the kernel executes: FlashAttention's backward recomputes
+``QKᵀ`` (2.5× its forward, the registry's count). :meth:`OpGraph.to_compute_tasks` hands the kernel
+count to the hardware model, halved for causal attention (FlashAttention-2 skips the masked blocks).
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import math
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.flop_counter import flop_registry
+from torch.utils.module_tracker import ModuleTracker
+from torch.utils.weak import WeakIdKeyDictionary
+
+from hwmodel.ir import Compute
+
+aten = torch.ops.aten
+
+__all__ = [
+    "FactoryError", "OpGraph", "OpRecord", "TraceError", "dtype_name", "load_factory", "trace_model",
+]
+
+Part = Literal["pre", "block", "post"]
+
+
+class TraceError(RuntimeError):
+    """A module could not be traced on the meta device; the message names the aten op and a fix."""
+
+
+class FactoryError(ValueError):
+    """A ``"package.module:factory"`` string is malformed or does not resolve to a callable."""
+
+
+# ----------------------------------------------------------------------------------------------
+# The records
+
+
+@dataclass(frozen=True, slots=True)
+class OpRecord:
+    """One aten op of a traced training step (one GPU kernel, unfused)."""
+
+    index: int
+    """Position in :attr:`OpGraph.ops` (issue order)."""
+    name: str
+    """aten op, e.g. ``aten.mm`` or ``aten._scaled_dot_product_flash_attention``."""
+    kind: str
+    """Kernel kind, one of :data:`hwmodel.ir.KERNEL_KINDS`."""
+    phase: str
+    """``fwd``, ``bwd`` or ``opt``."""
+    layer: str
+    """Module path that issued it, e.g. ``layers.3.attn.qkv``; ``""`` for the top-level module."""
+    part: str
+    """``pre`` (the part before the repeated blocks: embedding), ``block`` or ``post`` (final norm, head,
+    loss) -- by model structure, so the bwd of the head is ``post`` though it is issued first."""
+    block: int | None
+    """Index of the repeated block (``layers.<i>``) it belongs to; ``None`` outside the blocks."""
+    flops: float
+    """Model FLOPs (FLOP), Megatron's convention (see the module docstring)."""
+    kernel_flops: float
+    """FLOPs the kernel executes (FLOP), causality ignored; differs from ``flops`` for attention bwd."""
+    bytes_accessed: float
+    """Bytes read + written (B), unfused; stride-0 (broadcast) dims counted once."""
+    dtype: str
+    """Math dtype: fp32, bf16, fp16, ... (first floating input)."""
+    shape: tuple[int, ...]
+    """gemm: (batch, m, n, k); attention: (batch, heads, seq_q, seq_kv, head_dim); else ()."""
+    in_shapes: tuple[tuple[int, ...], ...]
+    out_shapes: tuple[tuple[int, ...], ...]
+    deps: tuple[int, ...]
+    """Indices of the ops that produced this op's inputs."""
+    causal: bool = False
+    """Attention only: causal mask (the useful work is about half of ``kernel_flops``)."""
+
+    def to_compute(self, *, causal_discount: bool = True) -> Compute:
+        """This op as a :class:`hwmodel.ir.Compute` kernel (FLOPs = executed kernel FLOPs)."""
+        flops = self.kernel_flops * (0.5 if causal_discount and self.causal else 1.0)
+        return Compute(name=self.name, kind=self.kind, flops=flops, bytes_accessed=self.bytes_accessed,
+                       dtype=self.dtype, shape=self.shape, layer=self.layer, phase=self.phase)
+
+
+@dataclass
+class OpGraph:
+    """The ops of one training step for one micro-batch, in issue order, with dependency edges."""
+
+    ops: list[OpRecord]
+    num_blocks: int = 0
+    """Number of repeated blocks (``len(model.layers)``); 0 when the model has none."""
+    block_attr: str = "layers"
+    """Attribute of the model holding the repeated blocks."""
+    info: dict[str, Any] = field(default_factory=dict)
+    """Free-form facts about the trace (model class, micro-batch shape, dedup used, ...)."""
+    _index: dict[tuple[Any, str], list[OpRecord]] | None = field(default=None, init=False, repr=False,
+                                                                  compare=False)
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+    def select(self, phase: str | None = None) -> list[OpRecord]:
+        """Ops of one phase (``fwd``/``bwd``/``opt``), or all."""
+        return [o for o in self.ops if phase is None or o.phase == phase]
+
+    def total_flops(self, phase: str | None = None, *, kernel: bool = False) -> float:
+        """Model FLOPs (or executed kernel FLOPs) of one phase, or of the whole step (FLOP)."""
+        return float(sum(o.kernel_flops if kernel else o.flops for o in self.select(phase)))
+
+    def total_bytes(self, phase: str | None = None) -> float:
+        """Unfused bytes read + written (B)."""
+        return float(sum(o.bytes_accessed for o in self.select(phase)))
+
+    def by_layer(self, phase: str | None = None) -> dict[str, list[OpRecord]]:
+        """Ops grouped by module path, in first-issue order."""
+        out: dict[str, list[OpRecord]] = defaultdict(list)
+        for o in self.select(phase):
+            out[o.layer].append(o)
+        return dict(out)
+
+    def _lookup(self, key: Any, phase: str) -> list[OpRecord]:
+        if self._index is None:
+            idx: dict[tuple[Any, str], list[OpRecord]] = defaultdict(list)
+            for o in self.ops:
+                k = o.block if o.part == "block" else o.part
+                idx[(k, o.phase)].append(o)
+                idx[(k, "*")].append(o)
+            self._index = dict(idx)
+        return list(self._index.get((key, phase or "*"), []))
+
+    def block_ops(self, i: int, phase: str | None = None) -> list[OpRecord]:
+        """Ops of repeated block ``i`` (``layers.i``), e.g. ``block_ops(3, "bwd")``."""
+        if not 0 <= i < self.num_blocks:
+            raise IndexError(f"block {i} out of range: the graph has {self.num_blocks} blocks")
+        return self._lookup(i, phase or "*")
+
+    def pre_ops(self, phase: str | None = None) -> list[OpRecord]:
+        """Ops of the part before the blocks: the embedding (in ``bwd``: its backward, issued last)."""
+        return self._lookup("pre", phase or "*")
+
+    def post_ops(self, phase: str | None = None) -> list[OpRecord]:
+        """Ops of the part after the blocks: final norm, output head, loss (in ``bwd``: issued first)."""
+        return self._lookup("post", phase or "*")
+
+    def recompute_flops(self, granularity: Literal["full", "selective"] = "full") -> float:
+        """Extra model FLOPs of activation recomputation for one micro-batch (FLOP).
+
+        ``full`` re-runs every block's forward before its backward (Megatron ``--recompute-granularity
+        full``): fwd+bwd+recompute of a GPT then equals Megatron's ``96·B·s·l·h²·(1 + s/6h +
+        V/16lh)`` (SC'21 eq. 3; the logit layer is not recomputed). ``selective`` re-runs only the
+        attention core (Korthikanti et al. 2022, arXiv:2205.05198).
+        """
+        fwd = [o for o in self.ops if o.phase == "fwd" and o.part == "block"]
+        if not fwd and self.num_blocks == 0:
+            fwd = self.select("fwd")
+        if granularity == "full":
+            return float(sum(o.flops for o in fwd))
+        if granularity == "selective":
+            return float(sum(o.flops for o in fwd if o.kind == "attention"))
+        raise ValueError(f"granularity must be 'full' or 'selective', got {granularity!r}")
+
+    def to_compute_tasks(self, phase: str | None = None, *, causal_discount: bool = True) -> list[Compute]:
+        """The ops as :class:`hwmodel.ir.Compute` kernels (see :meth:`OpRecord.to_compute`)."""
+        return [o.to_compute(causal_discount=causal_discount) for o in self.select(phase)]
+
+
+# ----------------------------------------------------------------------------------------------
+# Op classification
+
+
+_DTYPE_NAMES = {
+    torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64",
+    torch.float8_e4m3fn: "fp8", torch.float8_e5m2: "fp8",
+}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """Short dtype name used by the IR: ``torch.bfloat16`` -> ``"bf16"``."""
+    return _DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))
+
+
+_GEMM = {"mm", "addmm", "bmm", "baddbmm", "convolution", "convolution_backward", "_scaled_mm",
+         "linear", "matmul"}
+_ATTENTION_FWD = {"_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+                  "_scaled_dot_product_cudnn_attention", "_flash_attention_forward",
+                  "_efficient_attention_forward"}
+_ATTENTION_BWD = {n + "_backward" for n in _ATTENTION_FWD} | {"_flash_attention_backward",
+                                                              "_efficient_attention_backward"}
+_NORM = {"rms_norm", "rms_norm_backward", "native_layer_norm", "native_layer_norm_backward", "_fused_rms_norm",
+         "_fused_rms_norm_backward",
+         "native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_functional",
+         "native_batch_norm_backward", "native_group_norm", "native_group_norm_backward",
+         "_batch_norm_with_update", "batch_norm_backward"}
+_SOFTMAX = {"_softmax", "_softmax_backward_data", "_safe_softmax"}
+_LOSS = {"nll_loss_forward", "nll_loss_backward", "nll_loss2d_forward", "nll_loss2d_backward",
+         "_log_softmax", "_log_softmax_backward_data", "mse_loss", "mse_loss_backward"}
+_EMBEDDING = {"embedding", "embedding_dense_backward", "index_select", "index_add", "index_add_",
+              "gather", "scatter", "scatter_add", "scatter_add_", "index", "index_put", "index_put_"}
+_COPY = {"_to_copy", "copy_", "clone", "cat", "stack", "constant_pad_nd", "_unsafe_index", "slice_backward",
+         "select_backward"}
+_REDUCTION = {"sum", "mean", "amax", "amin", "max", "min", "var_mean", "var", "argmax", "topk",
+              "sort", "cumsum", "linalg_vector_norm", "norm", "prod", "max_pool2d_with_indices",
+              "max_pool2d_with_indices_backward", "avg_pool2d", "avg_pool2d_backward"}
+# Ops that launch no kernel: aliases, and allocations (memory comes from the caching allocator).
+_NO_KERNEL = {"detach", "t", "lift_fresh", "alias", "_unsafe_view", "empty", "empty_like",
+              "empty_strided", "new_empty", "new_empty_strided", "set_", "_reshape_alias",
+              "resize_", "_local_scalar_dense"}
+
+
+def _kind(name: str, func: Any, phase: str) -> str:
+    if phase == "opt":
+        return "optimizer"
+    if name in _GEMM:
+        return "gemm"
+    if name in _ATTENTION_FWD or name in _ATTENTION_BWD:
+        return "attention"
+    for kind, names in (("norm", _NORM), ("softmax", _SOFTMAX), ("loss", _LOSS),
+                        ("embedding", _EMBEDDING), ("copy", _COPY), ("reduction", _REDUCTION)):
+        if name in names:
+            return kind
+    if torch.Tag.pointwise in func.tags or name.endswith(("_like", "fill_", "zero_")) or name in (
+            "fill", "zeros", "ones", "full", "arange", "where", "new_zeros", "new_ones", "floor_divide",
+            "threshold_backward", "gelu_backward",
+            "silu_backward", "native_dropout", "native_dropout_backward"):
+        return "elementwise"
+    if torch.Tag.reduction in func.tags:
+        return "reduction"
+    return "other"
+
+
+def _gemm_shape(name: str, args: Sequence[Any], out: Any) -> tuple[int, ...]:
+    """(batch, m, n, k) of a GEMM; convolutions as implicit GEMMs (one per computed gradient in bwd)."""
+    if name in ("mm", "addmm", "_scaled_mm"):
+        a, b = (args[1], args[2]) if name == "addmm" else (args[0], args[1])
+        return (1, a.shape[0], b.shape[1], a.shape[1])
+    if name in ("bmm", "baddbmm"):
+        a, b = (args[1], args[2]) if name == "baddbmm" else (args[0], args[1])
+        return (a.shape[0], a.shape[1], b.shape[2], a.shape[2])
+    if name == "convolution":
+        x, w, groups = args[0], args[1], args[8]
+        return _conv_gemm(x, w, out, groups, 1)
+    if name == "convolution_backward":
+        grad_out, x, w, groups, mask = args[0], args[1], args[2], args[9], args[10]
+        return _conv_gemm(x, w, grad_out, groups, max(1, int(mask[0]) + int(mask[1])))
+    return ()
+
+
+def _conv_gemm(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, groups: int, n_gemms: int) -> tuple:
+    # Implicit GEMM: m = N·H_out·W_out, n = C_out/g, k = C_in/g·kh·kw; batch = gemms × groups.
+    m = y.shape[0] * math.prod(y.shape[2:])
+    k = w.shape[1] * math.prod(w.shape[2:])
+    return (n_gemms * groups, m, w.shape[0] // groups, k)
+
+
+def _attention_info(name: str, args: Sequence[Any], kwargs: dict) -> tuple[tuple[int, ...], bool]:
+    """((batch, heads, seq_q, seq_kv, head_dim), causal) of a fused attention op."""
+    if name in _ATTENTION_BWD:
+        q, k = args[1], args[2]
+        causal = bool(args[11]) if name == "_scaled_dot_product_flash_attention_backward" and len(
+            args) > 11 else bool(kwargs.get("is_causal", False))
+    else:
+        q, k = args[0], args[1]
+        causal = bool(args[4]) if len(args) > 4 and isinstance(args[4], bool) else bool(
+            kwargs.get("is_causal", False))
+    if q.dim() == 4 and name.startswith("_scaled_dot_product"):  # (B, H, S, D)
+        return (q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.shape[3]), causal
+    return (q.shape[0], q.shape[2], q.shape[1], k.shape[1], q.shape[3]), causal  # (B, S, H, D)
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    """Bytes of a tensor's storage footprint, broadcast (stride-0) dims counted once."""
+    n = t.element_size()
+    for size, stride in zip(t.shape, t.stride(), strict=True):
+        if stride != 0:
+            n *= size
+    return n
+
+
+# ----------------------------------------------------------------------------------------------
+# The recorder
+
+
+# Ops whose output shape or value depends on tensor data (no meta kernel, or a meaningless one).
+_DATA_DEPENDENT = {"nonzero", "bincount", "masked_select", "_unique", "_unique2", "unique_dim",
+                   "unique_consecutive", "histc", "_local_scalar_dense"}
+_DATA_DEPENDENT_HINT = (
+    "data-dependent ops need an explicit assumption on the meta device (e.g. MoE routing: assume "
+    "uniform tokens-per-expert with a capacity factor, as workload.zoo.moe does; replace .item()/"
+    "nonzero/bincount with static-shape code)"
+)
+
+
+@torch.library.custom_op("trainsim::rms_norm", mutates_args=())
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fused RMSNorm kernel: (y, rstd); y = x · rsqrt(mean(x²) + eps) · weight, rstd (..., 1) fp32."""
+    rstd = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+    return (x.float() * rstd * weight.float()).to(x.dtype), rstd
+
+
+@_rms_norm.register_fake
+def _(x, weight, eps):
+    return torch.empty_like(x), x.new_empty((*x.shape[:-1], 1), dtype=torch.float32)
+
+
+@torch.library.custom_op("trainsim::rms_norm_backward", mutates_args=())
+def _rms_norm_backward(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                       rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx, dweight) of :func:`_rms_norm`."""
+    xhat = x.float() * rstd
+    gw = grad.float() * weight.float()
+    dx = rstd * (gw - xhat * (gw * xhat).mean(-1, keepdim=True))
+    dw = (grad.float() * xhat).reshape(-1, x.shape[-1]).sum(0)
+    return dx.to(x.dtype), dw.to(weight.dtype)
+
+
+@_rms_norm_backward.register_fake
+def _(grad, x, weight, rstd):
+    return torch.empty_like(x), torch.empty_like(weight)
+
+
+def _rms_norm_setup(ctx, inputs, output):
+    x, weight, _ = inputs
+    ctx.save_for_backward(x, weight, output[1])
+
+
+def _rms_norm_grad(ctx, grad_y, grad_rstd):
+    x, weight, rstd = ctx.saved_tensors
+    dx, dw = _rms_norm_backward(grad_y, x, weight, rstd)
+    return dx, dw, None
+
+
+_rms_norm.register_autograd(_rms_norm_grad, setup_context=_rms_norm_setup)
+
+
+class _FusedKernels(TorchFunctionMode):
+    """Reroute SDPA to the flash-attention op and ``F.rms_norm`` to one fused RMSNorm op.
+
+    ``aten._fused_rms_norm`` is CompositeImplicit on CPU/meta (it decomposes before a dispatch mode
+    sees it), hence our own ``trainsim::rms_norm`` custom op with a fake (meta) kernel and a backward.
+    """
+
+    def __init__(self, recorder: _Recorder) -> None:
+        super().__init__()
+        self.recorder = recorder
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention:
+            return self._sdpa_as_flash(*args, **kwargs)
+        if func is F.rms_norm:
+            x, shape = args[0], args[1]
+            weight = args[2] if len(args) > 2 else kwargs.get("weight")
+            eps = args[3] if len(args) > 3 else kwargs.get("eps")
+            if weight is not None and len(shape) == 1:
+                eps = torch.finfo(x.dtype).eps if eps is None else eps
+                return _rms_norm(x, weight, float(eps))[0]
+        return func(*args, **kwargs)
+
+    def _sdpa_as_flash(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                       enable_gqa=False):
+        if attn_mask is not None:  # flash has no arbitrary mask: keep torch's path (math on meta)
+            return F.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal,
+                                                  scale=scale, enable_gqa=enable_gqa)
+        # (B, H, T, D) each; GQA k/v with fewer heads are accepted by the flash meta kernel.
+        out = aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal,
+                                                       scale=scale)[0]
+        # FlashAttention writes (B, T, H, D) memory; the meta kernel allocates (B, H, T, D). Relayout
+        # unrecorded so that the caller's transpose(1, 2).reshape(B, T, C) costs no copy kernel.
+        with self.recorder.paused():
+            relaid = out.transpose(1, 2).contiguous().transpose(1, 2)
+        self.recorder.alias(relaid, out)
+        return relaid
+
+
+class _Recorder(TorchDispatchMode):
+    """Records aten ops as plain dicts (turned into :class:`OpRecord` s by :func:`_assemble`)."""
+
+    def __init__(self, tracker: ModuleTracker, root: str) -> None:
+        super().__init__()
+        self.tracker, self.root = tracker, root
+        self.ops: list[dict[str, Any]] = []
+        self.producer: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self.phase = "fwd"
+        self.layer_override: str | None = None
+        self._paused = False
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Run ops without recording them."""
+        self._paused, was = True, self._paused
+        try:
+            yield
+        finally:
+            self._paused = was
+
+    def alias(self, new: torch.Tensor, old: torch.Tensor) -> None:
+        """Let ``new`` stand for ``old`` as a dependency source."""
+        if old in self.producer:
+            self.producer[new] = self.producer[old]
+
+    def _layer(self) -> str:
+        if self.layer_override is not None:
+            return self.layer_override
+        path = max(self.tracker.parents, key=len)
+        if path == "Global" or path == self.root:
+            return ""
+        return path.removeprefix(self.root + ".")
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self._paused:
+            return func(*args, **kwargs)
+        name = func._overloadpacket.__name__
+        ins = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+        on_meta = any(t.device.type == "meta" for t in ins)
+        if on_meta and (torch.Tag.data_dependent_output in func.tags or name in _DATA_DEPENDENT):
+            what = "Tensor.item()" if name == "_local_scalar_dense" else f"aten.{name}"
+            raise TraceError(f"{what} (aten.{name}) cannot run on the meta device: its result depends on "
+                             f"tensor values. In module '{self._layer() or '<top>'}': {_DATA_DEPENDENT_HINT}")
+        try:
+            out = func(*args, **kwargs)
+        except TraceError:
+            raise
+        except (NotImplementedError, RuntimeError) as e:
+            raise TraceError(f"aten.{name} failed on the meta device in module '{self._layer() or '<top>'}'"
+                             f" ({e.__class__.__name__}: {str(e).splitlines()[0] if str(e) else ''}). "
+                             f"If it has no meta kernel, express it with ops that do; "
+                             f"{_DATA_DEPENDENT_HINT}") from e
+        outs = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor)]
+        if func.namespace == "profiler" or not (on_meta or any(o.device.type == "meta" for o in outs)):
+            return out  # host-side bookkeeping (the optimizer's CPU step counter) launches no kernel
+        if func.is_view or name in _NO_KERNEL:
+            src = self.producer.get(ins[0]) if ins else None
+            if src is not None:
+                for o in outs:
+                    self.producer[o] = src
+            return out
+        pkt = func._overloadpacket
+        flops = float(flop_registry[pkt](*args, **kwargs, out_val=out)) if pkt in flop_registry else 0.0
+        kind = _kind(name, func, self.phase)
+        shape: tuple[int, ...] = ()
+        causal = False
+        model_flops = flops
+        if name in _GEMM:
+            shape = _gemm_shape(name, args, out)
+        elif name in _ATTENTION_FWD or name in _ATTENTION_BWD:
+            shape, causal = _attention_info(name, args, kwargs)
+            if name in _ATTENTION_BWD:
+                model_flops = flops * 0.8  # 5 GEMMs incl. the recomputed QK^T -> the 4 of a plain bwd
+        floats = [t for t in ins + outs if t.is_floating_point()]
+        idx = len(self.ops)
+        self.ops.append(dict(
+            name=f"{func.namespace}.{name}", kind=kind, phase=self.phase, layer=self._layer(), flops=model_flops,
+            kernel_flops=flops, bytes=float(sum(map(_nbytes, ins)) + sum(map(_nbytes, outs))),
+            dtype=dtype_name(floats[0].dtype) if floats else dtype_name((ins + outs)[0].dtype),
+            shape=tuple(int(s) for s in shape), causal=causal,
+            in_shapes=tuple(tuple(t.shape) for t in ins), out_shapes=tuple(tuple(t.shape) for t in outs),
+            deps=tuple(sorted({d for d in (self.producer.get(t) for t in ins) if d is not None})),
+        ))
+        for o in outs:
+            self.producer[o] = idx
+        return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Tracing
+
+
+def _block_signature(block: nn.Module) -> tuple:
+    return (type(block),
+            tuple((n, tuple(p.shape), p.dtype) for n, p in block.named_parameters()),
+            tuple((n, tuple(b.shape), b.dtype) for n, b in block.named_buffers()),
+            tuple(type(m).__name__ for m in block.modules()))
+
+
+def _repeated_blocks(model: nn.Module, attr: str) -> nn.ModuleList | None:
+    blocks = getattr(model, attr, None)
+    if not isinstance(blocks, nn.ModuleList) or len(blocks) < 2:
+        return None
+    sig = _block_signature(blocks[0])
+    return blocks if all(_block_signature(b) == sig for b in blocks) else None
+
+
+def _one_block_copy(model: nn.Module, attr: str) -> nn.Module:
+    """A shallow copy of ``model`` whose ``attr`` ModuleList holds only the first block (shared)."""
+    reduced = copy.copy(model)
+    reduced._modules = dict(model._modules)  # own dict: the original keeps all its blocks
+    reduced._modules[attr] = nn.ModuleList([getattr(model, attr)[0]])
+    return reduced
+
+
+def _default_loss(out: Any) -> torch.Tensor:
+    if isinstance(out, torch.Tensor):
+        return out if out.dim() == 0 else out.float().mean()
+    if isinstance(out, dict) and "loss" in out:
+        return out["loss"]
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+        return _default_loss(out[0])
+    raise TraceError(f"cannot derive a scalar loss from the model output of type {type(out).__name__}; "
+                     f"pass loss_fn=")
+
+
+def trace_model(
+    model: nn.Module,
+    inputs: Sequence[Any] | dict[str, Any] | None = None,
+    *,
+    micro_batch_size: int = 1,
+    dtype: torch.dtype | None = torch.bfloat16,
+    optimizer: bool = True,
+    layer_dedup: bool = True,
+    block_attr: str = "layers",
+    loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    master_dtype: torch.dtype = torch.float32,
+    weight_decay: float = 0.1,
+) -> OpGraph:
+    """Trace forward, backward and (optionally) one AdamW step of ``model`` into an :class:`OpGraph`.
+
+    Args:
+        model: a module on the meta device (moved there with ``to_empty`` if it is not). Its parameters
+            are cast to ``dtype`` in place (free on meta).
+        inputs: positional arguments (a sequence) or keyword arguments (a dict) for ``model(...)``;
+            ``None`` calls ``model.example_inputs(micro_batch_size)`` (every zoo model has it).
+        micro_batch_size: B, used only when ``inputs`` is ``None``.
+        dtype: parameter/activation dtype (``None`` keeps the model's).
+        optimizer: also trace ``torch.optim.AdamW.step()`` as phase ``opt``. Mixed precision as
+            Megatron: fp32 (``master_dtype``) master weights and Adam moments; the step casts the
+            gradient to fp32, updates, and copies the master back into the ``dtype`` parameter. We use
+            the single-tensor implementation (``foreach=False``): it traces on meta and yields
+            per-parameter kernels, attributable to a layer and shardable with it (``foreach=True``
+            also traces but fuses all parameters into ``_foreach_*`` ops). The first step, which only
+            allocates the moments, is run untraced.
+        layer_dedup: trace one of identical ``model.<block_attr>`` blocks and clone it (see module doc).
+        block_attr: the attribute holding the repeated blocks (an ``nn.ModuleList``).
+        loss_fn: maps the model output to a scalar loss; default: the output if it is a scalar,
+            ``output["loss"]``, ``output[0]``, else ``output.float().mean()``.
+
+    Raises:
+        TraceError: an op has no meta kernel or is data-dependent (``nonzero``, ``.item()``...).
+    """
+    if any(p.device.type != "meta" for p in model.parameters()):
+        model = model.to_empty(device="meta")
+    if dtype is not None:
+        model.to(dtype)
+    model.train()
+    blocks = _repeated_blocks(model, block_attr)
+    num_blocks = len(blocks) if blocks is not None else 0
+    dedup = layer_dedup and blocks is not None
+    traced = _one_block_copy(model, block_attr) if dedup else model
+    if inputs is None:
+        if not hasattr(model, "example_inputs"):
+            raise TraceError(f"{type(model).__name__} has no example_inputs(); pass inputs=")
+        inputs = model.example_inputs(micro_batch_size)
+    args, kwargs = ((), dict(inputs)) if isinstance(inputs, dict) else (tuple(inputs), {})
+
+    tracker = ModuleTracker()
+    rec = _Recorder(tracker, type(traced).__name__)
+    params = [(n, p) for n, p in traced.named_parameters() if p.requires_grad]
+    for _, p in params:
+        p.grad = None
+    block_inputs: set[int] = set()  # ops producing the first block's input activations
+
+    def _note_block_input(module: nn.Module, args: tuple, kwargs: dict) -> None:
+        for t in tree_flatten((args, kwargs))[0]:
+            if isinstance(t, torch.Tensor) and t.is_floating_point() and t in rec.producer:
+                block_inputs.add(rec.producer[t])
+                break
+
+    hook = getattr(traced, block_attr)[0].register_forward_pre_hook(_note_block_input, with_kwargs=True) \
+        if dedup else None
+    try:
+        with torch.device("meta"), tracker, _FusedKernels(rec), rec:
+            loss = (loss_fn or _default_loss)(traced(*args, **kwargs))
+            rec.phase = "bwd"
+            loss.backward()
+        if optimizer:
+            _trace_adamw(rec, params, master_dtype, weight_decay)
+    finally:
+        if hook is not None:
+            hook.remove()
+        for _, p in params:
+            p.grad = None
+    graph = _assemble(rec.ops, num_blocks if dedup else 0, block_attr, block_inputs)
+    graph.num_blocks = num_blocks
+    graph.info.update(model=type(model).__name__, layer_dedup=dedup, dtype=dtype_name(dtype or torch.float32),
+                      num_parameters=sum(p.numel() for p in model.parameters()))
+    return graph
+
+
+def _trace_adamw(rec: _Recorder, params: list[tuple[str, nn.Parameter]], master_dtype: torch.dtype,
+                 weight_decay: float) -> None:
+    """One AdamW step per parameter (foreach=False), each attributed to the parameter's module."""
+    rec.phase = "opt"
+    for name, p in params:
+        if p.grad is None:
+            continue
+        if p.dtype != master_dtype:
+            master = nn.Parameter(torch.empty(p.shape, dtype=master_dtype, device="meta"))
+        else:
+            master = p
+        master.grad = torch.empty(p.shape, dtype=master_dtype, device="meta")
+        # Megatron: no weight decay on biases and norm weights (1-D parameters).
+        opt = torch.optim.AdamW([master], lr=1e-4, weight_decay=weight_decay if p.dim() > 1 else 0.0,
+                                foreach=False)
+        opt.step()  # allocates the moments; not part of a steady-state step
+        rec.layer_override = name.rpartition(".")[0]
+        with rec:
+            with torch.no_grad():
+                if master is not p:
+                    master.grad = p.grad.to(master_dtype)  # (numel,) bf16 -> fp32 grad cast
+            opt.step()
+            if master is not p:
+                with torch.no_grad():
+                    p.copy_(master)  # fp32 master -> model dtype
+        rec.layer_override = None
+
+
+# ----------------------------------------------------------------------------------------------
+# Assembling the graph (and cloning the traced block)
+
+
+def _part_ranges(ops: list[dict], phase: str, prefix: str) -> tuple[list[int], tuple[int, int] | None]:
+    """Indices of ``phase`` ops, and the (first, last) position among them of the block's ops."""
+    idx = [i for i, o in enumerate(ops) if o["phase"] == phase]
+    pos = [j for j, i in enumerate(idx) if _in_block(ops[i]["layer"], prefix)]
+    return idx, ((pos[0], pos[-1]) if pos else None)
+
+
+def _in_block(layer: str, prefix: str) -> bool:
+    return layer == prefix or layer.startswith(prefix + ".")
+
+
+# Positional segments in backward run head first: what precedes the blocks there is the "post" part.
+_BWD_PART = {"pre": "post", "post": "pre"}
+
+
+def _annotate(raw: list[dict], idx: list[int], attr: str) -> list[tuple[str, int | None]]:
+    """(part, block) of undeduplicated ops: from ``<attr>.<i>`` module paths, ops between two ops of
+    block i going to block i (backward ops the tracker attributes to no module)."""
+    blocks: list[int | None] = []
+    for i in idx:
+        head, _, rest = raw[i]["layer"].partition(".")
+        num = rest.split(".")[0]
+        blocks.append(int(num) if head == attr and num.isdigit() else None)
+    known = [j for j, b in enumerate(blocks) if b is not None]
+    if not known:
+        return [("pre", None)] * len(idx)
+    out: list[tuple[str, int | None]] = []
+    last = None
+    for j, b in enumerate(blocks):
+        if j < known[0]:
+            out.append(("pre", None))
+        elif j > known[-1]:
+            out.append(("post", None))
+        else:
+            last = b if b is not None else last
+            out.append(("block", last))
+    return out
+
+
+def _assemble(raw: list[dict], num_blocks: int, attr: str, block_inputs: set[int] | None = None) -> OpGraph:
+    """Turn recorded op dicts into an :class:`OpGraph`, cloning block 0 ``num_blocks`` times if > 0.
+
+    Dependencies of clone ``c`` on ops before the block are re-wired to the previous clone's outputs
+    (the ops whose results the following segment consumes) when they are the block's input
+    activations (``block_inputs``, found by a forward pre-hook; all fwd inputs if unknown) or, in
+    backward, the incoming gradient. Other inputs (RoPE tables, masks) keep their producer.
+    """
+    prefix = f"{attr}.0"
+    # Layout per phase: [pre][block][post]; entries are (template index, clone or None, part).
+    order: list[tuple[int, int | None, str]] = []
+    seg: dict[int, tuple[str, str]] = {}  # template index -> (phase, part)
+    clones_in_order = {"fwd": range(num_blocks), "bwd": range(num_blocks - 1, -1, -1),
+                       "opt": range(num_blocks)}
+    boundary_out: dict[str, list[int]] = {}
+    for phase in ("fwd", "bwd", "opt"):
+        idx, rng = _part_ranges(raw, phase, prefix)
+        if num_blocks == 0 or rng is None:
+            for i, (part, block) in zip(idx, _annotate(raw, idx, attr), strict=True):
+                order.append((i, block, part))
+                seg[i] = (phase, "pre")
+            continue
+        a, b = rng
+        pre, blk, post = idx[:a], idx[a:b + 1], idx[b + 1:]
+        for part, ids in (("pre", pre), ("block", blk), ("post", post)):
+            for i in ids:
+                seg[i] = (phase, part)
+        blk_set = set(blk)
+        # block ops whose outputs the following segment consumes: the block's "output" in this phase
+        boundary_out[phase] = sorted({d for i in post for d in raw[i]["deps"] if d in blk_set})
+        order += [(i, None, "pre") for i in pre]
+        for c in clones_in_order[phase]:
+            order += [(i, c, "block") for i in blk]
+        order += [(i, None, "post") for i in post]
+
+    last_clone = {"fwd": num_blocks - 1, "bwd": 0, "opt": num_blocks - 1}
+    new_index: dict[tuple[int, int | None], int] = {}
+    ops: list[OpRecord] = []
+    for n, (t, c, part) in enumerate(order):
+        o = raw[t]
+        deps: set[int] = set()
+        if num_blocks == 0:  # no cloning: op t is op n
+            new_index[(t, None)] = n
+            deps = {new_index[(d, None)] for d in o["deps"]}
+        for d in o["deps"] if num_blocks else ():
+            dphase, dpart = seg[d]
+            if dpart == "block":
+                deps.add(new_index[(d, c if c is not None else last_clone[dphase])])
+                continue
+            prev = None
+            boundary = dphase == "bwd" or not block_inputs or d in block_inputs
+            if c is not None and dpart == "pre" and dphase in ("fwd", "bwd") and boundary:
+                # an input from before the block: for later clones, the previous clone's output
+                first = 0 if dphase == "fwd" else num_blocks - 1
+                if c != first and boundary_out.get(dphase):
+                    prev = c - 1 if dphase == "fwd" else c + 1
+            if prev is not None:
+                deps.update(new_index[(b, prev)] for b in boundary_out[dphase])
+            else:
+                deps.add(new_index[(d, None)])
+        layer = o["layer"]
+        if part == "block" and num_blocks:
+            rest = layer[len(prefix):] if _in_block(layer, prefix) else ""
+            layer = f"{attr}.{c}{rest}"
+        if num_blocks:
+            new_index[(t, c)] = n
+        ops.append(OpRecord(
+            index=n, name=o["name"], kind=o["kind"], phase=o["phase"], layer=layer,
+            part=_BWD_PART.get(part, part) if o["phase"] == "bwd" else part, block=c, flops=o["flops"],
+            kernel_flops=o["kernel_flops"],
+            bytes_accessed=o["bytes"], dtype=o["dtype"], shape=o["shape"], in_shapes=o["in_shapes"],
+            out_shapes=o["out_shapes"], deps=tuple(sorted(deps)), causal=o["causal"]))
+    return OpGraph(ops=ops, num_blocks=num_blocks, block_attr=attr)
+
+
+# ----------------------------------------------------------------------------------------------
+# User modules
+
+
+def load_factory(spec: str) -> Callable[..., Any]:
+    """Resolve ``"package.module:factory"`` (``factory`` may be dotted: ``"pkg.mod:Class.build"``).
+
+    Raises:
+        FactoryError: malformed string, module not importable, attribute missing or not callable.
+    """
+    if not isinstance(spec, str) or spec.count(":") != 1 or not all(spec.split(":")):
+        raise FactoryError(f"bad factory spec {spec!r}: expected 'package.module:factory', "
+                           f"e.g. 'workload.zoo:build_model'")
+    mod_name, attr_path = spec.split(":")
+    try:
+        obj: Any = importlib.import_module(mod_name)
+    except ImportError as e:
+        raise FactoryError(f"cannot import module {mod_name!r} of factory spec {spec!r}: {e}") from e
+    for part in attr_path.split("."):
+        if not hasattr(obj, part):
+            public = sorted(n for n in dir(obj) if not n.startswith("_"))[:20]
+            raise FactoryError(f"{getattr(obj, '__name__', obj)!r} has no attribute {part!r} "
+                               f"(factory spec {spec!r}); available: {', '.join(public)}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise FactoryError(f"{spec!r} resolves to a {type(obj).__name__}, which is not callable")
+    return obj

@@ -1,0 +1,65 @@
+"""BERT (Devlin et al. 2018, arXiv:1810.04805), post-LayerNorm encoder with a masked-LM head.
+
+Word + position + token-type embeddings, LayerNorm; blocks ``x = LN(x + attn(x)); x = LN(x + mlp(x))``
+with bidirectional attention; MLM head dense-GELU-LN and a decoder tied to the word embedding.
+Simplification: the MLM loss is taken over every position (real pre-training predicts ~15 % of the
+tokens, which only shrinks the decoder GEMM); no next-sentence head, no dropout, no padding mask.
+Shapes: B micro-batch, T sequence, C hidden, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from workload.zoo.config import TransformerConfig
+from workload.zoo.gpt import MLP, SelfAttention
+
+
+class BertBlock(nn.Module):
+    def __init__(self, cfg: TransformerConfig) -> None:
+        super().__init__()
+        self.attn = SelfAttention(cfg)
+        self.ln1 = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_epsilon)
+        self.mlp = MLP(cfg)
+        self.ln2 = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_epsilon)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.ln1(x + self.attn(x))  # (B, T, C)
+        return self.ln2(x + self.mlp(x))
+
+
+class Bert(nn.Module):
+    """BERT with an MLM head; ``forward(idx, token_types, targets)`` returns the mean MLM loss."""
+
+    def __init__(self, cfg: TransformerConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        C = cfg.hidden_size
+        self.word = nn.Embedding(cfg.vocab_size, C)  # (V, C)
+        self.position = nn.Embedding(cfg.max_position_embeddings, C)
+        self.token_type = nn.Embedding(max(cfg.num_tokentypes, 1), C)
+        self.ln_emb = nn.LayerNorm(C, eps=cfg.norm_epsilon)
+        self.layers = nn.ModuleList(BertBlock(cfg) for _ in range(cfg.num_layers))
+        self.head_dense = nn.Linear(C, C)
+        self.head_ln = nn.LayerNorm(C, eps=cfg.norm_epsilon)
+        self.head_bias = nn.Parameter(torch.zeros(cfg.vocab_size))
+
+    def forward(self, idx: torch.Tensor, token_types: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        B, T = idx.shape
+        pos = torch.arange(T, device=idx.device)
+        x = self.ln_emb(self.word(idx) + self.position(pos) + self.token_type(token_types))  # (B, T, C)
+        for block in self.layers:
+            x = block(x)
+        h = self.head_ln(F.gelu(self.head_dense(x)))  # (B, T, C)
+        logits = F.linear(h, self.word.weight, self.head_bias)  # (B, T, V)
+        return F.cross_entropy(logits.float().view(B * T, -1), targets.view(B * T))
+
+    def example_inputs(self, micro_batch_size: int = 1) -> tuple[torch.Tensor, ...]:
+        """(idx, token_types, targets), each (B, s) int64."""
+        device = self.word.weight.device
+        shape = (micro_batch_size, self.config.seq_length)
+        return (torch.randint(0, self.config.vocab_size, shape, device=device),
+                torch.zeros(shape, dtype=torch.long, device=device),
+                torch.randint(0, self.config.vocab_size, shape, device=device))

@@ -1,0 +1,165 @@
+"""Model configurations, with Megatron-LM's field names (``megatron/core/transformer/transformer_config.py``).
+
+Frozen, keyword-only dataclasses; ``__post_init__`` checks raise ``ValueError`` naming the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TransformerConfig:
+    """A decoder (GPT, Llama, Mixtral) or encoder (BERT) transformer."""
+
+    name: str
+    """Zoo name, e.g. ``gpt3-175b``."""
+    architecture: Literal["gpt", "llama", "mixtral", "bert"]
+    """Which module builds it: :class:`~workload.zoo.gpt.GPT`, :class:`~workload.zoo.llama.Llama`
+    (also Mixtral, with ``num_moe_experts``) or :class:`~workload.zoo.bert.Bert`."""
+    num_layers: int
+    """Transformer blocks, l."""
+    hidden_size: int
+    """Model width, h."""
+    num_attention_heads: int
+    """Query heads, a; must divide ``hidden_size``."""
+    num_query_groups: int | None = None
+    """Key/value heads for grouped-query attention; ``None`` means ``num_attention_heads`` (MHA)."""
+    ffn_hidden_size: int | None = None
+    """MLP inner width; ``None`` means ``4 * hidden_size``."""
+    seq_length: int = 2048
+    """Training sequence length, s (tokens per sample)."""
+    vocab_size: int = 51200
+    """Vocabulary size, V (Megatron's padded size where the paper states it)."""
+    max_position_embeddings: int | None = None
+    """Rows of the learned position table; ``None`` means ``seq_length``."""
+    normalization: Literal["LayerNorm", "RMSNorm"] = "LayerNorm"
+    activation: Literal["gelu", "swiglu"] = "gelu"
+    position_embedding_type: Literal["learned_absolute", "rope"] = "learned_absolute"
+    rotary_base: float = 10000.0
+    """RoPE base θ (Llama 2: 1e4, Llama 3: 5e5, Mixtral: 1e6)."""
+    untie_embeddings_and_output_weights: bool = False
+    """Separate output layer (Llama) instead of reusing the input embedding (GPT, BERT)."""
+    add_bias_linear: bool = True
+    """Biases in the linear layers (GPT/BERT yes, Llama no)."""
+    causal: bool = True
+    """Causal self-attention (decoders) or bidirectional (BERT)."""
+    norm_epsilon: float = 1e-5
+    num_moe_experts: int | None = None
+    """Experts per MoE layer; ``None`` for a dense MLP."""
+    moe_router_topk: int = 2
+    """Experts each token is routed to."""
+    moe_capacity_factor: float = 1.0
+    """Tokens per expert = ceil(capacity_factor · tokens · topk / experts) (uniform routing assumed)."""
+    num_tokentypes: int = 0
+    """BERT segment (token-type) embeddings; 0 for decoders."""
+    published_params: float | None = None
+    """Parameter count the source states, in billions (a cross-check, not used for computation)."""
+    source: str = ""
+    """Where the dimensions come from."""
+
+    def __post_init__(self) -> None:
+        for f in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "vocab_size"):
+            if getattr(self, f) <= 0:
+                raise ValueError(f"{self.name}: {f} must be positive, got {getattr(self, f)}")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(f"{self.name}: num_attention_heads={self.num_attention_heads} must divide "
+                             f"hidden_size={self.hidden_size}")
+        if self.num_query_groups is None:
+            object.__setattr__(self, "num_query_groups", self.num_attention_heads)
+        if self.num_query_groups <= 0 or self.num_attention_heads % self.num_query_groups:
+            raise ValueError(f"{self.name}: num_query_groups={self.num_query_groups} must divide "
+                             f"num_attention_heads={self.num_attention_heads}")
+        if self.ffn_hidden_size is None:
+            object.__setattr__(self, "ffn_hidden_size", 4 * self.hidden_size)
+        if self.max_position_embeddings is None:
+            object.__setattr__(self, "max_position_embeddings", self.seq_length)
+        if self.seq_length > self.max_position_embeddings and self.position_embedding_type != "rope":
+            raise ValueError(f"{self.name}: seq_length={self.seq_length} exceeds "
+                             f"max_position_embeddings={self.max_position_embeddings}")
+        if self.num_moe_experts is not None and not 1 <= self.moe_router_topk <= self.num_moe_experts:
+            raise ValueError(f"{self.name}: moe_router_topk={self.moe_router_topk} must be in "
+                             f"[1, num_moe_experts={self.num_moe_experts}]")
+        if self.moe_capacity_factor < 1.0:
+            raise ValueError(f"{self.name}: moe_capacity_factor={self.moe_capacity_factor} must be >= 1")
+
+    @property
+    def kv_channels(self) -> int:
+        """Head dimension, h / a."""
+        return self.hidden_size // self.num_attention_heads
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ResNetConfig:
+    """A bottleneck ResNet (He et al. 2016, arXiv:1512.03385, Table 1)."""
+
+    name: str
+    architecture: Literal["resnet"] = "resnet"
+    blocks_per_stage: tuple[int, ...] = (3, 4, 6, 3)
+    """Bottleneck blocks in each of the four stages (ResNet-50: 3, 4, 6, 3)."""
+    base_width: int = 64
+    num_classes: int = 1000
+    image_size: int = 224
+    published_params: float | None = None
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.blocks_per_stage or min(self.blocks_per_stage) <= 0:
+            raise ValueError(f"{self.name}: blocks_per_stage must be positive, got {self.blocks_per_stage}")
+        for f in ("base_width", "num_classes", "image_size"):
+            if getattr(self, f) <= 0:
+                raise ValueError(f"{self.name}: {f} must be positive, got {getattr(self, f)}")
+
+
+ModelConfig = TransformerConfig | ResNetConfig
+
+# Fields whose ``None`` default is derived from another field: (field, source field, factor).
+_DERIVED = (("num_query_groups", "num_attention_heads", 1), ("ffn_hidden_size", "hidden_size", 4),
+            ("max_position_embeddings", "seq_length", 1))
+
+
+def with_overrides(config: ModelConfig, **overrides) -> ModelConfig:
+    """``dataclasses.replace`` that re-derives defaulted fields (``ffn_hidden_size = 4h`` follows a new
+    ``hidden_size`` unless it was set explicitly).
+
+    Raises:
+        ValueError: an unknown field, or an invalid result.
+    """
+    fields = {f.name for f in dataclasses.fields(config)}
+    bad = sorted(set(overrides) - fields)
+    if bad:
+        raise ValueError(f"{config.name}: unknown config field(s) {bad}; fields: {sorted(fields)}")
+    if isinstance(config, TransformerConfig):
+        for f, src, factor in _DERIVED:
+            if f not in overrides and src in overrides and getattr(config, f) == factor * getattr(config, src):
+                overrides[f] = None
+    return dataclasses.replace(config, **overrides)
+
+
+def padded_vocab_size(config: TransformerConfig, tensor_parallel_degree: int = 1,
+                      divisible_by: int = 128) -> int:
+    """Megatron's ``_vocab_size_with_padding``: V rounded up to a multiple of ``divisible_by · tp``."""
+    multiple = divisible_by * tensor_parallel_degree
+    return -(-config.vocab_size // multiple) * multiple
+
+
+def validate_tensor_parallel(config: ModelConfig, tensor_parallel_degree: int) -> None:
+    """Check that Megatron-style tensor parallelism of degree ``tp`` can split this model.
+
+    Heads, query groups and the MLP width must divide evenly (column/row-parallel linears split them);
+    the vocabulary does not have to: Megatron pads it (:func:`padded_vocab_size`).
+
+    Raises:
+        ValueError: naming the quantity and both numbers.
+    """
+    tp = tensor_parallel_degree
+    if tp < 1:
+        raise ValueError(f"tensor_parallel_degree must be >= 1, got {tp}")
+    if isinstance(config, ResNetConfig):
+        return
+    for f in ("num_attention_heads", "num_query_groups", "ffn_hidden_size"):
+        v = getattr(config, f)
+        if v % tp:
+            raise ValueError(f"{config.name}: {f}={v} is not divisible by tensor_parallel_degree={tp}")
