@@ -104,7 +104,8 @@ def breakdown(events: Iterable[TraceEvent], iteration_s: float, *, pipeline: boo
         gaps_total = max(iteration_s - _length(busy), 0.0)
         bubble = 0.0
         if pipeline and rank in pipe_span:
-            lo, hi = pipe_span[rank]
+            hi = pipe_span[rank][1]
+            lo = 0.0
             bubble = max((hi - lo) - _length(_intersect(busy, [(lo, hi)])), 0.0)
         out[rank] = RankBreakdown(compute, exposed, bubble, max(gaps_total - bubble, 0.0), comm_total, hidden)
     return out

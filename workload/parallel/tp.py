@@ -174,6 +174,10 @@ class TPContext:
             return _ReduceScatterToSequence.apply(x, "tp", self.seq_dim, self.size)
         return _ReduceFromRegion.apply(x, "tp")
 
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """A plain all-reduce over TP (forward only), e.g. the vocab-parallel loss statistics."""
+        return _ReduceFromRegion.apply(x, "tp") if self.size > 1 else x
+
     def local_seq(self, s: int) -> int:
         """Sequence length held outside the TP region (s / tp with sequence parallelism)."""
         return self.shard(s, "seq_length") if self.sequence_parallel else s

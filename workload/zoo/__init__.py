@@ -121,14 +121,38 @@ def build_model(name: str, *, device: str | torch.device = "meta", dtype: torch.
 
 
 def build_model_from_config(cfg: ModelConfig, *, device: str | torch.device = "meta",
-                            dtype: torch.dtype | None = None) -> nn.Module:
-    """Instantiate the module for a configuration (``cfg.architecture`` picks the class)."""
+                            dtype: torch.dtype | None = None, tensor_parallel=None,
+                            expert_model_parallel_size: int = 1) -> nn.Module:
+    """Instantiate the module for a configuration (``cfg.architecture`` picks the class).
+
+    Args:
+        tensor_parallel: a :class:`workload.parallel.tp.TPContext`: build ONE tensor-parallel rank's
+            shard (heads, FFN and vocabulary divided; collectives left in the traced graph).
+        expert_model_parallel_size: MoE experts per rank = num_moe_experts / this.
+
+    Raises:
+        ValueError: the parallel sizes do not divide the model (naming both numbers), or the
+            architecture does not support them (ResNet-50 is data-parallel only).
+    """
     from workload.zoo.bert import Bert
     from workload.zoo.gpt import GPT
     from workload.zoo.llama import Llama
     from workload.zoo.resnet import ResNet
 
-    cls = {"gpt": GPT, "llama": Llama, "mixtral": Llama, "bert": Bert, "resnet": ResNet}[cfg.architecture]
+    tp = tensor_parallel
+    ep = expert_model_parallel_size
+    arch = cfg.architecture
     with torch.device(device):
-        model = cls(cfg)
+        if arch == "resnet":
+            if (tp is not None and tp.size > 1) or ep > 1:
+                raise ValueError(f"{cfg.name}: ResNet supports data parallelism only "
+                                 f"(tensor_model_parallel_size and expert_model_parallel_size must be 1)")
+            model = ResNet(cfg)
+        elif arch in ("llama", "mixtral"):
+            model = Llama(cfg, tp, ep) if tp is not None else Llama(cfg, ep=ep)
+        else:
+            if ep > 1:
+                raise ValueError(f"{cfg.name}: expert_model_parallel_size={ep} needs a MoE model")
+            cls = {"gpt": GPT, "bert": Bert}[arch]
+            model = cls(cfg, tp) if tp is not None else cls(cfg)
     return model.to(dtype) if dtype is not None else model

@@ -13,16 +13,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from workload.parallel.tp import TPContext
 from workload.zoo.config import TransformerConfig
-from workload.zoo.gpt import MLP, SelfAttention
+from workload.zoo.gpt import MLP, SERIAL, SelfAttention, VocabParallelEmbedding, vocab_parallel_loss
 
 
 class BertBlock(nn.Module):
-    def __init__(self, cfg: TransformerConfig) -> None:
+    def __init__(self, cfg: TransformerConfig, tp: TPContext = SERIAL) -> None:
         super().__init__()
-        self.attn = SelfAttention(cfg)
+        self.attn = SelfAttention(cfg, tp)
         self.ln1 = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_epsilon)
-        self.mlp = MLP(cfg)
+        self.mlp = MLP(cfg, tp)
         self.ln2 = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_epsilon)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -33,28 +34,30 @@ class BertBlock(nn.Module):
 class Bert(nn.Module):
     """BERT with an MLM head; ``forward(idx, token_types, targets)`` returns the mean MLM loss."""
 
-    def __init__(self, cfg: TransformerConfig) -> None:
+    def __init__(self, cfg: TransformerConfig, tp: TPContext = SERIAL) -> None:
         super().__init__()
         self.config = cfg
+        self.tp = tp
         C = cfg.hidden_size
-        self.word = nn.Embedding(cfg.vocab_size, C)  # (V, C)
+        self.word = VocabParallelEmbedding(cfg.vocab_size, C, tp)  # (V/tp, C)
         self.position = nn.Embedding(cfg.max_position_embeddings, C)
         self.token_type = nn.Embedding(max(cfg.num_tokentypes, 1), C)
         self.ln_emb = nn.LayerNorm(C, eps=cfg.norm_epsilon)
-        self.layers = nn.ModuleList(BertBlock(cfg) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(BertBlock(cfg, tp) for _ in range(cfg.num_layers))
         self.head_dense = nn.Linear(C, C)
         self.head_ln = nn.LayerNorm(C, eps=cfg.norm_epsilon)
-        self.head_bias = nn.Parameter(torch.zeros(cfg.vocab_size))
+        self.head_bias = nn.Parameter(torch.zeros(tp.shard(cfg.vocab_size, "vocab_size")))
 
     def forward(self, idx: torch.Tensor, token_types: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         B, T = idx.shape
-        pos = torch.arange(T, device=idx.device)
-        x = self.ln_emb(self.word(idx) + self.position(pos) + self.token_type(token_types))  # (B, T, C)
+        T_local = self.tp.local_seq(T)
+        pos = torch.arange(T_local, device=idx.device)
+        types = self.token_type(token_types[:, :T_local])
+        x = self.ln_emb(self.word(idx) + self.position(pos) + types)  # (B, T/tp with SP, C)
         for block in self.layers:
             x = block(x)
-        h = self.head_ln(F.gelu(self.head_dense(x)))  # (B, T, C)
-        logits = F.linear(h, self.word.weight, self.head_bias)  # (B, T, V)
-        return F.cross_entropy(logits.float().view(B * T, -1), targets.view(B * T))
+        h = self.head_ln(F.gelu(self.head_dense(x)))  # (B, T/tp with SP, C)
+        return vocab_parallel_loss(h, self.word.weight, targets, self.tp, self.head_bias)
 
     def example_inputs(self, micro_batch_size: int = 1) -> tuple[torch.Tensor, ...]:
         """(idx, token_types, targets), each (B, s) int64."""

@@ -54,6 +54,14 @@ class TransformerConfig:
     moe_capacity_factor: float = 1.0
     """Tokens per expert = ceil(capacity_factor · tokens · topk / experts) (uniform routing assumed)."""
     num_tokentypes: int = 0
+    attention_backend: Literal["flash", "unfused"] = "flash"
+    """``flash``: FlashAttention kernels (one fwd, one bwd). ``unfused``: Megatron-LM's 2021-22 path --
+    QK^T batched GEMM, fused scale-mask-softmax, attention dropout, attention x V -- whose s x s
+    tensors are what selective recomputation avoids storing (Korthikanti et al. 2022)."""
+    hidden_dropout: float = 0.0
+    """Dropout after the attention and MLP blocks (GPT-3 / Megatron: 0.1)."""
+    attention_dropout: float = 0.0
+    """Dropout on the attention probabilities (unfused backend only; GPT-3 / Megatron: 0.1)."""
     """BERT segment (token-type) embeddings; 0 for decoders."""
     published_params: float | None = None
     """Parameter count the source states, in billions (a cross-check, not used for computation)."""
@@ -82,6 +90,12 @@ class TransformerConfig:
         if self.num_moe_experts is not None and not 1 <= self.moe_router_topk <= self.num_moe_experts:
             raise ValueError(f"{self.name}: moe_router_topk={self.moe_router_topk} must be in "
                              f"[1, num_moe_experts={self.num_moe_experts}]")
+        for f in ("hidden_dropout", "attention_dropout"):
+            if not 0.0 <= getattr(self, f) < 1.0:
+                raise ValueError(f"{self.name}: {f} must be in [0, 1), got {getattr(self, f)}")
+        if self.attention_backend not in ("flash", "unfused"):
+            raise ValueError(f"{self.name}: attention_backend must be 'flash' or 'unfused', "
+                             f"got {self.attention_backend!r}")
         if self.moe_capacity_factor < 1.0:
             raise ValueError(f"{self.name}: moe_capacity_factor={self.moe_capacity_factor} must be >= 1")
 

@@ -1,13 +1,19 @@
-"""GPT, Megatron-LM / GPT-3 style (nanoGPT layout).
+"""GPT, Megatron-LM / GPT-3 style (nanoGPT layout), built as one tensor-parallel rank's shard.
 
 Learned absolute positions, pre-LayerNorm blocks, fused QKV projection with biases, causal
 attention, GELU MLP of width ``ffn_hidden_size`` (4h), final LayerNorm, output layer tied to the
 input embedding (Megatron's default; untie with ``untie_embeddings_and_output_weights``).
-Dropout is omitted (p = 0): it adds only elementwise kernels.
+
+Tensor parallelism follows Megatron-LM (Shoeybi et al. 2019, Fig. 3): QKV and fc1 are column-parallel,
+the attention projection and fc2 row-parallel, the embedding and output layer vocab-parallel; with
+sequence parallelism (Korthikanti et al. 2022) LayerNorm, dropout and residuals run on ``s / tp``
+tokens. The communication is left in the traced graph by :class:`workload.parallel.tp.TPContext`.
+With ``tp = 1`` (the default) this is the plain single-GPU model.
 
 Forward FLOPs per micro-batch (2 per multiply-accumulate; Narayanan et al. SC'21 eq. 3 divided by 3):
 ``24·B·s·l·h² + 4·B·s²·l·h + 2·B·s·h·V`` for ``ffn_hidden_size = 4h``.
-Shapes: B micro-batch, T sequence, C = h hidden, nh heads, hs = C / nh.
+Shapes: B micro-batch, T sequence (T/tp outside the TP region with SP), C = h hidden, nh heads,
+hs = C / nh; a trailing ``/tp`` marks a per-rank shard.
 """
 
 from __future__ import annotations
@@ -16,33 +22,59 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from workload.parallel.tp import ColumnParallelLinear, RowParallelLinear, TPContext
 from workload.zoo.config import TransformerConfig
+
+SERIAL = TPContext()
+"""No tensor parallelism."""
 
 
 class SelfAttention(nn.Module):
-    """Multi-head (or grouped-query) self-attention with a fused QKV projection."""
+    """Multi-head (or grouped-query) self-attention with a fused QKV projection; ``nh/tp`` heads."""
 
-    def __init__(self, cfg: TransformerConfig) -> None:
+    def __init__(self, cfg: TransformerConfig, tp: TPContext = SERIAL) -> None:
         super().__init__()
-        self.n_head, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_query_groups, cfg.kv_channels
+        self.tp = tp
+        self.head_dim = cfg.kv_channels
+        self.n_head = tp.shard(cfg.num_attention_heads, "num_attention_heads")
+        self.n_kv = tp.shard(cfg.num_query_groups, "num_query_groups")
         self.causal = cfg.causal
-        qkv_out = (self.n_head + 2 * self.n_kv) * self.head_dim
-        self.qkv = nn.Linear(cfg.hidden_size, qkv_out, bias=cfg.add_bias_linear)
-        self.proj = nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=cfg.add_bias_linear)
+        self.backend = cfg.attention_backend
+        self.attn_dropout = cfg.attention_dropout
+        qkv_out = (cfg.num_attention_heads + 2 * cfg.num_query_groups) * self.head_dim
+        self.qkv = ColumnParallelLinear(cfg.hidden_size, qkv_out, tp, bias=cfg.add_bias_linear)
+        self.proj = RowParallelLinear(cfg.num_attention_heads * self.head_dim, cfg.hidden_size, tp,
+                                      bias=cfg.add_bias_linear)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-        B, T, C = x.shape
-        q, k, v = self.qkv(x).split(
-            [self.n_head * self.head_dim, self.n_kv * self.head_dim, self.n_kv * self.head_dim], dim=-1)
-        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
-        k = k.view(B, T, self.n_kv, self.head_dim).transpose(1, 2)  # (B, nkv, T, hs)
-        v = v.view(B, T, self.n_kv, self.head_dim).transpose(1, 2)  # (B, nkv, T, hs)
+        x = self.tp.enter(x)  # (B, T, C): all-gather along T with SP
+        B, T, _ = x.shape
+        hs = self.head_dim
+        q, k, v = self.qkv(x).split([self.n_head * hs, self.n_kv * hs, self.n_kv * hs], dim=-1)
+        q = q.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh/tp, T, hs)
+        k = k.view(B, T, self.n_kv, hs).transpose(1, 2)  # (B, nkv/tp, T, hs)
+        v = v.view(B, T, self.n_kv, hs).transpose(1, 2)  # (B, nkv/tp, T, hs)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal,
-                                           enable_gqa=self.n_kv != self.n_head)  # (B, nh, T, hs)
-        y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C)
-        return self.proj(y)
+        if self.backend == "flash":
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal,
+                                               enable_gqa=self.n_kv != self.n_head)  # (B, nh/tp, T, hs)
+        else:
+            y = self._unfused(q, k, v)
+        y = y.transpose(1, 2).reshape(B, T, self.n_head * hs)  # (B, T, C/tp)
+        return self.tp.leave(self.proj(y))  # (B, T, C): all-reduce, or reduce-scatter along T with SP
+
+    def _unfused(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Megatron-LM's core attention: baddbmm, fused scale-mask-softmax, dropout, bmm."""
+        B, H, T, hs = q.shape
+        if self.n_kv != self.n_head:
+            rep = self.n_head // self.n_kv
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        scores = torch.matmul(q, k.transpose(-2, -1)) * hs ** -0.5  # (B, nh/tp, T, T)
+        probs = torch.softmax(scores, dim=-1)  # Megatron fuses scale + causal mask + softmax
+        if self.attn_dropout:
+            probs = F.dropout(probs, self.attn_dropout)
+        return torch.matmul(probs, v)  # (B, nh/tp, T, hs)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -52,55 +84,90 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class MLP(nn.Module):
-    """h -> ffn -> h with GELU (GPT, BERT)."""
+    """h -> ffn/tp -> h with GELU (GPT, BERT); fc1 column-parallel, fc2 row-parallel."""
 
-    def __init__(self, cfg: TransformerConfig) -> None:
+    def __init__(self, cfg: TransformerConfig, tp: TPContext = SERIAL) -> None:
         super().__init__()
-        self.fc1 = nn.Linear(cfg.hidden_size, cfg.ffn_hidden_size, bias=cfg.add_bias_linear)
-        self.fc2 = nn.Linear(cfg.ffn_hidden_size, cfg.hidden_size, bias=cfg.add_bias_linear)
+        self.tp = tp
+        self.fc1 = ColumnParallelLinear(cfg.hidden_size, cfg.ffn_hidden_size, tp, bias=cfg.add_bias_linear)
+        self.fc2 = RowParallelLinear(cfg.ffn_hidden_size, cfg.hidden_size, tp, bias=cfg.add_bias_linear)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(F.gelu(self.fc1(x)))  # (B, T, C) -> (B, T, ffn) -> (B, T, C)
+        x = self.tp.enter(x)  # (B, T, C)
+        return self.tp.leave(self.fc2(F.gelu(self.fc1(x))))  # (B, T, ffn/tp) -> (B, T, C)
+
+
+def dropout(x: torch.Tensor, p: float) -> torch.Tensor:
+    return F.dropout(x, p) if p else x
 
 
 class Block(nn.Module):
-    """Pre-LN transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
+    """Pre-LN transformer block: x + drop(attn(ln(x))), then x + drop(mlp(ln(x)))."""
 
-    def __init__(self, cfg: TransformerConfig) -> None:
+    def __init__(self, cfg: TransformerConfig, tp: TPContext = SERIAL) -> None:
         super().__init__()
+        self.p = cfg.hidden_dropout
         self.ln1 = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_epsilon)
-        self.attn = SelfAttention(cfg)
+        self.attn = SelfAttention(cfg, tp)
         self.ln2 = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_epsilon)
-        self.mlp = MLP(cfg)
+        self.mlp = MLP(cfg, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x))  # (B, T, C)
-        return x + self.mlp(self.ln2(x))
+        x = x + dropout(self.attn(self.ln1(x)), self.p)  # (B, T/tp with SP, C)
+        return x + dropout(self.mlp(self.ln2(x)), self.p)
+
+
+class VocabParallelEmbedding(nn.Embedding):
+    """``nn.Embedding(V/tp, C)`` whose partial outputs are summed over TP (Megatron's
+    ``VocabParallelEmbedding``): all-reduce, or reduce-scatter along the sequence with SP."""
+
+    def __init__(self, vocab: int, dim: int, tp: TPContext) -> None:
+        super().__init__(tp.shard(vocab, "vocab_size"), dim)
+        self.tp = tp
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.tp.leave(super().forward(idx))
+
+
+def vocab_parallel_loss(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, tp: TPContext,
+                        bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Output layer and cross-entropy over this rank's V/tp logits (Megatron's
+    ``vocab_parallel_cross_entropy``: the max, the target logit and the softmax denominator are each
+    all-reduced over TP -- three (B, T) fp32 all-reduces)."""
+    x = tp.enter(x)  # (B, T, C)
+    B, T, _ = x.shape
+    logits = F.linear(x, weight, bias).float()  # (B, T, V/tp)
+    if tp.size > 1:
+        stat = logits.detach().amax(dim=-1)  # (B, T)
+        for _ in range(3):
+            tp.all_reduce(stat)
+    return F.cross_entropy(logits.view(B * T, -1), targets.reshape(B * T))
 
 
 class GPT(nn.Module):
     """GPT language model; ``forward(idx, targets)`` returns the mean cross-entropy loss."""
 
-    def __init__(self, cfg: TransformerConfig) -> None:
+    def __init__(self, cfg: TransformerConfig, tp: TPContext = SERIAL) -> None:
         super().__init__()
         self.config = cfg
-        self.wte = nn.Embedding(cfg.vocab_size, cfg.hidden_size)  # (V, C)
+        self.tp = tp
+        self.p = cfg.hidden_dropout
+        self.wte = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)  # (V/tp, C)
         self.wpe = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)  # (s, C)
-        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(Block(cfg, tp) for _ in range(cfg.num_layers))
         self.ln_f = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_epsilon)
-        self.lm_head = (nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = (ColumnParallelLinear(cfg.hidden_size, cfg.vocab_size, tp, bias=False)
                         if cfg.untie_embeddings_and_output_weights else None)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         B, T = idx.shape
-        pos = torch.arange(T, device=idx.device)  # (T,)
-        x = self.wte(idx) + self.wpe(pos)  # (B, T, C)
+        pos = torch.arange(self.tp.local_seq(T), device=idx.device)  # (T/tp,) with SP
+        x = dropout(self.wte(idx) + self.wpe(pos), self.p)  # (B, T/tp with SP, C)
         for block in self.layers:
             x = block(x)
         x = self.ln_f(x)
         weight = self.lm_head.weight if self.lm_head is not None else self.wte.weight
-        logits = F.linear(x, weight)  # (B, T, V)
-        return F.cross_entropy(logits.float().view(B * T, -1), targets.view(B * T))
+        return vocab_parallel_loss(x, weight, targets, self.tp)
 
     def example_inputs(self, micro_batch_size: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
         """(idx, targets), each (B, s) int64 on the model's device."""

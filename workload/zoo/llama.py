@@ -14,8 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from workload.parallel.tp import ColumnParallelLinear, RowParallelLinear, TPContext
 from workload.zoo.config import TransformerConfig
-from workload.zoo.gpt import SelfAttention
+from workload.zoo.gpt import SERIAL, SelfAttention, VocabParallelEmbedding, dropout, vocab_parallel_loss
 from workload.zoo.moe import MoE
 
 
@@ -32,29 +33,32 @@ class RMSNorm(nn.Module):
 
 
 class SwiGLU(nn.Module):
-    """down(silu(gate(x)) * up(x)); gate and up fused into one (C -> 2F) GEMM."""
+    """down(silu(gate(x)) * up(x)); gate and up fused into one (C -> 2F/tp) column-parallel GEMM."""
 
-    def __init__(self, cfg: TransformerConfig) -> None:
+    def __init__(self, cfg: TransformerConfig, tp: TPContext = SERIAL) -> None:
         super().__init__()
-        self.fc1 = nn.Linear(cfg.hidden_size, 2 * cfg.ffn_hidden_size, bias=False)
-        self.fc2 = nn.Linear(cfg.ffn_hidden_size, cfg.hidden_size, bias=False)
+        self.tp = tp
+        self.fc1 = ColumnParallelLinear(cfg.hidden_size, 2 * cfg.ffn_hidden_size, tp, bias=False)
+        self.fc2 = RowParallelLinear(cfg.ffn_hidden_size, cfg.hidden_size, tp, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.fc1(x).chunk(2, dim=-1)  # (B, T, F) each
-        return self.fc2(F.silu(gate) * up)  # (B, T, C)
+        x = self.tp.enter(x)  # (B, T, C)
+        gate, up = self.fc1(x).chunk(2, dim=-1)  # (B, T, F/tp) each
+        return self.tp.leave(self.fc2(F.silu(gate) * up))  # (B, T, C)
 
 
 class LlamaBlock(nn.Module):
-    def __init__(self, cfg: TransformerConfig) -> None:
+    def __init__(self, cfg: TransformerConfig, tp: TPContext = SERIAL, ep: int = 1) -> None:
         super().__init__()
+        self.p = cfg.hidden_dropout
         self.attn_norm = RMSNorm(cfg.hidden_size, cfg.norm_epsilon)
-        self.attn = SelfAttention(cfg)
+        self.attn = SelfAttention(cfg, tp)
         self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.norm_epsilon)
-        self.mlp = MoE(cfg) if cfg.num_moe_experts else SwiGLU(cfg)
+        self.mlp = MoE(cfg, tp, ep) if cfg.num_moe_experts else SwiGLU(cfg, tp)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), rope)  # (B, T, C)
-        return x + self.mlp(self.mlp_norm(x))
+        x = x + dropout(self.attn(self.attn_norm(x), rope), self.p)  # (B, T/tp with SP, C)
+        return x + dropout(self.mlp(self.mlp_norm(x)), self.p)
 
 
 def rope_tables(seq_len: int, head_dim: int, base: float, device=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,23 +71,23 @@ def rope_tables(seq_len: int, head_dim: int, base: float, device=None) -> tuple[
 class Llama(nn.Module):
     """Llama / Mixtral language model; ``forward(idx, targets)`` returns the mean cross-entropy loss."""
 
-    def __init__(self, cfg: TransformerConfig) -> None:
+    def __init__(self, cfg: TransformerConfig, tp: TPContext = SERIAL, ep: int = 1) -> None:
         super().__init__()
         self.config = cfg
-        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size)  # (V, C)
-        self.layers = nn.ModuleList(LlamaBlock(cfg) for _ in range(cfg.num_layers))
+        self.tp = tp
+        self.tok_embeddings = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)  # (V/tp, C)
+        self.layers = nn.ModuleList(LlamaBlock(cfg, tp, ep) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.norm_epsilon)
-        self.output = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)  # (V, C)
+        self.output = ColumnParallelLinear(cfg.hidden_size, cfg.vocab_size, tp, bias=False)  # (V/tp, C)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         B, T = idx.shape
-        x = self.tok_embeddings(idx)  # (B, T, C)
+        x = self.tok_embeddings(idx)  # (B, T/tp with SP, C)
         cos, sin = rope_tables(T, self.config.kv_channels, self.config.rotary_base, idx.device)
         rope = (cos.to(x.dtype), sin.to(x.dtype))  # (T, hs/2) each
         for block in self.layers:
             x = block(x, rope)
-        logits = self.output(self.norm(x))  # (B, T, V)
-        return F.cross_entropy(logits.float().view(B * T, -1), targets.view(B * T))
+        return vocab_parallel_loss(self.norm(x), self.output.weight, targets, self.tp)
 
     def example_inputs(self, micro_batch_size: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
         """(idx, targets), each (B, s) int64 on the model's device."""
