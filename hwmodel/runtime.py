@@ -100,6 +100,12 @@ class Runtime:
         placement: rank -> GPU node name; default: rank i on the topology's i-th GPU.
         host_launch_overhead_s: CPU time per issued task (see module doc).
         nccl: the collective engine; default :class:`hwmodel.nccl.engine.NcclEngine` on ``cluster``.
+        mirror: symmetry mode. When only representative ranks have programs, ``mirror(ranks)`` returns
+            the rank tuples that do the same thing at the same time on the ranks they stand for (the
+            argument first). Their collectives and transfers are started on the fabric too, so shared
+            links carry the whole cluster's traffic; mirrors that stay inside a node hosting no
+            simulated rank are skipped (they share no resource with simulated work). Collectives then
+            complete when their *simulated* members have arrived. ``placement`` must cover every rank.
 
     Raises:
         ValueError: a placement names an unknown GPU, two ranks share a GPU, or there are more ranks
@@ -108,7 +114,8 @@ class Runtime:
 
     def __init__(self, cluster: Cluster, programs: Mapping[int, Program] | Iterable[Program], *,
                  placement: Mapping[int, str] | None = None,
-                 host_launch_overhead_s: float = DEFAULT_HOST_LAUNCH_OVERHEAD_S, nccl=None) -> None:
+                 host_launch_overhead_s: float = DEFAULT_HOST_LAUNCH_OVERHEAD_S, nccl=None,
+                 mirror=None) -> None:
         self.cluster = cluster
         self.env = cluster.env
         progs = dict(programs) if isinstance(programs, Mapping) else {p.rank: p for p in programs}
@@ -119,11 +126,12 @@ class Runtime:
                 raise ValueError(f"{len(self.programs)} ranks but the cluster has only {len(gpus)} GPUs")
             placement = {r: gpus[i] for i, r in enumerate(self.programs)}
         self.placement = dict(placement)
-        for r in self.programs:
+        for r in (self.placement if mirror is not None else self.programs):
             g = self.placement.get(r)
             if g not in cluster.gpus:
                 raise ValueError(f"placement of rank {r}: unknown GPU {g!r} (e.g. {gpus[:3]} ...)")
-        if len(set(self.placement[r] for r in self.programs)) != len(self.programs):
+        placed = list(self.placement.values()) if mirror is not None else [self.placement[r] for r in self.programs]
+        if len(set(placed)) != len(placed):
             raise ValueError("placement maps two ranks to the same GPU")
         if host_launch_overhead_s < 0:
             raise ValueError(f"host_launch_overhead_s must be >= 0, got {host_launch_overhead_s}")
@@ -143,6 +151,11 @@ class Runtime:
         self._procs: list[tuple[int, str, simpy.Process]] = []
         self._rank_end: dict[int, float] = {r: 0.0 for r in self.programs}
         self._copy_engines: dict[str, simpy.Resource] = {}
+        self.mirror = mirror
+        self._mirror_cache: dict[tuple[int, ...], list[tuple[tuple[int, ...], tuple[str, ...]]]] = {}
+        topo = cluster.topology
+        self._sim_nodes = {topo.node_of(self.placement[r]) for r in self.programs}
+        self.mirrored_activities = 0
 
     # -- public -------------------------------------------------------------------------------
     def run(self) -> RunResult:
@@ -237,12 +250,16 @@ class Runtime:
         channels = rdv.plan.n_channels
         gpu.hold_sms(channels)
         self._waiting_on[(rank, stream)] = f"task {t.id} {_desc(op)} #{seq} on group {group}"
-        if len(rdv.arrived) == len(group):
+        expected = len(group) if self.mirror is None else sum(1 for r in group if r in self.programs)
+        if len(rdv.arrived) == expected:
             rdv.started = True
             rdv.start_time = self.env.now
             del self._rdv[key]
             done = self.nccl.start(rdv.plan)
             done.callbacks.append(lambda ev, rdv=rdv: rdv.done.succeed())
+            for gpus in self._mirrors(group):
+                self.nccl.start(self.nccl.plan(op, gpus))
+                self.mirrored_activities += 1
         yield rdv.done
         gpu.release_sms(channels)
         p = rdv.plan
@@ -271,6 +288,9 @@ class Runtime:
             gpu.hold_sms(plan.n_channels)
             now = self.env.now
             self.nccl.start(plan).callbacks.append(lambda ev, d=done: d.succeed(now))
+            for src, dst in self._mirrors(pair[:2]):
+                self.nccl.start(self.nccl.plan_p2p(src, dst, op.size_bytes))
+                self.mirrored_activities += 1
         else:
             done = self.env.event()
             mine[pair].append((op, done))
@@ -281,6 +301,25 @@ class Runtime:
         gpu.release_sms(plan.n_channels)
         self.events.append(TraceEvent(rank, stream, t.id, op.name or op.direction, op.direction, start,
                                       self.env.now, "", "", (op.peer, op.size_bytes), xfer_start))
+
+    def _mirrors(self, ranks: tuple[int, ...]) -> list[tuple[str, ...]]:
+        """GPU tuples of the mirrors of ``ranks`` worth simulating (see ``mirror``)."""
+        if self.mirror is None:
+            return []
+        hit = self._mirror_cache.get(ranks)
+        if hit is None:
+            topo = self.cluster.topology
+            hit = []
+            for other in self.mirror(ranks):
+                if other == ranks:
+                    continue
+                gpus = tuple(self.placement[r] for r in other)
+                nodes = {topo.node_of(g) for g in gpus}
+                if len(nodes) == 1 and not nodes & self._sim_nodes:
+                    continue  # inside a node no simulated rank uses: disjoint from simulated work
+                hit.append(gpus)
+            self._mirror_cache[ranks] = hit
+        return hit
 
     def _memcpy(self, rank: int, stream: str, t: Task, op: Memcpy, start: float):
         gname = self.placement[rank]

@@ -381,6 +381,8 @@ class _RankBuilder:
         return self.prog
 
     def optimizer(self) -> None:
+        """Mixed-precision Adam as Megatron runs it: one fused multi-tensor kernel per layer's
+        parameters (apex/TE ``FusedAdam``), over this rank's shard (1/dp of it with ZeRO >= 1)."""
         cfg = self.cfg
         scale = 1.0 / cfg.dp if self.zero >= 1 else 1.0
         items: list = []
@@ -388,15 +390,15 @@ class _RankBuilder:
         for chunk in range(v):
             vs = chunk * p + s
             if vs == 0:
-                items += self.ops.get("pre", "opt")
+                items.append(_fused_adam(self.t.params_pre * scale, "pre"))
             for layer in self.chunk_layers(chunk):
-                items += self.ops.get("block", "opt", layer)
+                items.append(_fused_adam(self.t.params_block * scale, f"layers.{layer}"))
             if vs == p * v - 1:
-                items += self.ops.get("post", "opt")
+                items.append(_fused_adam(self.t.params_post * scale, "post"))
         wait = list(self.dp_tasks)
         if self.zero == 3:
             wait += [i for i, t in enumerate(self.prog.tasks) if t.stream == "fsdp_rs"][-1:]
-        self.emit(items, wait, scale)
+        self.emit([it for it in items if it.bytes_accessed > 0], wait)
         if self.zero in (1, 2) and not cfg.overlap_param_gather:
             for i in range(len(self.bucket_bytes)):
                 self.gather_bucket(i, self.last_compute)
@@ -417,6 +419,17 @@ class _RankBuilder:
         """The parameter all-gather a layer's first forward waits for (overlap_param_gather)."""
         t = self.param_ag.pop(key, None)
         return [t] if t is not None else []
+
+
+ADAM_BYTES_PER_PARAM = 4 + 3 * (4 + 4) + 2
+"""Fused mixed-precision Adam traffic per parameter: read the fp32 gradient; read and write the fp32
+master weight and both fp32 moments; write the bf16 weight (apex ``multi_tensor_adam``)."""
+ADAM_FLOPS_PER_PARAM = 12
+
+
+def _fused_adam(params: float, layer: str) -> Compute:
+    return Compute("fused_adam", "optimizer", ADAM_FLOPS_PER_PARAM * params, ADAM_BYTES_PER_PARAM * params,
+                   dtype="fp32", layer=layer, phase="opt")
 
 
 def default_rank_filter(layout: Layout) -> Callable[[int], bool]:

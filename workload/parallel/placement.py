@@ -87,3 +87,27 @@ class Layout:
     def stage_ranks(self, stage: int) -> list[int]:
         """All ranks of pipeline stage ``stage``."""
         return [r for r in range(self.world_size) if self.coords(r)["pp"] == stage]
+
+    def representatives(self) -> list[int]:
+        """One rank per pipeline stage (tp = cp = dp = 0): data-parallel replicas and tensor/context-
+        parallel peers run the same program, shifted, so these stand for all (symmetry mode)."""
+        return [self.rank(pp=s) for s in range(self.sizes["pp"])]
+
+    def mirror(self, ranks: tuple[int, ...]) -> list[tuple[int, ...]]:
+        """``ranks`` shifted by every (tp, cp, dp) offset: the tuples that act like ``ranks`` at the
+        same time in a symmetric run, ``ranks`` first, duplicates (as sets) removed."""
+        coords = [self.coords(r) for r in ranks]
+        T, C, D = self.sizes["tp"], self.sizes["cp"], self.sizes["dp"]
+        out: list[tuple[int, ...]] = [tuple(ranks)]
+        seen = {frozenset(ranks)}
+        for dt in range(T):
+            for dc in range(C):
+                for dd in range(D):
+                    other = tuple(self.rank(tp=(c["tp"] + dt) % T, cp=(c["cp"] + dc) % C,
+                                            dp=(c["dp"] + dd) % D, pp=c["pp"]) for c in coords)
+                    key = frozenset(other)
+                    if key not in seen:
+                        seen.add(key)
+                        out.append(other)
+        return out
+
