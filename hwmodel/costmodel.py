@@ -468,6 +468,11 @@ class KernelCostModel:
         return cached
 
     def _cost(self, task: Compute) -> KernelCost:
+        if task.fixed_time_s is not None:
+            if task.fixed_time_s < 0:
+                raise ValueError(f"kernel {task.name!r}: fixed_time_s must be >= 0, got {task.fixed_time_s}")
+            # A given duration: the kernel (or macro task) uses the whole GPU while it runs.
+            return KernelCost(task.fixed_time_s, self.gpu.sm_count, task.bytes_accessed, {"fixed": 1.0})
         if task.kind == "gemm":
             c = self._gemm(task)
         elif task.kind == "attention":

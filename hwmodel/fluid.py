@@ -264,7 +264,7 @@ class FluidSystem:
             new = rates[a]
             if new != a.rate:
                 a.rate = new
-                for r, w in a.side:
+                for r, _w in a.side:
                     side_changed.add(r)
                 self._schedule(a)
         for r in comp_res:

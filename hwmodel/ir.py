@@ -13,11 +13,11 @@ frozen dataclass so programs can be shared between ranks and hashed.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Union
+from typing import Literal
 
 KernelKind = Literal[
     "gemm", "attention", "elementwise", "norm", "softmax", "embedding", "loss", "optimizer",
-    "reduction", "copy", "other",
+    "reduction", "copy", "other", "macro",
 ]
 """What a compute kernel does; the kernel cost model prices each kind differently."""
 
@@ -50,6 +50,9 @@ class Compute:
     """Module path that issued the kernel, e.g. ``layers.3.attn``."""
     phase: str = "fwd"
     """fwd, bwd, opt or other."""
+    fixed_time_s: float | None = None
+    """Solo duration in seconds, when known instead of modelled: a measured kernel, or a macro task
+    standing for a whole layer's pass (hierarchical engine). It still shares SMs and HBM when run."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +105,7 @@ class Memcpy:
     name: str = ""
 
 
-Operation = Union[Compute, Collective, SendRecv, Memcpy]
+Operation = Compute | Collective | SendRecv | Memcpy
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,6 +28,7 @@ __all__ = [
     "algbw_Bps",
     "busbw_Bps",
     "busbw_factor",
+    "canonical_collective",
     "dtype_size",
     "element_count",
     "format_table",
@@ -80,6 +81,19 @@ def _coll(coll: str) -> str:
     if c not in BUSBW_COLLECTIVES:
         raise ValueError(f"unknown collective {coll!r}; allowed: {', '.join(BUSBW_COLLECTIVES)}")
     return c
+
+
+def canonical_collective(name: str) -> str:
+    """The collective an nccl-tests binary or collective name denotes: ``all_reduce_perf``,
+    ``allreduce`` and ``all_reduce`` -> ``all_reduce``; ``alltoall_perf`` -> ``all_to_all``;
+    ``sendrecv_perf`` -> ``sendrecv``. Case and ``-`` vs ``_`` do not matter.
+
+    Raises:
+        ValueError: unknown name (the message lists the allowed ones).
+    """
+    c = str(name).strip().lower().replace("-", "_").removeprefix("./")
+    c = c.removesuffix("_perf")
+    return _coll(c)
 
 
 def nccltests_dtype(dtype: str) -> str:

@@ -186,7 +186,7 @@ def test_random_flows_capacity_delivery_fairness(caps, flows):
     env.process(checker())
     env.run(until=10_000)
     assert len(acts) == len(flows)
-    for a, (used, w, work, _t0, _ub) in acts:
+    for a, (_used, _w, _work, _t0, _ub) in acts:
         assert a.end_time is not None and a.remaining == 0.0
     # every byte delivered: each link carried exactly the sum of its flows' work x weight
     for i, l in enumerate(links):

@@ -32,6 +32,11 @@ from workload.parallel.placement import Layout
 from workload.parallel.schedules import schedule
 from workload.parallel.tp import COLLECTIVE_PREFIX
 
+SELECTIVE_KINDS = ("attention", "softmax", "elementwise", "gemm")
+"""Kernel kinds of the attention core re-run by selective recomputation, among the ops of the core
+attention module (``.attn``) -- QK^T, softmax, dropout and attention x V, not the QKV or output
+projections (those are GEMMs of ``.attn.qkv`` / ``.attn.proj``)."""
+
 ELEM_BYTES = {"fp64": 8, "fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 GRAD_REDUCE_BYTES = 4
 """Bytes per gradient element in the data-parallel reduction (fp32 main grads)."""
@@ -70,7 +75,7 @@ class BuildResult:
     info: dict = field(default_factory=dict)
 
 
-class _Ops:
+class TracedOps:
     """The traced ops of one micro-batch, converted once to IR operations per (part, phase)."""
 
     def __init__(self, trace: ModelTrace) -> None:
@@ -102,8 +107,12 @@ def _convert(o) -> object:
     return o.to_compute()
 
 
-def build_programs(trace: ModelTrace, config: ParallelConfig, *, ranks: list[int] | None = None) -> BuildResult:
+def build_programs(trace: ModelTrace, config: ParallelConfig, *, ranks: list[int] | None = None,
+                   ops: object | None = None) -> BuildResult:
     """Programs of ``ranks`` (default: all) for one training iteration.
+
+    ``ops`` replaces the traced ops per (part, phase, block) -- the hierarchical engine passes one
+    macro task per layer pass (recomputation included in the backward macro).
 
     Raises:
         ValueError: the configuration does not fit the model (names the fields).
@@ -117,19 +126,22 @@ def build_programs(trace: ModelTrace, config: ParallelConfig, *, ranks: list[int
     offsets = [0]
     for n in per_vstage:
         offsets.append(offsets[-1] + n)
-    ops = _Ops(trace)
+    macro = ops is not None
+    ops = ops or TracedOps(trace)
     eb = ELEM_BYTES.get(trace.dtype, 2)
     sp_div = cfg.tp if cfg.sequence_parallel else 1
     act_bytes = trace.micro_batch_size * trace.seq_length * trace.hidden_size * eb // sp_div
     ranks = list(range(layout.world_size)) if ranks is None else ranks
     programs = {}
     for r in ranks:
-        programs[r] = _RankBuilder(r, trace, cfg, layout, ops, per_vstage, offsets, act_bytes).build(p, v, m)
+        rb = RankBuilder(r, trace, cfg, layout, ops, per_vstage, offsets, act_bytes)
+        rb.macro = macro
+        programs[r] = rb.build(p, v, m)
     info = {"activation_p2p_bytes": act_bytes, "num_microbatches": m}
     return BuildResult(programs, layout, cfg, per_vstage, info)
 
 
-class _RankBuilder:
+class RankBuilder:
     def __init__(self, rank, trace, cfg, layout, ops, per_vstage, offsets, act_bytes) -> None:
         self.rank = rank
         self.t = trace
@@ -157,7 +169,7 @@ class _RankBuilder:
         self.zero = cfg.effective_zero_stage
         self.last_compute: int | None = None
         self.dp_tasks: list[int] = []
-        self.fsdp_ag_fwd: dict[int, int] = {}
+        self.macro = False
 
     # -- helpers -------------------------------------------------------------------------------
     def add(self, op, stream="compute", deps=()) -> int:
@@ -251,15 +263,8 @@ class _RankBuilder:
             if zero3:
                 d.append(self.fsdp_gather(layer, "bwd", prev_prev))
             before = self.last_compute
-            if cfg.recompute_granularity == "full":
-                self.emit(self.ops.get("block", "fwd", layer), d)
-                d = []
-            elif cfg.recompute_granularity == "selective":
-                core = [o for o in self.ops.get("block", "fwd", layer)
-                        if not isinstance(o, tuple) and o.kind in ("attention", "softmax")]
-                core = [replace(o, name=f"recompute:{o.name}") for o in core]
-                self.emit(core, d)
-                d = [] if core else d
+            if not self.macro:
+                d = self.recompute(layer, d)
             self.emit(self.ops.get("block", "bwd", layer), d)
             prev_prev = before
             deps = []
@@ -274,6 +279,22 @@ class _RankBuilder:
             self.emit(self.ops.get("pre", "bwd"), deps)
             if last_mb and not zero3:
                 self.grad_ready("pre", self.last_compute)
+
+    def recompute(self, layer: int, deps: list) -> list:
+        """Activation recomputation before a layer's backward: the whole forward (full, including its
+        TP collectives) or the attention core (selective: Korthikanti et al. 2022 §5); returns the
+        dependencies still to honour."""
+        g = self.cfg.recompute_granularity
+        if g == "none":
+            return deps
+        fwd = self.ops.get("block", "fwd", layer)
+        if g == "selective":
+            fwd = [replace(o, name=f"recompute:{o.name}") for o in fwd
+                   if not isinstance(o, tuple) and o.kind in SELECTIVE_KINDS and o.layer.endswith(".attn")]
+        if not fwd:
+            return deps
+        self.emit(fwd, deps)
+        return []
 
     # -- data-parallel gradient buckets -----------------------------------------------------------
     def plan_buckets(self) -> None:

@@ -1,0 +1,77 @@
+"""``trainsim nccl-tests``: nccl-tests' performance table, simulated on the hardware model.
+
+    trainsim nccl-tests all_reduce -b 8 -e 8G -f 2 -g 8 --nodes 1 --system dgx-a100
+
+Arguments follow nccl-tests 2.19.6 (``-b`` minbytes, ``-e`` maxbytes, ``-f`` stepfactor, ``-i`` stepbytes,
+``-g`` GPUs per thread, ``-d`` datatype); the collective is a binary name (``all_reduce_perf``) or a
+collective name (``all_reduce``, ``allreduce``). One process per node drives ``-g`` GPUs, so the
+communicator has ``g x nodes`` ranks. ``--algo`` / ``--proto`` override NCCL's tuner like
+``NCCL_ALGO`` / ``NCCL_PROTO``. The table is nccl-tests' out-of-place half plus the algorithm and
+protocol chosen per size (:func:`hwmodel.nccl.nccltests.format_table`); times come from
+:func:`hwmodel.nccl.engine.simulate_nccl_tests` (host enqueue cost included for ``-g > 1``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from hwmodel.nccl import nccltests as N
+from hwmodel.nccl.engine import FIDELITIES, simulate_nccl_tests
+from hwmodel.nccl.tuner import NCCL_VERSION
+from hwmodel.topology import build_system, known_systems
+from scenarios.cli import UserError
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "nccl-tests", help="simulate an nccl-tests sweep (all_reduce_perf, all_gather_perf, ...)",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("collective", help="all_reduce, all_gather, reduce_scatter, broadcast, reduce, "
+                                      "alltoall, sendrecv (or the nccl-tests binary name, e.g. all_reduce_perf)")
+    p.add_argument("-b", "--minbytes", default="32M", help="smallest size, bytes with K/M/G suffix (default 32M)")
+    p.add_argument("-e", "--maxbytes", default="32M", help="largest size (default 32M)")
+    p.add_argument("-f", "--stepfactor", type=int, default=2, help="multiply the size by this (default 2)")
+    p.add_argument("-i", "--stepbytes", default=None, help="add this many bytes per step when -f 1")
+    p.add_argument("-g", "--ngpus", type=int, default=1, help="GPUs driven by each process/thread (default 1)")
+    p.add_argument("-d", "--datatype", default="float", help="nccl-tests type: float (default), half, bfloat16, ...")
+    p.add_argument("--nodes", type=int, default=1, help="nodes, one process each (default 1)")
+    p.add_argument("--system", default="dgx-a100", help=f"one of {', '.join(known_systems())} (default dgx-a100)")
+    p.add_argument("--algo", default=None, help="force NCCL's algorithm: ring, tree, nvls (NCCL_ALGO)")
+    p.add_argument("--proto", default=None, help="force NCCL's protocol: simple, ll, ll128 (NCCL_PROTO)")
+    p.add_argument("--fidelity", default="flow", choices=FIDELITIES, help="flow (default) or step")
+    p.add_argument("--json", metavar="PATH", default=None, help="also write the rows as JSON to PATH")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    coll = N.canonical_collective(args.collective)
+    if args.nodes < 1:
+        raise UserError(f"--nodes must be >= 1, got {args.nodes}")
+    if args.ngpus < 1:
+        raise UserError(f"-g must be >= 1, got {args.ngpus}")
+    topo = build_system(args.system, args.nodes)
+    per_node = topo.gpus_per_node
+    if args.ngpus > per_node:
+        raise UserError(f"-g {args.ngpus}: a {topo.name} node has only {per_node} GPUs")
+    if args.stepfactor < 1:
+        raise UserError(f"-f must be >= 1, got {args.stepfactor}")
+    sizes = N.size_sweep(args.minbytes, args.maxbytes, args.stepfactor, args.stepbytes)
+    gpus = [g for node in range(args.nodes) for g in topo.gpus_of_node(node)[:args.ngpus]]
+    rows = simulate_nccl_tests(topo, coll, sizes, gpus_per_thread=args.ngpus, dtype=args.datatype,
+                               algorithm=args.algo, protocol=args.proto, fidelity=args.fidelity,
+                               gpus=gpus)
+    print(f"# trainsim nccl-tests: {topo.name}, {args.nodes} node(s) x {args.ngpus} GPU(s), "
+          f"fidelity {args.fidelity}, NCCL {NCCL_VERSION} tuning model"
+          + (f", NCCL_ALGO={args.algo}" if args.algo else "")
+          + (f", NCCL_PROTO={args.proto}" if args.proto else ""))
+    print(N.format_table(rows, n_threads=1, n_gpus=args.ngpus,
+                         step_factor=args.stepfactor if args.stepfactor > 1 else None), end="")
+    if args.json:
+        path = Path(args.json)
+        try:
+            path.write_text(json.dumps(N.rows_to_json(rows), indent=1) + "\n")
+        except OSError as exc:
+            raise UserError(f"cannot write {path}: {exc.strerror}") from None
+    return 0

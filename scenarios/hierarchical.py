@@ -1,0 +1,89 @@
+"""The hierarchical engine (ParallelSim's idea): simulate intra-stage work in detail once, then the
+inter-stage schedule with one macro task per layer pass.
+
+Step 1 runs each distinct pass -- the embedding, one transformer layer and the head, forward and
+backward (recomputation included) -- for ONE micro-batch on the tensor/context-parallel ranks of stage
+0, on the real cluster model: kernels sharing SMs and HBM, TP collectives on NVLink. Step 2 builds the
+usual per-rank programs with each layer pass replaced by a macro task of that duration
+(:attr:`hwmodel.ir.Compute.fixed_time_s`), keeping pipeline send/recv, data-parallel buckets and the
+optimizer as separate tasks, so the pipeline schedule, bubbles and gradient overlap are still
+simulated on the fabric. Identical layers make step 1 exact up to contention between a layer and
+concurrent traffic (data-parallel buckets still take SMs from a macro task).
+
+It lives in ``scenarios`` because it needs both the workload (programs) and the hardware model (the
+step-1 probe).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from hwmodel.cluster import Cluster
+from hwmodel.ir import Compute
+from hwmodel.runtime import Runtime
+from workload.parallel.builder import BuildResult, ModelTrace, RankBuilder, TracedOps, build_programs
+from workload.parallel.config import ParallelConfig
+from workload.parallel.placement import Layout
+
+PASSES = (("pre", "fwd"), ("block", "fwd"), ("post", "fwd"), ("post", "bwd"), ("block", "bwd"), ("pre", "bwd"))
+
+
+def pass_times(trace: ModelTrace, cfg: ParallelConfig, topology, engine_factory: Callable,
+               host_launch_overhead_s: float) -> dict[tuple[str, str], float]:
+    """Seconds of each layer pass for one micro-batch on stage 0's TP x CP ranks (step 1)."""
+    layout = Layout(cfg)
+    ops = TracedOps(trace)
+    ranks = sorted({layout.rank(tp=t, cp=c) for t in range(cfg.tp) for c in range(cfg.cp)})
+    gpus = topology.gpus()
+    placement = {r: gpus[r] for r in range(cfg.world_size)}
+    per_vstage = cfg.stage_layers(trace.num_layers)
+    out = {}
+    for part, phase in PASSES:
+        programs = {}
+        for r in ranks:
+            b = RankBuilder(r, trace, cfg, layout, ops, per_vstage, [0] * (len(per_vstage) + 1), 0)
+            if part == "block" and phase == "bwd":
+                deps = b.recompute(0, [])
+                b.emit(ops.get("block", "bwd", 0), deps)
+            else:
+                b.emit(ops.get(part, phase, 0 if part == "block" else None))
+            programs[r] = b.prog
+        if not any(p.tasks for p in programs.values()):
+            out[(part, phase)] = 0.0
+            continue
+        cluster = Cluster(topology, record=False)
+        res = Runtime(cluster, programs, placement=placement, host_launch_overhead_s=host_launch_overhead_s,
+                      nccl=engine_factory(cluster), mirror=layout.mirror).run()
+        out[(part, phase)] = max(res.end_time_s - host_launch_overhead_s, 0.0)
+    return out
+
+
+class _MacroOps:
+    """Stands in for the traced ops: one macro task per (part, phase, block)."""
+
+    def __init__(self, trace: ModelTrace, times: dict[tuple[str, str], float]) -> None:
+        self.ops = TracedOps(trace)
+        self.times = times
+        self._cache: dict[tuple, list] = {}
+
+    def get(self, part: str, phase: str, block: int | None = None) -> list:
+        key = (part, phase, block)
+        hit = self._cache.get(key)
+        if hit is None:
+            t = self.times.get((part, phase), 0.0)
+            real = [o for o in self.ops.get(part, phase, block) if isinstance(o, Compute)]
+            layer = f"layers.{block}" if part == "block" else part
+            hit = [Compute(f"{part}_{phase}", "macro", sum(o.flops for o in real),
+                           sum(o.bytes_accessed for o in real), layer=layer, phase=phase,
+                           fixed_time_s=t)] if t > 0 else []
+            self._cache[key] = hit
+        return hit
+
+
+def macro_programs(trace: ModelTrace, cfg: ParallelConfig, topology, engine_factory: Callable, *,
+                   host_launch_overhead_s: float) -> BuildResult:
+    """Representative-rank programs with macro layer passes (step 2); run them in symmetry mode."""
+    times = pass_times(trace, cfg, topology, engine_factory, host_launch_overhead_s)
+    res = build_programs(trace, cfg, ranks=Layout(cfg).representatives(), ops=_MacroOps(trace, times))
+    res.info["pass_times_s"] = {f"{p}_{ph}": t for (p, ph), t in times.items()}
+    return res

@@ -1,0 +1,261 @@
+"""Run a scenario end to end: cluster, model trace, per-rank programs, simulation, report.
+
+The only module that knows both the workload and the hardware model (``docs/DESIGN.md``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from hwmodel.cluster import Cluster
+from hwmodel.nccl.engine import NcclEngine
+from hwmodel.runtime import DEFAULT_HOST_LAUNCH_OVERHEAD_S, RunResult, Runtime
+from hwmodel.specs import get_gpu, load_gpu_file, with_overrides
+from hwmodel.topology import Topology, build_system
+from scenarios.analysis import (
+    RankBreakdown,
+    breakdown,
+    megatron_flops_per_iteration,
+    overlap_stats,
+)
+from scenarios.hierarchical import macro_programs
+from scenarios.scenario import Scenario
+from workload.memory import memory_per_gpu
+from workload.parallel.builder import BuildResult, build_programs
+from workload.parallel.config import ParallelConfig
+from workload.parallel.placement import Layout
+from workload.parallel.rank_trace import trace_rank
+from workload.trace import load_factory
+from workload.zoo import get_model_config
+from workload.zoo import with_overrides as model_overrides
+
+MODEL_SPECIAL_KEYS = ("name", "factory", "hf_config")
+SYMMETRY_THRESHOLD_GPUS = 16
+"""Above this many GPUs, ``mode = "auto"`` simulates one representative rank per pipeline stage."""
+HIERARCHICAL_THRESHOLD_TASKS = 600_000
+"""Above this many tasks on the representative ranks, ``auto`` uses the hierarchical engine."""
+
+
+@dataclass
+class Prepared:
+    """A scenario resolved into objects: the cluster topology, the model, the parallel configuration."""
+
+    scenario: Scenario
+    topology: Topology
+    model_cfg: Any
+    config: ParallelConfig
+    dtype: str
+
+
+def build_topology(system: dict) -> Topology:
+    """The cluster of a ``[system]`` section."""
+    gpu = None
+    if "gpu_file" in system:
+        gpu = load_gpu_file(system["gpu_file"])
+    elif "gpu" in system:
+        gpu = get_gpu(system["gpu"])
+    if system.get("gpu_overrides"):
+        base = gpu or build_system(system["name"], 1).gpu_spec
+        gpu = with_overrides(base, **system["gpu_overrides"])
+    nodes = system.get("nodes", 1)
+    if nodes < 1:
+        raise ValueError(f"[system] nodes must be >= 1, got {nodes}")
+    return build_system(system["name"], nodes, fabric=system.get("fabric", "rail_optimized"),
+                        oversubscription=float(system.get("oversubscription", 1.0)), gpu_override=gpu,
+                        nic_override=system.get("nic"), su_size=system.get("su_size"))
+
+
+def build_model_config(model: dict, training: dict):
+    """The model configuration of a ``[model]`` section (zoo name + overrides, or a Hugging Face
+    config); ``training.seq_length`` overrides the model's."""
+    overrides = {k: v for k, v in model.items() if k not in MODEL_SPECIAL_KEYS}
+    if "seq_length" in training:
+        overrides["seq_length"] = training["seq_length"]
+    if "hf_config" in model:
+        from workload.zoo.hf import config_from_hf
+        cfg = config_from_hf(model["hf_config"])
+    elif "factory" in model:
+        cfg = load_factory(model["factory"])()
+        if not hasattr(cfg, "num_layers") and not hasattr(cfg, "architecture"):
+            raise ValueError(f"[model] factory {model['factory']!r} must return a zoo model config "
+                             f"(workload.zoo.config.TransformerConfig)")
+    else:
+        cfg = get_model_config(model["name"])
+    return model_overrides(cfg, **overrides) if overrides else cfg
+
+
+def prepare(scenario: Scenario) -> Prepared:
+    """Resolve a scenario into a topology, a model configuration and a resolved ParallelConfig.
+
+    Raises:
+        ValueError / UnknownNameError: naming the field at fault.
+    """
+    topo = build_topology(scenario.system)
+    tr = scenario.training
+    model_cfg = build_model_config(scenario.model, tr)
+    kw = dict(scenario.parallel)
+    kw["micro_batch_size"] = tr.get("micro_batch_size", 1)
+    if "global_batch_size" in tr:
+        kw["global_batch_size"] = tr["global_batch_size"]
+    cfg = ParallelConfig(**kw).resolve(topo.num_gpus)
+    cfg.validate_model(model_cfg)
+    return Prepared(scenario, topo, model_cfg, cfg, tr.get("dtype", "bf16"))
+
+
+@dataclass
+class RunReport:
+    """Everything a run produced, with :meth:`to_json` for machines."""
+
+    scenario: Scenario
+    prepared: Prepared
+    result: RunResult
+    build: BuildResult
+    mode: str
+    per_rank: dict[int, RankBreakdown]
+    memory: Any
+    metrics: dict[str, Any] = field(default_factory=dict)
+    wall_s: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return self.metrics
+
+
+def run_scenario(scenario: Scenario, *, progress: bool = False) -> RunReport:
+    """Simulate one training iteration of ``scenario`` and analyse it."""
+    t0 = time.perf_counter()
+    prep = prepare(scenario)
+    cfg, topo = prep.config, prep.topology
+    trace = trace_rank(prep.model_cfg, cfg, dtype=prep.dtype)
+    sim = scenario.simulation
+    layout = Layout(cfg)
+    mode = sim.get("mode", "auto")
+    if mode == "auto":
+        mode = "full" if cfg.world_size <= SYMMETRY_THRESHOLD_GPUS else "symmetric"
+    ranks = None if mode == "full" else layout.representatives()
+    build = build_programs(trace, cfg, ranks=ranks)
+    n_tasks = sum(len(p.tasks) for p in build.programs.values())
+    if sim.get("mode", "auto") == "auto" and n_tasks > HIERARCHICAL_THRESHOLD_TASKS:
+        mode = "hierarchical"
+    gpus = topo.gpus()
+    placement = {r: gpus[r] for r in range(cfg.world_size)}
+
+    def engine(cluster: Cluster) -> NcclEngine:
+        return NcclEngine(cluster, fidelity=sim.get("fidelity", "flow"), algorithm=sim.get("nccl_algo"),
+                          protocol=sim.get("nccl_proto"))
+
+    host = float(sim.get("host_launch_overhead_s", DEFAULT_HOST_LAUNCH_OVERHEAD_S))
+    mirror = None if mode == "full" else layout.mirror
+    if mode == "hierarchical":
+        build = macro_programs(trace, cfg, topo, engine, host_launch_overhead_s=host)
+    cluster = Cluster(topo, record=sim.get("record_links", True))
+    runtime = Runtime(cluster, build.programs, placement=placement, host_launch_overhead_s=host,
+                      nccl=engine(cluster), mirror=mirror)
+    result = runtime.run()
+    per_rank = breakdown(result.events, result.end_time_s, pipeline=cfg.pp > 1)
+    mem = memory_for(prep)
+    report = RunReport(scenario, prep, result, build, mode, per_rank, mem)
+    report.wall_s = time.perf_counter() - t0
+    report.metrics = metrics(report, trace)
+    return report
+
+
+def memory_for(prep: Prepared):
+    cfg = prep.config
+    if not hasattr(prep.model_cfg, "num_attention_heads"):
+        return None
+    return memory_per_gpu(
+        prep.model_cfg, tp=cfg.tp, pp=cfg.pp, dp=cfg.dp, cp=cfg.cp, ep=cfg.ep,
+        micro_batch_size=cfg.micro_batch_size, num_microbatches=cfg.num_microbatches,
+        virtual_pipeline_size=cfg.vpp, sequence_parallel=cfg.sequence_parallel,
+        recompute=cfg.recompute_granularity, zero_stage=cfg.effective_zero_stage,
+        param_bytes=4 if prep.dtype == "fp32" else 2,
+        flash_attention=getattr(prep.model_cfg, "attention_backend", "flash") == "flash")
+
+
+def model_flops(prep: Prepared, trace) -> tuple[float, float, str]:
+    """(model FLOPs per iteration, hardware FLOPs incl. recomputation, formula used)."""
+    cfg, mc = prep.config, prep.model_cfg
+    gbs = cfg.global_batch_size
+    if getattr(mc, "architecture", "") == "gpt" and mc.ffn_hidden_size == 4 * mc.hidden_size:
+        args = dict(batch=gbs, seq=mc.seq_length, layers=mc.num_layers, hidden=mc.hidden_size, vocab=mc.vocab_size)
+        model = megatron_flops_per_iteration(full_recompute=False, **args)
+        hw = megatron_flops_per_iteration(full_recompute=cfg.recompute_granularity == "full", **args)
+        formula = ("Megatron-LM (Narayanan et al. SC'21 eq. 3): 96·B·s·l·h²·(1 + s/6h + V/16lh) with full "
+                   "recomputation, 72·B·s·l·h²·(1 + s/6h + V/12lh) without")
+        return model, hw, formula
+    g = trace.graph
+    per_mb = g.total_flops("fwd") + g.total_flops("bwd")
+    shards = cfg.tp * cfg.cp
+    model = per_mb * shards * cfg.num_microbatches * cfg.dp
+    extra = g.recompute_flops(cfg.recompute_granularity) if cfg.recompute_granularity != "none" else 0.0
+    hw = (per_mb + extra) * shards * cfg.num_microbatches * cfg.dp
+    return model, hw, "traced model FLOPs (forward + backward of every op, 2 per multiply-accumulate)"
+
+
+def metrics(rep: RunReport, trace) -> dict[str, Any]:
+    from plots.links import busiest_links
+
+    prep, res, cfg = rep.prepared, rep.result, rep.prepared.config
+    T = res.end_time_s
+    mc = prep.model_cfg
+    seq = getattr(mc, "seq_length", 1)
+    model_f, hw_f, formula = model_flops(prep, trace)
+    gpu = prep.topology.gpu_spec
+    peak = gpu.peak_flops(prep.dtype if prep.dtype != "fp32" else "tf32")
+    world = cfg.world_size
+    ranks = sorted(rep.per_rank)
+    mean = {k: sum(getattr(rep.per_rank[r], k) for r in ranks) / len(ranks)
+            for k in ("compute_s", "exposed_comm_s", "bubble_s", "idle_s")}
+    ov = overlap_stats(res.events, rep.per_rank)
+    links = busiest_links(res.cluster.link_resources(), 10, T)
+    mem = rep.memory
+    return {
+        "scenario": rep.scenario.name,
+        "iteration_time_s": T,
+        "tokens_per_s": cfg.global_batch_size * seq / T if T else 0.0,
+        "tflops_per_gpu": hw_f / T / world / 1e12 if T else 0.0,
+        "mfu": model_f / T / world / peak if T else 0.0,
+        "flops_formula": formula,
+        "model_flops_per_iteration": model_f,
+        "hardware_flops_per_iteration": hw_f,
+        "peak_memory_bytes": mem.total if mem is not None else None,
+        "oom": (not mem.fits(gpu)) if mem is not None else False,
+        "memory": ({"parameters": mem.parameters, "gradients": mem.gradients,
+                    "optimizer_states": mem.optimizer_states, "activations": mem.activations,
+                    "workspace": mem.workspace, "hbm_capacity": gpu.hbm_capacity_bytes,
+                    "verdict": mem.verdict(gpu)} if mem is not None else None),
+        "breakdown": mean,
+        "per_rank": {str(r): rep.per_rank[r].as_dict() for r in ranks},
+        "overlap": {"comm_hidden_fraction": ov.comm_hidden_fraction, "compute_slowdown": ov.compute_slowdown},
+        "busiest_links": [{"link": n, "bytes": b, "mean_utilisation": m, "peak_utilisation": p}
+                          for n, b, m, p in links],
+        "parallel": {"tp": cfg.tp, "pp": cfg.pp, "dp": cfg.dp, "cp": cfg.cp, "ep": cfg.ep, "vpp": cfg.vpp,
+                     "micro_batch_size": cfg.micro_batch_size, "global_batch_size": cfg.global_batch_size,
+                     "num_microbatches": cfg.num_microbatches, "schedule": cfg.schedule,
+                     "recompute_granularity": cfg.recompute_granularity, "sequence_parallel": cfg.sequence_parallel,
+                     "zero_stage": cfg.effective_zero_stage},
+        "system": {"name": prep.topology.name, "gpus": world, "gpu": gpu.name, "nodes": prep.topology.num_nodes},
+        "model": getattr(mc, "name", "model"),
+        "simulation": {"mode": rep.mode, "simulated_ranks": len(rep.build.programs),
+                       "tasks": sum(len(p.tasks) for p in rep.build.programs.values()),
+                       "fluid_solves": res.stats.get("fluid_solves", 0)},
+    }
+
+
+def with_scenario_overrides(scenario: Scenario, **sections: dict) -> Scenario:
+    """A copy of ``scenario`` with some sections' keys replaced (used by sweeps)."""
+    new = replace(scenario)
+    for sec, kv in sections.items():
+        setattr(new, sec, {**getattr(scenario, sec), **kv})
+    return new
+
+
+def scenario_path(name: str) -> Path:
+    """A catalog scenario by name (``scenarios/catalog/<name>.toml``) or a path."""
+    p = Path(name)
+    if p.exists() or p.suffix == ".toml":
+        return p
+    return Path(__file__).parent / "catalog" / f"{name}.toml"

@@ -1,0 +1,181 @@
+"""Scenario files: what to simulate, as TOML with five sections.
+
+```toml
+[system]      # the cluster: name (dgx-a100, dgx-h100, ...), nodes, fabric, oversubscription, ...
+[model]       # a zoo name plus overrides (num_layers, hidden_size, ...), or factory = "pkg.mod:fn"
+[parallel]    # ParallelConfig fields, Megatron names (tensor_model_parallel_size, ...)
+[training]    # global_batch_size, micro_batch_size, dtype, seq_length
+[simulation]  # fidelity (flow/step), mode (auto/full/symmetric/hierarchical), ...
+```
+
+Unknown sections and keys are rejected by name with the allowed ones listed; values are type-checked.
+``--set section.key=value`` overrides parse ``value`` as a TOML value (``8``, ``true``, ``"ring"``),
+falling back to a plain string.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import sys
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from workload.parallel.config import ParallelConfig
+
+SYSTEM_KEYS = {
+    "name": str, "nodes": int, "fabric": str, "oversubscription": (int, float), "su_size": int,
+    "gpu": str, "gpu_file": str, "nic": str, "gpu_overrides": dict,
+}
+TRAINING_KEYS = {"global_batch_size": int, "micro_batch_size": int, "dtype": str, "seq_length": int}
+SIMULATION_KEYS = {
+    "fidelity": str, "mode": str, "host_launch_overhead_s": (int, float), "nccl_algo": str, "nccl_proto": str,
+    "record_links": bool,
+}
+MODES = ("auto", "full", "symmetric", "hierarchical")
+PARALLEL_KEYS = {f.name for f in dataclasses.fields(ParallelConfig)} - {"micro_batch_size", "global_batch_size"}
+SECTIONS = ("system", "model", "parallel", "training", "simulation", "name", "description")
+
+DEFAULT_SCENARIO = """
+name = "default"
+description = "GPT-3 175B (8 of its 96 layers), TP 8 x PP 2 x DP 2 on 4 DGX A100, simulated in seconds"
+
+[system]
+name = "dgx-a100"
+nodes = 4
+
+[model]
+name = "gpt3-175b"
+num_layers = 8
+
+[parallel]
+tensor_model_parallel_size = 8
+pipeline_model_parallel_size = 2
+sequence_parallel = true
+overlap_grad_reduce = true
+
+[training]
+global_batch_size = 16
+micro_batch_size = 1
+"""
+
+
+@dataclasses.dataclass
+class Scenario:
+    """A parsed, checked scenario (plain dicts per section, validated against the allowed keys)."""
+
+    name: str
+    system: dict[str, Any]
+    model: dict[str, Any]
+    parallel: dict[str, Any]
+    training: dict[str, Any]
+    simulation: dict[str, Any]
+    description: str = ""
+    source: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "description": self.description, "system": self.system, "model": self.model,
+                "parallel": self.parallel, "training": self.training, "simulation": self.simulation}
+
+
+def _check_types(section: str, data: dict, spec: dict) -> None:
+    unknown = sorted(set(data) - set(spec))
+    if unknown:
+        raise ValueError(f"[{section}] unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(spec))}")
+    for k, v in data.items():
+        want = spec[k]
+        if want is int and isinstance(v, bool) or (isinstance(want, tuple) and isinstance(v, bool)):
+            raise ValueError(f"[{section}] {k} must be a number, got {v!r}")
+        if not isinstance(v, want):
+            names = " or ".join(t.__name__ for t in (want if isinstance(want, tuple) else (want,)))
+            raise ValueError(f"[{section}] {k} must be {names}, got {v!r}")
+
+
+def parse_scenario(data: dict[str, Any], source: str = "") -> Scenario:
+    """Check a scenario dict (as read from TOML) and return a :class:`Scenario`.
+
+    Raises:
+        ValueError: unknown sections or keys, wrong types, missing required keys; the message names them.
+    """
+    unknown = sorted(set(data) - set(SECTIONS))
+    if unknown:
+        raise ValueError(f"unknown section(s) {', '.join(unknown)}; allowed: "
+                         f"[system], [model], [parallel], [training], [simulation] (and name, description)")
+    for sec in ("system", "model", "parallel", "training", "simulation"):
+        if sec in data and not isinstance(data[sec], dict):
+            raise ValueError(f"[{sec}] must be a table")
+    system = dict(data.get("system", {}))
+    model = dict(data.get("model", {}))
+    parallel = dict(data.get("parallel", {}))
+    training = dict(data.get("training", {}))
+    simulation = dict(data.get("simulation", {}))
+    _check_types("system", system, SYSTEM_KEYS)
+    _check_types("training", training, TRAINING_KEYS)
+    _check_types("simulation", simulation, SIMULATION_KEYS)
+    bad = sorted(set(parallel) - PARALLEL_KEYS)
+    if bad:
+        hint = " (put micro_batch_size and global_batch_size in [training])" if set(bad) & {
+            "micro_batch_size", "global_batch_size"} else ""
+        raise ValueError(f"[parallel] unknown key(s) {', '.join(bad)}{hint}; "
+                         f"allowed: {', '.join(sorted(PARALLEL_KEYS))}")
+    if "name" not in system:
+        raise ValueError("[system] name is required (e.g. dgx-a100, dgx-h100)")
+    if not ({"name", "factory", "hf_config"} & set(model)):
+        raise ValueError("[model] needs name (a zoo model), factory (\"package.module:function\") or hf_config")
+    if simulation.get("mode", "auto") not in MODES:
+        raise ValueError(f"[simulation] mode: unknown {simulation['mode']!r}; allowed: {', '.join(MODES)}")
+    if simulation.get("fidelity", "flow") not in ("flow", "step"):
+        raise ValueError(f"[simulation] fidelity: unknown {simulation['fidelity']!r}; allowed: flow, step")
+    if training.get("dtype", "bf16") not in ("bf16", "fp16", "fp32"):
+        raise ValueError(f"[training] dtype: unknown {training['dtype']!r}; allowed: bf16, fp16, fp32")
+    name = data.get("name") or (Path(source).stem if source else "scenario")
+    return Scenario(str(name), system, model, parallel, training, simulation, str(data.get("description", "")),
+                    source)
+
+
+def load_scenario(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Scenario:
+    """Read a scenario file (``None``: the embedded default) and apply ``section.key=value`` overrides.
+
+    Raises:
+        FileNotFoundError: the file does not exist.
+        ValueError: malformed TOML (with the line), bad keys or values.
+    """
+    if path is None:
+        data, source = tomllib.loads(DEFAULT_SCENARIO), "<default>"
+    else:
+        p = Path(path)
+        if not p.exists():
+            raise FileNotFoundError(f"scenario file not found: {p}")
+        try:
+            data = tomllib.loads(p.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise ValueError(f"{p}: malformed TOML: {exc}") from None
+        source = str(p)
+    data = apply_overrides(data, overrides)
+    return parse_scenario(data, source)
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """``["parallel.tensor_model_parallel_size=4", ...]`` applied to a copy of ``data``."""
+    data = copy.deepcopy(data)
+    for item in overrides:
+        if "=" not in item or "." not in item.split("=", 1)[0]:
+            raise ValueError(f"--set {item!r}: expected section.key=value, e.g. parallel.tensor_model_parallel_size=4")
+        key, raw = item.split("=", 1)
+        parts = key.strip().split(".")
+        try:
+            value = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw
+        node = data
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ValueError(f"--set {item!r}: {p} is not a section")
+        node[parts[-1]] = value
+    return data
