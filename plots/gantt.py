@@ -6,6 +6,10 @@ copies in grey; optimizer kernels olive. Idle time is the pale lane background s
 pipeline bubbles are gaps, and a collective overlapped with compute shows on its comm lane under
 the compute lane of the same GPU.
 
+A communication task is drawn solid from when its data started to move (``xfer_start_s``); the time
+before, when it was posted but waited for its peers (a receive posted early, a collective waiting for
+the slowest rank), is drawn faint and hatched, so waiting does not read as communication.
+
 Fast for big traces: one ``broken_barh`` per (lane, colour) with ``linewidth=0`` (20 000 bars render
 and save in well under a second). Takes plain event objects, no SimPy.
 """
@@ -47,6 +51,8 @@ _FIXED = {
     "recv": "#9e9ac8",
     "memcpy": "#969696",
 }
+_WAIT_ALPHA = 0.35
+"""Opacity of the waiting part of a communication task."""
 _LEGEND_ORDER = (
     [f"{fam} {ph}" for fam in _SHADES for ph in ("fwd", "bwd", "other")]
     + ["optimizer"] + [f"nccl {op}" for op in _NCCL] + ["nccl other", "send", "recv", "memcpy"]
@@ -156,8 +162,10 @@ def plot_gantt(events: Iterable[Any], path: str | Path, *, ranks: Iterable[int] 
     lanes = [(r, s) for r in shown for s in sorted(streams_of.get(r, ()), key=lambda s: tids[s])]
     lane_index = {lane: i for i, lane in enumerate(lanes)}
 
-    # (lane, colour group) -> list of (start, width) in display units.
+    # (lane, colour group) -> list of (start, width) in display units; ``waits`` the same for the time
+    # communication tasks spent waiting for their peers before data moved.
     bars: dict[tuple[int, str], list[tuple[float, float]]] = defaultdict(list)
+    waits: dict[tuple[int, str], list[tuple[float, float]]] = defaultdict(list)
     colours: dict[str, str] = {}
     n_bars = 0
     t_end = 0.0
@@ -167,7 +175,12 @@ def plot_gantt(events: Iterable[Any], path: str | Path, *, ranks: Iterable[int] 
             continue
         label, colour = category_style(e.category, getattr(e, "phase", "") or "")
         colours[label] = colour
-        bars[(i, label)].append((e.start_s * scale, (e.end_s - e.start_s) * scale))
+        moved = getattr(e, "xfer_start_s", None)
+        start = e.start_s
+        if moved is not None and e.start_s < moved <= e.end_s:
+            waits[(i, label)].append((e.start_s * scale, (moved - e.start_s) * scale))
+            start = moved
+        bars[(i, label)].append((start * scale, (e.end_s - start) * scale))
         n_bars += 1
         t_end = max(t_end, e.end_s)
 
@@ -178,6 +191,9 @@ def plot_gantt(events: Iterable[Any], path: str | Path, *, ranks: Iterable[int] 
     # Pale lane backgrounds: idle time (bubbles) shows as gaps in the colour.
     for i in range(len(lanes)):
         ax.broken_barh([(0.0, x_max)], (i - 0.42, 0.84), facecolors="#f2f2f2", linewidth=0, zorder=0)
+    for (i, label), xr in waits.items():
+        ax.broken_barh(xr, (i - 0.25, 0.5), facecolors=colours[label], alpha=_WAIT_ALPHA, hatch="////",
+                       edgecolor="white", linewidth=0, zorder=2)
     for (i, label), xr in bars.items():
         ax.broken_barh(xr, (i - 0.4, 0.8), facecolors=colours[label], linewidth=0, zorder=2)
     # Separate GPUs with a line; a thick dashed one where ranks were left out.
@@ -206,6 +222,9 @@ def plot_gantt(events: Iterable[Any], path: str | Path, *, ranks: Iterable[int] 
     groups = [g for g in _LEGEND_ORDER if g in colours]
     if groups:
         handles = [Patch(facecolor=colours[g], label=g) for g in groups]
+        if waits:
+            handles.append(Patch(facecolor="#888888", alpha=_WAIT_ALPHA, hatch="////", edgecolor="white",
+                                 label="waiting for peers\n(posted, no data moving)"))
         ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8,
                   frameon=False)
     path = Path(path)

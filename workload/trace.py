@@ -252,7 +252,7 @@ def _kind(name: str, func: Any, phase: str) -> str:
     if torch.Tag.pointwise in func.tags or name.endswith(("_like", "fill_", "zero_")) or name in (
             "fill", "zeros", "ones", "full", "arange", "where", "new_zeros", "new_ones", "floor_divide",
             "threshold_backward", "gelu_backward",
-            "silu_backward", "native_dropout", "native_dropout_backward"):
+            "silu_backward", "native_dropout", "native_dropout_backward", "dropout", "dropout_backward"):
         return "elementwise"
     if torch.Tag.reduction in func.tags:
         return "reduction"
@@ -363,8 +363,45 @@ def _rms_norm_grad(ctx, grad_y, grad_rstd):
 _rms_norm.register_autograd(_rms_norm_grad, setup_context=_rms_norm_setup)
 
 
+@torch.library.custom_op("trainsim::dropout", mutates_args=())
+def _dropout(x: torch.Tensor, p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """One fused dropout kernel, as CUDA's ``native_dropout``: (y, keep-mask)."""
+    mask = torch.rand_like(x, dtype=torch.float32) >= p
+    return x * mask / (1 - p), mask
+
+
+@_dropout.register_fake
+def _(x, p):
+    return torch.empty_like(x), torch.empty_like(x, dtype=torch.bool)
+
+
+@torch.library.custom_op("trainsim::dropout_backward", mutates_args=())
+def _dropout_backward(grad: torch.Tensor, mask: torch.Tensor, p: float) -> torch.Tensor:
+    """dx = grad * mask / (1 - p): one elementwise kernel."""
+    return grad * mask / (1 - p)
+
+
+@_dropout_backward.register_fake
+def _(grad, mask, p):
+    return torch.empty_like(grad)
+
+
+def _dropout_setup(ctx, inputs, output):
+    ctx.p = inputs[1]
+    ctx.save_for_backward(output[1])
+
+
+def _dropout_grad(ctx, grad_y, grad_mask):
+    (mask,) = ctx.saved_tensors
+    return _dropout_backward(grad_y, mask, ctx.p), None
+
+
+_dropout.register_autograd(_dropout_grad, setup_context=_dropout_setup)
+
+
 class _FusedKernels(TorchFunctionMode):
-    """Reroute SDPA to the flash-attention op and ``F.rms_norm`` to one fused RMSNorm op.
+    """Reroute SDPA to the flash-attention op, ``F.rms_norm`` to one fused RMSNorm op and ``F.dropout``
+    to one dropout kernel (as CUDA's ``native_dropout``).
 
     ``aten._fused_rms_norm`` is CompositeImplicit on CPU/meta (it decomposes before a dispatch mode
     sees it), hence our own ``trainsim::rms_norm`` custom op with a fake (meta) kernel and a backward.
@@ -378,6 +415,12 @@ class _FusedKernels(TorchFunctionMode):
         kwargs = kwargs or {}
         if func is F.scaled_dot_product_attention:
             return self._sdpa_as_flash(*args, **kwargs)
+        if func is F.dropout:
+            x = args[0]
+            p = args[1] if len(args) > 1 else kwargs.get("p", 0.5)
+            training = args[2] if len(args) > 2 else kwargs.get("training", True)
+            if training and 0.0 < p < 1.0:  # on meta F.dropout decomposes into 3 kernels; CUDA runs one
+                return _dropout(x, float(p))[0]
         if func is F.rms_norm:
             x, shape = args[0], args[1]
             weight = args[2] if len(args) > 2 else kwargs.get("weight")
@@ -506,7 +549,7 @@ def _block_signature(block: nn.Module) -> tuple:
 
 def _repeated_blocks(model: nn.Module, attr: str) -> nn.ModuleList | None:
     blocks = getattr(model, attr, None)
-    if not isinstance(blocks, nn.ModuleList) or len(blocks) < 2:
+    if not isinstance(blocks, nn.ModuleList) or len(blocks) < 1:
         return None
     sig = _block_signature(blocks[0])
     return blocks if all(_block_signature(b) == sig for b in blocks) else None

@@ -37,6 +37,9 @@ SELECTIVE_KINDS = ("attention", "softmax", "elementwise", "gemm")
 attention module (``.attn``) -- QK^T, softmax, dropout and attention x V, not the QKV or output
 projections (those are GEMMs of ``.attn.qkv`` / ``.attn.proj``)."""
 
+TRACED_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+"""Ops of :mod:`workload.parallel.tp` that are communication, not kernels."""
+
 ELEM_BYTES = {"fp64": 8, "fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 GRAD_REDUCE_BYTES = 4
 """Bytes per gradient element in the data-parallel reduction (fp32 main grads)."""
@@ -96,8 +99,8 @@ class TracedOps:
 
 def _convert(o) -> object:
     """An op record as a Compute, or ("coll", op, size_bytes, axis, dtype) for a traced collective."""
-    if o.name.startswith(COLLECTIVE_PREFIX):
-        op = o.name[len(COLLECTIVE_PREFIX):].split(".")[0]
+    op = o.name[len(COLLECTIVE_PREFIX):].split(".")[0] if o.name.startswith(COLLECTIVE_PREFIX) else ""
+    if op in TRACED_COLLECTIVES:
         eb = ELEM_BYTES.get(o.dtype, 2)
         if op == "all_gather":
             size = math.prod(o.out_shapes[0]) * eb
@@ -256,6 +259,8 @@ class RankBuilder:
         if last_v:
             self.emit(self.ops.get("post", "bwd"), deps)
             deps = []
+            if last_mb and not zero3:
+                self.grad_ready("post", self.last_compute)
         layers = list(self.chunk_layers(chunk))
         prev_prev = None
         for layer in reversed(layers):
@@ -372,9 +377,9 @@ class RankBuilder:
             first_v, last_v = vs == 0, vs == nvs - 1
             if st.kind == "F":
                 deps = []
-                if not first_v:
+                if not first_v:  # posted when the program reaches it (Megatron's p2p calls are in order)
                     deps.append(self.add(SendRecv("recv", self.prev_rank, self.act_bytes, name="pp_act",
-                                                  tag="fwd"), "pp_fwd_recv"))
+                                                  tag="fwd"), "pp_fwd_recv", (self.last_compute,)))
                 done = self.forward(st.microbatch, st.chunk, first_v, last_v, deps)
                 if not last_v:
                     self.add(SendRecv("send", self.next_rank, self.act_bytes, name="pp_act", tag="fwd"),
@@ -383,11 +388,9 @@ class RankBuilder:
                 deps = []
                 if not last_v:
                     deps.append(self.add(SendRecv("recv", self.next_rank, self.act_bytes, name="pp_grad",
-                                                  tag="bwd"), "pp_bwd_recv"))
+                                                  tag="bwd"), "pp_bwd_recv", (self.last_compute,)))
                 last_mb = idx == last_b[st.chunk]
                 self.backward(st.microbatch, st.chunk, first_v, last_v, deps, last_mb)
-                if last_mb and last_v:
-                    self.grad_ready("post", self.last_compute)
                 if not first_v:
                     self.add(SendRecv("send", self.prev_rank, self.act_bytes, name="pp_grad", tag="bwd"),
                              "pp_bwd_send", (self.last_compute,))

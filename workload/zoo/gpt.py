@@ -70,11 +70,13 @@ class SelfAttention(nn.Module):
         if self.n_kv != self.n_head:
             rep = self.n_head // self.n_kv
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        scores = torch.matmul(q, k.transpose(-2, -1)) * hs ** -0.5  # (B, nh/tp, T, T)
+        q, k, v = (t.reshape(B * H, T, hs) for t in (q, k, v))  # (B·nh/tp, T, hs)
+        # QK^T with the 1/sqrt(hs) scale folded into the GEMM (alpha), as Megatron's baddbmm does
+        scores = torch.baddbmm(q.new_empty(B * H, T, T), q, k.transpose(1, 2), beta=0.0, alpha=hs ** -0.5)
         probs = torch.softmax(scores, dim=-1)  # Megatron fuses scale + causal mask + softmax
         if self.attn_dropout:
             probs = F.dropout(probs, self.attn_dropout)
-        return torch.matmul(probs, v)  # (B, nh/tp, T, hs)
+        return torch.bmm(probs, v).view(B, H, T, hs)  # (B, nh/tp, T, hs)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

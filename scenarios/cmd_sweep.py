@@ -1,0 +1,65 @@
+"""``trainsim sweep``: run a scenario at every point of a cartesian product of varied keys.
+
+    trainsim sweep default --vary parallel.tensor_model_parallel_size=4,8 --vary training.micro_batch_size=1,2
+    trainsim sweep whatif-nic-bandwidth --plot nic.png --workers 3
+
+SCENARIO is a TOML file or catalog name; a *sweep file* (a scenario with a ``[sweep]`` table, see
+``scenarios/sweep.py``) brings its own varied keys, which ``--vary`` extends or replaces. Prints one row
+per point in order: the varied values, iteration time, TFLOP/s per GPU, MFU and the memory verdict
+(points that do not fit in GPU memory are not simulated). ``--plot`` draws the first varied key against
+iteration time (PATH) and TFLOP/s per GPU (PATH with ``_tflops`` added), one line per value of the
+second varied key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from scenarios.cli import UserError
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "sweep", help="run a scenario over a grid of parameter values and tabulate the results",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("scenario", help="scenario or sweep file, or a catalog name ('default': the built-in one)")
+    p.add_argument("--vary", action="append", default=[], metavar="SECTION.KEY=V1,V2,...",
+                   help="values to try for one key, e.g. --vary system.nodes=1,2,4 (repeatable: cartesian product)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override a key of the base scenario (repeatable)")
+    p.add_argument("--json", metavar="PATH", default=None, help="write the rows (and each point's metrics) as JSON")
+    p.add_argument("--plot", metavar="PATH", default=None,
+                   help="PNG of iteration time vs the first varied key (and PATH_tflops.png)")
+    p.add_argument("--workers", type=int, default=1, metavar="N", help="worker processes (default 1)")
+    p.add_argument("--simulate-oom", action="store_true", help="simulate points that do not fit in memory too")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from scenarios.report import write_json
+    from scenarios.sweep import format_rows, load_sweep, plot_rows, run_sweep
+
+    if args.workers < 1:
+        raise UserError(f"--workers must be >= 1, got {args.workers}")
+    name = None if args.scenario == "default" and not os.path.exists("default") else args.scenario
+    sweep = load_sweep(name, args.vary, args.overrides)
+    # Check that the base and every point parse before spending time simulating.
+    from scenarios.sweep import point_scenario
+    for values in sweep.points():
+        point_scenario(sweep.base, values, sweep.source)
+    rows = run_sweep(sweep, workers=args.workers, simulate_oom=args.simulate_oom, progress=sys.stderr.isatty())
+    print(format_rows(sweep, rows))
+    written = []
+    if args.json:
+        doc = {"sweep": sweep.name, "source_scenario": sweep.base, "vary": {k: v for k, v in sweep.vary},
+               "rows": [r.to_json() for r in rows]}
+        written.append(write_json(args.json, doc))
+    if args.plot:
+        written += plot_rows(sweep, rows, args.plot)
+    if written:
+        print("\nWrote " + ", ".join(str(p) for p in written))
+    if rows and all(r.error for r in rows):
+        raise UserError(f"every point failed; first error: {rows[0].error}")
+    return 0

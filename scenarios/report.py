@@ -1,0 +1,293 @@
+"""What ``trainsim run`` prints and writes: the text report, the metrics JSON, the trace and the plots.
+
+Units at the edges only: the run's metrics are SI (seconds, bytes, FLOP/s, fractions); the printed
+report converts to ms, GB, GB/s, TFLOP/s and percent. The JSON keeps SI, with unit-suffixed keys
+where the runner gives them (``iteration_time_s``, ``peak_memory_bytes``).
+
+The JSON is reproducible: keys sorted, floats written with 12 significant digits (far below the
+simulator's resolution, far above the last-bit noise of float summation order), and no wall-clock
+times -- running one scenario twice gives byte-identical files.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "JSON_FLOAT_DIGITS", "MAX_RANK_ROWS", "TRACE_MAX_LINKS", "format_memory_only", "format_report",
+    "stable_json", "write_json", "write_plots", "write_trace",
+]
+
+JSON_FLOAT_DIGITS = 12
+"""Significant digits of floats in the JSON outputs."""
+MAX_RANK_ROWS = 16
+"""The per-rank table shows at most this many ranks (the first and the last ones)."""
+TRACE_MAX_LINKS = 16
+"""Link counter tracks in ``--trace`` files: the busiest links only, to keep files small."""
+_WALL_CLOCK_KEYS = ("wall_s", "wall_time_s")
+
+
+def _round_floats(obj: Any) -> Any:
+    """A copy of ``obj`` with floats rounded to :data:`JSON_FLOAT_DIGITS` significant digits, tuples
+    as lists, wall-clock keys dropped, and non-finite floats as None (JSON has no NaN)."""
+    if isinstance(obj, bool) or obj is None or isinstance(obj, (int, str)):
+        return obj
+    if isinstance(obj, float):
+        if not math.isfinite(obj):
+            return None
+        r = float(f"{obj:.{JSON_FLOAT_DIGITS}g}")
+        return int(r) if r.is_integer() and abs(r) < 2**53 else r
+    if isinstance(obj, Mapping):
+        return {str(k): _round_floats(v) for k, v in obj.items() if k not in _WALL_CLOCK_KEYS}
+    if isinstance(obj, (list, tuple)):
+        return [_round_floats(v) for v in obj]
+    return str(obj)
+
+
+def stable_json(doc: Any) -> str:
+    """``doc`` as reproducible JSON text: sorted keys, rounded floats, one trailing newline."""
+    return json.dumps(_round_floats(doc), sort_keys=True, indent=1, ensure_ascii=False) + "\n"
+
+
+def write_json(path: str | Path, doc: Any) -> Path:
+    """Write :func:`stable_json` of ``doc`` to ``path`` (parent folders created).
+
+    Raises:
+        ValueError: the file cannot be written (one line, for the CLI).
+    """
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(stable_json(doc), encoding="utf-8")
+    except OSError as exc:
+        raise ValueError(f"cannot write {path}: {exc.strerror}") from None
+    return path
+
+
+# ----------------------------------------------------------------------------------------------------
+# Text
+
+
+def _ms(s: float) -> str:
+    return f"{s * 1e3:,.2f} ms"
+
+
+def _gb(b: float) -> str:
+    return f"{b / 1e9:,.1f} GB"
+
+
+def _pct(f: float) -> str:
+    return f"{100 * f:.1f} %"
+
+
+def _parallel_line(p: Mapping[str, Any]) -> str:
+    parts = [f"TP {p['tp']}", f"PP {p['pp']}", f"DP {p['dp']}"]
+    if p.get("cp", 1) > 1:
+        parts.append(f"CP {p['cp']}")
+    if p.get("ep", 1) > 1:
+        parts.append(f"EP {p['ep']}")
+    line = " x ".join(parts)
+    extras = [f"schedule {p['schedule']}" + (f" (vpp {p['vpp']})" if p.get("vpp", 1) > 1 else "")]
+    extras.append(f"micro-batch {p['micro_batch_size']}, global batch {p['global_batch_size']} "
+                  f"({p['num_microbatches']} micro-batches per pipeline)")
+    extras.append(f"recompute {p['recompute_granularity']}")
+    if p.get("sequence_parallel"):
+        extras.append("sequence parallel")
+    if p.get("zero_stage"):
+        extras.append(f"ZeRO stage {p['zero_stage']}")
+    return line + "; " + ", ".join(extras)
+
+
+def _header(scenario: Any, m: Mapping[str, Any] | None, prep: Any) -> list[str]:
+    """Scenario, system, model and parallel lines (from the metrics when there are some)."""
+    topo, cfg = prep.topology, prep.config
+    src = scenario.source if scenario.source and scenario.source != "<default>" else "built in"
+    lines = [f"Scenario    {scenario.name}  ({src})"]
+    if scenario.description:
+        lines.append(f"            {scenario.description}")
+    nic = f", {topo.nic_spec.name} NICs" if getattr(topo, "nic_spec", None) is not None else ""
+    lines.append(f"System      {topo.name}: {topo.num_nodes} node(s) x {topo.gpus_per_node} GPUs = "
+                 f"{cfg.world_size} x {topo.gpu_spec.name}{nic}")
+    mc = prep.model_cfg
+    shape = ""
+    if hasattr(mc, "num_layers") and hasattr(mc, "hidden_size"):
+        shape = (f": {mc.num_layers} layers, hidden {mc.hidden_size}, {mc.num_attention_heads} heads, "
+                 f"sequence {mc.seq_length}")
+    lines.append(f"Model       {getattr(mc, 'name', 'model')}{shape}; {prep.dtype}")
+    if m is not None:
+        lines.append(f"Parallel    {_parallel_line(m['parallel'])}")
+    else:
+        lines.append(f"Parallel    TP {cfg.tp} x PP {cfg.pp} x DP {cfg.dp}; micro-batch {cfg.micro_batch_size}, "
+                     f"global batch {cfg.global_batch_size}, recompute {cfg.recompute_granularity}")
+    return lines
+
+
+def _memory_lines(mem: Mapping[str, Any] | None, oom: bool) -> list[str]:
+    if mem is None:
+        return ["Memory per GPU: not modelled for this model"]
+    total = mem["parameters"] + mem["gradients"] + mem["optimizer_states"] + mem["activations"] + mem["workspace"]
+    lines = [f"Memory per GPU (peak, busiest pipeline stage): {'OOM' if oom else 'fits'}",
+             f"  parameters {_gb(mem['parameters'])}, gradients {_gb(mem['gradients'])}, "
+             f"optimizer states {_gb(mem['optimizer_states'])}, activations {_gb(mem['activations'])}"
+             + (f", workspace {_gb(mem['workspace'])}" if mem["workspace"] else ""),
+             f"  total {_gb(total)} of {_gb(mem['hbm_capacity'])} HBM ({100 * total / mem['hbm_capacity']:.0f} %)",
+             f"  verdict: {mem['verdict']}"]
+    return lines
+
+
+def format_memory_only(prep: Any, memory: Any) -> str:
+    """The report of a configuration that was not simulated because it does not fit in memory."""
+    gpu = prep.topology.gpu_spec
+    mem = {"parameters": memory.parameters, "gradients": memory.gradients,
+           "optimizer_states": memory.optimizer_states, "activations": memory.activations,
+           "workspace": memory.workspace, "hbm_capacity": gpu.hbm_capacity_bytes, "verdict": memory.verdict(gpu)}
+    lines = _header(prep.scenario, None, prep)
+    lines += ["", *_memory_lines(mem, True), "",
+              "Not simulated: the configuration does not fit in GPU memory (use --simulate-oom to simulate anyway)."]
+    return "\n".join(lines)
+
+
+def _rank_rows(per_rank: Mapping[str, Mapping[str, float]], T: float, max_rows: int) -> list[str]:
+    ranks = sorted(per_rank, key=int)
+    shown = ranks if len(ranks) <= max_rows else ranks[:max_rows // 2] + ranks[-(max_rows - max_rows // 2):]
+    head = f"  {'rank':>6} {'compute':>11} {'exposed comm':>13} {'bubble':>11} {'idle':>11} {'busy %':>7}"
+    lines = [head]
+    for i, r in enumerate(shown):
+        if i and int(r) != int(shown[i - 1]) + 1 and len(shown) < len(ranks) and i == max_rows // 2:
+            lines.append(f"  {'...':>6}  ({len(ranks) - len(shown)} more ranks)")
+        b = per_rank[r]
+        busy = (b["compute_s"] + b["exposed_comm_s"]) / T if T else 0.0
+        lines.append(f"  {r:>6} {_ms(b['compute_s']):>11} {_ms(b['exposed_comm_s']):>13} {_ms(b['bubble_s']):>11} "
+                     f"{_ms(b['idle_s']):>11} {100 * busy:>6.1f}")
+    return lines
+
+
+def link_groups(links: Any, end_time_s: float, top: int) -> list[tuple[str, int, float, float, float]]:
+    """The ``top`` busiest *groups* of links: links with the same load (bytes, mean and peak utilisation
+    equal to 1e-9 relative), as symmetric collectives produce, are one row. Returns
+    ``(first link's name, number of links, bytes each, mean utilisation, peak utilisation)``."""
+    from plots.links import busiest_links
+
+    rows = [r for r in busiest_links(links, 10_000, end_time_s) if r[1] > 0]
+    groups: list[list] = []
+    for name, carried, mean, peak in rows:
+        g = groups[-1] if groups else None
+        if g and math.isclose(carried, g[2], rel_tol=1e-9) and math.isclose(mean, g[3], rel_tol=1e-9) \
+                and math.isclose(peak, g[4], rel_tol=1e-9):
+            g[1] += 1
+            continue
+        if len(groups) == top:
+            break
+        groups.append([name, 1, carried, mean, peak])
+    return [tuple(g) for g in groups]
+
+
+def _link_lines(rep: Any, top: int) -> list[str]:
+    groups = link_groups(rep.result.cluster.link_resources(), rep.result.end_time_s, top)
+    if not groups:
+        return ["  no link traffic"]
+    lines = [f"  {'link':<34} {'links':>5} {'carried each':>13} {'capacity':>11} {'mean':>7} {'peak':>7}"]
+    caps = {lk.name: lk.nominal_capacity for lk in rep.result.cluster.link_resources()}
+    for name, n, carried, mean, peak in groups:
+        label = name if n == 1 else f"{name} (+{n - 1})"
+        lines.append(f"  {label:<34} {n:>5} {_gb(carried):>13} {caps[name] / 1e9:>6.0f} GB/s {100 * mean:>6.1f}% "
+                     f"{100 * peak:>6.1f}%")
+    lines.append("  (+k): k more links with the same load; capacity per direction")
+    return lines
+
+
+def format_report(rep: Any, *, max_rank_rows: int = MAX_RANK_ROWS, top_links: int = 6) -> str:
+    """The human-readable report of a :class:`scenarios.runner.RunReport`."""
+    m = rep.metrics
+    T = m["iteration_time_s"]
+    gpu = rep.prepared.topology.gpu_spec
+    dtype = rep.prepared.dtype
+    peak = gpu.peak_flops(dtype if dtype != "fp32" else "tf32")
+    lines = _header(rep.scenario, m, rep.prepared)
+    lines += [
+        "",
+        f"Iteration time   {_ms(T)}",
+        f"Throughput       {m['tokens_per_s']:,.0f} tokens/s",
+        f"TFLOP/s per GPU  {m['tflops_per_gpu']:.1f} (hardware FLOPs, recomputation included; "
+        f"peak {peak / 1e12:.0f} TFLOP/s {dtype})",
+        f"MFU              {_pct(m['mfu'])} (model FLOPs / iteration time / GPUs / peak)",
+        f"FLOP formula     {m['flops_formula']}",
+        f"                 model {m['model_flops_per_iteration'] / 1e15:,.2f} PFLOP, hardware "
+        f"{m['hardware_flops_per_iteration'] / 1e15:,.2f} PFLOP per iteration",
+        "",
+        "Breakdown (mean over simulated ranks; the four parts add up to the iteration time)",
+    ]
+    labels = {"compute_s": "compute", "exposed_comm_s": "exposed communication", "bubble_s": "pipeline bubble",
+              "idle_s": "idle"}
+    for k, label in labels.items():
+        v = m["breakdown"][k]
+        lines.append(f"  {label:<22} {_ms(v):>12} {100 * v / T if T else 0.0:>6.1f} %")
+    sim = m["simulation"]
+    world = m["system"]["gpus"]
+    note = "" if sim["simulated_ranks"] >= world else \
+        f" ({sim['simulated_ranks']} representative ranks simulated; the others mirror them)"
+    lines += ["", f"Per rank{note}", *_rank_rows(m["per_rank"], T, max_rank_rows), ""]
+    lines += _memory_lines(m["memory"], m["oom"])
+    lines += ["", "Busiest links (by bytes carried; utilisation of nominal capacity over the iteration)",
+              *_link_lines(rep, top_links)]
+    ov = m["overlap"]
+    lines += [
+        "",
+        "Overlap",
+        f"  communication hidden under compute  {_pct(ov['comm_hidden_fraction'])}",
+        f"  compute slowed by contention        {_pct(ov['compute_slowdown'])} (SM and HBM sharing with "
+        f"communication kernels, vs each kernel alone)",
+        "",
+        f"Simulation  mode {sim['mode']}, {sim['simulated_ranks']} rank(s), {sim['tasks']:,} tasks, "
+        f"{sim['fluid_solves']:,} fluid solves; wall time {rep.wall_s:.2f} s",
+    ]
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Files
+
+
+def write_trace(rep: Any, path: str | Path, *, max_links: int = TRACE_MAX_LINKS) -> Path:
+    """The run's Kineto/Chrome trace (Perfetto, chrome://tracing) with the busiest links as counter
+    tracks. ``.json.gz`` is compressed."""
+    from plots.chrome_trace import write_chrome_trace
+
+    res = rep.result
+    meta = {"traceName": f"trainsim {rep.scenario.name}",
+            "trainsim": {"scenario": rep.scenario.name, "iteration_time_s": res.end_time_s,
+                         "mode": rep.mode}}
+    try:
+        return write_chrome_trace(path, res.events, link_series=res.cluster.link_resources(),
+                                  max_links=max_links, metadata=meta, iterations=[(0.0, res.end_time_s)],
+                                  collective_dtype=rep.prepared.dtype)
+    except OSError as exc:
+        raise ValueError(f"cannot write {path}: {exc.strerror}") from None
+
+
+def write_plots(rep: Any, directory: str | Path) -> list[Path]:
+    """``gantt.png`` (timeline), ``links.png`` (busiest links over time) and ``breakdown.png`` (time per
+    GPU) in ``directory``. Returns the paths."""
+    from plots.bars import plot_breakdown
+    from plots.gantt import plot_gantt
+    from plots.links import plot_link_utilisation
+
+    d = Path(directory)
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"cannot create {d}: {exc.strerror}") from None
+    res, m = rep.result, rep.metrics
+    p = m["parallel"]
+    what = (f"{rep.scenario.name}: {m['model']} on {m['system']['gpus']} x {m['system']['gpu']}, "
+            f"TP {p['tp']} PP {p['pp']} DP {p['dp']}")
+    out = [d / "gantt.png", d / "links.png", d / "breakdown.png"]
+    plot_gantt(res.events, out[0], title=f"Timeline -- {what}")
+    plot_link_utilisation(res.cluster.link_resources(), out[1], end_time_s=res.end_time_s,
+                          title=f"Busiest links -- {what}")
+    plot_breakdown({int(r): v for r, v in m["per_rank"].items()}, out[2], title=f"Time per GPU -- {what}")
+    return out

@@ -1,0 +1,375 @@
+"""Parameter sweeps: a scenario run at every point of a cartesian product of varied keys.
+
+A sweep varies scenario keys, named as for ``--set`` (``section.key``, nested tables with more dots:
+``system.gpu_overrides.nvlink_links``). On the command line::
+
+    trainsim sweep default --vary parallel.tensor_model_parallel_size=2,4,8 --vary training.micro_batch_size=1,2
+
+or in a *sweep file*: a scenario TOML with a ``[sweep]`` table::
+
+    [sweep]
+    x_label = "NIC bandwidth (Gb/s)"      # optional: x-axis label of the plot
+    x_values = [200, 400, 800]            # optional: plotted x for the first varied key's values
+    [sweep.vary]                          # key -> values, tried in this order
+    "system.nic" = ["ConnectX-6-HDR", "ConnectX-7-NDR", "ConnectX-8-XDR"]
+
+Points are the cartesian product with the first varied key outermost, in the order given; results
+come back in that order whatever the number of worker processes. A point that does not fit in GPU
+memory is not simulated (its row says OOM); a point whose configuration is invalid carries its error.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import math
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+__all__ = [
+    "SWEEP_KEYS", "Sweep", "catalog_dir", "catalog_entries", "catalog_names", "format_rows", "is_sweep_file",
+    "load_sweep", "parse_vary", "plot_rows", "run_point", "run_sweep",
+]
+
+SWEEP_KEYS = ("vary", "x_label", "x_values")
+"""Keys allowed in a ``[sweep]`` table."""
+
+
+# ----------------------------------------------------------------------------------------------------
+# The catalog
+
+
+def catalog_dir() -> Path:
+    """The folder of the shipped scenarios (``scenarios/catalog``)."""
+    return Path(__file__).parent / "catalog"
+
+
+def catalog_names() -> list[str]:
+    """Names of the catalog's scenario and sweep files, sorted."""
+    return sorted(p.stem for p in catalog_dir().glob("*.toml"))
+
+
+def catalog_entries() -> list[tuple[str, str, bool]]:
+    """``(name, description, is_sweep)`` of every catalog file, sorted by name."""
+    out = []
+    for p in sorted(catalog_dir().glob("*.toml")):
+        data = _read_toml(p)
+        out.append((p.stem, str(data.get("description", "")), "sweep" in data))
+    return out
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        raise FileNotFoundError(f"scenario file not found: {path}")
+    try:
+        return tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{path}: malformed TOML: {exc}") from None
+
+
+def is_sweep_file(path: str | Path) -> bool:
+    """Whether the TOML file at ``path`` has a ``[sweep]`` table."""
+    return "sweep" in _read_toml(Path(path))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Describing a sweep
+
+
+def _toml_value(raw: str) -> Any:
+    raw = raw.strip()
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw
+
+
+def parse_vary(text: str) -> tuple[str, list[Any]]:
+    """``"parallel.tensor_model_parallel_size=2,4,8"`` -> ``("parallel.tensor_model_parallel_size", [2, 4, 8])``.
+
+    Each value is read as TOML (numbers, booleans, quoted strings), anything else as a plain string.
+
+    Raises:
+        ValueError: not of the form ``section.key=v1,v2,...``.
+    """
+    if "=" not in text:
+        raise ValueError(f"--vary {text!r}: expected section.key=v1,v2,..., e.g. system.nodes=1,2,4")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if "." not in key or not all(key.split(".")):
+        raise ValueError(f"--vary {text!r}: the key must be section.key, e.g. system.nodes")
+    values = [_toml_value(v) for v in raw.split(",") if v.strip()]
+    if not values:
+        raise ValueError(f"--vary {text!r}: no values")
+    return key, values
+
+
+@dataclass
+class Sweep:
+    """A base scenario (as TOML data) and the keys to vary."""
+
+    base: dict[str, Any]
+    """The scenario's TOML data, without the ``[sweep]`` table."""
+    vary: list[tuple[str, list[Any]]]
+    """(dotted key, values) in order; the first key is the outermost loop and the plot's x axis."""
+    source: str = ""
+    x_label: str | None = None
+    x_values: list[float] | None = None
+    """Plotted x for the first key's values (for keys whose values are names)."""
+
+    @property
+    def name(self) -> str:
+        return str(self.base.get("name") or (Path(self.source).stem if self.source else "sweep"))
+
+    @property
+    def keys(self) -> list[str]:
+        return [k for k, _ in self.vary]
+
+    def points(self) -> list[dict[str, Any]]:
+        """Every point as ``{key: value}``, first key outermost."""
+        return [dict(zip(self.keys, combo, strict=True)) for combo in itertools.product(*(v for _, v in self.vary))]
+
+
+def _check_sweep_table(table: Any, where: str) -> tuple[list[tuple[str, list[Any]]], str | None, list | None]:
+    if not isinstance(table, dict):
+        raise ValueError(f"{where}: [sweep] must be a table")
+    unknown = sorted(set(table) - set(SWEEP_KEYS))
+    if unknown:
+        raise ValueError(f"{where}: [sweep] unknown key(s) {', '.join(unknown)}; allowed: {', '.join(SWEEP_KEYS)}")
+    vary = table.get("vary", {})
+    if not isinstance(vary, dict):
+        raise ValueError(f"{where}: [sweep] vary must be a table of \"section.key\" = [values]")
+    items = []
+    for k, v in vary.items():
+        if "." not in k:
+            raise ValueError(f"{where}: [sweep.vary] key {k!r} must be section.key (quote it: \"system.nic\")")
+        if not isinstance(v, list) or not v:
+            raise ValueError(f"{where}: [sweep.vary] {k} must be a non-empty list of values")
+        items.append((k, v))
+    x_label = table.get("x_label")
+    if x_label is not None and not isinstance(x_label, str):
+        raise ValueError(f"{where}: [sweep] x_label must be a string")
+    x_values = table.get("x_values")
+    if x_values is not None:
+        if not isinstance(x_values, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                      for x in x_values):
+            raise ValueError(f"{where}: [sweep] x_values must be a list of numbers")
+        if not items or len(x_values) != len(items[0][1]):
+            raise ValueError(f"{where}: [sweep] x_values needs one number per value of the first varied key")
+    return items, x_label, x_values
+
+
+def load_sweep(name: str | None, vary: Sequence[str] = (), overrides: Sequence[str] = ()) -> Sweep:
+    """The sweep of a scenario or sweep file (a path or catalog name; ``None``: the default scenario).
+
+    ``vary`` (``--vary`` texts) add keys, or replace a sweep file's values of the same key; ``overrides``
+    (``--set`` texts) change the base scenario.
+
+    Raises:
+        FileNotFoundError, ValueError: missing file, malformed TOML, bad ``[sweep]`` table, nothing to vary.
+    """
+    from scenarios.runner import scenario_path
+    from scenarios.scenario import DEFAULT_SCENARIO, apply_overrides
+
+    if name is None:
+        data, source = tomllib.loads(DEFAULT_SCENARIO), "<default>"
+    else:
+        path = scenario_path(name)
+        if not path.exists() and Path(name).suffix != ".toml" and "/" not in name:
+            raise ValueError(f"no scenario file or catalog scenario {name!r}; catalog: {', '.join(catalog_names())}")
+        data, source = _read_toml(path), str(path)
+    items, x_label, x_values = _check_sweep_table(data.pop("sweep", {}), source)
+    for text in vary:
+        key, values = parse_vary(text)
+        for i, (k, _) in enumerate(items):
+            if k == key:
+                items[i] = (key, values)
+                if i == 0:
+                    x_values = None
+                break
+        else:
+            items.append((key, values))
+    if not items:
+        raise ValueError(f"{name or 'the default scenario'}: nothing to vary; give --vary section.key=v1,v2,... "
+                         f"or use a sweep file (trainsim list scenarios)")
+    data = apply_overrides(data, list(overrides))
+    return Sweep(data, items, source, x_label, x_values)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Running
+
+
+def _assign(data: dict[str, Any], key: str, value: Any) -> None:
+    node = data
+    parts = key.split(".")
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            raise ValueError(f"--vary {key}: {p} is not a section")
+    node[parts[-1]] = value
+
+
+def point_scenario(base: Mapping[str, Any], values: Mapping[str, Any], source: str = ""):
+    """The :class:`~scenarios.scenario.Scenario` of one sweep point (checked)."""
+    from scenarios.scenario import parse_scenario
+
+    data = copy.deepcopy(dict(base))
+    for k, v in values.items():
+        _assign(data, k, v)
+    return parse_scenario(data, source)
+
+
+@dataclass
+class PointResult:
+    """One row of a sweep."""
+
+    values: dict[str, Any]
+    iteration_time_s: float | None = None
+    tokens_per_s: float | None = None
+    tflops_per_gpu: float | None = None
+    mfu: float | None = None
+    oom: bool = False
+    peak_memory_bytes: float | None = None
+    memory_verdict: str = ""
+    error: str = ""
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"values": self.values, "iteration_time_s": self.iteration_time_s, "tokens_per_s": self.tokens_per_s,
+                "tflops_per_gpu": self.tflops_per_gpu, "mfu": self.mfu, "oom": self.oom,
+                "peak_memory_bytes": self.peak_memory_bytes, "memory_verdict": self.memory_verdict,
+                "error": self.error or None, "metrics": self.metrics or None}
+
+
+def run_point(base: Mapping[str, Any], values: Mapping[str, Any], source: str = "",
+              simulate_oom: bool = False) -> PointResult:
+    """Prepare and (unless it does not fit in memory) simulate one sweep point. Never raises for a bad
+    configuration: the row carries the error. (Module-level, so worker processes can run it.)"""
+    from scenarios.runner import memory_for, prepare, run_scenario
+
+    row = PointResult(dict(values))
+    try:
+        scenario = point_scenario(base, values, source)
+        prep = prepare(scenario)
+        mem = memory_for(prep)
+        gpu = prep.topology.gpu_spec
+        if mem is not None:
+            row.oom, row.peak_memory_bytes, row.memory_verdict = not mem.fits(gpu), mem.total, mem.verdict(gpu)
+        if row.oom and not simulate_oom:
+            return row
+        rep = run_scenario(scenario)
+    except (ValueError, KeyError) as exc:
+        row.error = str(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc)
+        return row
+    m = rep.metrics
+    row.iteration_time_s, row.tokens_per_s = m["iteration_time_s"], m["tokens_per_s"]
+    row.tflops_per_gpu, row.mfu, row.metrics = m["tflops_per_gpu"], m["mfu"], m
+    return row
+
+
+def run_sweep(sweep: Sweep, *, workers: int = 1, simulate_oom: bool = False, progress: bool = False
+              ) -> list[PointResult]:
+    """Run every point of ``sweep``; ``workers > 1`` uses that many processes. Rows in point order."""
+    points = sweep.points()
+    args = [(sweep.base, p, sweep.source, simulate_oom) for p in points]
+    bar = None
+    if progress and len(points) > 1:
+        from tqdm import tqdm
+        bar = tqdm(total=len(points), desc=f"sweep {sweep.name}", unit="point", file=sys.stderr, leave=False)
+    rows: list[PointResult] = []
+    try:
+        if workers > 1 and len(points) > 1:
+            from concurrent.futures import ProcessPoolExecutor
+            with ProcessPoolExecutor(max_workers=min(workers, len(points))) as pool:
+                for row in pool.map(run_point, *zip(*args, strict=True)):
+                    rows.append(row)
+                    if bar:
+                        bar.update()
+        else:
+            for a in args:
+                rows.append(run_point(*a))
+                if bar:
+                    bar.update()
+    finally:
+        if bar:
+            bar.close()
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------------
+# Output
+
+
+def _fmt_value(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:g}"
+    return str(v)
+
+
+def format_rows(sweep: Sweep, rows: Sequence[PointResult]) -> str:
+    """The printed table: one row per point with the varied values, iteration time (ms), TFLOP/s per
+    GPU, MFU and the memory verdict."""
+    keys = sweep.keys
+    widths = [max(len(k), *(len(_fmt_value(r.values[k])) for r in rows)) for k in keys]
+    head = "  ".join(f"{k:<{w}}" for k, w in zip(keys, widths, strict=True))
+    lines = [f"Sweep {sweep.name}: {len(rows)} point(s)" + (f"  ({sweep.source})" if sweep.source else ""),
+             "", f"{head}  {'iteration':>11} {'TFLOP/s/GPU':>12} {'MFU':>7}  memory"]
+    for r in rows:
+        vals = "  ".join(f"{_fmt_value(r.values[k]):<{w}}" for k, w in zip(keys, widths, strict=True))
+        if r.error:
+            lines.append(f"{vals}  error: {r.error}")
+            continue
+        mem = "-" if r.peak_memory_bytes is None else f"{'OOM' if r.oom else 'fits'} ({r.peak_memory_bytes / 1e9:.1f} GB)"
+        if r.iteration_time_s is None:
+            lines.append(f"{vals}  {'-':>11} {'-':>12} {'-':>7}  {mem}, not simulated")
+        else:
+            lines.append(f"{vals}  {r.iteration_time_s * 1e3:>8.2f} ms {r.tflops_per_gpu:>12.1f} "
+                         f"{100 * r.mfu:>6.1f}%  {mem}")
+    return "\n".join(lines)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def plot_rows(sweep: Sweep, rows: Sequence[PointResult], path: str | Path) -> list[Path]:
+    """Plot iteration time (``path``) and TFLOP/s per GPU (``<stem>_tflops.png`` beside it) against the
+    first varied key, one line per value of the second varied key (if any). Names (systems, NICs)
+    without ``x_values`` are plotted at 1, 2, 3, ... with the mapping in the axis label."""
+    from plots.sweep import plot_sweep
+
+    key, values = sweep.vary[0]
+    group = sweep.keys[1] if len(sweep.keys) > 1 else None
+    label = sweep.x_label or key
+    if sweep.x_values is not None:
+        xmap = dict(zip(map(repr, values), sweep.x_values, strict=True))
+    elif all(_is_number(v) for v in values):
+        xmap = {repr(v): v for v in values}
+    else:
+        xmap = {repr(v): i + 1 for i, v in enumerate(values)}
+        label += "  (" + ", ".join(f"{i + 1} = {v}" for i, v in enumerate(values)) + ")"
+    table = []
+    for r in rows:
+        table.append({"x": xmap[repr(r.values[key])],
+                      "iteration_ms": None if r.iteration_time_s is None else r.iteration_time_s * 1e3,
+                      "tflops": r.tflops_per_gpu,
+                      **({group: _fmt_value(r.values[group])} if group else {})})
+    path = Path(path)
+    second = path.with_name(f"{path.stem}_tflops{path.suffix or '.png'}")
+    try:
+        plot_sweep(table, "x", "iteration_ms", path, group=group, xlabel=label, ylabel="iteration time (ms)",
+                   title=f"{sweep.name}: iteration time")
+        plot_sweep(table, "x", "tflops", second, group=group, xlabel=label, ylabel="TFLOP/s per GPU",
+                   title=f"{sweep.name}: TFLOP/s per GPU")
+    except OSError as exc:
+        raise ValueError(f"cannot write {path}: {exc.strerror}") from None
+    return [path, second]
