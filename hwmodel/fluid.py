@@ -229,15 +229,17 @@ class FluidSystem:
     def _solve_dirty(self, _ev: object = None) -> None:
         self._solve_pending = False
         now = self.env.now
-        while self._dirty:
-            comp_res, comp_acts = self._component(self._dirty)
-            self._dirty -= comp_res
-            self._solve(comp_res, comp_acts, now)
+        dirty = self._dirty
+        while dirty:
+            comp_res, comp_acts = self._component(dirty.pop())
+            dirty -= comp_res
+            if comp_acts:
+                self._solve(comp_res, comp_acts, now)
 
-    def _component(self, seeds: Iterable[Resource]) -> tuple[set[Resource], list[Activity]]:
-        """Resources and activities connected to ``seeds`` through shared activities."""
-        stack = list(seeds)
-        res: set[Resource] = set(stack)
+    def _component(self, seed: Resource) -> tuple[set[Resource], list[Activity]]:
+        """Resources and activities connected to ``seed`` through shared activities."""
+        stack = [seed]
+        res: set[Resource] = {seed}
         acts: dict[Activity, None] = {}
         while stack:
             r = stack.pop()
@@ -254,29 +256,44 @@ class FluidSystem:
     def _solve(self, comp_res: set[Resource], acts: list[Activity], now: float) -> None:
         self.solves += 1
         self.solved_activities += len(acts)
-        for a in acts:  # bring progress up to now at the old rates
-            if a.rate:
-                a.remaining -= a.rate * (now - a._last)
-            a._last = now
+        if len(acts) == 1:  # alone on its resources: the tightest of its bound and capacities
+            a = acts[0]
+            new = math.inf if a.rate_bound is None else a.rate_bound
+            for r, w in a.weights:
+                v = r.available() / w
+                if v < new:
+                    new = v
+            if new != a.rate:
+                self._set_rate(a, new, now)
+            return
         rates = maxmin(acts, comp_res)
-        side_changed: set[Resource] = set()
         for a in acts:
             new = rates[a]
             if new != a.rate:
-                a.rate = new
-                for r, _w in a.side:
-                    side_changed.add(r)
-                self._schedule(a)
-        for r in comp_res:
-            self._set_load(r, sum(w * a.rate for a, w in r.users.items()), r.side_load, now)
-        for r in side_changed:
+                self._set_rate(a, new, now)
+
+    def _set_rate(self, a: Activity, new: float, now: float) -> None:
+        """Change ``a``'s rate now: settle its progress, update the loads it puts on resources
+        (incrementally), re-plan its completion."""
+        old = a.rate
+        if old:
+            a.remaining -= old * (now - a._last)
+        a._last = now
+        a.rate = new
+        delta = new - old
+        for r, w in a.weights:
+            load = r.load + w * delta
+            self._set_load(r, load if load > 0 and r.users else 0.0, r.side_load, now)
+        for r, _w in a.side:
             self._refresh_side_load(r, now)
+        self._schedule(a)
 
     def _refresh_side_load(self, r: Resource, now: float) -> None:
         side = sum(w * a.rate for a, w in r.side_users.items())
         if side != r.side_load:
             self._set_load(r, r.load, side, now)
-            self._mark(r)
+            if r.users:  # only constrained users care about the capacity left
+                self._mark(r)
 
     def _set_load(self, r: Resource, load: float, side: float, now: float) -> None:
         total_old = r.load + r.side_load
@@ -330,8 +347,11 @@ class FluidSystem:
         a.end_time = now
         a._version += 1
         a.remaining = 0.0
-        for r, _ in a.weights:
+        rate = a.rate
+        for r, w in a.weights:
             r.users.pop(a, None)
+            load = r.load - w * rate
+            self._set_load(r, load if load > 0 and r.users else 0.0, r.side_load, now)
             self._dirty.add(r)
         a.rate = 0.0
         for r, _ in a.side:

@@ -255,11 +255,10 @@ class Runtime:
             rdv.started = True
             rdv.start_time = self.env.now
             del self._rdv[key]
-            done = self.nccl.start(rdv.plan)
+            mirrors = [self.nccl.plan(op, gpus) for gpus in self._mirrors(group)]
+            self.mirrored_activities += len(mirrors)
+            done = self.nccl.start_together([rdv.plan, *mirrors])
             done.callbacks.append(lambda ev, rdv=rdv: rdv.done.succeed())
-            for gpus in self._mirrors(group):
-                self.nccl.start(self.nccl.plan(op, gpus))
-                self.mirrored_activities += 1
         yield rdv.done
         gpu.release_sms(channels)
         p = rdv.plan
@@ -287,10 +286,9 @@ class Runtime:
             plan = self.nccl.plan_p2p(self.placement[pair[0]], self.placement[pair[1]], op.size_bytes)
             gpu.hold_sms(plan.n_channels)
             now = self.env.now
-            self.nccl.start(plan).callbacks.append(lambda ev, d=done: d.succeed(now))
-            for src, dst in self._mirrors(pair[:2]):
-                self.nccl.start(self.nccl.plan_p2p(src, dst, op.size_bytes))
-                self.mirrored_activities += 1
+            mirrors = [self.nccl.plan_p2p(src, dst, op.size_bytes) for src, dst in self._mirrors(pair[:2])]
+            self.mirrored_activities += len(mirrors)
+            self.nccl.start_together([plan, *mirrors]).callbacks.append(lambda ev, d=done: d.succeed(now))
         else:
             done = self.env.event()
             mine[pair].append((op, done))

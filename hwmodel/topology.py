@@ -742,10 +742,12 @@ def known_systems() -> list[str]:
 def build_system(name: str, num_nodes: int = 1, fabric: str = "rail_optimized", oversubscription: float = 1.0,
                  gpu_override: str | GPUSpec | None = None, nic_override: str | NICSpec | None = None, *,
                  su_size: int | None = None, num_spines: int | None = None,
-                 nodes_per_leaf: int | None = None) -> Topology:
+                 nodes_per_leaf: int | None = None, fabric_switch: str | None = None) -> Topology:
     """Build a named system (:func:`known_systems`: dgx-a100, dgx-a100-40gb, dgx-h100, hgx-h200,
     dgx-b200) of ``num_nodes`` servers. ``gpu_override`` / ``nic_override`` swap in another (e.g.
-    what-if) GPU or NIC, by name or spec; the node layout stays. Unknown names raise
+    what-if) GPU or NIC, by name or spec, ``fabric_switch`` the InfiniBand switch (a NIC link runs at
+    the slower of NIC and switch port, so a faster NIC needs a faster switch); the node layout stays.
+    Unknown names raise
     :class:`~hwmodel.specs.UnknownNameError`."""
     key = str(name).strip().lower().replace("_", "-")
     if key not in _SYSTEMS:
@@ -756,7 +758,8 @@ def build_system(name: str, num_nodes: int = 1, fabric: str = "rail_optimized", 
                         nic=nic_override if nic_override is not None else s.nic,
                         pcie_generation=s.pcie_generation)
     return build_cluster(node, num_nodes, fabric=fabric, oversubscription=oversubscription,
-                         fabric_switch=s.fabric_switch, su_size=s.su_size if su_size is None else su_size,
+                         fabric_switch=fabric_switch or s.fabric_switch,
+                         su_size=s.su_size if su_size is None else su_size,
                          nodes_per_leaf=nodes_per_leaf, num_spines=num_spines, name=key)
 
 

@@ -105,8 +105,9 @@ def _parallel_line(p: Mapping[str, Any]) -> str:
 def _header(scenario: Any, m: Mapping[str, Any] | None, prep: Any) -> list[str]:
     """Scenario, system, model and parallel lines (from the metrics when there are some)."""
     topo, cfg = prep.topology, prep.config
-    src = scenario.source if scenario.source and scenario.source != "<default>" else "built in"
-    lines = [f"Scenario    {scenario.name}  ({src})"]
+    from scenarios.sweep import display_source
+
+    lines = [f"Scenario    {scenario.name}  ({display_source(scenario.source)})"]
     if scenario.description:
         lines.append(f"            {scenario.description}")
     nic = f", {topo.nic_spec.name} NICs" if getattr(topo, "nic_spec", None) is not None else ""
@@ -129,12 +130,14 @@ def _header(scenario: Any, m: Mapping[str, Any] | None, prep: Any) -> list[str]:
 def _memory_lines(mem: Mapping[str, Any] | None, oom: bool) -> list[str]:
     if mem is None:
         return ["Memory per GPU: not modelled for this model"]
-    total = mem["parameters"] + mem["gradients"] + mem["optimizer_states"] + mem["activations"] + mem["workspace"]
+    total = sum(mem[k] for k in ("parameters_bytes", "gradients_bytes", "optimizer_states_bytes",
+                                 "activations_bytes", "workspace_bytes"))
     lines = [f"Memory per GPU (peak, busiest pipeline stage): {'OOM' if oom else 'fits'}",
-             f"  parameters {_gb(mem['parameters'])}, gradients {_gb(mem['gradients'])}, "
-             f"optimizer states {_gb(mem['optimizer_states'])}, activations {_gb(mem['activations'])}"
-             + (f", workspace {_gb(mem['workspace'])}" if mem["workspace"] else ""),
-             f"  total {_gb(total)} of {_gb(mem['hbm_capacity'])} HBM ({100 * total / mem['hbm_capacity']:.0f} %)",
+             f"  parameters {_gb(mem['parameters_bytes'])}, gradients {_gb(mem['gradients_bytes'])}, "
+             f"optimizer states {_gb(mem['optimizer_states_bytes'])}, activations {_gb(mem['activations_bytes'])}"
+             + (f", workspace {_gb(mem['workspace_bytes'])}" if mem["workspace_bytes"] else ""),
+             f"  total {_gb(total)} of {_gb(mem['hbm_capacity_bytes'])} HBM "
+             f"({100 * total / mem['hbm_capacity_bytes']:.0f} %)",
              f"  verdict: {mem['verdict']}"]
     return lines
 
@@ -142,9 +145,10 @@ def _memory_lines(mem: Mapping[str, Any] | None, oom: bool) -> list[str]:
 def format_memory_only(prep: Any, memory: Any) -> str:
     """The report of a configuration that was not simulated because it does not fit in memory."""
     gpu = prep.topology.gpu_spec
-    mem = {"parameters": memory.parameters, "gradients": memory.gradients,
-           "optimizer_states": memory.optimizer_states, "activations": memory.activations,
-           "workspace": memory.workspace, "hbm_capacity": gpu.hbm_capacity_bytes, "verdict": memory.verdict(gpu)}
+    mem = {"parameters_bytes": memory.parameters, "gradients_bytes": memory.gradients,
+           "optimizer_states_bytes": memory.optimizer_states, "activations_bytes": memory.activations,
+           "workspace_bytes": memory.workspace, "hbm_capacity_bytes": gpu.hbm_capacity_bytes,
+           "verdict": memory.verdict(gpu)}
     lines = _header(prep.scenario, None, prep)
     lines += ["", *_memory_lines(mem, True), "",
               "Not simulated: the configuration does not fit in GPU memory (use --simulate-oom to simulate anyway)."]

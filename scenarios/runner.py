@@ -65,7 +65,8 @@ def build_topology(system: dict) -> Topology:
         raise ValueError(f"[system] nodes must be >= 1, got {nodes}")
     return build_system(system["name"], nodes, fabric=system.get("fabric", "rail_optimized"),
                         oversubscription=float(system.get("oversubscription", 1.0)), gpu_override=gpu,
-                        nic_override=system.get("nic"), su_size=system.get("su_size"))
+                        nic_override=system.get("nic"), su_size=system.get("su_size"),
+                        fabric_switch=system.get("fabric_switch"))
 
 
 def build_model_config(model: dict, training: dict):
@@ -223,14 +224,14 @@ def metrics(rep: RunReport, trace) -> dict[str, Any]:
         "hardware_flops_per_iteration": hw_f,
         "peak_memory_bytes": mem.total if mem is not None else None,
         "oom": (not mem.fits(gpu)) if mem is not None else False,
-        "memory": ({"parameters": mem.parameters, "gradients": mem.gradients,
-                    "optimizer_states": mem.optimizer_states, "activations": mem.activations,
-                    "workspace": mem.workspace, "hbm_capacity": gpu.hbm_capacity_bytes,
+        "memory": ({"parameters_bytes": mem.parameters, "gradients_bytes": mem.gradients,
+                    "optimizer_states_bytes": mem.optimizer_states, "activations_bytes": mem.activations,
+                    "workspace_bytes": mem.workspace, "hbm_capacity_bytes": gpu.hbm_capacity_bytes,
                     "verdict": mem.verdict(gpu)} if mem is not None else None),
         "breakdown": mean,
         "per_rank": {str(r): rep.per_rank[r].as_dict() for r in ranks},
         "overlap": {"comm_hidden_fraction": ov.comm_hidden_fraction, "compute_slowdown": ov.compute_slowdown},
-        "busiest_links": [{"link": n, "bytes": b, "mean_utilisation": m, "peak_utilisation": p}
+        "busiest_links": [{"link": n, "carried_bytes": b, "mean_utilisation": m, "peak_utilisation": p}
                           for n, b, m, p in links],
         "parallel": {"tp": cfg.tp, "pp": cfg.pp, "dp": cfg.dp, "cp": cfg.cp, "ep": cfg.ep, "vpp": cfg.vpp,
                      "micro_batch_size": cfg.micro_batch_size, "global_batch_size": cfg.global_batch_size,

@@ -30,7 +30,7 @@ from workload.parallel.config import ParallelConfig
 
 SYSTEM_KEYS = {
     "name": str, "nodes": int, "fabric": str, "oversubscription": (int, float), "su_size": int,
-    "gpu": str, "gpu_file": str, "nic": str, "gpu_overrides": dict,
+    "gpu": str, "gpu_file": str, "nic": str, "fabric_switch": str, "gpu_overrides": dict,
 }
 TRAINING_KEYS = {"global_batch_size": int, "micro_batch_size": int, "dtype": str, "seq_length": int}
 SIMULATION_KEYS = {

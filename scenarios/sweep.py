@@ -35,8 +35,8 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 __all__ = [
-    "SWEEP_KEYS", "Sweep", "catalog_dir", "catalog_entries", "catalog_names", "format_rows", "is_sweep_file",
-    "load_sweep", "parse_vary", "plot_rows", "run_point", "run_sweep",
+    "SWEEP_KEYS", "Sweep", "catalog_dir", "catalog_entries", "catalog_names", "display_source", "format_rows",
+    "is_sweep_file", "load_sweep", "parse_vary", "plot_rows", "run_point", "run_sweep",
 ]
 
 SWEEP_KEYS = ("vary", "x_label", "x_values")
@@ -73,6 +73,19 @@ def _read_toml(path: Path) -> dict[str, Any]:
         return tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"{path}: malformed TOML: {exc}") from None
+
+
+def display_source(source: str) -> str:
+    """How to show a scenario's source: ``catalog`` for shipped files, the path otherwise."""
+    if not source or source.startswith("<"):
+        return "built in"
+    p = Path(source)
+    try:
+        if p.resolve().parent == catalog_dir().resolve():
+            return "catalog"
+    except OSError:
+        pass
+    return source
 
 
 def is_sweep_file(path: str | Path) -> bool:
@@ -321,14 +334,15 @@ def format_rows(sweep: Sweep, rows: Sequence[PointResult]) -> str:
     keys = sweep.keys
     widths = [max(len(k), *(len(_fmt_value(r.values[k])) for r in rows)) for k in keys]
     head = "  ".join(f"{k:<{w}}" for k, w in zip(keys, widths, strict=True))
-    lines = [f"Sweep {sweep.name}: {len(rows)} point(s)" + (f"  ({sweep.source})" if sweep.source else ""),
+    lines = [f"Sweep {sweep.name}: {len(rows)} point(s)  ({display_source(sweep.source)})",
              "", f"{head}  {'iteration':>11} {'TFLOP/s/GPU':>12} {'MFU':>7}  memory"]
     for r in rows:
         vals = "  ".join(f"{_fmt_value(r.values[k]):<{w}}" for k, w in zip(keys, widths, strict=True))
         if r.error:
             lines.append(f"{vals}  error: {r.error}")
             continue
-        mem = "-" if r.peak_memory_bytes is None else f"{'OOM' if r.oom else 'fits'} ({r.peak_memory_bytes / 1e9:.1f} GB)"
+        mem = "-" if r.peak_memory_bytes is None else \
+            f"{'OOM' if r.oom else 'fits'} ({r.peak_memory_bytes / 1e9:.1f} GB)"
         if r.iteration_time_s is None:
             lines.append(f"{vals}  {'-':>11} {'-':>12} {'-':>7}  {mem}, not simulated")
         else:
@@ -351,12 +365,14 @@ def plot_rows(sweep: Sweep, rows: Sequence[PointResult], path: str | Path) -> li
     group = sweep.keys[1] if len(sweep.keys) > 1 else None
     label = sweep.x_label or key
     if sweep.x_values is not None:
-        xmap = dict(zip(map(repr, values), sweep.x_values, strict=True))
+        xs = list(sweep.x_values)
     elif all(_is_number(v) for v in values):
-        xmap = {repr(v): v for v in values}
+        xs = list(values)
     else:
-        xmap = {repr(v): i + 1 for i, v in enumerate(values)}
-        label += "  (" + ", ".join(f"{i + 1} = {v}" for i, v in enumerate(values)) + ")"
+        xs = list(range(1, len(values) + 1))
+    xmap = dict(zip(map(repr, values), xs, strict=True))
+    if not all(_is_number(v) for v in values):
+        label += "  (" + ", ".join(f"{x:g} = {v}" for x, v in zip(xs, values, strict=True)) + ")"
     table = []
     for r in rows:
         table.append({"x": xmap[repr(r.values[key])],

@@ -161,6 +161,7 @@ class NcclEngine:
         """Achieved / line rate of NVLink for NCCL traffic."""
         self._node_of = {g: topo.node_of(g) for g in topo.gpus()}
         self._comm_topo_cache: dict[tuple[str, ...], object] = {}
+        self._merged_cache: dict[tuple, tuple[dict[Resource, float], dict[Resource, float]]] = {}
         self._plan_cache: dict[tuple, Plan] = {}
         self._weights_cache: dict[tuple, tuple[dict[Resource, float], dict[Resource, float]]] = {}
         self._flows_cache: dict[tuple, list[Flow]] = {}
@@ -260,6 +261,43 @@ class NcclEngine:
         act = self.cluster.fs.start(work, weights, latency_s=plan.latency_s, rate_bound=plan.rate_bound_Bps,
                                     side_loads=side, name=plan.name or plan.op)
         return act.done
+
+    def start_together(self, plans: list[Plan]) -> simpy.Event:
+        """Start ``plans`` -- one collective and its symmetric mirrors, begun at the same instant --
+        as ONE fluid activity over the union of their links (weights added per link); returns the
+        completion event. All members then progress at the rate of the most loaded link among them,
+        which is exact when the mirrors load their links alike (the symmetric case this is for) and
+        cuts the number of activities by the number of mirrors. Plans that differ in work, latency or
+        rate bound, and step fidelity, are started separately."""
+        first = plans[0]
+        if len(plans) == 1 or self.fidelity == "step":
+            done = self.start(first)
+            for p in plans[1:]:
+                self.start(p)
+            return done
+        groups: dict[tuple, list[Plan]] = {}
+        for p in plans:
+            if p.algorithm == "none":
+                continue
+            groups.setdefault((self._work(p), p.latency_s, p.rate_bound_Bps), []).append(p)
+        done = None
+        for (work, lat, bound), members in groups.items():
+            key = tuple((p.op, p.algorithm, p.protocol, p.gpus, p.root) for p in members)
+            hit = self._merged_cache.get(key)
+            if hit is None:
+                weights: dict[Resource, float] = {}
+                # HBM side loads only for the first plan: mirrors run on GPUs whose kernels are not
+                # simulated, so their HBM traffic would load nothing anyone waits for.
+                side = dict(self._flow(members[0])[2]) if members[0] is first else {}
+                for p in members:
+                    for r, x in self._flow(p)[1].items():
+                        weights[r] = weights.get(r, 0.0) + x
+                hit = self._merged_cache[key] = (weights, side)
+            act = self.cluster.fs.start(work, hit[0], latency_s=lat, rate_bound=bound, side_loads=hit[1],
+                                        name=first.name or first.op)
+            if first in members:
+                done = act.done
+        return done if done is not None else self.start(first)
 
     def run(self, coll: Collective, gpus: Sequence[str]) -> simpy.Event:
         """Plan and start ``coll`` on ``gpus`` now (standalone use, e.g. nccl-tests)."""

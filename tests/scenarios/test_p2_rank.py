@@ -103,6 +103,9 @@ class StubEngine:
     def start(self, plan):
         return self.env.timeout(plan.t)
 
+    def start_together(self, plans):
+        return self.start(plans[0])
+
 
 def test_simulate_with_a_stub_engine_runs_steps_in_order():
     from hwmodel.topology import build_system

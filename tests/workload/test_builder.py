@@ -163,8 +163,8 @@ def test_symmetry_matches_full_simulation_64_and_128_gpus():
     mc = with_overrides(get_model_config("gpt-1.7b"), num_layers=4, hidden_size=512, num_attention_heads=8,
                         seq_length=256, vocab_size=1024)
     for nodes, tp, pp in ((8, 2, 2), (16, 4, 2)):
-        cfg = ParallelConfig(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, global_batch_size=nodes * 8,
-                             overlap_grad_reduce=True).resolve(nodes * 8)
+        cfg = ParallelConfig(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                             global_batch_size=nodes * 8, overlap_grad_reduce=True).resolve(nodes * 8)
         tr = trace_rank(mc, cfg)
         _, full = _run(tr, cfg, nodes=nodes)
         _, sym = _run(tr, cfg, nodes=nodes, mirror=True)

@@ -132,8 +132,9 @@ def build_programs(trace: ModelTrace, config: ParallelConfig, *, ranks: list[int
     macro = ops is not None
     ops = ops or TracedOps(trace)
     eb = ELEM_BYTES.get(trace.dtype, 2)
-    sp_div = cfg.tp if cfg.sequence_parallel else 1
-    act_bytes = trace.micro_batch_size * trace.seq_length * trace.hidden_size * eb // sp_div
+    # Each TP rank sends its 1/tp slice of the activation: sharded along the sequence with SP, else
+    # Megatron's scatter/gather optimisation (SC'21 §4.1) all-gathers it over NVLink on arrival.
+    act_bytes = trace.micro_batch_size * trace.seq_length * trace.hidden_size * eb // cfg.tp
     ranks = list(range(layout.world_size)) if ranks is None else ranks
     programs = {}
     for r in ranks:
@@ -285,6 +286,15 @@ class RankBuilder:
             if last_mb and not zero3:
                 self.grad_ready("pre", self.last_compute)
 
+    def gather_received(self, deps: list) -> list:
+        """Scatter/gather: without sequence parallelism the received 1/tp slices are all-gathered
+        over the TP group before use (synchronously, on the compute stream)."""
+        if not deps or self.cfg.tp == 1 or self.cfg.sequence_parallel:
+            return deps
+        self.add(Collective("all_gather", self.act_bytes * self.cfg.tp, self.groups["tp"], dtype=self.t.dtype,
+                            name="pp_gather"), "compute", deps)
+        return []
+
     def recompute(self, layer: int, deps: list) -> list:
         """Activation recomputation before a layer's backward: the whole forward (full, including its
         TP collectives) or the attention core (selective: Korthikanti et al. 2022 §5); returns the
@@ -380,6 +390,7 @@ class RankBuilder:
                 if not first_v:  # posted when the program reaches it (Megatron's p2p calls are in order)
                     deps.append(self.add(SendRecv("recv", self.prev_rank, self.act_bytes, name="pp_act",
                                                   tag="fwd"), "pp_fwd_recv", (self.last_compute,)))
+                deps = self.gather_received(deps)
                 done = self.forward(st.microbatch, st.chunk, first_v, last_v, deps)
                 if not last_v:
                     self.add(SendRecv("send", self.next_rank, self.act_bytes, name="pp_act", tag="fwd"),
@@ -389,6 +400,7 @@ class RankBuilder:
                 if not last_v:
                     deps.append(self.add(SendRecv("recv", self.next_rank, self.act_bytes, name="pp_grad",
                                                   tag="bwd"), "pp_bwd_recv", (self.last_compute,)))
+                deps = self.gather_received(deps)
                 last_mb = idx == last_b[st.chunk]
                 self.backward(st.microbatch, st.chunk, first_v, last_v, deps, last_mb)
                 if not first_v:

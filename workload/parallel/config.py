@@ -205,9 +205,9 @@ class ParallelConfig:
         if seq and self.sequence_parallel and (seq // self.cp) % tp:
             raise ValueError(f"sequence_parallel: seq_length={seq} (per context-parallel rank) is not "
                              f"divisible by tensor_model_parallel_size={tp}")
-        experts = getattr(model, "num_experts", None)
+        experts = getattr(model, "num_moe_experts", None)
         if self.ep > 1 and (not experts or experts % self.ep):
-            raise ValueError(f"expert_model_parallel_size={self.ep} must divide num_experts={experts}")
+            raise ValueError(f"expert_model_parallel_size={self.ep} must divide num_moe_experts={experts}")
         layers = getattr(model, "num_layers", None)
         if layers:
             self.stage_layers(layers)

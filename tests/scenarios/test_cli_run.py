@@ -1,0 +1,118 @@
+"""``trainsim run``, ``list`` and ``synth`` end to end, as a user runs them (in process, through
+``scenarios.cli.main``). The default scenario is simulated twice (about 2 s each)."""
+
+import contextlib
+import io
+import json
+import re
+
+import pytest
+
+from scenarios.cli import main
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory):
+    """The default scenario run with every output, and its JSON from a second run (capsys is per test,
+    so output is captured by hand)."""
+    d = tmp_path_factory.mktemp("run")
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(["run", "--json", str(d / "a.json"), "--trace", str(d / "trace.json"), "--plots", str(d / "plots")])
+        rc2 = main(["run", "--json", str(d / "b.json")])
+    return {"dir": d, "rc": (rc, rc2), "out": out.getvalue(), "err": err.getvalue()}
+
+
+def test_default_run_succeeds_quietly(default_run):
+    assert default_run["rc"] == (0, 0)
+    assert default_run["err"] == ""
+
+
+def test_report_has_every_section_with_numbers(default_run):
+    text = default_run["out"]
+    metrics = json.loads((default_run["dir"] / "a.json").read_text())
+    for needle in ("Scenario    default", "System      dgx-a100: 4 node(s) x 8 GPUs = 32 x A100-SXM4-80GB",
+                   "Parallel    TP 8 x PP 2 x DP 2", "sequence parallel", "Throughput", "TFLOP/s per GPU",
+                   "Megatron-LM (Narayanan et al. SC'21 eq. 3)", "pipeline bubble", "exposed communication",
+                   "Per rank", "Memory per GPU", "verdict: fits", "Busiest links", "nvswitch",
+                   "communication hidden under compute", "compute slowed by contention", "Simulation  mode symmetric"):
+        assert needle in text, needle
+    shown_ms = float(re.search(r"Iteration time\s+([\d,.]+) ms", text).group(1).replace(",", ""))
+    assert shown_ms == pytest.approx(metrics["iteration_time_s"] * 1e3, abs=0.006)
+    mfu = float(re.search(r"MFU\s+([\d.]+) %", text).group(1))
+    assert mfu == pytest.approx(100 * metrics["mfu"], abs=0.06)
+    # The four parts of the breakdown add up to the iteration.
+    assert sum(metrics["breakdown"].values()) == pytest.approx(metrics["iteration_time_s"], rel=1e-6)
+
+
+def test_json_is_byte_identical_across_runs_and_has_si_keys(default_run):
+    a = (default_run["dir"] / "a.json").read_bytes()
+    assert a == (default_run["dir"] / "b.json").read_bytes()
+    m = json.loads(a)
+    assert list(m) == sorted(m)
+    assert "wall_s" not in a.decode()
+    assert m["scenario"] == "default" and m["system"]["gpus"] == 32 and m["oom"] is False
+    assert 0.1 < m["iteration_time_s"] < 5 and 0.05 < m["mfu"] < 0.8
+    assert m["parallel"]["tp"] == 8 and m["parallel"]["pp"] == 2 and m["parallel"]["dp"] == 2
+
+
+def test_trace_is_kineto_json_with_link_counters(default_run):
+    doc = json.loads((default_run["dir"] / "trace.json").read_text())
+    events = doc["traceEvents"]
+    kernels = [e for e in events if e.get("ph") == "X" and e.get("cat") == "kernel"]
+    assert len(kernels) > 1000
+    assert any(e["name"].startswith("ncclDevKernel_") for e in kernels)
+    links = {e["name"] for e in events if e.get("ph") == "C"}
+    assert 1 <= len(links) <= 16
+
+
+def test_plots_writes_three_pngs(default_run):
+    for name in ("gantt.png", "links.png", "breakdown.png"):
+        data = (default_run["dir"] / "plots" / name).read_bytes()
+        assert data.startswith(PNG) and len(data) > 5000
+
+
+def test_oom_configuration_exits_3_with_the_numbers(capsys):
+    rc = main(["run", "--set", "model.num_layers=96", "--set", "system.nodes=1",
+               "--set", "parallel.pipeline_model_parallel_size=1"])
+    cap = capsys.readouterr()
+    assert rc == 3
+    assert cap.err.count("\n") == 1 and cap.err.startswith("OOM: default: needs ")
+    assert re.search(r"needs [\d.]+ GB > 80\.0 GB HBM", cap.err)
+    assert "Memory per GPU (peak, busiest pipeline stage): OOM" in cap.out and "Not simulated" in cap.out
+
+
+def test_list_prints_known_names(capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    for name in ("gpt3-175b", "llama3-70b", "mixtral-8x7b", "resnet-50", "dgx-a100", "dgx-h100", "dgx-b200",
+                 "A100-SXM4-80GB", "H100-SXM5", "ConnectX-7-NDR", "sc21-gpt-1t", "whatif-nic-bandwidth"):
+        assert name in out, name
+    assert "174.62 B" in out  # GPT-3 175B, trainsim's count
+    assert main(["list", "scenarios"]) == 0
+    out = capsys.readouterr().out
+    assert "[sweep] What if" in out and "Zoo models" not in out
+
+
+def test_synth_prints_placements(tmp_path, capsys):
+    rc = main(["synth", "--system", "dgx-a100", "--nodes", "1", "--axes", "dp=4,tp=2", "--reduce", "dp",
+               "--size", "16M", "--top", "2", "--json", str(tmp_path / "s.json")])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "P2 synthesis: dgx-a100, 1 node(s)" in out and "16 MiB per device" in out
+    doc = json.loads((tmp_path / "s.json").read_text())
+    assert doc["axes"] == {"dp": 4, "tp": 2} and doc["reduce"] == ["dp"] and len(doc["cases"]) >= 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--axes", "dp=16,tp=4", "--reduce", "dp"], "multiply to 64, but the hierarchy has 32 devices"),
+    (["--axes", "dp=16,tp=2", "--reduce", "pp"], "--reduce 'pp': unknown axis pp; axes: dp, tp"),
+    (["--axes", "dp16", "--reduce", "dp"], "expected name=size"),
+    (["--axes", "dp=16,tp=2", "--reduce", "dp", "--size", "lots"], "invalid size 'lots'"),
+])
+def test_synth_bad_input_is_one_line(capsys, args, message):
+    assert main(["synth", "--system", "dgx-a100", "--nodes", "4", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err

@@ -1,0 +1,102 @@
+"""Sweeps: ``--vary`` parsing, sweep files, the rows in point order, OOM points, the CLI."""
+
+import json
+
+import pytest
+
+from scenarios.cli import main
+from scenarios.sweep import catalog_dir, load_sweep, parse_vary, run_sweep
+
+TINY = """
+name = "tiny"
+[system]
+name = "dgx-a100"
+[model]
+name = "gpt3-175b"
+num_layers = 2
+[parallel]
+tensor_model_parallel_size = 8
+sequence_parallel = true
+[training]
+global_batch_size = 2
+"""
+
+
+def test_parse_vary_reads_toml_values():
+    assert parse_vary("parallel.tensor_model_parallel_size=2,4,8") == ("parallel.tensor_model_parallel_size", [2, 4, 8])
+    assert parse_vary("system.nic=ConnectX-6-HDR, ndr") == ("system.nic", ["ConnectX-6-HDR", "ndr"])
+    assert parse_vary("system.oversubscription=1,1.5") == ("system.oversubscription", [1, 1.5])
+    for bad in ("nodes=1,2", "system.nodes", "system.nodes="):
+        with pytest.raises(ValueError, match="--vary"):
+            parse_vary(bad)
+
+
+def test_sweep_file_and_vary_override():
+    sw = load_sweep("whatif-nvlink-bandwidth")
+    assert sw.keys == ["system.gpu_overrides.nvlink_links"] and sw.x_values == [150, 300, 450, 600]
+    assert [p["system.gpu_overrides.nvlink_links"] for p in sw.points()] == [6, 12, 18, 24]
+    sw = load_sweep("whatif-nvlink-bandwidth",
+                    ["system.gpu_overrides.nvlink_links=6,24", "training.global_batch_size=4,8"])
+    assert sw.x_values is None
+    assert sw.points() == [
+        {"system.gpu_overrides.nvlink_links": 6, "training.global_batch_size": 4},
+        {"system.gpu_overrides.nvlink_links": 6, "training.global_batch_size": 8},
+        {"system.gpu_overrides.nvlink_links": 24, "training.global_batch_size": 4},
+        {"system.gpu_overrides.nvlink_links": 24, "training.global_batch_size": 8},
+    ]
+    assert (catalog_dir() / "whatif-nvlink-bandwidth.toml").exists()
+
+
+def test_bad_sweep_table_names_the_allowed_keys(tmp_path, capsys):
+    p = tmp_path / "s.toml"
+    p.write_text(TINY + "[sweep]\nvalues = 1\n")
+    assert main(["sweep", str(p)]) == 2
+    err = capsys.readouterr().err
+    assert "[sweep] unknown key(s) values; allowed: vary, x_label, x_values" in err
+    p.write_text(TINY)
+    assert main(["sweep", str(p)]) == 2
+    assert "nothing to vary" in capsys.readouterr().err
+    assert main(["sweep", str(p), "--vary", "system.gpus=1,2"]) == 2
+    assert "[system] unknown key(s) gpus" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def tiny_rows(tmp_path_factory):
+    p = tmp_path_factory.mktemp("sweep") / "tiny.toml"
+    p.write_text(TINY)
+    sw = load_sweep(str(p), ["training.global_batch_size=4,2"])
+    return sw, run_sweep(sw)
+
+
+def test_two_point_sweep_returns_rows_in_order(tiny_rows):
+    sw, rows = tiny_rows
+    assert [r.values for r in rows] == [{"training.global_batch_size": 4}, {"training.global_batch_size": 2}]
+    assert all(not r.error and not r.oom for r in rows)
+    # Twice the micro-batches: about twice the time, the same TFLOP/s within 10 %.
+    assert rows[0].iteration_time_s / rows[1].iteration_time_s == pytest.approx(2.0, rel=0.1)
+    assert rows[0].tflops_per_gpu == pytest.approx(rows[1].tflops_per_gpu, rel=0.1)
+    assert rows[0].metrics["parallel"]["num_microbatches"] == 4
+
+
+def test_workers_give_the_same_rows(tiny_rows):
+    sw, rows = tiny_rows
+    again = run_sweep(sw, workers=2)
+    assert [r.iteration_time_s for r in again] == [r.iteration_time_s for r in rows]
+
+
+def test_sweep_cli_prints_rows_marks_oom_and_writes_outputs(tmp_path, capsys):
+    p = tmp_path / "tiny.toml"
+    p.write_text(TINY)
+    rc = main(["sweep", str(p), "--vary", "model.num_layers=2,96", "--json", str(tmp_path / "s.json"),
+               "--plot", str(tmp_path / "s.png")])
+    out = capsys.readouterr().out
+    assert rc == 0
+    lines = [ln for ln in out.splitlines() if ln.startswith(("2 ", "96 "))]
+    assert len(lines) == 2 and lines[0].startswith("2 ") and lines[1].startswith("96 ")
+    assert " ms " in lines[0] and "fits" in lines[0]
+    assert "OOM" in lines[1] and "not simulated" in lines[1]
+    doc = json.loads((tmp_path / "s.json").read_text())
+    assert [r["values"]["model.num_layers"] for r in doc["rows"]] == [2, 96]
+    assert doc["rows"][1]["oom"] is True and doc["rows"][1]["iteration_time_s"] is None
+    assert (tmp_path / "s.png").read_bytes()[:4] == b"\x89PNG"
+    assert (tmp_path / "s_tflops.png").exists()
