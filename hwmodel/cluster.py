@@ -24,7 +24,8 @@ class Cluster:
         topology: the machine.
         env: a SimPy environment (a new one by default).
         record: keep per-resource load timelines (utilisation plots).
-        cost_model: kernel cost model shared by all GPUs (one per GPU spec by default).
+        cost_model: kernel cost model shared by all GPUs; by default one for the GPU spec priced at the
+            sustained training clock (``KernelCostModel(spec, sustained=True)``).
     """
 
     def __init__(self, topology: Topology, env: simpy.Environment | None = None, *, record: bool = True,
@@ -38,7 +39,7 @@ class Cluster:
         for u, v, data in g.edges(data=True):
             self.links[(u, v)] = self.fs.add_resource(f"{u}->{v}", float(data["bandwidth_Bps"]),
                                                      meta=("link", u, v, data.get("kind", "")))
-        cm = cost_model or KernelCostModel(topology.gpu_spec)
+        cm = cost_model or KernelCostModel(topology.gpu_spec, sustained=True)
         self.gpus: dict[str, GPU] = {name: GPU(self.fs, name, topology.gpu_spec, cm)
                                      for name in topology.gpus()}
         """GPU node name -> GPU."""

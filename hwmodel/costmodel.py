@@ -147,6 +147,10 @@ class ArchCalibration:
     """Added to every kernel's solo time (s)."""
     memory_bytes_per_sm: float
     """A memory-bound kernel occupies one SM per this many bytes moved (up to all SMs)."""
+    sustained_clock_fraction: float = 1.0
+    """Tensor-core throughput under sustained training load / in a short benchmark: whole-node
+    training holds the GPUs at their power limit, below the boost clock the microbenchmarks of
+    kernels.csv run at. Applied to GEMM and attention rates when the model is built for training."""
     name: str = "default"
     """Which sections were merged, e.g. ``default+ampere``."""
 
@@ -262,6 +266,7 @@ class Calibration:
                 vector_efficiency=float(merged["vector_efficiency"]),
                 launch_overhead_s=float(merged["launch_overhead_s"]),
                 memory_bytes_per_sm=float(merged["memory_bytes_per_sm"]),
+                sustained_clock_fraction=float(merged.get("sustained_clock_fraction", 1.0)),
                 name="+".join(parts),
             )
         except KeyError as e:
@@ -430,8 +435,11 @@ class KernelCostModel:
     """
 
     def __init__(self, gpu: Any, calibration: Calibration | None = None,
-                 overrides: ProfileOverrides | None = None) -> None:
+                 overrides: ProfileOverrides | None = None, *, sustained: bool = False) -> None:
         self.gpu = gpu
+        self.sustained = sustained
+        """Price tensor-core work at the sustained (power-limited) clock, as in a training run, rather
+        than the microbenchmark clock (see :attr:`ArchCalibration.sustained_clock_fraction`)."""
         self.calibration = calibration or _default_calibration()
         self.cal: ArchCalibration = self.calibration.for_gpu(gpu)
         """The merged efficiencies for this GPU."""
@@ -451,7 +459,8 @@ class KernelCostModel:
 
     def with_profile(self, path: str | Path) -> KernelCostModel:
         """A copy of this model whose durations are overridden by a Kineto Chrome trace at ``path``."""
-        return KernelCostModel(self.gpu, self.calibration, ProfileOverrides.from_chrome_trace(path))
+        return KernelCostModel(self.gpu, self.calibration, ProfileOverrides.from_chrome_trace(path),
+                               sustained=self.sustained)
 
     # -- public ---------------------------------------------------------------------------------
     def cost(self, task: Compute) -> KernelCost:
@@ -493,7 +502,8 @@ class KernelCostModel:
 
     # -- pieces -----------------------------------------------------------------------------------
     def _peak(self, dtype: str) -> float:
-        return float(self.gpu.peak_flops(dtype))
+        clock = self.cal.sustained_clock_fraction if self.sustained else 1.0
+        return float(self.gpu.peak_flops(dtype)) * clock
 
     def _hbm_time(self, nbytes: float) -> float:
         return nbytes / (self.gpu.hbm_bandwidth_Bps * self.cal.hbm_efficiency)

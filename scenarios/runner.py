@@ -172,7 +172,7 @@ def memory_for(prep: Prepared):
         micro_batch_size=cfg.micro_batch_size, num_microbatches=cfg.num_microbatches,
         virtual_pipeline_size=cfg.vpp, sequence_parallel=cfg.sequence_parallel,
         recompute=cfg.recompute_granularity, zero_stage=cfg.effective_zero_stage,
-        param_bytes=4 if prep.dtype == "fp32" else 2,
+        param_bytes=4 if prep.dtype == "fp32" else 2, grad_bytes=2 if prep.dtype == "fp16" else 4,
         flash_attention=getattr(prep.model_cfg, "attention_backend", "flash") == "flash")
 
 

@@ -16,7 +16,7 @@ and PyTorch use:
 * ``fsdp_ag`` / ``fsdp_rs``: ZeRO-3/FSDP per-layer parameter all-gathers (prefetching one layer) and
   gradient reduce-scatters.
 
-Gradients are reduced in fp32 (Megatron forces ``accumulate_allreduce_grads_in_fp32`` for bf16);
+Gradients are reduced in fp32 for bf16 and fp32 training, in fp16 for fp16 training (Megatron-LM);
 parameters are gathered in the training dtype.
 """
 
@@ -41,8 +41,10 @@ TRACED_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"
 """Ops of :mod:`workload.parallel.tp` that are communication, not kernels."""
 
 ELEM_BYTES = {"fp64": 8, "fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
-GRAD_REDUCE_BYTES = 4
-"""Bytes per gradient element in the data-parallel reduction (fp32 main grads)."""
+GRAD_REDUCE_BYTES = {"bf16": 4, "fp16": 2, "fp32": 4}
+"""Bytes per gradient element in the data-parallel reduction, by training dtype: Megatron-LM reduces
+bf16 runs' gradients in fp32 (it forces ``accumulate_allreduce_grads_in_fp32`` for bf16) and fp16
+runs' in fp16 (the flag's default)."""
 
 
 @dataclass
@@ -174,6 +176,8 @@ class RankBuilder:
         self.last_compute: int | None = None
         self.dp_tasks: list[int] = []
         self.macro = False
+        self.grad_bytes = GRAD_REDUCE_BYTES.get(trace.dtype, 4)
+        self.grad_dtype = "fp16" if self.grad_bytes == 2 else "fp32"
 
     # -- helpers -------------------------------------------------------------------------------
     def add(self, op, stream="compute", deps=()) -> int:
@@ -276,8 +280,8 @@ class RankBuilder:
             deps = []
             done = self.last_compute
             if zero3:
-                size = self.t.params_block * GRAD_REDUCE_BYTES * cfg.dp
-                self.add(Collective("reduce_scatter", size, self.groups["dp"], dtype="fp32",
+                size = self.t.params_block * self.grad_bytes * cfg.dp
+                self.add(Collective("reduce_scatter", size, self.groups["dp"], dtype=self.grad_dtype,
                                     name=f"fsdp_rs_L{layer}"), "fsdp_rs", (done,))
             elif last_mb:
                 self.grad_ready(layer, done)
@@ -331,8 +335,8 @@ class RankBuilder:
         cur, dense, expert = [], 0, 0
         for key, n, ne in order:
             cur.append(key)
-            dense += (n - ne) * GRAD_REDUCE_BYTES
-            expert += ne * GRAD_REDUCE_BYTES
+            dense += (n - ne) * self.grad_bytes
+            expert += ne * self.grad_bytes
             if dense + expert >= cap:
                 self._close_bucket(cur, dense, expert)
                 cur, dense, expert = [], 0, 0
@@ -362,7 +366,7 @@ class RankBuilder:
         for size, group in ((dense, "dp"), (expert, "edp")):
             if size <= 0 or len(self.groups[group]) == 1:
                 continue
-            self.dp_tasks.append(self.add(Collective(op, size, self.groups[group], dtype="fp32",
+            self.dp_tasks.append(self.add(Collective(op, size, self.groups[group], dtype=self.grad_dtype,
                                                      name=f"dp_grad_bucket{i}"), "dp", (after,)))
 
     # -- the iteration -------------------------------------------------------------------------------
@@ -447,7 +451,7 @@ class RankBuilder:
         for size, group in ((dense, "dp"), (expert, "edp")):
             if size <= 0 or len(self.groups[group]) == 1:
                 continue
-            out.append(self.add(Collective("all_gather", size // GRAD_REDUCE_BYTES * eb, self.groups[group],
+            out.append(self.add(Collective("all_gather", size // self.grad_bytes * eb, self.groups[group],
                                            dtype=self.t.dtype, name=f"dp_param_gather{i}"), "dp", (after,)))
         return out
 
