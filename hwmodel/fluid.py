@@ -379,6 +379,10 @@ def maxmin(acts: list[Activity], resources: Iterable[Resource]) -> dict[Activity
     smallest fair share ``remaining / sum(unfixed weights)`` saturates and its activities are fixed at
     that share; an activity whose ``rate_bound`` is below the current share is fixed at its bound.
 
+    Fixing activities at the smallest share can only raise the other resources' shares, so a lazy
+    min-heap of shares (stale entries re-pushed when popped) finds each bottleneck in O(log R):
+    O((R + W) log R) per solve for R resources and W weights.
+
     Returns:
         activity -> rate (work units per second); 0 for activities on a zero-capacity resource.
     """
@@ -387,41 +391,49 @@ def maxmin(acts: list[Activity], resources: Iterable[Resource]) -> dict[Activity
     for r in resources:
         rem[r] = r.available()
         usage[r] = 0.0
-    unfixed: set[Activity] = set(acts)
     for a in acts:
         for r, w in a.weights:
             usage[r] += w
+    heap = [(rem[r] / u, i, r) for i, (r, u) in enumerate(usage.items()) if u > _EPS]
+    heapq.heapify(heap)
+    seq = len(heap)
     rates: dict[Activity, float] = {}
     bounded = sorted((a for a in acts if a.rate_bound is not None), key=lambda a: a.rate_bound)
     bi = 0
-    while unfixed:
+    left = len(acts)
+    while left:
         share = math.inf
-        bottleneck: Resource | None = None
-        for r, u in usage.items():
-            if u > _EPS:
-                s = rem[r] / u
-                if s < share:
-                    share, bottleneck = s, r
-        # Activities capped below the fair share are fixed at their cap first.
-        while bi < len(bounded) and (bounded[bi] not in unfixed):
+        while heap:  # drop resources without unfixed users; refresh stale shares
+            key, _, r = heap[0]
+            u = usage[r]
+            if u <= _EPS:
+                heapq.heappop(heap)
+                continue
+            cur = rem[r] / u
+            if cur > key * (1 + 1e-12) + 1e-300:
+                heapq.heapreplace(heap, (cur, seq, r))
+                seq += 1
+                continue
+            share = cur
+            break
+        while bi < len(bounded) and bounded[bi] in rates:
             bi += 1
         if bi < len(bounded) and bounded[bi].rate_bound <= share:  # type: ignore[operator]
             fix = [bounded[bi]]
             val = bounded[bi].rate_bound
-            bi += 1
-        elif bottleneck is None:  # no constraining resource left (cannot happen with weights)
-            for a in unfixed:
-                rates[a] = a.rate_bound or 0.0
-            break
-        else:
-            fix = [a for a in bottleneck.users if a in unfixed]
+        elif heap:
+            r = heapq.heappop(heap)[2]
+            fix = [a for a in r.users if a not in rates]
             val = max(share, 0.0)
+        else:  # only bounded activities on no constraining resource (cannot happen with weights)
+            for a in acts:
+                if a not in rates:
+                    rates[a] = a.rate_bound or 0.0
+            break
         for a in fix:
             rates[a] = val  # type: ignore[assignment]
-            unfixed.discard(a)
-            for r, w in a.weights:
-                rem[r] -= w * val  # type: ignore[operator]
-                usage[r] -= w
-                if usage[r] <= _EPS:
-                    usage[r] = 0.0
+            left -= 1
+            for r2, w in a.weights:
+                rem[r2] -= w * val  # type: ignore[operator]
+                usage[r2] -= w
     return rates

@@ -35,7 +35,7 @@ from workload.zoo import with_overrides as model_overrides
 MODEL_SPECIAL_KEYS = ("name", "factory", "hf_config")
 SYMMETRY_THRESHOLD_GPUS = 16
 """Above this many GPUs, ``mode = "auto"`` simulates one representative rank per pipeline stage."""
-HIERARCHICAL_THRESHOLD_TASKS = 600_000
+HIERARCHICAL_THRESHOLD_TASKS = 100_000
 """Above this many tasks on the representative ranks, ``auto`` uses the hierarchical engine."""
 
 
