@@ -114,6 +114,8 @@ class Topology:
             sorted(gpus, key=lambda n: (graph.nodes[n]["node"], graph.nodes[n]["index"], n)))
         self._gpu_index = {g: i for i, g in enumerate(self._gpus)}
         self._routes: dict[Edge, tuple[Edge, ...]] = {}
+        self._route_tables: tuple | None = None
+        self._nics_per_node: int | None = None
         self._segments: dict[tuple[str, str, Any], tuple[Edge, ...]] = {}
         self._dist: dict[tuple[str, Any], tuple[dict[str, float], dict[str, tuple[str, ...]]]] = {}
 
@@ -209,10 +211,10 @@ class Topology:
     @property
     def nics_per_node(self) -> int:
         """Compute NICs per node (0 for a single node without a fabric)."""
-        if not self._gpus:
-            return 0
-        node = self.graph.nodes[self._gpus[0]]["node"]
-        return len(self.nodes_of_kind("nic", node=node))
+        if self._nics_per_node is None:
+            node = self.graph.nodes[self._gpus[0]]["node"] if self._gpus else None
+            self._nics_per_node = len(self.nodes_of_kind("nic", node=node)) if self._gpus else 0
+        return self._nics_per_node
 
     def nvswitch_of(self, gpu: str) -> str:
         """The (aggregated) NVSwitch ``gpu`` connects to; ValueError if it has none."""
@@ -306,16 +308,28 @@ class Topology:
             raise _NoPath(f"node {data['node']} has no NIC")
         return min(nics, key=lambda m: (self._dist_to(m, ("node", data["node"])).get(n, math.inf), m))
 
+    def _tables(self) -> tuple[dict[str, str], dict[str, Any], dict[str, dict[str, float]]]:
+        """(device -> kind, device -> node index, device -> {predecessor: routing cost}), built once:
+        plain dicts keep the Dijkstra loops off networkx's views."""
+        if self._route_tables is None:
+            g = self.graph
+            kinds = {n: d["kind"] for n, d in g.nodes(data=True)}
+            nodes = {n: d.get("node") for n, d in g.nodes(data=True)}
+            pred_cost: dict[str, dict[str, float]] = {n: {} for n in g}
+            for u, v, data in g.edges(data=True):
+                pred_cost[v][u] = float(data.get("route_cost", ROUTE_COST.get(data.get("kind", ""), 1.0)))
+            self._route_tables = (kinds, nodes, pred_cost)
+        return self._route_tables
+
     def _allowed(self, scope: tuple[Any, ...]) -> Callable[[str], bool]:
-        nodes = self.graph.nodes
+        kinds, nodes, _ = self._tables()
         if scope[0] == "fabric":
-            return lambda n: nodes[n]["kind"] in _FABRIC_TRANSIT
+            return lambda n: kinds[n] in _FABRIC_TRANSIT
         k = scope[1]
-        return lambda n: nodes[n]["kind"] in _LOCAL_TRANSIT and nodes[n].get("node") == k
+        return lambda n: kinds[n] in _LOCAL_TRANSIT and nodes[n] == k
 
     def _cost(self, u: str, v: str) -> float:
-        data = self.graph.edges[u, v]
-        return float(data.get("route_cost", ROUTE_COST.get(data.get("kind", ""), 1.0)))
+        return self._tables()[2][v][u]
 
     def _dist_to(self, dst: str, scope: tuple[Any, ...]) -> dict[str, float]:
         """Routing cost to ``dst`` from every device that can reach it through ``scope``'s transit
@@ -330,13 +344,13 @@ class Topology:
         allowed = self._allowed(scope)
         dist = {dst: 0.0}
         heap = [(0.0, dst)]
-        pred = self.graph.pred
+        pred_cost = self._tables()[2]
         while heap:
             d, v = heapq.heappop(heap)
             if d > dist[v] or (v != dst and not allowed(v)):
                 continue
-            for u in pred[v]:
-                nd = d + self._cost(u, v)
+            for u, c in pred_cost[v].items():
+                nd = d + c
                 if nd < dist.get(u, math.inf) - 1e-12:
                     dist[u] = nd
                     heapq.heappush(heap, (nd, u))
@@ -380,6 +394,7 @@ class Topology:
         self._routes.clear()
         self._dist.clear()
         self._segments.clear()
+        self._route_tables = None
 
     # -- save / load --------------------------------------------------------------------------------
 

@@ -161,6 +161,7 @@ class NcclEngine:
         """Achieved / line rate of NVLink for NCCL traffic."""
         self._node_of = {g: topo.node_of(g) for g in topo.gpus()}
         self._comm_topo_cache: dict[tuple[str, ...], object] = {}
+        self._p2p_cache: dict[tuple, object] = {}
         self._merged_cache: dict[tuple, tuple[dict[Resource, float], dict[Resource, float]]] = {}
         self._plan_cache: dict[tuple, Plan] = {}
         self._weights_cache: dict[tuple, tuple[dict[Resource, float], dict[Resource, float]]] = {}
@@ -170,13 +171,14 @@ class NcclEngine:
     # -- planning ------------------------------------------------------------------------------
     def comm_topology(self, gpus: tuple[str, ...]):
         """NCCL's view of a communicator on these GPUs (see :class:`tuner.CommTopology`)."""
-        ct = self._comm_topo_cache.get(gpus)
+        nodes: dict[str, int] = {}
+        for g in gpus:
+            n = self._node_of[g]
+            nodes[n] = nodes.get(n, 0) + 1
+        key = (len(nodes), max(nodes.values()), len(gpus))  # all NCCL's model depends on
+        ct = self._comm_topo_cache.get(key)
         if ct is None:
             topo = self.cluster.topology
-            nodes: dict[str, int] = {}
-            for g in gpus:
-                n = self._node_of[g]
-                nodes[n] = nodes.get(n, 0) + 1
             spec = topo.gpu_spec
             nic = topo.nic_spec
             ct = _tuner.CommTopology.from_system(
@@ -190,7 +192,7 @@ class NcclEngine:
                 nvswitch_gen=_nvswitch_generation(topo),
                 n_ranks=len(gpus),
             )
-            self._comm_topo_cache[gpus] = ct
+            self._comm_topo_cache[key] = ct
         return ct
 
     def plan(self, coll: Collective, gpus: tuple[str, ...]) -> Plan:
@@ -236,9 +238,12 @@ class NcclEngine:
     def plan_p2p(self, src: str, dst: str, size_bytes: int) -> Plan:
         """A send/recv of ``size_bytes`` from GPU ``src`` to GPU ``dst``."""
         same_node = self._node_of[src] == self._node_of[dst]
-        ct = self.comm_topology((src, dst))
-        peer = ("nvlink" if ct.intra_link == "nvlink" else "pci") if same_node else "net"
-        pp = p2p_plan(size_bytes, ct, peer)
+        key = (same_node, size_bytes)
+        pp = self._p2p_cache.get(key)
+        if pp is None:
+            ct = self.comm_topology((src, dst))
+            peer = ("nvlink" if ct.intra_link == "nvlink" else "pci") if same_node else "net"
+            pp = self._p2p_cache[key] = p2p_plan(size_bytes, ct, peer)
         return Plan("p2p", size_bytes, (src, dst), "p2p", pp.protocol, pp.n_channels, pp.latency_s, 0.0, None)
 
     def _plan_all_to_all(self, coll: Collective, gpus: tuple[str, ...]) -> Plan:

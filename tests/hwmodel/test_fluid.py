@@ -161,6 +161,7 @@ def test_random_flows_capacity_delivery_fairness(caps, flows):
     def checker():
         while True:
             yield env.timeout(0.37)
+            yield env.timeout(0)  # let changes at this instant be solved (they are batched)
             live = fs.active()
             # capacity never exceeded
             for l in links:

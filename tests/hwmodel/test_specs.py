@@ -113,7 +113,7 @@ def test_unknown_names():
         get_gpu("A1000")
     assert isinstance(exc.value, KeyError)
     assert exc.value.field == "gpu" and "A100-SXM4-80GB" in str(exc.value) and "H100-SXM5" in str(exc.value)
-    with pytest.raises(UnknownNameError, match="known nic names: ConnectX-6-HDR"):
+    with pytest.raises(UnknownNameError, match="known nic names: ConnectX-5-EDR, ConnectX-6-HDR"):
         get_nic("cx9")
     with pytest.raises(UnknownNameError, match="QM9700"):
         get_switch("QM1")
@@ -130,7 +130,7 @@ def test_nics_and_switches():
     assert (q2.name, q2.radix, q2.switching_capacity_Bps) == ("QM9700", 64, pytest.approx(3.2e12))
     assert get_switch("NVSwitch-gen3").kind == "nvswitch" and get_switch("nvswitch3").radix == 64
     assert specs.get_pcie_switch(4).port_bandwidth_Bps == pytest.approx(32e9)
-    assert set(specs.known_switches("ib")) == {"QM8700", "QM9700"}
+    assert set(specs.known_switches("ib")) == {"QM8700", "QM9700", "Q3400"}
     assert specs.pcie_link_bandwidth_Bps(5) == pytest.approx(64e9)
     assert specs.nccl_pcie_link_bandwidth_Bps(3) == pytest.approx(12e9)  # nccl topo.h PCI_BW
     assert specs.nccl_pcie_link_bandwidth_Bps(5, lanes=8) == pytest.approx(24e9)
