@@ -291,12 +291,19 @@ class NcclEngine:
             hit = self._merged_cache.get(key)
             if hit is None:
                 weights: dict[Resource, float] = {}
+                users: dict[Resource, int] = {}
                 # HBM side loads only for the first plan: mirrors run on GPUs whose kernels are not
                 # simulated, so their HBM traffic would load nothing anyone waits for.
                 side = dict(self._flow(members[0])[2]) if members[0] is first else {}
                 for p in members:
                     for r, x in self._flow(p)[1].items():
                         weights[r] = weights.get(r, 0.0) + x
+                        users[r] = users.get(r, 0) + 1
+                # A link only one mirror uses is, by symmetry, loaded exactly like its counterpart on
+                # the representative's own path, so it adds no constraint: keep the representative's
+                # links and the links several members share (leaf uplinks, spines).
+                own = self._flow(members[0])[1]
+                weights = {r: x for r, x in weights.items() if r in own or users[r] > 1}
                 hit = self._merged_cache[key] = (weights, side)
             act = self.cluster.fs.start(work, hit[0], latency_s=lat, rate_bound=bound, side_loads=hit[1],
                                         name=first.name or first.op)

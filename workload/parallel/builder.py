@@ -427,18 +427,28 @@ class RankBuilder:
         scale = 1.0 / cfg.dp if self.zero >= 1 else 1.0
         items: list = []
         s, p, v = self.c["pp"], cfg.pp, cfg.vpp
+        shards = []
         for chunk in range(v):
             vs = chunk * p + s
             if vs == 0:
-                items.append(_fused_adam(self.t.params_pre * scale, "pre"))
-            for layer in self.chunk_layers(chunk):
-                items.append(_fused_adam(self.t.params_block * scale, f"layers.{layer}"))
+                shards.append((self.t.params_pre * scale, "pre"))
+            shards += [(self.t.params_block * scale, f"layers.{layer}") for layer in self.chunk_layers(chunk)]
             if vs == p * v - 1:
-                items.append(_fused_adam(self.t.params_post * scale, "post"))
+                shards.append((self.t.params_post * scale, "post"))
+        shards = [(n, layer) for n, layer in shards if n > 0]
+        # Megatron's optimizer step, in order: (fp16: unscale the gradients and check for inf/nan),
+        # the gradient norm for clipping, Adam, copy the fp32 master weights to the model's dtype,
+        # zero the gradient buffers for the next iteration.
+        passes = [("grad_norm", 4)] + ([("unscale_grads", 8)] if self.t.dtype == "fp16" else [])
+        items = [_optimizer_kernel(name, n * b, layer) for name, b in passes for n, layer in shards]
+        items += [_fused_adam(n, layer) for n, layer in shards]
+        items += [_optimizer_kernel(name, n * b, layer) for name, b in (("copy_main_to_model_params", 6),
+                                                                       ("zero_grad_buffers", 4))
+                  for n, layer in shards]
         wait = list(self.dp_tasks)
         if self.zero == 3:
             wait += [i for i, t in enumerate(self.prog.tasks) if t.stream == "fsdp_rs"][-1:]
-        self.emit([it for it in items if it.bytes_accessed > 0], wait)
+        self.emit(items, wait)
         if self.zero in (1, 2) and not cfg.overlap_param_gather:
             for i in range(len(self.bucket_bytes)):
                 self.gather_bucket(i, self.last_compute)
@@ -461,10 +471,14 @@ class RankBuilder:
         return [t] if t is not None else []
 
 
-ADAM_BYTES_PER_PARAM = 4 + 3 * (4 + 4) + 2
-"""Fused mixed-precision Adam traffic per parameter: read the fp32 gradient; read and write the fp32
-master weight and both fp32 moments; write the bf16 weight (apex ``multi_tensor_adam``)."""
+ADAM_BYTES_PER_PARAM = 4 + 3 * (4 + 4)
+"""Fused Adam traffic per parameter: read the fp32 gradient; read and write the fp32 master weight
+and both fp32 moments (apex ``multi_tensor_adam``)."""
 ADAM_FLOPS_PER_PARAM = 12
+
+
+def _optimizer_kernel(name: str, nbytes: float, layer: str) -> Compute:
+    return Compute(name, "optimizer", 0.0, nbytes, dtype="fp32", layer=layer, phase="opt")
 
 
 def _fused_adam(params: float, layer: str) -> Compute:
