@@ -156,6 +156,7 @@ class Runtime:
         topo = cluster.topology
         self._sim_nodes = {topo.node_of(self.placement[r]) for r in self.programs}
         self.mirrored_activities = 0
+        self._mirror_plans: dict[tuple, list] = {}
 
     # -- public -------------------------------------------------------------------------------
     def run(self) -> RunResult:
@@ -255,7 +256,10 @@ class Runtime:
             rdv.started = True
             rdv.start_time = self.env.now
             del self._rdv[key]
-            mirrors = [self.nccl.plan(op, gpus) for gpus in self._mirrors(group)]
+            mkey = (group, op.op, op.size_bytes, op.dtype, op.root, op.algorithm, op.protocol)
+            mirrors = self._mirror_plans.get(mkey)
+            if mirrors is None:
+                mirrors = self._mirror_plans[mkey] = [self.nccl.plan(op, gpus) for gpus in self._mirrors(group)]
             self.mirrored_activities += len(mirrors)
             done = self.nccl.start_together([rdv.plan, *mirrors])
             done.callbacks.append(lambda ev, rdv=rdv: rdv.done.succeed())
@@ -286,7 +290,11 @@ class Runtime:
             plan = self.nccl.plan_p2p(self.placement[pair[0]], self.placement[pair[1]], op.size_bytes)
             gpu.hold_sms(plan.n_channels)
             now = self.env.now
-            mirrors = [self.nccl.plan_p2p(src, dst, op.size_bytes) for src, dst in self._mirrors(pair[:2])]
+            mkey = (pair[:2], op.size_bytes)
+            mirrors = self._mirror_plans.get(mkey)
+            if mirrors is None:
+                mirrors = self._mirror_plans[mkey] = [self.nccl.plan_p2p(src, dst, op.size_bytes)
+                                                      for src, dst in self._mirrors(pair[:2])]
             self.mirrored_activities += len(mirrors)
             self.nccl.start_together([plan, *mirrors]).callbacks.append(lambda ev, d=done: d.succeed(now))
         else:

@@ -353,7 +353,8 @@ class Topology:
                 nd = d + c
                 if nd < dist.get(u, math.inf) - 1e-12:
                     dist[u] = nd
-                    heapq.heappush(heap, (nd, u))
+                    if allowed(u):  # non-transit devices are reached, never expanded: keep them off the heap
+                        heapq.heappush(heap, (nd, u))
         hit = self._dist[key] = (dist, {})
         return hit
 

@@ -58,13 +58,17 @@ def busiest_links(links: Iterable[Any], top: int, end_time_s: float) -> list[tup
         ``[(name, carried_bytes, mean_utilisation, peak_utilisation)]``, busiest first (ties by name);
         utilisations are fractions 0..1 of ``nominal_capacity``.
     """
+    def carried_of(lk: Any) -> float:
+        c = getattr(lk, "carried", None)
+        return float(c) if c is not None else link_stats(lk.timeline, float(lk.nominal_capacity), end_time_s)[0]
+
+    # rank by bytes first (cheap with .carried), integrate timelines only for the links returned
+    ranked = sorted(((carried_of(lk), lk) for lk in links), key=lambda r: (-r[0], r[1].name))[:max(top, 0)]
     rows = []
-    for lk in links:
-        integral, mean, peak = link_stats(lk.timeline, float(lk.nominal_capacity), end_time_s)
-        carried = getattr(lk, "carried", None)
-        rows.append((lk.name, float(integral if carried is None else carried), mean, peak))
-    rows.sort(key=lambda r: (-r[1], r[0]))
-    return rows[:max(top, 0)]
+    for carried, lk in ranked:
+        _, mean, peak = link_stats(lk.timeline, float(lk.nominal_capacity), end_time_s)
+        rows.append((lk.name, carried, mean, peak))
+    return rows
 
 
 def plot_link_utilisation(links: Iterable[Any], path: str | Path, *, top: int = 8, title: str = "",

@@ -176,7 +176,8 @@ def link_groups(links: Any, end_time_s: float, top: int) -> list[tuple[str, int,
     ``(first link's name, number of links, bytes each, mean utilisation, peak utilisation)``."""
     from plots.links import busiest_links
 
-    rows = [r for r in busiest_links(links, 10_000, end_time_s) if r[1] > 0]
+    # links in a group carry the same bytes, so the groups sit among the top few hundred by bytes
+    rows = [r for r in busiest_links(links, 64 * top, end_time_s) if r[1] > 0]
     groups: list[list] = []
     for name, carried, mean, peak in rows:
         g = groups[-1] if groups else None

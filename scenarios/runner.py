@@ -136,10 +136,10 @@ def run_scenario(scenario: Scenario, *, progress: bool = False) -> RunReport:
     if mode == "auto":
         mode = "full" if cfg.world_size <= SYMMETRY_THRESHOLD_GPUS else "symmetric"
     ranks = None if mode == "full" else layout.representatives()
-    build = build_programs(trace, cfg, ranks=ranks)
-    n_tasks = sum(len(p.tasks) for p in build.programs.values())
-    if sim.get("mode", "auto") == "auto" and n_tasks > HIERARCHICAL_THRESHOLD_TASKS:
+    if sim.get("mode", "auto") == "auto" and estimate_tasks(trace, cfg, len(ranks or ())) > \
+            HIERARCHICAL_THRESHOLD_TASKS:
         mode = "hierarchical"
+    build = None if mode == "hierarchical" else build_programs(trace, cfg, ranks=ranks)
     gpus = topo.gpus()
     placement = {r: gpus[r] for r in range(cfg.world_size)}
 
@@ -161,6 +161,16 @@ def run_scenario(scenario: Scenario, *, progress: bool = False) -> RunReport:
     report.wall_s = time.perf_counter() - t0
     report.metrics = metrics(report, trace)
     return report
+
+
+def estimate_tasks(trace, cfg: ParallelConfig, ranks: int) -> float:
+    """Tasks the per-op programs of ``ranks`` ranks would hold (to pick the engine without building)."""
+    g = trace.graph
+    if not g.num_blocks:
+        return ranks * cfg.num_microbatches * len(g.ops)
+    per_layer = len(g.block_ops(0, "fwd")) * (2 if cfg.recompute_granularity == "full" else 1) + \
+        len(g.block_ops(0, "bwd"))
+    return ranks * cfg.num_microbatches * per_layer * trace.num_layers / cfg.pp
 
 
 def memory_for(prep: Prepared):
