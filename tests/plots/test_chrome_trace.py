@@ -179,7 +179,7 @@ def test_kineto_kernel_names():
 
 
 def test_real_trace_event_type():
-    runtime = pytest.importorskip("hwmodel.runtime")
+    import hwmodel.runtime as runtime
     ev = runtime.TraceEvent(0, "compute", 0, "aten.mm", "gemm", 0.0, 1e-3, "fwd", "l0")
     doc = to_chrome_trace([ev])
     assert slices(doc)[0]["dur"] == pytest.approx(1000.0)
