@@ -46,7 +46,7 @@ def link_stats(timeline: Sequence[tuple[float, float]], capacity: float,
 
 
 def busiest_links(links: Iterable[Any], top: int, end_time_s: float) -> list[tuple[str, float, float, float]]:
-    """The ``top`` links that carried the most bytes.
+    """The ``top`` busiest links: highest mean utilisation (carried bytes / capacity), then most bytes.
 
     Args:
         links: link objects (see module doc). ``carried`` is used when present, else the timeline's
@@ -55,15 +55,20 @@ def busiest_links(links: Iterable[Any], top: int, end_time_s: float) -> list[tup
         end_time_s: length of the run (s), the window of the mean utilisation.
 
     Returns:
-        ``[(name, carried_bytes, mean_utilisation, peak_utilisation)]``, busiest first (ties by name);
+        ``[(name, carried_bytes, mean_utilisation, peak_utilisation)]``, busiest first (ties by bytes, name);
         utilisations are fractions 0..1 of ``nominal_capacity``.
     """
     def carried_of(lk: Any) -> float:
         c = getattr(lk, "carried", None)
         return float(c) if c is not None else link_stats(lk.timeline, float(lk.nominal_capacity), end_time_s)[0]
 
-    # rank by bytes first (cheap with .carried), integrate timelines only for the links returned
-    ranked = sorted(((carried_of(lk), lk) for lk in links), key=lambda r: (-r[0], r[1].name))[:max(top, 0)]
+    # busiest = highest mean utilisation (bytes / capacity): the bottlenecks, not merely the fattest
+    # pipes; timelines are integrated only for the links returned
+    def key(r: tuple[float, Any]) -> tuple[float, float, str]:
+        cap = float(r[1].nominal_capacity) or 1.0
+        return (-r[0] / cap, -r[0], r[1].name)
+
+    ranked = sorted(((carried_of(lk), lk) for lk in links), key=key)[:max(top, 0)]
     rows = []
     for carried, lk in ranked:
         _, mean, peak = link_stats(lk.timeline, float(lk.nominal_capacity), end_time_s)
@@ -79,7 +84,7 @@ def plot_link_utilisation(links: Iterable[Any], path: str | Path, *, top: int = 
     Args:
         links: link objects (see module doc).
         path: PNG to write.
-        top: how many links (busiest by carried bytes).
+        top: how many links (busiest by mean utilisation).
         title: figure title.
         end_time_s: end of the x axis (s); default the last timeline point of any link.
         time_unit: ``s``, ``ms`` or ``us``.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 
 COMMANDS = ("run", "sweep", "validate", "list", "nccl_tests", "synth")
@@ -35,7 +36,17 @@ def build_parser() -> argparse.ArgumentParser:
                 raise
             continue
         mod.register(sub)
+    for p in sub.choices.values():  # module docstrings double as help: drop their reST markup
+        if p.description:
+            p.description = plain_text(p.description)
     return parser
+
+
+def plain_text(doc: str) -> str:
+    """reST inline markup to plain text: ``x`` -> x, :func:`a.b` -> a.b, *x* -> x."""
+    doc = re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", doc)
+    doc = doc.replace("``", "")
+    return re.sub(r"(?<![\w*])\*([^*\s][^*]*)\*(?![\w*])", r"\1", doc)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -62,4 +62,9 @@ def run(args: argparse.Namespace) -> int:
         print("\nWrote " + ", ".join(str(p) for p in written))
     if rows and all(r.error for r in rows):
         raise UserError(f"every point failed; first error: {rows[0].error}")
+    failed = [r for r in rows if r.error]
+    if failed:
+        print(f"trainsim sweep: {len(failed)} of {len(rows)} points failed; first: {failed[0].error}",
+              file=sys.stderr)
+        return 1
     return 0

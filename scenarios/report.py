@@ -110,6 +110,8 @@ def _header(scenario: Any, m: Mapping[str, Any] | None, prep: Any) -> list[str]:
     lines = [f"Scenario    {scenario.name}  ({display_source(scenario.source)})"]
     if scenario.description:
         lines.append(f"            {scenario.description}")
+    if getattr(scenario, "overrides", ()):
+        lines.append(f"Overrides   {', '.join(scenario.overrides)}")
     nic = f", {topo.nic_spec.name} NICs" if getattr(topo, "nic_spec", None) is not None else ""
     lines.append(f"System      {topo.name}: {topo.num_nodes} node(s) x {topo.gpus_per_node} GPUs = "
                  f"{cfg.world_size} x {topo.gpu_spec.name}{nic}")
@@ -205,6 +207,13 @@ def _link_lines(rep: Any, top: int) -> list[str]:
     return lines
 
 
+def _flop(x: float) -> str:
+    for unit, scale in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9)):
+        if x >= scale:
+            return f"{x / scale:,.2f} {unit}"
+    return f"{x:,.0f} FLOP"
+
+
 def format_report(rep: Any, *, max_rank_rows: int = MAX_RANK_ROWS, top_links: int = 6) -> str:
     """The human-readable report of a :class:`scenarios.runner.RunReport`."""
     m = rep.metrics
@@ -216,13 +225,14 @@ def format_report(rep: Any, *, max_rank_rows: int = MAX_RANK_ROWS, top_links: in
     lines += [
         "",
         f"Iteration time   {_ms(T)}",
-        f"Throughput       {m['tokens_per_s']:,.0f} tokens/s",
+        (f"Throughput       {m['tokens_per_s']:,.0f} tokens/s" if m.get("tokens_per_s") is not None else
+         f"Throughput       {m['samples_per_s']:,.1f} samples/s"),
         f"TFLOP/s per GPU  {m['tflops_per_gpu']:.1f} (hardware FLOPs, recomputation included; "
         f"peak {peak / 1e12:.0f} TFLOP/s {dtype})",
         f"MFU              {_pct(m['mfu'])} (model FLOPs / iteration time / GPUs / peak)",
         f"FLOP formula     {m['flops_formula']}",
-        f"                 model {m['model_flops_per_iteration'] / 1e15:,.2f} PFLOP, hardware "
-        f"{m['hardware_flops_per_iteration'] / 1e15:,.2f} PFLOP per iteration",
+        f"                 model {_flop(m['model_flops_per_iteration'])}, hardware "
+        f"{_flop(m['hardware_flops_per_iteration'])} per iteration",
         "",
         "Breakdown (mean over simulated ranks; the four parts add up to the iteration time)",
     ]
@@ -237,7 +247,9 @@ def format_report(rep: Any, *, max_rank_rows: int = MAX_RANK_ROWS, top_links: in
         f" ({sim['simulated_ranks']} representative ranks simulated; the others mirror them)"
     lines += ["", f"Per rank{note}", *_rank_rows(m["per_rank"], T, max_rank_rows), ""]
     lines += _memory_lines(m["memory"], m["oom"])
-    lines += ["", "Busiest links (by bytes carried; utilisation of nominal capacity over the iteration)",
+    mirrored = "" if sim["simulated_ranks"] >= world else \
+        " (links of simulated ranks, and links their mirrors share; a mirror's own links carry the same load)"
+    lines += ["", f"Busiest links (by mean utilisation of nominal capacity over the iteration){mirrored}",
               *_link_lines(rep, top_links)]
     ov = m["overlap"]
     lines += [

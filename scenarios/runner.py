@@ -31,6 +31,7 @@ from workload.parallel.rank_trace import trace_rank
 from workload.trace import load_factory
 from workload.zoo import get_model_config
 from workload.zoo import with_overrides as model_overrides
+from workload.zoo.config import ResNetConfig, TransformerConfig
 
 MODEL_SPECIAL_KEYS = ("name", "factory", "hf_config")
 SYMMETRY_THRESHOLD_GPUS = 16
@@ -54,6 +55,8 @@ def build_topology(system: dict) -> Topology:
     """The cluster of a ``[system]`` section."""
     gpu = None
     if "gpu_file" in system:
+        if not Path(system["gpu_file"]).is_file():
+            raise FileNotFoundError(f"[system] gpu_file not found: {system['gpu_file']}")
         gpu = load_gpu_file(system["gpu_file"])
     elif "gpu" in system:
         gpu = get_gpu(system["gpu"])
@@ -76,13 +79,21 @@ def build_model_config(model: dict, training: dict):
     if "seq_length" in training:
         overrides["seq_length"] = training["seq_length"]
     if "hf_config" in model:
-        from workload.zoo.hf import config_from_hf
-        cfg = config_from_hf(model["hf_config"])
+        try:
+            from workload.zoo.hf import config_from_hf
+            cfg = config_from_hf(model["hf_config"])
+        except ImportError as exc:
+            raise ValueError(f"[model] hf_config {model['hf_config']!r}: {exc}") from None
     elif "factory" in model:
-        cfg = load_factory(model["factory"])()
-        if not hasattr(cfg, "num_layers") and not hasattr(cfg, "architecture"):
-            raise ValueError(f"[model] factory {model['factory']!r} must return a zoo model config "
-                             f"(workload.zoo.config.TransformerConfig)")
+        fn = load_factory(model["factory"])
+        try:
+            cfg = fn()
+        except Exception as exc:  # the user's code: report it in one line
+            raise ValueError(f"[model] factory {model['factory']!r} raised {type(exc).__name__}: {exc}") from None
+        if not isinstance(cfg, (TransformerConfig, ResNetConfig)):
+            raise ValueError(f"[model] factory {model['factory']!r} returned a {type(cfg).__name__}; it must "
+                             f"return a model configuration (workload.zoo.config.TransformerConfig, e.g. "
+                             f"with_overrides(get_model_config('llama3-8b'), num_layers=4))")
     else:
         cfg = get_model_config(model["name"])
     return model_overrides(cfg, **overrides) if overrides else cfg
@@ -194,8 +205,10 @@ def model_flops(prep: Prepared, trace) -> tuple[float, float, str]:
         args = dict(batch=gbs, seq=mc.seq_length, layers=mc.num_layers, hidden=mc.hidden_size, vocab=mc.vocab_size)
         model = megatron_flops_per_iteration(full_recompute=False, **args)
         hw = megatron_flops_per_iteration(full_recompute=cfg.recompute_granularity == "full", **args)
+        if cfg.recompute_granularity == "selective":  # the attention core's QK^T and AV again
+            hw += 4 * gbs * mc.seq_length ** 2 * mc.hidden_size * mc.num_layers
         formula = ("Megatron-LM (Narayanan et al. SC'21 eq. 3): 96·B·s·l·h²·(1 + s/6h + V/16lh) with full "
-                   "recomputation, 72·B·s·l·h²·(1 + s/6h + V/12lh) without")
+                   "recomputation, 72·B·s·l·h²·(1 + s/6h + V/12lh) without (+ 4·B·s²·h·l for selective)")
         return model, hw, formula
     g = trace.graph
     per_mb = g.total_flops("fwd") + g.total_flops("bwd")
@@ -226,7 +239,8 @@ def metrics(rep: RunReport, trace) -> dict[str, Any]:
     return {
         "scenario": rep.scenario.name,
         "iteration_time_s": T,
-        "tokens_per_s": cfg.global_batch_size * seq / T if T else 0.0,
+        "tokens_per_s": (cfg.global_batch_size * seq / T if T else 0.0) if hasattr(mc, "seq_length") else None,
+        "samples_per_s": cfg.global_batch_size / T if T else 0.0,
         "tflops_per_gpu": hw_f / T / world / 1e12 if T else 0.0,
         "mfu": model_f / T / world / peak if T else 0.0,
         "flops_formula": formula,

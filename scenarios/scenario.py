@@ -77,6 +77,8 @@ class Scenario:
     simulation: dict[str, Any]
     description: str = ""
     source: str = ""
+    overrides: tuple[str, ...] = ()
+    """The ``--set`` overrides applied on top of the file (the description does not know them)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "description": self.description, "system": self.system, "model": self.model,
@@ -90,7 +92,7 @@ def _check_types(section: str, data: dict, spec: dict) -> None:
     for k, v in data.items():
         want = spec[k]
         if want is int and isinstance(v, bool) or (isinstance(want, tuple) and isinstance(v, bool)):
-            raise ValueError(f"[{section}] {k} must be a number, got {v!r}")
+            raise ValueError(f"[{section}] {k} must be a number, got {str(v).lower()}")
         if not isinstance(v, want):
             names = " or ".join(t.__name__ for t in (want if isinstance(want, tuple) else (want,)))
             raise ValueError(f"[{section}] {k} must be {names}, got {v!r}")
@@ -133,6 +135,9 @@ def parse_scenario(data: dict[str, Any], source: str = "") -> Scenario:
         raise ValueError(f"[simulation] fidelity: unknown {simulation['fidelity']!r}; allowed: flow, step")
     if training.get("dtype", "bf16") not in ("bf16", "fp16", "fp32"):
         raise ValueError(f"[training] dtype: unknown {training['dtype']!r}; allowed: bf16, fp16, fp32")
+    for key in ("name", "description"):
+        if key in data and not isinstance(data[key], str):
+            raise ValueError(f"{key} must be a string, got {data[key]!r}")
     name = data.get("name") or (Path(source).stem if source else "scenario")
     return Scenario(str(name), system, model, parallel, training, simulation, str(data.get("description", "")),
                     source)
@@ -157,7 +162,9 @@ def load_scenario(path: str | Path | None = None, overrides: list[str] | tuple[s
             raise ValueError(f"{p}: malformed TOML: {exc}") from None
         source = str(p)
     data = apply_overrides(data, overrides)
-    return parse_scenario(data, source)
+    sc = parse_scenario(data, source)
+    sc.overrides = tuple(overrides)
+    return sc
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
@@ -168,6 +175,8 @@ def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...]
             raise ValueError(f"--set {item!r}: expected section.key=value, e.g. parallel.tensor_model_parallel_size=4")
         key, raw = item.split("=", 1)
         parts = key.strip().split(".")
+        if not all(parts):
+            raise ValueError(f"--set {item!r}: empty section or key; expected section.key=value")
         try:
             value = tomllib.loads(f"v = {raw}")["v"]
         except tomllib.TOMLDecodeError:

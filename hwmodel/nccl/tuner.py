@@ -561,8 +561,11 @@ def choose(
     coll = str(coll).lower()
     pairs = enabled_pairs(coll, topo, algo, proto)
     if not pairs:
-        raise ValueError(f"no algorithm/protocol available for {coll} on this communicator "
-                         f"(algo={algo!r}, proto={proto!r}, defaults={get_default_overrides()!r})")
+        possible = enabled_pairs(coll, topo)
+        allowed = ", ".join(f"{a}/{p}" for a, p in possible) or "none"
+        raise ValueError(f"algorithm/protocol: none of algo={algo or 'any'}, proto={proto or 'any'} is "
+                         f"available for {coll} on this system (NVLS needs NVSwitch gen3, i.e. Hopper or "
+                         f"newer; Broadcast/Reduce are ring only); available: {allowed}")
     if topo.n_ranks <= 1:
         return Choice("ring", "simple", 1, nccl_channels("ring", "simple", n_bytes, topo).n_threads, 0.0, 0.0)
     best: tuple[float, str, str] | None = None

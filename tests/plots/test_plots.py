@@ -101,10 +101,11 @@ def test_busiest_links_closed_form():
     full = link("full", 10e9, [(0.0, 10e9)])  # 100 % all the time but fewer bytes
     idle = link("idle", 10e9, [])
     rows = busiest_links([idle, full, half], 3, 1.0)
-    assert [r[0] for r in rows] == ["half", "full", "idle"]
-    name, carried, mean, peak = rows[0]
+    # busiest = highest mean utilisation: the saturated small link before the fatter, half-used one
+    assert [r[0] for r in rows] == ["full", "half", "idle"]
+    name, carried, mean, peak = rows[1]
     assert carried == pytest.approx(25e9) and mean == pytest.approx(0.25) and peak == pytest.approx(0.5)
-    assert rows[1][2:] == pytest.approx((1.0, 1.0))
+    assert rows[0][2:] == pytest.approx((1.0, 1.0))
     assert rows[2][1:] == (0.0, 0.0, 0.0)
     assert len(busiest_links([idle, full, half], 1, 1.0)) == 1
     # ``carried`` wins over the integral when given; the window cuts the timeline.

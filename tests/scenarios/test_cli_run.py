@@ -36,7 +36,7 @@ def test_report_has_every_section_with_numbers(default_run):
     for needle in ("Scenario    default", "System      dgx-a100: 4 node(s) x 8 GPUs = 32 x A100-SXM4-80GB",
                    "Parallel    TP 8 x PP 2 x DP 2", "sequence parallel", "Throughput", "TFLOP/s per GPU",
                    "Megatron-LM (Narayanan et al. SC'21 eq. 3)", "pipeline bubble", "exposed communication",
-                   "Per rank", "Memory per GPU", "verdict: fits", "Busiest links", "nvswitch",
+                   "Per rank", "Memory per GPU", "verdict: fits", "Busiest links", "nic0->su0.leaf0",
                    "communication hidden under compute", "compute slowed by contention", "Simulation  mode symmetric"):
         assert needle in text, needle
     shown_ms = float(re.search(r"Iteration time\s+([\d,.]+) ms", text).group(1).replace(",", ""))

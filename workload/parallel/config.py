@@ -122,6 +122,22 @@ class ParallelConfig:
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
                 raise ValueError(f"{name} must be a positive integer or unset, got {v!r}")
+        for name in ("sequence_parallel", "use_distributed_optimizer", "fsdp", "overlap_grad_reduce",
+                     "overlap_param_gather"):
+            v = getattr(self, name)
+            if not isinstance(v, bool):
+                raise ValueError(f"{name} must be true or false, got {v!r}")
+        for name in ("recompute_granularity", "rank_order", "moe_tokens_per_expert"):
+            if not isinstance(getattr(self, name), str):
+                raise ValueError(f"{name} must be a string, got {getattr(self, name)!r}")
+        if not isinstance(self.zero_stage, int) or isinstance(self.zero_stage, bool):
+            raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
+        if not isinstance(self.grad_bucket_size_bytes, int) or isinstance(self.grad_bucket_size_bytes, bool):
+            raise ValueError(f"grad_bucket_size_bytes must be an integer, got {self.grad_bucket_size_bytes!r}")
+        if self.fsdp and self.zero_stage not in (0, 3):
+            raise ValueError(f"fsdp=true is ZeRO stage 3; it conflicts with zero_stage={self.zero_stage}")
+        if self.fsdp and self.use_distributed_optimizer:
+            raise ValueError("fsdp=true conflicts with use_distributed_optimizer=true (ZeRO-1); choose one")
         if self.recompute_granularity not in RECOMPUTE:
             raise ValueError(f"recompute_granularity: unknown value {self.recompute_granularity!r}; "
                              f"allowed: {', '.join(RECOMPUTE)}")
@@ -206,7 +222,10 @@ class ParallelConfig:
             raise ValueError(f"sequence_parallel: seq_length={seq} (per context-parallel rank) is not "
                              f"divisible by tensor_model_parallel_size={tp}")
         experts = getattr(model, "num_moe_experts", None)
-        if self.ep > 1 and (not experts or experts % self.ep):
+        if self.ep > 1 and not experts:
+            raise ValueError(f"expert_model_parallel_size={self.ep} needs a mixture-of-experts model; "
+                             f"{getattr(model, 'name', 'this model')} has no experts (num_moe_experts unset)")
+        if self.ep > 1 and experts % self.ep:
             raise ValueError(f"expert_model_parallel_size={self.ep} must divide num_moe_experts={experts}")
         layers = getattr(model, "num_layers", None)
         if layers:
