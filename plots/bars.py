@@ -47,7 +47,7 @@ def plot_breakdown(breakdown_per_rank: Mapping[int, Mapping[str, float]], path: 
     ranks = downsample_ranks(list(breakdown_per_rank), max_ranks)
     keys = [k for k in BREAKDOWN_KEYS if any(k in breakdown_per_rank[r] for r in ranks)]
     extra = sorted({k for r in ranks for k in breakdown_per_rank[r]} - set(BREAKDOWN_KEYS))
-    fig = Figure(figsize=(min(4 + 0.28 * len(ranks), 16), 4.8), layout="constrained")
+    fig = Figure(figsize=(min(max(7.0, 4 + 0.28 * len(ranks)), 16), 4.8), layout="constrained")
     ax = fig.add_subplot()
     xs = list(range(len(ranks)))
     bottom = [0.0] * len(ranks)
@@ -66,7 +66,9 @@ def plot_breakdown(breakdown_per_rank: Mapping[int, Mapping[str, float]], path: 
     full = title or "Time breakdown per GPU"
     if len(ranks) < len(breakdown_per_rank):
         full += f"  ({len(ranks)} of {len(breakdown_per_rank)} GPUs shown)"
-    ax.set_title(full)
+    import textwrap
+
+    ax.set_title("\n".join(textwrap.wrap(full, 60)), fontsize=10)
     if keys or extra:
         ax.legend(loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False)
     path = Path(path)

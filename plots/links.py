@@ -102,28 +102,39 @@ def plot_link_utilisation(links: Iterable[Any], path: str | Path, *, top: int = 
     by_name = {lk.name: lk for lk in links}
     rows = [r for r in busiest_links(links, top, end_time_s or 1.0) if r[1] > 0]
 
-    fig = Figure(figsize=(12, 4.8), layout="constrained")
-    ax = fig.add_subplot()
+    # One lane per link (small multiples, filled): overlapping step lines of many links are unreadable.
+    n = max(len(rows), 1)
+    fig = Figure(figsize=(12, 1.0 + 0.75 * n), layout="constrained")
+    axes = fig.subplots(n, 1, sharex=True, squeeze=False)[:, 0]
     cmap = matplotlib.colormaps["tab10"]
     for k, (name, carried, mean, _peak) in enumerate(rows):
+        ax = axes[k]
         lk = by_name[name]
         cap = float(lk.nominal_capacity) or 1.0
         ts = [0.0] + [t * scale for t, _ in lk.timeline] + [end_time_s * scale]
         us = [0.0] + [100.0 * u / cap for _, u in lk.timeline]
         us.append(us[-1])
-        ax.step(ts, us, where="post", linewidth=1.2, color=cmap(k % 10),
-                label=f"{name}  ({cap / 1e9:g} GB/s; {carried / 1e9:.3g} GB, mean {100 * mean:.0f} %)")
+        ax.fill_between(ts, us, step="post", color=cmap(k % 10), alpha=0.85, linewidth=0)
+        ax.set_ylim(0, 105)
+        ax.set_yticks([0, 50, 100])
+        ax.tick_params(labelsize=7)
+        ax.grid(color="#dddddd", linewidth=0.5)
+        ax.text(1.005, 0.5, f"{name}\n{cap / 1e9:g} GB/s, {carried / 1e9:.3g} GB, mean {100 * mean:.0f} %",
+                transform=ax.transAxes, fontsize=8, va="center", ha="left")
     if not rows:
-        ax.text(0.5, 0.5, "no link traffic", ha="center", va="center", transform=ax.transAxes)
-    ax.set_ylim(0, 105)
-    ax.set_xlim(0, max(end_time_s * scale, 1e-12))
-    ax.set_xlabel(f"time ({time_unit})")
-    ax.set_ylabel("utilisation (% of nominal capacity)")
-    ax.grid(color="#dddddd", linewidth=0.5)
-    ax.set_title(title or f"Busiest {len(rows)} links")
-    if rows:
-        ax.legend(loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False)
+        axes[0].text(0.5, 0.5, "no link traffic", ha="center", va="center", transform=axes[0].transAxes)
+    axes[-1].set_xlim(0, max(end_time_s * scale, 1e-12))
+    axes[-1].set_xlabel(f"time ({time_unit})")
+    fig.supylabel("utilisation (% of capacity)", fontsize=9)
+    fig.suptitle(_wrap(title or f"Busiest {len(rows)} links (by mean utilisation)"), fontsize=11)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=dpi)
     return [r[0] for r in rows]
+
+
+def _wrap(text: str, width: int = 90) -> str:
+    import textwrap
+
+    return "\n".join(textwrap.wrap(text, width)) or text
+
