@@ -78,7 +78,9 @@ def plot_sweep(rows: Iterable[Mapping[str, Any]], x: str, y: str, path: str | Pa
             ax.set_xticks([], minor=True)
     if not keys:
         ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
-    ax.set_xlabel(xlabel or x)
+    import textwrap
+
+    ax.set_xlabel("\n".join(textwrap.wrap(xlabel or x, 90)))
     ax.set_ylabel(ylabel or y)
     ax.grid(color="#dddddd", linewidth=0.5)
     ax.set_title(title or f"{ylabel or y} vs {xlabel or x}")
