@@ -189,7 +189,8 @@ def run_synth(system: str, nodes: int, axes: dict[str, int], reduce: list[str], 
 
 def plot_spread(report: SynthReport, path: str | Path) -> Path:
     """Bar chart of the default all-reduce time and the best program's time per placement (log scale
-    when they span more than 10x, else linear from zero), saved as a PNG with the Agg backend (no pyplot global state). Returns the path."""
+    when they span more than 10x, else linear from zero), saved as a PNG with the Agg backend (no
+    pyplot global state). Returns the path."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
