@@ -7,8 +7,6 @@ SimGrid's SPLITDUPLEX), each GPU a :class:`~hwmodel.gpu.GPU`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import simpy
 
 from hwmodel.costmodel import KernelCostModel
@@ -84,6 +82,3 @@ class Cluster:
     def link_resources(self) -> list[Resource]:
         """All link resources, in topology edge order."""
         return list(self.links.values())
-
-    def gpu_list(self, names: Sequence[str]) -> list[GPU]:
-        return [self.gpus[n] for n in names]

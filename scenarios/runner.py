@@ -6,7 +6,7 @@ The only module that knows both the workload and the hardware model (``docs/DESI
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -268,14 +268,6 @@ def metrics(rep: RunReport, trace) -> dict[str, Any]:
                        "tasks": sum(len(p.tasks) for p in rep.build.programs.values()),
                        "fluid_solves": res.stats.get("fluid_solves", 0)},
     }
-
-
-def with_scenario_overrides(scenario: Scenario, **sections: dict) -> Scenario:
-    """A copy of ``scenario`` with some sections' keys replaced (used by sweeps)."""
-    new = replace(scenario)
-    for sec, kv in sections.items():
-        setattr(new, sec, {**getattr(scenario, sec), **kv})
-    return new
 
 
 def scenario_path(name: str) -> Path:

@@ -23,7 +23,6 @@ parameters are gathered in the training dtype.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from hwmodel.ir import Collective, Compute, Program, SendRecv
@@ -484,8 +483,3 @@ def _optimizer_kernel(name: str, nbytes: float, layer: str) -> Compute:
 def _fused_adam(params: float, layer: str) -> Compute:
     return Compute("fused_adam", "optimizer", ADAM_FLOPS_PER_PARAM * params, ADAM_BYTES_PER_PARAM * params,
                    dtype="fp32", layer=layer, phase="opt")
-
-
-def default_rank_filter(layout: Layout) -> Callable[[int], bool]:
-    """Ranks that stand for their symmetry class: tp = cp = dp = 0, one per pipeline stage."""
-    return lambda r: all(v == 0 for k, v in layout.coords(r).items() if k in ("tp", "cp", "dp", "ep"))
