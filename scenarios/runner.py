@@ -212,6 +212,8 @@ def model_flops(prep: Prepared, trace) -> tuple[float, float, str]:
         return model, hw, formula
     g = trace.graph
     per_mb = g.total_flops("fwd") + g.total_flops("bwd")
+    if cfg.cp > 1:  # the trace holds s/cp x s/cp attention; ring attention does s/cp x s per rank
+        per_mb += (cfg.cp - 1) * sum(o.flops for o in g.ops if o.kind == "attention" and o.phase != "opt")
     shards = cfg.tp * cfg.cp
     model = per_mb * shards * cfg.num_microbatches * cfg.dp
     extra = g.recompute_flops(cfg.recompute_granularity) if cfg.recompute_granularity != "none" else 0.0
