@@ -599,28 +599,21 @@ arch_of = arch_from_compute_capability
 """Alias of :func:`hwmodel.nccl.channels.arch_from_compute_capability`."""
 
 
-def normalise_algorithm(name: str) -> str:
-    """Lower-case and validate an algorithm name (ring, tree, nvls).
-
-    Raises:
-        ValueError: unknown name (the message lists the allowed ones).
-    """
+def _normalise(name: str, allowed: tuple[str, ...], what: str) -> str:
     n = str(name).strip().lower()
-    if n not in ALGORITHMS_USER:
-        raise ValueError(f"unknown NCCL algorithm {name!r}; allowed: {', '.join(ALGORITHMS_USER)}")
+    if n not in allowed:
+        raise ValueError(f"unknown NCCL {what} {name!r}; allowed: {', '.join(allowed)}")
     return n
+
+
+def normalise_algorithm(name: str) -> str:
+    """Lower-case and validate an algorithm name (ring, tree, nvls); ValueError lists the allowed ones."""
+    return _normalise(name, ALGORITHMS_USER, "algorithm")
 
 
 def normalise_protocol(name: str) -> str:
-    """Lower-case and validate a protocol name (simple, ll, ll128).
-
-    Raises:
-        ValueError: unknown name (the message lists the allowed ones).
-    """
-    n = str(name).strip().lower()
-    if n not in PROTOCOLS_USER:
-        raise ValueError(f"unknown NCCL protocol {name!r}; allowed: {', '.join(PROTOCOLS_USER)}")
-    return n
+    """Lower-case and validate a protocol name (simple, ll, ll128); ValueError lists the allowed ones."""
+    return _normalise(name, PROTOCOLS_USER, "protocol")
 
 
 def ring_steps(coll: str, n_ranks: int) -> int:

@@ -3,11 +3,11 @@
 import gzip
 import json
 from collections import defaultdict
-from dataclasses import dataclass
 from types import SimpleNamespace
 
 import pytest
 
+from hwmodel.runtime import TraceEvent
 from plots.chrome_trace import (
     NETWORK_PID,
     kineto_kernel_name,
@@ -17,21 +17,7 @@ from plots.chrome_trace import (
     write_per_rank_traces,
 )
 
-
-@dataclass(frozen=True)
-class Ev:
-    """Mirrors ``hwmodel.runtime.TraceEvent``'s fields."""
-
-    rank: int
-    stream: str
-    task_id: int
-    name: str
-    category: str
-    start_s: float
-    end_s: float
-    phase: str = ""
-    layer: str = ""
-    info: tuple = ()
+Ev = TraceEvent  # the runtime's own record
 
 
 def events():
