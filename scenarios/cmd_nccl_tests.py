@@ -6,8 +6,10 @@ Arguments follow nccl-tests 2.19.6 (``-b`` minbytes, ``-e`` maxbytes, ``-f`` ste
 ``-g`` GPUs per thread, ``-d`` datatype); the collective is a binary name (``all_reduce_perf``) or a
 collective name (``all_reduce``, ``allreduce``). One process per node drives ``-g`` GPUs, so the
 communicator has ``g x nodes`` ranks. ``--algo`` / ``--proto`` override NCCL's tuner like
-``NCCL_ALGO`` / ``NCCL_PROTO``. The table is nccl-tests' out-of-place half plus the algorithm and
-protocol chosen per size (:func:`hwmodel.nccl.nccltests.format_table`); times come from
+``NCCL_ALGO`` / ``NCCL_PROTO``; ``--tuner-config FILE`` applies tuner-plugin rules in the format of
+NCCL's example tuner plugin (``NCCL_TUNER_CONFIG_FILE``, :mod:`hwmodel.nccl.tuner_config`). The table
+is nccl-tests' out-of-place half plus the algorithm and protocol chosen per size
+(:func:`hwmodel.nccl.nccltests.format_table`); times come from
 :func:`hwmodel.nccl.engine.simulate_nccl_tests` (host enqueue cost included for ``-g > 1``).
 """
 
@@ -20,6 +22,7 @@ from pathlib import Path
 from hwmodel.nccl import nccltests as N
 from hwmodel.nccl.engine import FIDELITIES, simulate_nccl_tests
 from hwmodel.nccl.tuner import NCCL_VERSION
+from hwmodel.nccl.tuner_config import TunerConfigError, load_tuner_config
 from hwmodel.topology import build_system, known_systems
 from scenarios.cli import UserError
 
@@ -40,6 +43,10 @@ def register(subparsers) -> None:
     p.add_argument("--system", default="dgx-a100", help=f"one of {', '.join(known_systems())} (default dgx-a100)")
     p.add_argument("--algo", default=None, help="force NCCL's algorithm: ring, tree, nvls (NCCL_ALGO)")
     p.add_argument("--proto", default=None, help="force NCCL's protocol: simple, ll, ll128 (NCCL_PROTO)")
+    p.add_argument("--tuner-config", metavar="FILE", default=None,
+                   help="NCCL tuner-plugin rules (NCCL_TUNER_CONFIG_FILE CSV format: collective_type,min_bytes,"
+                        "max_bytes,algorithm,protocol,channels,nNodes,nRanks[,numPipeOps,regBuff]); the first "
+                        "matching rule overrides NCCL's model")
     p.add_argument("--fidelity", default="flow", choices=FIDELITIES, help="flow (default) or step")
     p.add_argument("--json", metavar="PATH", default=None, help="also write the rows as JSON to PATH")
     p.set_defaults(func=run)
@@ -59,13 +66,20 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"-f must be >= 1, got {args.stepfactor}")
     sizes = N.size_sweep(args.minbytes, args.maxbytes, args.stepfactor, args.stepbytes)
     gpus = [g for node in range(args.nodes) for g in topo.gpus_of_node(node)[:args.ngpus]]
+    rules = None
+    if args.tuner_config:
+        try:
+            rules = load_tuner_config(args.tuner_config)
+        except TunerConfigError as exc:
+            raise UserError(f"--tuner-config: {exc}") from None
     rows = simulate_nccl_tests(topo, coll, sizes, gpus_per_thread=args.ngpus, dtype=args.datatype,
                                algorithm=args.algo, protocol=args.proto, fidelity=args.fidelity,
-                               gpus=gpus)
+                               gpus=gpus, tuner_config=rules)
     print(f"# trainsim nccl-tests: {topo.name}, {args.nodes} node(s) x {args.ngpus} GPU(s), "
           f"fidelity {args.fidelity}, NCCL {NCCL_VERSION} tuning model"
           + (f", NCCL_ALGO={args.algo}" if args.algo else "")
-          + (f", NCCL_PROTO={args.proto}" if args.proto else ""))
+          + (f", NCCL_PROTO={args.proto}" if args.proto else "")
+          + (f", tuner rules {args.tuner_config} ({len(rules)})" if rules is not None else ""))
     print(N.format_table(rows, n_threads=1, n_gpus=args.ngpus,
                          step_factor=args.stepfactor if args.stepfactor > 1 else None), end="")
     if args.json:

@@ -12,6 +12,7 @@ from typing import Any
 
 from hwmodel.cluster import Cluster
 from hwmodel.nccl.engine import NcclEngine
+from hwmodel.nccl.tuner_config import TunerConfigError, load_tuner_config
 from hwmodel.runtime import DEFAULT_HOST_LAUNCH_OVERHEAD_S, RunResult, Runtime
 from hwmodel.specs import get_gpu, load_gpu_file, with_overrides
 from hwmodel.topology import Topology, build_system
@@ -154,9 +155,16 @@ def run_scenario(scenario: Scenario, *, progress: bool = False) -> RunReport:
     gpus = topo.gpus()
     placement = {r: gpus[r] for r in range(cfg.world_size)}
 
+    tuner_rules = None
+    if sim.get("nccl_tuner_config"):
+        try:
+            tuner_rules = load_tuner_config(sim["nccl_tuner_config"])
+        except TunerConfigError as exc:
+            raise ValueError(f"simulation.nccl_tuner_config: {exc}") from None
+
     def engine(cluster: Cluster) -> NcclEngine:
         return NcclEngine(cluster, fidelity=sim.get("fidelity", "flow"), algorithm=sim.get("nccl_algo"),
-                          protocol=sim.get("nccl_proto"))
+                          protocol=sim.get("nccl_proto"), tuner_config=tuner_rules)
 
     host = float(sim.get("host_launch_overhead_s", DEFAULT_HOST_LAUNCH_OVERHEAD_S))
     mirror = None if mode == "full" else layout.mirror

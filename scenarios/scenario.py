@@ -5,7 +5,8 @@
 [model]       # a zoo name plus overrides (num_layers, hidden_size, ...), or factory = "pkg.mod:fn"
 [parallel]    # ParallelConfig fields, Megatron names (tensor_model_parallel_size, ...)
 [training]    # global_batch_size, micro_batch_size, dtype, seq_length
-[simulation]  # fidelity (flow/step), mode (auto/full/symmetric/hierarchical), ...
+[simulation]  # fidelity (flow/step), mode (auto/full/symmetric/hierarchical), nccl_algo, nccl_proto,
+              # nccl_tuner_config (a path: NCCL tuner-plugin CSV rules), host_launch_overhead_s, record_links
 ```
 
 Unknown sections and keys are rejected by name with the allowed ones listed; values are type-checked.
@@ -35,7 +36,7 @@ SYSTEM_KEYS = {
 TRAINING_KEYS = {"global_batch_size": int, "micro_batch_size": int, "dtype": str, "seq_length": int}
 SIMULATION_KEYS = {
     "fidelity": str, "mode": str, "host_launch_overhead_s": (int, float), "nccl_algo": str, "nccl_proto": str,
-    "record_links": bool,
+    "record_links": bool, "nccl_tuner_config": str,
 }
 MODES = ("auto", "full", "symmetric", "hierarchical")
 PARALLEL_KEYS = {f.name for f in dataclasses.fields(ParallelConfig)} - {"micro_batch_size", "global_batch_size"}

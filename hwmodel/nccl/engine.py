@@ -56,6 +56,7 @@ from hwmodel.ir import COLLECTIVE_OPS, Collective
 from hwmodel.nccl import nccltests as _nt
 from hwmodel.nccl import tuner as _tuner
 from hwmodel.nccl.channels import p2p_plan
+from hwmodel.nccl.tuner_config import TunerConfig
 
 if TYPE_CHECKING:
     from hwmodel.topology import Topology
@@ -134,13 +135,17 @@ class NcclEngine:
         algorithm, protocol: global overrides, as ``NCCL_ALGO`` / ``NCCL_PROTO``.
         nvlink_efficiency: achieved / line rate of NVLink for NCCL traffic; default
             :data:`NVLINK_EFFICIENCY_FIT` for the GPU generation, else NCCL's ``SMxx_NVLINK_BW`` ratio.
+        tuner_config: tuner-plugin rules (:mod:`hwmodel.nccl.tuner_config`) that override NCCL's
+            model per collective and size; default: the module-wide rules
+            (:func:`hwmodel.nccl.tuner.set_default_tuner_config`), usually none.
 
     Raises:
         ValueError: unknown fidelity, algorithm or protocol (the message lists the allowed values).
     """
 
     def __init__(self, cluster: Cluster, *, fidelity: str = "flow", algorithm: str | None = None,
-                 protocol: str | None = None, nvlink_efficiency: float | None = None) -> None:
+                 protocol: str | None = None, nvlink_efficiency: float | None = None,
+                 tuner_config: TunerConfig | None = None) -> None:
         if fidelity not in FIDELITIES:
             raise ValueError(f"fidelity: unknown value {fidelity!r}; allowed: {', '.join(FIDELITIES)}")
         self.cluster = cluster
@@ -148,6 +153,8 @@ class NcclEngine:
         self.fidelity = fidelity
         self.algorithm = _tuner.normalise_algorithm(algorithm) if algorithm else None
         self.protocol = _tuner.normalise_protocol(protocol) if protocol else None
+        self.tuner_config = tuner_config
+        """Tuner-plugin rules of this engine (``None``: the module-wide ones, if any)."""
         topo = cluster.topology
         spec = topo.gpu_spec
         if nvlink_efficiency is None:
@@ -212,7 +219,8 @@ class NcclEngine:
             raise ValueError(f"collective {coll.op}: size_bytes must be >= 0, got {coll.size_bytes}")
         algo = coll.algorithm or self.algorithm
         proto = coll.protocol or self.protocol
-        key = (coll.op, coll.size_bytes, gpus, algo, proto, coll.root)
+        tuner = self.tuner_config if self.tuner_config is not None else _tuner.get_default_tuner_config()
+        key = (coll.op, coll.size_bytes, gpus, algo, proto, coll.root, id(tuner))
         hit = self._plan_cache.get(key)
         if hit is not None:
             return hit
@@ -224,14 +232,15 @@ class NcclEngine:
             p = self._plan_all_to_all(coll, gpus)
         else:
             ct = self.comm_topology(gpus)
-            ch = _tuner.choose(coll.op, coll.size_bytes, ct, algo=algo, proto=proto)
+            ch = _tuner.choose(coll.op, coll.size_bytes, ct, algo=algo, proto=proto, tuner=tuner)
             bw = _tuner.algo_bandwidth_Bps(coll.op, ch.algorithm, ch.protocol, ct)
             # The tuner's bandwidth assumes every channel; small messages run on fewer.
             full = _tuner.nccl_channels(ch.algorithm, ch.protocol, 1 << 40, ct)[0]
             scale = ch.n_channels / full if full else 1.0
             bound = _bus_rate(coll.op, ch.algorithm, bw, n) * scale if bw else None
             p = Plan(coll.op, coll.size_bytes, gpus, ch.algorithm, ch.protocol, ch.n_channels,
-                     ch.latency_s, ch.predicted_time_s, bound, coll.root, coll.name)
+                     ch.latency_s, ch.predicted_time_s, bound, coll.root, coll.name,
+                     info={"decided_by": ch.decided_by})
         self._plan_cache[key] = p
         return p
 
@@ -498,7 +507,8 @@ class NcclEngine:
 def simulate_nccl_tests(topology: Topology, collective: str, sizes: Iterable[int | str], *,
                         gpus_per_thread: int = 1, gpus: Sequence[str] | None = None, dtype: str = "float",
                         algorithm: str | None = None, protocol: str | None = None,
-                        fidelity: str = "flow") -> list[_nt.NcclTestsRow]:
+                        fidelity: str = "flow", tuner_config: TunerConfig | None = None,
+                        ) -> list[_nt.NcclTestsRow]:
     """Emulate an nccl-tests sweep on the hardware model: one row per size, as nccl-tests prints it.
 
     Each size runs once on an otherwise idle cluster (``fidelity`` flow or step). The reported time is
@@ -518,6 +528,8 @@ def simulate_nccl_tests(topology: Topology, collective: str, sizes: Iterable[int
         gpus_per_thread: nccl-tests ``-g``.
         dtype: nccl-tests ``-d`` type name (float, half, bfloat16, ...).
         algorithm, protocol: force NCCL's choice (``NCCL_ALGO`` / ``NCCL_PROTO``).
+        tuner_config: tuner-plugin rules (``NCCL_TUNER_CONFIG_FILE``), applied after ``algorithm`` /
+            ``protocol`` restrict the enabled pairs.
 
     Returns:
         :class:`hwmodel.nccl.nccltests.NcclTestsRow` per size (SI units).
@@ -535,7 +547,8 @@ def simulate_nccl_tests(topology: Topology, collective: str, sizes: Iterable[int
     if n < 1:
         raise ValueError("simulate_nccl_tests needs at least one GPU")
     cluster = Cluster(topology, record=False)
-    eng = NcclEngine(cluster, fidelity=fidelity, algorithm=algorithm, protocol=protocol)
+    eng = NcclEngine(cluster, fidelity=fidelity, algorithm=algorithm, protocol=protocol,
+                     tuner_config=tuner_config)
     env = cluster.env
     rows = []
     for size in sizes:

@@ -31,6 +31,7 @@ from hwmodel.nccl.channels import (
     nccl_channels,
     p2p_plan,
 )
+from hwmodel.nccl.tuner_config import MODELLED_ALGORITHMS, TunerConfig, TunerRule
 
 __all__ = [
     "ALGORITHMS",
@@ -69,6 +70,9 @@ __all__ = [
     "overrides",
     "predict_time_s",
     "set_default_overrides",
+    "set_default_tuner_config",
+    "get_default_tuner_config",
+    "tuner_config",
 ]
 
 NCCL_VERSION = "2.30.7"
@@ -198,6 +202,7 @@ IB_APP_EFFICIENCY = 0.94
 
 _DEFAULT_ALGO: frozenset[str] | None = None
 _DEFAULT_PROTO: frozenset[str] | None = None
+_DEFAULT_TUNER: TunerConfig | None = None
 
 
 _Names = str | Iterable[str] | None
@@ -256,6 +261,31 @@ def overrides(algo: _Names = None, proto: _Names = None) -> Iterator[None]:
 
 default_overrides = overrides
 """Alias of :func:`overrides`."""
+
+
+def set_default_tuner_config(config: TunerConfig | None) -> None:
+    """Install module-wide tuner-plugin rules (:mod:`hwmodel.nccl.tuner_config`), like setting
+    ``NCCL_TUNER_PLUGIN`` + ``NCCL_TUNER_CONFIG_FILE`` for every communicator; ``None`` removes them."""
+    global _DEFAULT_TUNER
+    if config is not None and not isinstance(config, TunerConfig):
+        raise TypeError(f"tuner config must be a TunerConfig or None, got {type(config).__name__}")
+    _DEFAULT_TUNER = config
+
+
+def get_default_tuner_config() -> TunerConfig | None:
+    """The module-wide tuner-plugin rules, or ``None``."""
+    return _DEFAULT_TUNER
+
+
+@contextlib.contextmanager
+def tuner_config(config: TunerConfig | None) -> Iterator[None]:
+    """Context manager form of :func:`set_default_tuner_config`; restores the previous rules on exit."""
+    saved = _DEFAULT_TUNER
+    set_default_tuner_config(config)
+    try:
+        yield
+    finally:
+        set_default_tuner_config(saved)
 
 
 def _set_raw(a: frozenset[str] | None, p: frozenset[str] | None) -> None:
@@ -507,6 +537,8 @@ class Choice:
     """The latency part of it (plateau included, x latCount), seconds."""
     algo_bandwidth_Bps: float = math.inf
     """Modelled algorithm bandwidth (tree correction included), bytes/s."""
+    decided_by: str = "model"
+    """``model`` (NCCL's tuning model) or ``tuner config <file>:<line>`` (a tuner-plugin rule)."""
 
 
 def _resolve(value: str | Iterable[str] | None, default: frozenset[str] | None, allowed: tuple[str, ...],
@@ -547,6 +579,7 @@ def choose(
     *,
     n_pipe_ops: int = 1,
     dtype: str | None = None,
+    tuner: TunerConfig | None = None,
 ) -> Choice:
     """Pick the (algorithm, protocol) with the minimum predicted time, as ``topoGetAlgoInfo``.
 
@@ -554,6 +587,11 @@ def choose(
     ``^`` exclusions); per-call values replace the module defaults set with
     :func:`set_default_overrides`, dimension by dimension. A single communicator rank costs 0 (NCCL
     sets Ring/Simple to 0 when nRanks == 1).
+
+    ``tuner`` (else the module default, :func:`set_default_tuner_config`) is a tuner plugin's rule
+    list: the first matching rule whose pair is still enabled after ``algo``/``proto`` decides, as
+    ``pluginGetCollInfo`` zeroing that pair's cost (:mod:`hwmodel.nccl.tuner_config`); its
+    ``channels`` (> 0) replaces the size-based channel count, clamped to the communicator's.
 
     Raises:
         ValueError: unknown names, or nothing enabled (NCCL: "No algorithm/protocol available").
@@ -568,24 +606,45 @@ def choose(
                          f"newer; Broadcast/Reduce are ring only); available: {allowed}")
     if topo.n_ranks <= 1:
         return Choice("ring", "simple", 1, nccl_channels("ring", "simple", n_bytes, topo).n_threads, 0.0, 0.0)
-    best: tuple[float, str, str] | None = None
-    for a, p in pairs:
+    rule = _tuner_rule(tuner if tuner is not None else _DEFAULT_TUNER, coll, n_bytes, topo, pairs, n_pipe_ops)
+    if rule is not None:
+        a, p = rule.algorithm, rule.protocol
         t = predict_time_s(coll, a, p, n_bytes, topo, n_pipe_ops=n_pipe_ops, dtype=dtype)
-        if best is None or t < best[0]:
-            best = (t, a, p)
-    assert best is not None
-    t, a, p = best
+    else:
+        best: tuple[float, str, str] | None = None
+        for a, p in pairs:
+            t = predict_time_s(coll, a, p, n_bytes, topo, n_pipe_ops=n_pipe_ops, dtype=dtype)
+            if best is None or t < best[0]:
+                best = (t, a, p)
+        assert best is not None
+        t, a, p = best
     plan = nccl_channels(a, p, n_bytes, topo)
+    n_channels = plan.n_channels
+    if rule is not None and rule.channels > 0:
+        n_channels = min(rule.channels, topo.nvls_channels if a == "nvls" else topo.n_channels)
     lat_count = n_pipe_ops if a == "ring" else -(-n_pipe_ops // MAX_DEV_WORK_BATCH_COLLS)
     return Choice(
         algorithm=a,
         protocol=p,
-        n_channels=plan.n_channels,
+        n_channels=n_channels,
         n_threads=plan.n_threads,
         predicted_time_s=t,
         latency_s=latency_s(coll, a, p, topo, n_bytes) * lat_count,
         algo_bandwidth_Bps=algo_bandwidth_Bps(coll, a, p, topo, n_bytes),
+        decided_by="model" if rule is None else f"tuner config {rule.where}",
     )
+
+
+def _tuner_rule(config: TunerConfig | None, coll: str, n_bytes: int, topo: CommTopology,
+                pairs: list[tuple[str, str]], n_pipe_ops: int) -> TunerRule | None:
+    """The first matching rule whose (algorithm, protocol) is enabled and modelled, or ``None``."""
+    if config is None:
+        return None
+    enabled = set(pairs)
+    for r in config.candidates(coll, n_bytes, topo.n_nodes, topo.n_ranks, n_pipe_ops):
+        if r.algorithm in MODELLED_ALGORITHMS and (r.algorithm, r.protocol) in enabled:
+            return r
+    return None
 
 
 # ------------------------------------------------------------------------------------------------

@@ -116,3 +116,21 @@ def test_synth_bad_input_is_one_line(capsys, args, message):
     assert main(["synth", "--system", "dgx-a100", "--nodes", "4", *args]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_nccl_tuner_config_in_a_scenario(default_run, tmp_path, capsys):
+    """``[simulation] nccl_tuner_config``: rules limiting every TP/DP collective to 2 channels make
+    communication slower, so the iteration is longer than the default run's; a bad file is one line."""
+    rules = tmp_path / "two_channels.conf"
+    rules.write_text("".join(f"{c},0,4294967295,ring,simple,2,-1,-1\n"
+                             for c in ("allreduce", "allgather", "reducescatter")))
+    out = tmp_path / "slow.json"
+    assert main(["run", "--set", f"simulation.nccl_tuner_config={rules}", "--json", str(out)]) == 0
+    capsys.readouterr()
+    base = json.loads((default_run["dir"] / "a.json").read_text())
+    slow = json.loads(out.read_text())
+    assert slow["iteration_time_s"] > 1.05 * base["iteration_time_s"]
+    rules.write_text("allreduce,0,10,ring,simple\n")
+    assert main(["run", "--set", f"simulation.nccl_tuner_config={rules}"]) == 2
+    err = capsys.readouterr().err
+    assert "simulation.nccl_tuner_config" in err and "8 to 10" in err and err.count("\n") == 1

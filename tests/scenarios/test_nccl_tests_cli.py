@@ -12,12 +12,14 @@ from pathlib import Path
 import pytest
 
 from hwmodel.nccl.engine import simulate_nccl_tests
+from hwmodel.nccl.tuner_config import load_tuner_config
 from hwmodel.topology import build_system
 from scenarios.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data" / "nccl_tests_a100_8gpu.csv"
 GOLDEN = ROOT / "scenarios" / "golden" / "nccl_tests_all_reduce_dgx_a100_g8.txt"
+TUNER = ROOT / "tests" / "data" / "nccl_tuner_a100_tree_midband.conf"
 MiB = 1 << 20
 
 
@@ -78,6 +80,36 @@ def test_forcing_tree_reproduces_the_8MB_to_256MB_band():
     assert all(r.algorithm == "tree" for r in rows)
     assert max(abs(e) for s, e in err.items() if s != 16 * MiB) < 0.05
     assert err[16 * MiB] == pytest.approx(0.22, abs=0.02)
+
+
+def test_replaying_the_inferred_tree_choice_with_tuner_rules():
+    """The same hypothesis through the tuner-plugin path a user would take (``--tuner-config``):
+    every band then meets its tolerance except the 16 MiB row, which matches neither algorithm."""
+    meas = _measured()
+    rows = simulate_nccl_tests(build_system("dgx-a100", 1), "all_reduce", sorted(meas), gpus_per_thread=8,
+                               tuner_config=load_tuner_config(TUNER))
+    err = {r.size_bytes: r.busbw_Bps / 1e9 / meas[r.size_bytes] - 1 for r in rows}
+    algo = {r.size_bytes: (r.algorithm, r.protocol) for r in rows}
+    assert algo[8 * MiB] == ("tree", "ll128") and algo[256 * MiB] == ("tree", "simple")
+    assert algo[512 * MiB] == ("ring", "simple")
+    assert max(abs(e) for s, e in err.items() if s < MiB) < 0.30
+    assert max(abs(e) for s, e in err.items() if MiB <= s < 64 * MiB and s != 16 * MiB) < 0.15
+    assert max(abs(e) for s, e in err.items() if s >= 64 * MiB) < 0.05
+    assert err[16 * MiB] == pytest.approx(0.22, abs=0.02)
+
+
+def test_cli_tuner_config(tmp_path, capsys):
+    path = tmp_path / "rows.json"
+    assert main(["nccl-tests", "all_reduce", "-b", "64M", "-e", "1G", "-f", "4", "-g", "8",
+                 "--tuner-config", str(TUNER), "--json", str(path)]) == 0
+    assert "tuner rules" in capsys.readouterr().out
+    assert [(r["size_bytes"], r["algorithm"]) for r in json.loads(path.read_text())] == [
+        (64 * MiB, "tree"), (256 * MiB, "tree"), (1 << 30, "ring")]
+    bad = tmp_path / "bad.conf"
+    bad.write_text("allreduce,0,1,ring,fast,-1,1,-1\n")
+    assert main(["nccl-tests", "all_reduce", "--tuner-config", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "--tuner-config" in err and "protocol 'fast' unknown" in err and len(err.strip().splitlines()) == 1
 
 
 def test_host_floor_only_with_several_gpus_per_thread():
