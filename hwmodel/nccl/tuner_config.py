@@ -132,7 +132,8 @@ def _int(text: str, field: str, where: str, *, minimum: int | None = None) -> in
 def parse_tuner_config(text: str, source: str = "<text>") -> TunerConfig:
     """Parse the example tuner plugin's CSV format (see the module docstring).
 
-    Comments start with ``#``; blank lines are ignored; fields are trimmed; names are case-insensitive.
+    ``#`` starts a comment (whole line or trailing); blank lines are ignored; fields are trimmed; names
+    are case-insensitive.
 
     Raises:
         TunerConfigError: a line with fewer than 8 or more than 10 fields, an unknown collective,
@@ -141,8 +142,8 @@ def parse_tuner_config(text: str, source: str = "<text>") -> TunerConfig:
     """
     rules = []
     for lineno, raw in enumerate(text.splitlines(), start=1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
             continue
         where = f"{source}:{lineno}"
         parts = [p.strip() for p in line.split(",")]

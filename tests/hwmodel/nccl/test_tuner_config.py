@@ -15,7 +15,7 @@ MiB = 1 << 20
 # NCCL's own example file (plugins/tuner/example/nccl_tuner.conf, 2.30.7), abridged: 8, 9 and 10 fields.
 EXAMPLE = """\
 # comment
-allreduce,0,65536,tree,simple,2,1,-1,-1,1
+allreduce,0,65536,tree,simple,2,1,-1,-1,1   # trailing comment
 
 allreduce,65537,1048576,ring,simple,4,4,32,1,0
 allreduce,1048577,4294967295,ring,ll128,-1,-1,-1,4,-1
