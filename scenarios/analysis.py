@@ -136,6 +136,14 @@ def overlap_stats(events: Iterable[TraceEvent], per_rank: dict[int, RankBreakdow
     return OverlapStats(hidden / total if total else 0.0, (actual - solo) / solo if solo else 0.0, n)
 
 
+def mfu_peak_dtype(dtype: str) -> str:
+    """The tensor-core peak MFU is taken against for a training dtype: its own, ``tf32`` for fp32
+    (tensor-core math of fp32 training), and ``bf16`` for fp8. FP8 training runs only the Linear
+    GEMMs in FP8 (:mod:`workload.fp8`); MFU against the bf16 peak keeps bf16 and fp8 runs of one model
+    comparable (the ratio of their MFUs is the speed-up) where the fp8 peak would halve it."""
+    return {"fp32": "tf32", "fp8": "bf16"}.get(dtype, dtype)
+
+
 def megatron_flops_per_iteration(*, batch: int, seq: int, layers: int, hidden: int, vocab: int,
                                  full_recompute: bool) -> float:
     """Narayanan et al. SC'21 eq. 3: ``96·B·s·l·h²·(1 + s/6h + V/16lh)`` FLOPs per iteration with full

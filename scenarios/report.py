@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from scenarios.analysis import mfu_peak_dtype
+
 __all__ = [
     "JSON_FLOAT_DIGITS", "MAX_RANK_ROWS", "TRACE_MAX_LINKS", "format_memory_only", "format_report",
     "stable_json", "write_json", "write_plots", "write_trace",
@@ -120,6 +122,8 @@ def _header(scenario: Any, m: Mapping[str, Any] | None, prep: Any) -> list[str]:
     if hasattr(mc, "num_layers") and hasattr(mc, "hidden_size"):
         shape = (f": {mc.num_layers} layers, hidden {mc.hidden_size}, {mc.num_attention_heads} heads, "
                  f"sequence {mc.seq_length}")
+    elif hasattr(mc, "summary"):  # a custom nn.Module (workload.custom)
+        shape = f": {mc.summary}"
     lines.append(f"Model       {getattr(mc, 'name', 'model')}{shape}; {prep.dtype}")
     if m is not None:
         lines.append(f"Parallel    {_parallel_line(m['parallel'])}")
@@ -132,11 +136,13 @@ def _header(scenario: Any, m: Mapping[str, Any] | None, prep: Any) -> list[str]:
 def _memory_lines(mem: Mapping[str, Any] | None, oom: bool) -> list[str]:
     if mem is None:
         return ["Memory per GPU: not modelled for this model"]
-    total = sum(mem[k] for k in ("parameters_bytes", "gradients_bytes", "optimizer_states_bytes",
-                                 "activations_bytes", "workspace_bytes"))
+    fp8 = mem.get("fp8_weights_bytes", 0.0)
+    total = fp8 + sum(mem[k] for k in ("parameters_bytes", "gradients_bytes", "optimizer_states_bytes",
+                                       "activations_bytes", "workspace_bytes"))
     lines = [f"Memory per GPU (peak, busiest pipeline stage): {'OOM' if oom else 'fits'}",
              f"  parameters {_gb(mem['parameters_bytes'])}, gradients {_gb(mem['gradients_bytes'])}, "
              f"optimizer states {_gb(mem['optimizer_states_bytes'])}, activations {_gb(mem['activations_bytes'])}"
+             + (f", fp8 weight copies {_gb(fp8)}" if fp8 else "")
              + (f", workspace {_gb(mem['workspace_bytes'])}" if mem["workspace_bytes"] else ""),
              f"  total {_gb(total)} of {_gb(mem['hbm_capacity_bytes'])} HBM "
              f"({100 * total / mem['hbm_capacity_bytes']:.0f} %)",
@@ -149,8 +155,8 @@ def format_memory_only(prep: Any, memory: Any) -> str:
     gpu = prep.topology.gpu_spec
     mem = {"parameters_bytes": memory.parameters, "gradients_bytes": memory.gradients,
            "optimizer_states_bytes": memory.optimizer_states, "activations_bytes": memory.activations,
-           "workspace_bytes": memory.workspace, "hbm_capacity_bytes": gpu.hbm_capacity_bytes,
-           "verdict": memory.verdict(gpu)}
+           "workspace_bytes": memory.workspace, "fp8_weights_bytes": memory.fp8_weights,
+           "hbm_capacity_bytes": gpu.hbm_capacity_bytes, "verdict": memory.verdict(gpu)}
     lines = _header(prep.scenario, None, prep)
     lines += ["", *_memory_lines(mem, True), "",
               "Not simulated: the configuration does not fit in GPU memory (use --simulate-oom to simulate anyway)."]
@@ -220,7 +226,10 @@ def format_report(rep: Any, *, max_rank_rows: int = MAX_RANK_ROWS, top_links: in
     T = m["iteration_time_s"]
     gpu = rep.prepared.topology.gpu_spec
     dtype = rep.prepared.dtype
-    peak = gpu.peak_flops(dtype if dtype != "fp32" else "tf32")
+    peak_dtype = mfu_peak_dtype(dtype)
+    peak = gpu.peak_flops(peak_dtype)
+    if dtype == "fp8":
+        peak_dtype += f"; FP8 GEMMs {gpu.peak_flops('fp8') / 1e12:.0f}"
     lines = _header(rep.scenario, m, rep.prepared)
     lines += [
         "",
@@ -228,7 +237,7 @@ def format_report(rep: Any, *, max_rank_rows: int = MAX_RANK_ROWS, top_links: in
         (f"Throughput       {m['tokens_per_s']:,.0f} tokens/s" if m.get("tokens_per_s") is not None else
          f"Throughput       {m['samples_per_s']:,.1f} samples/s"),
         f"TFLOP/s per GPU  {m['tflops_per_gpu']:.1f} (hardware FLOPs, recomputation included; "
-        f"peak {peak / 1e12:.0f} TFLOP/s {dtype})",
+        f"peak {peak / 1e12:.0f} TFLOP/s {peak_dtype})",
         f"MFU              {_pct(m['mfu'])} (model FLOPs / iteration time / GPUs / peak)",
         f"FLOP formula     {m['flops_formula']}",
         f"                 model {_flop(m['model_flops_per_iteration'])}, hardware "
@@ -281,7 +290,7 @@ def write_trace(rep: Any, path: str | Path, *, max_links: int = TRACE_MAX_LINKS)
     try:
         return write_chrome_trace(path, res.events, link_series=res.cluster.link_resources(),
                                   max_links=max_links, metadata=meta, iterations=[(0.0, res.end_time_s)],
-                                  collective_dtype=rep.prepared.dtype)
+                                  collective_dtype="bf16" if rep.prepared.dtype == "fp8" else rep.prepared.dtype)
     except OSError as exc:
         raise ValueError(f"cannot write {path}: {exc.strerror}") from None
 

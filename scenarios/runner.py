@@ -10,6 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+from torch import nn
+
 from hwmodel.cluster import Cluster
 from hwmodel.nccl.engine import NcclEngine
 from hwmodel.nccl.tuner_config import TunerConfigError, load_tuner_config
@@ -20,10 +23,12 @@ from scenarios.analysis import (
     RankBreakdown,
     breakdown,
     megatron_flops_per_iteration,
+    mfu_peak_dtype,
     overlap_stats,
 )
 from scenarios.hierarchical import macro_programs
 from scenarios.scenario import Scenario
+from workload.custom import MODULE_KEYS, CustomModel
 from workload.memory import memory_per_gpu
 from workload.parallel.builder import BuildResult, build_programs
 from workload.parallel.config import ParallelConfig
@@ -34,7 +39,7 @@ from workload.zoo import get_model_config
 from workload.zoo import with_overrides as model_overrides
 from workload.zoo.config import ResNetConfig, TransformerConfig
 
-MODEL_SPECIAL_KEYS = ("name", "factory", "hf_config")
+MODEL_SPECIAL_KEYS = ("name", "factory", "hf_config", "factory_args")
 SYMMETRY_THRESHOLD_GPUS = 16
 """Above this many GPUs, ``mode = "auto"`` simulates one representative rank per pipeline stage."""
 HIERARCHICAL_THRESHOLD_TASKS = 100_000
@@ -73,9 +78,20 @@ def build_topology(system: dict) -> Topology:
                         fabric_switch=system.get("fabric_switch"))
 
 
-def build_model_config(model: dict, training: dict):
+def build_model_config(model: dict, training: dict, base_dir: str | Path | None = None):
     """The model configuration of a ``[model]`` section (zoo name + overrides, or a Hugging Face
-    config); ``training.seq_length`` overrides the model's."""
+    config); ``training.seq_length`` overrides the model's.
+
+    ``factory = "package.module:fn"`` (or ``"path/to/file.py:fn"``, relative to ``base_dir``, the
+    scenario file's folder) is called as ``fn(**factory_args)`` under ``torch.device("meta")``. It returns
+    a zoo configuration (the overrides then apply), or a ``torch.nn.Module`` / ``(module,
+    example_inputs)``: a :class:`workload.custom.CustomModel` is returned (see :mod:`workload.custom`).
+
+    Raises:
+        ValueError: naming the ``[model]`` key at fault.
+    """
+    if "factory" in model:
+        return _from_factory(model, training, base_dir)
     overrides = {k: v for k, v in model.items() if k not in MODEL_SPECIAL_KEYS}
     if "seq_length" in training:
         overrides["seq_length"] = training["seq_length"]
@@ -85,19 +101,46 @@ def build_model_config(model: dict, training: dict):
             cfg = config_from_hf(model["hf_config"])
         except ImportError as exc:
             raise ValueError(f"[model] hf_config {model['hf_config']!r}: {exc}") from None
-    elif "factory" in model:
-        fn = load_factory(model["factory"])
-        try:
-            cfg = fn()
-        except Exception as exc:  # the user's code: report it in one line
-            raise ValueError(f"[model] factory {model['factory']!r} raised {type(exc).__name__}: {exc}") from None
-        if not isinstance(cfg, (TransformerConfig, ResNetConfig)):
-            raise ValueError(f"[model] factory {model['factory']!r} returned a {type(cfg).__name__}; it must "
-                             f"return a model configuration (workload.zoo.config.TransformerConfig, e.g. "
-                             f"with_overrides(get_model_config('llama3-8b'), num_layers=4))")
     else:
         cfg = get_model_config(model["name"])
     return model_overrides(cfg, **overrides) if overrides else cfg
+
+
+def _from_factory(model: dict, training: dict, base_dir: str | Path | None):
+    spec = model["factory"]
+    args = model.get("factory_args", {})
+    if not isinstance(args, dict):
+        raise ValueError(f"[model] factory_args must be a table of keyword arguments, got {args!r}")
+    fn = load_factory(spec, base_dir)
+    try:
+        with torch.device("meta"):
+            result = fn(**args)
+    except Exception as exc:  # the user's code: report it in one line
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise ValueError(f"[model] factory {spec!r} raised {type(exc).__name__}: {first}") from None
+    if isinstance(result, (TransformerConfig, ResNetConfig)):
+        extra = sorted(set(model) & (set(MODULE_KEYS) - set(MODEL_SPECIAL_KEYS)))
+        if extra:
+            raise ValueError(f"[model] {', '.join(extra)}: factory {spec!r} returned a model configuration; "
+                             f"these keys are for a factory returning an nn.Module")
+        overrides = {k: v for k, v in model.items() if k not in MODEL_SPECIAL_KEYS}
+        if "seq_length" in training:
+            overrides["seq_length"] = training["seq_length"]
+        return model_overrides(result, **overrides) if overrides else result
+    if isinstance(result, nn.Module) or isinstance(result, tuple) and result and isinstance(result[0], nn.Module):
+        unknown = sorted(set(model) - set(MODULE_KEYS))
+        if unknown:
+            raise ValueError(f"[model] unknown key(s) {', '.join(unknown)} for factory {spec!r}, which returns an "
+                             f"nn.Module; allowed: {', '.join(MODULE_KEYS)} (pass your model's settings in "
+                             f"factory_args)")
+        if "seq_length" in training:
+            raise ValueError(f"[training] seq_length applies to zoo transformers; factory {spec!r} returns an "
+                             f"nn.Module: give one sample's shape in [model] input_shape")
+        return CustomModel.from_factory(result, spec, model)
+    raise ValueError(f"[model] factory {spec!r} returned a {type(result).__name__}; it must return a "
+                     f"torch.nn.Module, (module, example_inputs), or a model configuration "
+                     f"(workload.zoo.config.TransformerConfig, e.g. with_overrides(get_model_config('llama3-8b'), "
+                     f"num_layers=4))")
 
 
 def prepare(scenario: Scenario) -> Prepared:
@@ -108,14 +151,32 @@ def prepare(scenario: Scenario) -> Prepared:
     """
     topo = build_topology(scenario.system)
     tr = scenario.training
-    model_cfg = build_model_config(scenario.model, tr)
+    src = Path(scenario.source) if scenario.source else None
+    model_cfg = build_model_config(scenario.model, tr, src.parent if src is not None and src.is_file() else None)
     kw = dict(scenario.parallel)
     kw["micro_batch_size"] = tr.get("micro_batch_size", 1)
     if "global_batch_size" in tr:
         kw["global_batch_size"] = tr["global_batch_size"]
     cfg = ParallelConfig(**kw).resolve(topo.num_gpus)
+    if isinstance(model_cfg, CustomModel):  # first: says why a plain module cannot use a strategy
+        model_cfg.check_parallel(cfg)
     cfg.validate_model(model_cfg)
-    return Prepared(scenario, topo, model_cfg, cfg, tr.get("dtype", "bf16"))
+    dtype = tr.get("dtype", "bf16")
+    check_dtype(dtype, topo.gpu_spec)
+    return Prepared(scenario, topo, model_cfg, cfg, dtype)
+
+
+def check_dtype(dtype: str, gpu) -> None:
+    """Whether ``gpu`` can train in ``dtype``: fp8 needs FP8 tensor cores (Hopper and later).
+
+    Raises:
+        ValueError: one line naming the field, the GPU and the GPUs that have FP8 tensor cores.
+    """
+    if dtype == "fp8" and "fp8" not in gpu.tensor_flops:
+        from hwmodel.specs import known_gpus
+
+        have = ", ".join(n for n in known_gpus() if "fp8" in get_gpu(n).tensor_flops)
+        raise ValueError(f"[training] dtype 'fp8' needs FP8 tensor cores ({have}); {gpu.name} has none")
 
 
 @dataclass
@@ -148,7 +209,12 @@ def run_scenario(scenario: Scenario, *, progress: bool = False) -> RunReport:
     if mode == "auto":
         mode = "full" if cfg.world_size <= SYMMETRY_THRESHOLD_GPUS else "symmetric"
     ranks = None if mode == "full" else layout.representatives()
-    if sim.get("mode", "auto") == "auto" and estimate_tasks(trace, cfg, len(ranks or ())) > \
+    uniform = trace.params_per_block is None  # the hierarchical engine times one block for all
+    if mode == "hierarchical" and not uniform:
+        raise ValueError(f"[simulation] mode = 'hierarchical' times one block and reuses it for every block; "
+                         f"{getattr(prep.model_cfg, 'name', 'the model')}'s blocks differ: use auto, full or "
+                         f"symmetric")
+    if sim.get("mode", "auto") == "auto" and uniform and estimate_tasks(trace, cfg, len(ranks or ())) > \
             HIERARCHICAL_THRESHOLD_TASKS:
         mode = "hierarchical"
     build = None if mode == "hierarchical" else build_programs(trace, cfg, ranks=ranks)
@@ -194,6 +260,9 @@ def estimate_tasks(trace, cfg: ParallelConfig, ranks: int) -> float:
 
 def memory_for(prep: Prepared):
     cfg = prep.config
+    if isinstance(prep.model_cfg, CustomModel):
+        return prep.model_cfg.memory(cfg, dtype=prep.dtype, param_bytes=4 if prep.dtype == "fp32" else 2,
+                                     grad_bytes=2 if prep.dtype == "fp16" else 4)
     if not hasattr(prep.model_cfg, "num_attention_heads"):
         return None
     return memory_per_gpu(
@@ -202,7 +271,7 @@ def memory_for(prep: Prepared):
         virtual_pipeline_size=cfg.vpp, sequence_parallel=cfg.sequence_parallel,
         recompute=cfg.recompute_granularity, zero_stage=cfg.effective_zero_stage,
         param_bytes=4 if prep.dtype == "fp32" else 2, grad_bytes=2 if prep.dtype == "fp16" else 4,
-        flash_attention=getattr(prep.model_cfg, "attention_backend", "flash") == "flash")
+        flash_attention=getattr(prep.model_cfg, "attention_backend", "flash") == "flash", fp8=prep.dtype == "fp8")
 
 
 def model_flops(prep: Prepared, trace) -> tuple[float, float, str]:
@@ -238,7 +307,7 @@ def metrics(rep: RunReport, trace) -> dict[str, Any]:
     seq = getattr(mc, "seq_length", 1)
     model_f, hw_f, formula = model_flops(prep, trace)
     gpu = prep.topology.gpu_spec
-    peak = gpu.peak_flops(prep.dtype if prep.dtype != "fp32" else "tf32")
+    peak = gpu.peak_flops(mfu_peak_dtype(prep.dtype))
     world = cfg.world_size
     ranks = sorted(rep.per_rank)
     mean = {k: sum(getattr(rep.per_rank[r], k) for r in ranks) / len(ranks)
@@ -260,7 +329,8 @@ def metrics(rep: RunReport, trace) -> dict[str, Any]:
         "oom": (not mem.fits(gpu)) if mem is not None else False,
         "memory": ({"parameters_bytes": mem.parameters, "gradients_bytes": mem.gradients,
                     "optimizer_states_bytes": mem.optimizer_states, "activations_bytes": mem.activations,
-                    "workspace_bytes": mem.workspace, "hbm_capacity_bytes": gpu.hbm_capacity_bytes,
+                    "workspace_bytes": mem.workspace, "fp8_weights_bytes": mem.fp8_weights,
+                    "hbm_capacity_bytes": gpu.hbm_capacity_bytes,
                     "verdict": mem.verdict(gpu)} if mem is not None else None),
         "breakdown": mean,
         "per_rank": {str(r): rep.per_rank[r].as_dict() for r in ranks},

@@ -4,7 +4,7 @@
 [system]      # the cluster: name (dgx-a100, dgx-h100, ...), nodes, fabric, oversubscription, ...
 [model]       # a zoo name plus overrides (num_layers, hidden_size, ...), or factory = "pkg.mod:fn"
 [parallel]    # ParallelConfig fields, Megatron names (tensor_model_parallel_size, ...)
-[training]    # global_batch_size, micro_batch_size, dtype, seq_length
+[training]    # global_batch_size, micro_batch_size, dtype (bf16, fp16, fp32, fp8), seq_length
 [simulation]  # fidelity (flow/step), mode (auto/full/symmetric/hierarchical), nccl_algo, nccl_proto,
               # nccl_tuner_config (a path: NCCL tuner-plugin CSV rules), host_launch_overhead_s, record_links
 ```
@@ -39,6 +39,8 @@ SIMULATION_KEYS = {
     "record_links": bool, "nccl_tuner_config": str,
 }
 MODES = ("auto", "full", "symmetric", "hierarchical")
+DTYPES = ("bf16", "fp16", "fp32", "fp8")
+"""Training dtypes; fp8 is bf16 mixed precision with Transformer Engine FP8 Linear GEMMs (H100 and later)."""
 PARALLEL_KEYS = {f.name for f in dataclasses.fields(ParallelConfig)} - {"micro_batch_size", "global_batch_size"}
 SECTIONS = ("system", "model", "parallel", "training", "simulation", "name", "description")
 
@@ -134,8 +136,8 @@ def parse_scenario(data: dict[str, Any], source: str = "") -> Scenario:
         raise ValueError(f"[simulation] mode: unknown {simulation['mode']!r}; allowed: {', '.join(MODES)}")
     if simulation.get("fidelity", "flow") not in ("flow", "step"):
         raise ValueError(f"[simulation] fidelity: unknown {simulation['fidelity']!r}; allowed: flow, step")
-    if training.get("dtype", "bf16") not in ("bf16", "fp16", "fp32"):
-        raise ValueError(f"[training] dtype: unknown {training['dtype']!r}; allowed: bf16, fp16, fp32")
+    if training.get("dtype", "bf16") not in DTYPES:
+        raise ValueError(f"[training] dtype: unknown {training['dtype']!r}; allowed: {', '.join(DTYPES)}")
     for key in ("name", "description"):
         if key in data and not isinstance(data[key], str):
             raise ValueError(f"{key} must be a string, got {data[key]!r}")

@@ -43,6 +43,24 @@ et al. 2020, arXiv:1910.02054, with K = 12). ZeRO stage 1 shards optimizer state
 ranks (dp x cp: context-parallel ranks hold the same weights), stage 2 also gradients, stage 3 also
 parameters.
 
+**FP8 training** (``fp8=True``; Transformer Engine's hybrid recipe, :mod:`workload.fp8`): the bf16
+parameters, fp32 gradients and fp32 optimizer states stay; TE adds an FP8 copy of every FP8-GEMM weight
+(the weight matrices of QKV, attention projection, fc1 and fc2, experts included; not biases, norms,
+router, embedding or output layer), cached across micro-batches, with its transpose for Hopper's dgrad
+GEMM: ``FP8_WEIGHT_COPY_BYTES`` = 2 bytes per such weight (:attr:`MemoryBreakdown.fp8_weights`, sharded
+over dp x cp with ZeRO-3 like the parameters). Saved activations change where TE keeps the FP8 GEMM
+input for the weight gradient instead of the bf16 one (1 byte per element, Korthikanti's terms):
+
+    QKV input, MLP input (norm outputs, quantised by the fused norm)   2 -> 1   (replicated part)
+    fc2 input (GeLU / SwiGLU output)                                   2f -> 1f (split part, per token)
+    attention projection input                                         2 -> 1, or 2 -> 2 + 1 with
+                                                                       FlashAttention (which keeps its bf16
+                                                                       output O for its own backward)
+
+so GPT with FlashAttention stores ``s*b*h*(8 + 21/t)`` per layer instead of ``s*b*h*(10 + 24/t)`` (plus the
+softmax statistics). The layer input saved by full recomputation, the norm inputs, Q/K/V and the GeLU/SwiGLU
+input stay bf16.
+
 Not modelled: CUDA context and allocator fragmentation, communication buffers, temporary GEMM workspace;
 leave headroom with :meth:`MemoryBreakdown.fits` ``headroom_bytes``.
 """
@@ -52,6 +70,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from workload.fp8 import FP8_WEIGHT_COPY_BYTES
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 """Activation recomputation: none, selective (attention core, Korthikanti §5), full (whole layer)."""
@@ -164,6 +184,11 @@ class ParamCounts:
     output: int
     """Separate output layer V*h (0 when tied to the embedding)."""
     num_layers: int
+    layer_linear_weights: int = 0
+    """Of ``layer_dense``: the weight matrices of the attention and (dense) MLP linears, no biases --
+    what FP8 training runs in FP8."""
+    layer_expert_linear_weights: int = 0
+    """Of ``layer_experts``: the experts' weight matrices, no biases."""
 
     @property
     def per_layer(self) -> int:
@@ -183,8 +208,10 @@ def parameter_count(cfg: Any) -> ParamCounts:
     h, f = m.hidden_size, m.ffn_hidden_size
     kv = h * m.num_query_groups // m.num_attention_heads  # key/value width
     bias = 1 if m.bias else 0
-    attn = h * (h + 2 * kv) + bias * (h + 2 * kv) + h * h + bias * h
-    mlp = (3 if m.gated_mlp else 2) * h * f + bias * ((2 if m.gated_mlp else 1) * f + h)
+    attn_w = h * (h + 2 * kv) + h * h
+    mlp_w = (3 if m.gated_mlp else 2) * h * f
+    attn = attn_w + bias * (h + 2 * kv) + bias * h
+    mlp = mlp_w + bias * ((2 if m.gated_mlp else 1) * f + h)
     norm_one = 2 * h if m.layernorm_bias else h
     norms = 2 * norm_one
     router = h * m.num_experts if m.num_experts > 1 else 0
@@ -195,7 +222,9 @@ def parameter_count(cfg: Any) -> ParamCounts:
         position=m.seq_length * h if m.learned_position_embeddings else 0,
         layer_dense=dense, layer_experts=experts, layer_norms=norms,
         final_norm=norm_one, output=0 if m.tied_embeddings else m.vocab_size * h,
-        num_layers=m.num_layers)
+        num_layers=m.num_layers,
+        layer_linear_weights=attn_w + (mlp_w if m.num_experts == 1 else 0),
+        layer_expert_linear_weights=mlp_w * m.num_experts if m.num_experts > 1 else 0)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -206,7 +235,8 @@ def activation_bytes_per_layer(seq_length: int, micro_batch_size: int, hidden_si
                                num_attention_heads: int, *, tp: int = 1, sequence_parallel: bool = False,
                                recompute: str = "none", cp: int = 1, ffn_hidden_size: int | None = None,
                                num_query_groups: int | None = None, gated_mlp: bool = False,
-                               moe_tokens_factor: float = 1.0, flash_attention: bool = False) -> float:
+                               moe_tokens_factor: float = 1.0, flash_attention: bool = False,
+                               fp8: bool = False) -> float:
     """Bytes of activations one transformer layer stores for the backward pass, per micro-batch, per GPU.
 
     Korthikanti et al. 2022 Table 2 (see the module docstring), decomposed so that it generalises:
@@ -229,6 +259,9 @@ def activation_bytes_per_layer(seq_length: int, micro_batch_size: int, hidden_si
         moe_tokens_factor: MLP activations scale (top-k x capacity factor for MoE; 1 dense).
         flash_attention: FlashAttention stores no s x s matrices, only fp32 softmax statistics
             (``4*a*s*b/t`` bytes) instead of ``5*a*s^2*b/t``.
+        fp8: FP8 training (Transformer Engine): the inputs of the FP8 GEMMs are saved in FP8, see the
+            module docstring -- ``replicated = 8*s*b*h``, the attention projection input ``3h`` (with
+            FlashAttention) or ``1h``, fc2 input ``1f`` instead of ``2f``.
 
     Raises:
         ValueError: unknown ``recompute`` or non-positive sizes.
@@ -247,9 +280,14 @@ def activation_bytes_per_layer(seq_length: int, micro_batch_size: int, hidden_si
         return 2.0 * s * b * h / sp
     f = ffn_hidden_size if ffn_hidden_size is not None else 4 * h
     kv = h * (num_query_groups or a) / a
-    replicated = 10.0 * s * b * h / sp
-    mlp = (6.0 if gated_mlp else 4.0) * f * moe_tokens_factor
-    split = (2.0 * h + 4.0 * kv + 2.0 * h + mlp) * s * b / t
+    gemm_in = 1.0 if fp8 else 2.0  # bytes per element of a saved FP8-GEMM input
+    # layer-norm inputs 4, QKV and MLP inputs (norm outputs) 2 x gemm_in, dropout masks 2
+    replicated = (4.0 + 2.0 * gemm_in + 2.0) * s * b * h / sp
+    # MLP: fc1 output (GeLU input f, or SwiGLU gate and up 2f) in bf16, fc2 input f at gemm_in
+    mlp = ((4.0 if gated_mlp else 2.0) + gemm_in) * f * moe_tokens_factor
+    # attention projection input = attention output; FlashAttention also keeps it in bf16
+    proj_in = 2.0 + 1.0 if fp8 and flash_attention else gemm_in
+    split = (2.0 * h + 4.0 * kv + proj_in * h + mlp) * s * b / t
     if recompute == "selective":
         core = 0.0
     elif flash_attention:
@@ -284,6 +322,8 @@ class MemoryBreakdown:
     """Activations stored for the backward pass (Korthikanti et al. 2022)."""
     workspace: float = 0.0
     """Transient: one layer's activations rematerialised during backward under recomputation."""
+    fp8_weights: float = 0.0
+    """FP8 training: Transformer Engine's cached FP8 copies of the FP8-GEMM weights (and transposes)."""
     stage: int = 0
     """Pipeline stage this breakdown is for (the one with the largest total unless asked)."""
     params_per_gpu: float = 0.0
@@ -299,7 +339,7 @@ class MemoryBreakdown:
     @property
     def total(self) -> float:
         """Everything (bytes)."""
-        return self.model_states + self.activations + self.workspace
+        return self.model_states + self.fp8_weights + self.activations + self.workspace
 
     def fits(self, gpu_hbm_bytes: float | Any, headroom_bytes: float = 0.0) -> bool:
         """Whether :attr:`total` + ``headroom_bytes`` fits in ``gpu_hbm_bytes`` (a number, or a GPUSpec
@@ -313,6 +353,8 @@ class MemoryBreakdown:
         cap = float(getattr(gpu_hbm_bytes, "hbm_capacity_bytes", gpu_hbm_bytes))
         parts = (f"parameters {_fmt(self.parameters)}, gradients {_fmt(self.gradients)}, "
                  f"optimizer {_fmt(self.optimizer_states)}, activations {_fmt(self.activations)}")
+        if self.fp8_weights:
+            parts += f", fp8 weight copies {_fmt(self.fp8_weights)}"
         if self.workspace:
             parts += f", recompute workspace {_fmt(self.workspace)}"
         if headroom_bytes:
@@ -329,7 +371,8 @@ def memory_per_gpu(model_cfg: Any, *, tp: int = 1, pp: int = 1, dp: int = 1, cp:
                    num_microbatches: int | None = None, virtual_pipeline_size: int = 1,
                    sequence_parallel: bool = False, recompute: str = "none", zero_stage: int = 0,
                    param_bytes: int = 2, grad_bytes: int = 4, optimizer_bytes_per_param: int | None = None,
-                   flash_attention: bool = False, stage: int | None = None) -> MemoryBreakdown:
+                   flash_attention: bool = False, fp8: bool = False,
+                   stage: int | None = None) -> MemoryBreakdown:
     """Peak memory of one GPU training ``model_cfg`` under a parallel configuration.
 
     Args:
@@ -349,6 +392,9 @@ def memory_per_gpu(model_cfg: Any, *, tp: int = 1, pp: int = 1, dp: int = 1, cp:
         grad_bytes: bytes per gradient element (4: Megatron's fp32 main grads, the default; 2: bf16/fp16).
         optimizer_bytes_per_param: default 12 (fp32 master + Adam m, v) or 8 when ``param_bytes == 4``.
         flash_attention: activations without the s x s score matrices.
+        fp8: FP8 training (Transformer Engine hybrid recipe): FP8 weight copies of
+            ``FP8_WEIGHT_COPY_BYTES`` (2) bytes per FP8-GEMM weight and FP8 saved GEMM inputs (module
+            docstring). ``param_bytes`` and ``grad_bytes`` keep their bf16-training meaning.
         stage: report this pipeline stage; default the stage with the largest total.
 
     Raises:
@@ -382,13 +428,13 @@ def memory_per_gpu(model_cfg: Any, *, tp: int = 1, pp: int = 1, dp: int = 1, cp:
     per_layer_act = activation_bytes_per_layer(
         s, b, h, m.num_attention_heads, tp=tp, sequence_parallel=sp, recompute=recompute, cp=cp,
         ffn_hidden_size=m.ffn_hidden_size, num_query_groups=m.num_query_groups, gated_mlp=m.gated_mlp,
-        moe_tokens_factor=m.moe_topk * m.moe_capacity_factor, flash_attention=flash_attention)
+        moe_tokens_factor=m.moe_topk * m.moe_capacity_factor, flash_attention=flash_attention, fp8=fp8)
     workspace = 0.0
     if recompute != "none":  # one layer rematerialised at a time during backward
         full_layer = activation_bytes_per_layer(
             s, b, h, m.num_attention_heads, tp=tp, sequence_parallel=sp, recompute="none", cp=cp,
             ffn_hidden_size=m.ffn_hidden_size, num_query_groups=m.num_query_groups, gated_mlp=m.gated_mlp,
-            moe_tokens_factor=m.moe_topk * m.moe_capacity_factor, flash_attention=flash_attention)
+            moe_tokens_factor=m.moe_topk * m.moe_capacity_factor, flash_attention=flash_attention, fp8=fp8)
         workspace = full_layer - per_layer_act
 
     in_flight_first = num_microbatches_in_flight if num_microbatches_in_flight is not None else pp
@@ -404,6 +450,8 @@ def memory_per_gpu(model_cfg: Any, *, tp: int = 1, pp: int = 1, dp: int = 1, cp:
         experts = counts.layer_experts / (ep * tp)
         params = layers * (dense + experts)
         expert_params = layers * experts
+        fp8_dense = layers * counts.layer_linear_weights / tp if fp8 else 0.0
+        fp8_expert = layers * counts.layer_expert_linear_weights / (ep * tp) if fp8 else 0.0
         if i == 0:
             params += counts.embedding / tp + counts.position
         if i == pp - 1:
@@ -429,12 +477,15 @@ def memory_per_gpu(model_cfg: Any, *, tp: int = 1, pp: int = 1, dp: int = 1, cp:
                 return (dense_params + expert_params) * nbytes
             return dense_params * nbytes / shard + expert_params * nbytes / expert_shard
 
+        fp8_copies = FP8_WEIGHT_COPY_BYTES * (fp8_dense / (shard if zero_stage >= 3 else 1)
+                                              + fp8_expert / (expert_shard if zero_stage >= 3 else 1))
         return MemoryBreakdown(
             parameters=sharded(param_bytes, zero_stage >= 3),
             gradients=sharded(grad_bytes, zero_stage >= 2),
             optimizer_states=sharded(opt_bytes, zero_stage >= 1),
             activations=act + extra,
             workspace=workspace,
+            fp8_weights=fp8_copies,
             stage=i,
             params_per_gpu=params,
             detail={"activation_bytes_per_layer": per_layer_act, "layers": layers,

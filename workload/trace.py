@@ -30,11 +30,15 @@ from __future__ import annotations
 
 import copy
 import importlib
+import importlib.util
 import math
+import sys
+import zlib
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -443,6 +447,7 @@ class _FusedKernels(TorchFunctionMode):
         with self.recorder.paused():
             relaid = out.transpose(1, 2).contiguous().transpose(1, 2)
         self.recorder.alias(relaid, out)
+        self.recorder.storage_alias[_storage_key(relaid)] = _storage_key(out)
         return relaid
 
 
@@ -456,6 +461,8 @@ class _Recorder(TorchDispatchMode):
         self.producer: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self.phase = "fwd"
         self.layer_override: str | None = None
+        self.storage_alias: dict[int, int] = {}
+        """Storage key -> the storage it stands for (the flash output relaid out unrecorded)."""
         self._paused = False
 
     @contextmanager
@@ -475,8 +482,10 @@ class _Recorder(TorchDispatchMode):
     def _layer(self) -> str:
         if self.layer_override is not None:
             return self.layer_override
-        path = max(self.tracker.parents, key=len)
-        if path == "Global" or path == self.root:
+        # the innermost module: the longest path (ancestors' paths are its prefixes); not "Global", which
+        # is longer than a short one such as "Net.fc"
+        path = max((p for p in self.tracker.parents if p != "Global"), key=len, default="")
+        if path == self.root:
             return ""
         return path.removeprefix(self.root + ".")
 
@@ -547,20 +556,46 @@ def _block_signature(block: nn.Module) -> tuple:
             tuple(type(m).__name__ for m in block.modules()))
 
 
-def _repeated_blocks(model: nn.Module, attr: str) -> nn.ModuleList | None:
-    blocks = getattr(model, attr, None)
-    if not isinstance(blocks, nn.ModuleList) or len(blocks) < 1:
+def _submodule(model: nn.Module, path: str) -> nn.Module | None:
+    """``model.get_submodule(path)`` (``""``: the model itself), or ``None`` if there is none."""
+    if not path:
+        return model
+    try:
+        return model.get_submodule(path)
+    except AttributeError:
+        return None
+
+
+def block_path(attr: str, name: str | int) -> str:
+    """Module path of child ``name`` of the block container ``attr`` (``""``: the model's own children)."""
+    return f"{attr}.{name}" if attr else str(name)
+
+
+def _repeated_blocks(model: nn.Module, attr: str) -> nn.Module | None:
+    """The container at ``attr`` if it is an ``nn.ModuleList``/``nn.Sequential`` of identical blocks named
+    ``0, 1, ...`` (what layer dedup can clone), else ``None``."""
+    blocks = _submodule(model, attr)
+    if not isinstance(blocks, (nn.ModuleList, nn.Sequential)) or len(blocks) < 1:
+        return None
+    if list(blocks._modules) != [str(i) for i in range(len(blocks))]:
         return None
     sig = _block_signature(blocks[0])
     return blocks if all(_block_signature(b) == sig for b in blocks) else None
 
 
 def _one_block_copy(model: nn.Module, attr: str) -> nn.Module:
-    """A shallow copy of ``model`` whose ``attr`` ModuleList holds only the first block (shared)."""
-    reduced = copy.copy(model)
-    reduced._modules = dict(model._modules)  # own dict: the original keeps all its blocks
-    reduced._modules[attr] = nn.ModuleList([getattr(model, attr)[0]])
-    return reduced
+    """A shallow copy of ``model`` whose container at ``attr`` holds only its first block (shared); the
+    modules on the path to it are shallow-copied too, so the original keeps all its blocks."""
+    def replaced(mod: nn.Module, parts: list[str]) -> nn.Module:
+        reduced = copy.copy(mod)
+        if not parts:  # the container itself
+            reduced._modules = {"0": mod._modules["0"]}
+            return reduced
+        reduced._modules = dict(mod._modules)
+        reduced._modules[parts[0]] = replaced(mod._modules[parts[0]], parts[1:])
+        return reduced
+
+    return replaced(model, attr.split(".") if attr else [])
 
 
 def _default_loss(out: Any) -> torch.Tensor:
@@ -586,6 +621,7 @@ def trace_model(
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
     master_dtype: torch.dtype = torch.float32,
     weight_decay: float = 0.1,
+    saved_activations: bool = False,
 ) -> OpGraph:
     """Trace forward, backward and (optionally) one AdamW step of ``model`` into an :class:`OpGraph`.
 
@@ -604,9 +640,18 @@ def trace_model(
             also traces but fuses all parameters into ``_foreach_*`` ops). The first step, which only
             allocates the moments, is run untraced.
         layer_dedup: trace one of identical ``model.<block_attr>`` blocks and clone it (see module doc).
-        block_attr: the attribute holding the repeated blocks (an ``nn.ModuleList``).
+        block_attr: module path of the block container (``"layers"``, ``"encoder.blocks"``; ``""``: the
+            model's own children). An ``nn.ModuleList``/``nn.Sequential`` of identical blocks is
+            deduplicated; any other container's children are the blocks, numbered in the order forward
+            first calls them (:attr:`OpGraph.info` ``block_names``). No module at that path: no blocks.
         loss_fn: maps the model output to a scalar loss; default: the output if it is a scalar,
             ``output["loss"]``, ``output[0]``, else ``output.float().mean()``.
+        saved_activations: also record the tensors autograd saves for backward
+            (``torch.autograd.graph.saved_tensors_hooks``), once per storage, parameters and buffers
+            excluded, into ``graph.info["saved_bytes"]``: ``{"pre": B, "post": B, "blocks": [B per
+            block], "block_inputs": [B per block]}`` for one micro-batch (bytes), where
+            ``block_inputs`` is the size of each block's first floating-point input (what full
+            recomputation keeps).
 
     Raises:
         TraceError: an op has no meta kernel or is data-dependent (``nonzero``, ``.item()``...).
@@ -616,8 +661,8 @@ def trace_model(
     if dtype is not None:
         model.to(dtype)
     model.train()
+    container = _submodule(model, block_attr)
     blocks = _repeated_blocks(model, block_attr)
-    num_blocks = len(blocks) if blocks is not None else 0
     dedup = layer_dedup and blocks is not None
     traced = _one_block_copy(model, block_attr) if dedup else model
     if inputs is None:
@@ -632,6 +677,8 @@ def trace_model(
     for _, p in params:
         p.grad = None
     block_inputs: set[int] = set()  # ops producing the first block's input activations
+    call_order: list[str] = []  # children of the container, in the order forward first calls them
+    input_bytes: dict[str, float] = {}  # child -> bytes of its first floating-point input
 
     def _note_block_input(module: nn.Module, args: tuple, kwargs: dict) -> None:
         for t in tree_flatten((args, kwargs))[0]:
@@ -639,25 +686,114 @@ def trace_model(
                 block_inputs.add(rec.producer[t])
                 break
 
-    hook = getattr(traced, block_attr)[0].register_forward_pre_hook(_note_block_input, with_kwargs=True) \
-        if dedup else None
+    def _note_call(name: str) -> Callable:
+        def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
+            if name not in input_bytes:
+                call_order.append(name)
+                floats = [t for t in tree_flatten((args, kwargs))[0]
+                          if isinstance(t, torch.Tensor) and t.is_floating_point()]
+                input_bytes[name] = float(floats[0].numel() * floats[0].element_size()) if floats else 0.0
+        return hook
+
+    hooks = []
+    if dedup:
+        first = _submodule(traced, block_attr)[0]
+        hooks.append(first.register_forward_pre_hook(_note_block_input, with_kwargs=True))
+        hooks.append(first.register_forward_pre_hook(_note_call("0"), with_kwargs=True))
+    elif container is not None:
+        for name, child in container.named_children():
+            hooks.append(child.register_forward_pre_hook(_note_call(name), with_kwargs=True))
+    saved: list[tuple[str, float]] = []
+    packing = _saved_tensors(rec, traced, saved) if saved_activations else nullcontext()
     try:
         with torch.device("meta"), tracker, _FusedKernels(rec), rec:
-            loss = (loss_fn or _default_loss)(traced(*args, **kwargs))
+            with packing:
+                loss = (loss_fn or _default_loss)(traced(*args, **kwargs))
             rec.phase = "bwd"
             loss.backward()
         if optimizer:
             _trace_adamw(rec, params, master_dtype, weight_decay)
     finally:
-        if hook is not None:
-            hook.remove()
+        for h in hooks:
+            h.remove()
         for _, p in params:
             p.grad = None
-    graph = _assemble(rec.ops, num_blocks if dedup else 0, block_attr, block_inputs)
+    if dedup:
+        num_blocks = len(blocks)
+        graph = _assemble(rec.ops, num_blocks, block_attr, block_inputs)
+        names = [str(i) for i in range(num_blocks)]
+    else:
+        names = call_order if container is not None else []
+        num_blocks = len(names)
+        graph = _assemble(rec.ops, 0, block_attr, block_inputs, names)
     graph.num_blocks = num_blocks
     graph.info.update(model=type(model).__name__, layer_dedup=dedup, dtype=dtype_name(dtype or torch.float32),
                       num_parameters=sum(p.numel() for p in model.parameters()))
+    if container is not None and names:
+        graph.info["block_names"] = names
+    if saved_activations:
+        graph.info["saved_bytes"] = _saved_by_part(saved, block_attr, names[:1] if dedup else names, input_bytes,
+                                                   num_blocks, dedup)
     return graph
+
+
+@contextmanager
+def _saved_tensors(rec: _Recorder, model: nn.Module, out: list[tuple[str, float]]) -> Iterator[None]:
+    """Record (module path, bytes) of each storage autograd saves for backward, once per storage;
+    parameters and buffers (model state, counted elsewhere) excluded."""
+    own = {_storage_key(t) for t in (*model.parameters(), *model.buffers())}
+    seen: set[int] = set()
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        try:
+            key = rec.storage_alias.get(_storage_key(t), _storage_key(t))
+            nbytes = t.untyped_storage().nbytes()
+        except (RuntimeError, NotImplementedError, AttributeError):  # tensor subclasses without storage
+            return t
+        if key not in own and key not in seen:
+            seen.add(key)
+            out.append((rec._layer(), float(nbytes)))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        yield
+
+
+def _storage_key(t: torch.Tensor) -> int:
+    return t.untyped_storage()._cdata
+
+
+def _saved_by_part(saved: list[tuple[str, float]], attr: str, names: list[str], input_bytes: dict[str, float],
+                   num_blocks: int, dedup: bool) -> dict[str, Any]:
+    """Saved bytes per part: before the blocks, per block, after (an entry outside the blocks between
+    two block entries goes to the block before it, as :func:`_annotate` does with ops)."""
+    index = {n: i for i, n in enumerate(names)}
+    where = [index.get(_child_name(layer, attr)) for layer, _ in saved]
+    known = [j for j, b in enumerate(where) if b is not None]
+    pre = post = 0.0
+    per_block = [0.0] * len(names)
+    last = None
+    for j, ((_, nbytes), b) in enumerate(zip(saved, where, strict=True)):
+        if not known or j < known[0]:
+            pre += nbytes
+        elif j > known[-1]:
+            post += nbytes
+        else:
+            last = b if b is not None else last
+            per_block[last] += nbytes
+    inputs = [input_bytes.get(n, 0.0) for n in names]
+    if dedup:  # one block traced: every clone saves the same
+        per_block, inputs = per_block * num_blocks, inputs * num_blocks
+    return {"pre": pre, "post": post, "blocks": per_block, "block_inputs": inputs}
+
+
+def _child_name(layer: str, attr: str) -> str | None:
+    """The container child a module path lies in (``"blocks.3.attn"`` -> ``"3"`` for attr ``blocks``)."""
+    if attr:
+        if not layer.startswith(attr + "."):
+            return None
+        layer = layer[len(attr) + 1:]
+    return layer.split(".")[0] or None
 
 
 def _trace_adamw(rec: _Recorder, params: list[tuple[str, nn.Parameter]], master_dtype: torch.dtype,
@@ -707,14 +843,19 @@ def _in_block(layer: str, prefix: str) -> bool:
 _BWD_PART = {"pre": "post", "post": "pre"}
 
 
-def _annotate(raw: list[dict], idx: list[int], attr: str) -> list[tuple[str, int | None]]:
-    """(part, block) of undeduplicated ops: from ``<attr>.<i>`` module paths, ops between two ops of
-    block i going to block i (backward ops the tracker attributes to no module)."""
+def _annotate(raw: list[dict], idx: list[int], attr: str,
+              names: list[str] | None = None) -> list[tuple[str, int | None]]:
+    """(part, block) of undeduplicated ops: block ``i`` is the container child ``names[i]`` (default
+    ``<attr>.<i>`` module paths); ops between two ops of block i go to block i (backward ops the tracker
+    attributes to no module)."""
+    index = {n: i for i, n in enumerate(names)} if names is not None else None
     blocks: list[int | None] = []
     for i in idx:
-        head, _, rest = raw[i]["layer"].partition(".")
-        num = rest.split(".")[0]
-        blocks.append(int(num) if head == attr and num.isdigit() else None)
+        child = _child_name(raw[i]["layer"], attr)
+        if index is not None:
+            blocks.append(index.get(child) if child is not None else None)
+        else:
+            blocks.append(int(child) if child is not None and child.isdigit() else None)
     known = [j for j, b in enumerate(blocks) if b is not None]
     if not known:
         return [("pre", None)] * len(idx)
@@ -731,15 +872,17 @@ def _annotate(raw: list[dict], idx: list[int], attr: str) -> list[tuple[str, int
     return out
 
 
-def _assemble(raw: list[dict], num_blocks: int, attr: str, block_inputs: set[int] | None = None) -> OpGraph:
-    """Turn recorded op dicts into an :class:`OpGraph`, cloning block 0 ``num_blocks`` times if > 0.
+def _assemble(raw: list[dict], num_blocks: int, attr: str, block_inputs: set[int] | None = None,
+              block_names: list[str] | None = None) -> OpGraph:
+    """Turn recorded op dicts into an :class:`OpGraph`, cloning block 0 ``num_blocks`` times if > 0
+    (else annotating blocks by ``block_names``, see :func:`_annotate`).
 
     Dependencies of clone ``c`` on ops before the block are re-wired to the previous clone's outputs
     (the ops whose results the following segment consumes) when they are the block's input
     activations (``block_inputs``, found by a forward pre-hook; all fwd inputs if unknown) or, in
     backward, the incoming gradient. Other inputs (RoPE tables, masks) keep their producer.
     """
-    prefix = f"{attr}.0"
+    prefix = block_path(attr, 0)
     # Layout per phase: [pre][block][post]; entries are (template index, clone or None, part).
     order: list[tuple[int, int | None, str]] = []
     seg: dict[int, tuple[str, str]] = {}  # template index -> (phase, part)
@@ -749,7 +892,7 @@ def _assemble(raw: list[dict], num_blocks: int, attr: str, block_inputs: set[int
     for phase in ("fwd", "bwd", "opt"):
         idx, rng = _part_ranges(raw, phase, prefix)
         if num_blocks == 0 or rng is None:
-            for i, (part, block) in zip(idx, _annotate(raw, idx, attr), strict=True):
+            for i, (part, block) in zip(idx, _annotate(raw, idx, attr, block_names), strict=True):
                 order.append((i, block, part))
                 seg[i] = (phase, "pre")
             continue
@@ -794,7 +937,7 @@ def _assemble(raw: list[dict], num_blocks: int, attr: str, block_inputs: set[int
         layer = o["layer"]
         if part == "block" and num_blocks:
             rest = layer[len(prefix):] if _in_block(layer, prefix) else ""
-            layer = f"{attr}.{c}{rest}"
+            layer = f"{block_path(attr, c)}{rest}"
         if num_blocks:
             new_index[(t, c)] = n
         ops.append(OpRecord(
@@ -810,20 +953,25 @@ def _assemble(raw: list[dict], num_blocks: int, attr: str, block_inputs: set[int
 # User modules
 
 
-def load_factory(spec: str) -> Callable[..., Any]:
-    """Resolve ``"package.module:factory"`` (``factory`` may be dotted: ``"pkg.mod:Class.build"``).
+def load_factory(spec: str, base_dir: str | Path | None = None) -> Callable[..., Any]:
+    """Resolve ``"package.module:factory"`` (``factory`` may be dotted: ``"pkg.mod:Class.build"``), or
+    ``"path/to/file.py:factory"``: a Python file, a relative path taken from ``base_dir`` (default: the
+    working directory).
 
     Raises:
-        FactoryError: malformed string, module not importable, attribute missing or not callable.
+        FactoryError: malformed string, module or file not importable, attribute missing or not callable.
     """
     if not isinstance(spec, str) or spec.count(":") != 1 or not all(spec.split(":")):
-        raise FactoryError(f"bad factory spec {spec!r}: expected 'package.module:factory', "
-                           f"e.g. 'workload.zoo:build_model'")
+        raise FactoryError(f"bad factory spec {spec!r}: expected 'package.module:factory' or "
+                           f"'path/to/file.py:factory', e.g. 'workload.zoo:build_model'")
     mod_name, attr_path = spec.split(":")
-    try:
-        obj: Any = importlib.import_module(mod_name)
-    except ImportError as e:
-        raise FactoryError(f"cannot import module {mod_name!r} of factory spec {spec!r}: {e}") from e
+    if mod_name.endswith(".py"):
+        obj: Any = _load_file(mod_name, spec, base_dir)
+    else:
+        try:
+            obj = importlib.import_module(mod_name)
+        except ImportError as e:
+            raise FactoryError(f"cannot import module {mod_name!r} of factory spec {spec!r}: {e}") from e
     for part in attr_path.split("."):
         if not hasattr(obj, part):
             public = sorted(n for n in dir(obj) if not n.startswith("_"))[:20]
@@ -833,3 +981,25 @@ def load_factory(spec: str) -> Callable[..., Any]:
     if not callable(obj):
         raise FactoryError(f"{spec!r} resolves to a {type(obj).__name__}, which is not callable")
     return obj
+
+
+def _load_file(file: str, spec: str, base_dir: str | Path | None) -> Any:
+    """Execute a Python file as a module, registered in ``sys.modules`` under a name unique to its path
+    (as ``importlib``'s recipe does: dataclasses and pickling look the module up there)."""
+    path = Path(file)
+    if not path.is_absolute() and base_dir is not None:
+        path = Path(base_dir) / path
+    if not path.is_file():
+        raise FactoryError(f"factory spec {spec!r}: file not found: {path}")
+    tag = zlib.crc32(str(path.resolve()).encode())
+    name = f"trainsim_factory_{''.join(c if c.isalnum() else '_' for c in path.stem)}_{tag:08x}"
+    mod_spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(mod_spec)
+    sys.modules[name] = module
+    try:
+        mod_spec.loader.exec_module(module)
+    except Exception as e:  # the user's file: one line
+        del sys.modules[name]
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise FactoryError(f"factory spec {spec!r}: executing {path} raised {type(e).__name__}: {first}") from e
+    return module

@@ -214,3 +214,49 @@ def test_fits_accepts_a_gpu_spec():
 def test_bad_arguments_raise(kw, match):
     with pytest.raises(ValueError, match=match):
         memory_per_gpu(cfg("175B"), **kw)
+
+
+# -- FP8 training (Transformer Engine): FP8 saved GEMM inputs and FP8 weight copies -------------------
+
+@pytest.mark.parametrize("model", ["22B", "175B"])
+def test_fp8_activations_closed_forms(model):
+    """GPT (4h GeLU MLP, MHA): QKV and MLP inputs 2 -> 1 byte (replicated 10 -> 8), fc2 input 8h -> 4h
+    and, with FlashAttention, the projection input 2h -> 3h (FA's bf16 output + TE's FP8 copy):
+    ``s*b*h*(8 + 21/t)``; without FlashAttention the projection input is 1h: ``8 + 19/t``."""
+    k = KORTHIKANTI[model]
+    s, b, h, a, t = S, k["b"], k["h"], k["a"], k["t"]
+    stats = 4 * a * s * b / t  # FlashAttention's fp32 softmax statistics
+    assert activation_bytes_per_layer(s, b, h, a, tp=t, flash_attention=True, fp8=True) == pytest.approx(
+        s * b * h * (8 + 21 / t) + stats, rel=1e-12)
+    assert activation_bytes_per_layer(s, b, h, a, tp=t, sequence_parallel=True, flash_attention=True,
+                                      fp8=True) == pytest.approx(s * b * h / t * 29 + stats, rel=1e-12)
+    assert activation_bytes_per_layer(s, b, h, a, tp=t, fp8=True) == pytest.approx(
+        s * b * h * (8 + 19 / t + 5 * a * s / (h * t)), rel=1e-12)
+    assert activation_bytes_per_layer(s, b, h, a, tp=t, recompute="full", fp8=True) == 2 * s * b * h
+
+
+def test_fp8_memory_per_gpu_llama3_70b():
+    """Llama 3 70B, TP 8 x PP 4 (20 layers per stage), SP + selective recompute: FP8 adds 2 bytes per
+    Linear weight (E4M3 copy + transpose) and saves 2h + f - h bytes per token per layer / t."""
+    from workload.zoo import get_model_config
+
+    m = get_model_config("llama3-70b")
+    h, f, kv, s = m.hidden_size, m.ffn_hidden_size, m.hidden_size * m.num_query_groups // m.num_attention_heads, \
+        m.seq_length
+    kw = dict(tp=8, pp=4, dp=2, sequence_parallel=True, recompute="selective", num_microbatches=32,
+              virtual_pipeline_size=4, flash_attention=True, stage=0)
+    bf16, fp8 = memory_per_gpu(m, **kw), memory_per_gpu(m, fp8=True, **kw)
+    linear = h * (h + 2 * kv) + h * h + 3 * h * f
+    assert fp8.fp8_weights == pytest.approx(2 * 20 * linear / 8, rel=1e-12)
+    assert bf16.fp8_weights == 0
+    assert (fp8.parameters, fp8.gradients, fp8.optimizer_states) == (bf16.parameters, bf16.gradients,
+                                                                     bf16.optimizer_states)
+    per_layer_saving = (2 * s * h / 8) + (f - h) * s / 8  # replicated (/t with SP) and split parts, b = 1
+    assert bf16.detail["activation_bytes_per_layer"] - fp8.detail["activation_bytes_per_layer"] == \
+        pytest.approx(per_layer_saving, rel=1e-12)
+    assert fp8.total - bf16.total == pytest.approx(
+        fp8.fp8_weights - (bf16.activations - fp8.activations), rel=1e-12)
+    assert "fp8 weight copies" in fp8.verdict(80e9) and "fp8" not in bf16.verdict(80e9)
+    # ZeRO-3 shards the FP8 copies over the data-parallel ranks, like the parameters
+    z3 = memory_per_gpu(m, tp=8, dp=4, zero_stage=3, fp8=True, recompute="full")
+    assert z3.fp8_weights == pytest.approx(2 * 80 * linear / 8 / 4, rel=1e-12)

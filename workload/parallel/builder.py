@@ -18,6 +18,12 @@ and PyTorch use:
 
 Gradients are reduced in fp32 for bf16 and fp32 training, in fp16 for fp16 training (Megatron-LM);
 parameters are gathered in the training dtype.
+
+FP8 training (:mod:`workload.fp8`) arrives as a bf16 trace whose Linear GEMMs already run in FP8 with
+their activation and gradient casts; the builder adds the weight casts (:attr:`ModelTrace.fp8_params_block`):
+one cast-transpose kernel per layer on the layer's first forward of the iteration (Transformer
+Engine caches the FP8 weights across micro-batches), or on every forward and backward pass under
+ZeRO-3/FSDP, whose gathered bf16 weights are freed after use.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from hwmodel.ir import Collective, Compute, Program, SendRecv
+from workload.fp8 import CAST_TRANSPOSE_BYTES, CAST_WEIGHT_NAME
 from workload.parallel.config import ParallelConfig
 from workload.parallel.placement import Layout
 from workload.parallel.schedules import schedule
@@ -66,6 +73,18 @@ class ModelTrace:
     params_block_expert: int = 0
     """Of ``params_block``, the expert (MoE) parameters, reduced over the expert-data-parallel group."""
     dtype: str = "bf16"
+    """Parameter, activation and communication dtype (``bf16`` for FP8 training, whose FP8 GEMMs are
+    marked in the graph)."""
+    fp8_params_block: int = 0
+    """Of ``params_block``, the weight elements of FP8 GEMMs (0: no FP8 training); the builder adds
+    their per-iteration weight casts."""
+    params_per_block: tuple[int, ...] | None = None
+    """Blocks that differ (a custom module's top-level children): elements of each; ``None``: every
+    block has ``params_block``."""
+
+    def block_params(self, layer: int) -> int:
+        """Parameter elements of block ``layer`` on this rank."""
+        return self.params_block if self.params_per_block is None else self.params_per_block[layer]
 
 
 @dataclass
@@ -177,6 +196,7 @@ class RankBuilder:
         self.macro = False
         self.grad_bytes = GRAD_REDUCE_BYTES.get(trace.dtype, 4)
         self.grad_dtype = "fp16" if self.grad_bytes == 2 else "fp32"
+        self.fp8_cast_chunks: set[int] = set()
 
     # -- helpers -------------------------------------------------------------------------------
     def add(self, op, stream="compute", deps=()) -> int:
@@ -230,13 +250,22 @@ class RankBuilder:
         vs = chunk * self.cfg.pp + self.c["pp"]
         return range(self.offsets[vs], self.offsets[vs + 1])
 
-    def layer_param_bytes(self, eb: int) -> int:
-        return self.t.params_block * eb
+    def layer_param_bytes(self, eb: int, layer: int = 0) -> int:
+        return self.t.block_params(layer) * eb
 
     def fsdp_gather(self, layer: int, phase: str, after: int | None) -> int:
-        size = self.layer_param_bytes(ELEM_BYTES.get(self.t.dtype, 2)) * self.cfg.dp
+        size = self.layer_param_bytes(ELEM_BYTES.get(self.t.dtype, 2), layer) * self.cfg.dp
         return self.add(Collective("all_gather", size, self.groups["dp"], dtype=self.t.dtype,
                                    name=f"fsdp_ag_{phase}_L{layer}"), "fsdp_ag", (after,))
+
+    def fp8_weight_cast(self, layer: int, phase: str) -> list[Compute]:
+        """The cast-transpose of one layer's FP8 GEMM weights to E4M3 (bf16 read, FP8 weight and its
+        transpose written), or nothing without FP8 training."""
+        n = self.t.fp8_params_block
+        if not n:
+            return []
+        return [Compute(CAST_WEIGHT_NAME, "elementwise", 0.0, float(CAST_TRANSPOSE_BYTES * n), dtype="bf16",
+                        layer=f"layers.{layer}", phase=phase)]
 
     def forward(self, mb: int, chunk: int, first_v: bool, last_v: bool, deps: list) -> int | None:
         zero3 = self.zero == 3
@@ -244,12 +273,18 @@ class RankBuilder:
             self.emit(self.ops.get("pre", "fwd"), deps + self.gathered("pre"))
             deps = []
         layers = self.chunk_layers(chunk)
+        # FP8: weights are cast on the chunk's first forward (TE caches them), every pass under ZeRO-3
+        cast = zero3 or chunk not in self.fp8_cast_chunks
+        self.fp8_cast_chunks.add(chunk)
         prev_prev = None
         for layer in layers:
             d = list(deps) + self.gathered(layer)
             if zero3:
                 d.append(self.fsdp_gather(layer, "fwd", prev_prev))
             before = self.last_compute
+            if cast and self.t.fp8_params_block:
+                self.emit(self.fp8_weight_cast(layer, "fwd"), d)
+                d = []
             self.emit(self.ops.get("block", "fwd", layer), d)
             prev_prev = before
             deps = []
@@ -272,6 +307,9 @@ class RankBuilder:
             if zero3:
                 d.append(self.fsdp_gather(layer, "bwd", prev_prev))
             before = self.last_compute
+            if zero3 and self.t.fp8_params_block:
+                self.emit(self.fp8_weight_cast(layer, "bwd"), d)
+                d = []
             if not self.macro:
                 d = self.recompute(layer, d)
             self.emit(self.ops.get("block", "bwd", layer), d)
@@ -279,7 +317,7 @@ class RankBuilder:
             deps = []
             done = self.last_compute
             if zero3:
-                size = self.t.params_block * self.grad_bytes * cfg.dp
+                size = self.t.block_params(layer) * self.grad_bytes * cfg.dp
                 self.add(Collective("reduce_scatter", size, self.groups["dp"], dtype=self.grad_dtype,
                                     name=f"fsdp_rs_L{layer}"), "fsdp_rs", (done,))
             elif last_mb:
@@ -324,7 +362,7 @@ class RankBuilder:
             if vs == p * v - 1:
                 order.append(("post", self.t.params_post, 0))
             for layer in reversed(self.chunk_layers(chunk)):
-                order.append((layer, self.t.params_block, self.t.params_block_expert))
+                order.append((layer, self.t.block_params(layer), self.t.params_block_expert))
             if vs == 0:
                 order.append(("pre", self.t.params_pre, 0))
         cap = cfg.grad_bucket_size_bytes
@@ -431,7 +469,7 @@ class RankBuilder:
             vs = chunk * p + s
             if vs == 0:
                 shards.append((self.t.params_pre * scale, "pre"))
-            shards += [(self.t.params_block * scale, f"layers.{layer}") for layer in self.chunk_layers(chunk)]
+            shards += [(self.t.block_params(layer) * scale, f"layers.{layer}") for layer in self.chunk_layers(chunk)]
             if vs == p * v - 1:
                 shards.append((self.t.params_post * scale, "post"))
         shards = [(n, layer) for n, layer in shards if n > 0]

@@ -2,7 +2,8 @@
 
 Builds the zoo model as one tensor-parallel rank's shard (heads, FFN, vocabulary divided by TP; the
 sequence divided by CP; experts divided by EP), traces one micro-batch on the meta device with layer
-deduplication, and counts this rank's parameters per part (embedding / one block / head).
+deduplication, and counts this rank's parameters per part (embedding / one block / head). A user's
+own module (:class:`workload.custom.CustomModel`) is traced whole, by its own ``trace``.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from dataclasses import replace
 
 import torch
 
+from workload.custom import CustomModel
+from workload.fp8 import fp8_modules, to_fp8
 from workload.parallel.builder import ModelTrace
 from workload.parallel.config import ParallelConfig
 from workload.parallel.tp import TPContext
@@ -18,19 +21,30 @@ from workload.trace import trace_model
 from workload.zoo import build_model_from_config
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+"""Training dtypes traced as such."""
+TRAINING_DTYPES = (*TORCH_DTYPES, "fp8")
+"""Allowed training dtypes; ``fp8`` is bf16 training with FP8 Linear GEMMs (:mod:`workload.fp8`)."""
 
 
 def trace_rank(model_cfg, config: ParallelConfig, *, dtype: str = "bf16") -> ModelTrace:
     """The :class:`ModelTrace` of one tensor/context/expert-parallel rank for ``config``.
 
+    ``dtype="fp8"`` traces the bf16 model and hands it to :func:`workload.fp8.to_fp8` (Transformer
+    Engine's hybrid FP8 recipe on the blocks' Linear layers).
+
     Raises:
-        ValueError: the parallel sizes do not divide the model (naming the fields and numbers), or an
-            unknown dtype.
+        ValueError: the parallel sizes do not divide the model (naming the fields and numbers), an
+            unknown dtype, or ``fp8`` for a model without transformer blocks.
     """
-    if dtype not in TORCH_DTYPES:
-        raise ValueError(f"dtype: unknown {dtype!r}; allowed: {', '.join(TORCH_DTYPES)}")
+    if dtype not in TRAINING_DTYPES:
+        raise ValueError(f"dtype: unknown {dtype!r}; allowed: {', '.join(TRAINING_DTYPES)}")
     config.validate_model(model_cfg)
     transformer = hasattr(model_cfg, "num_attention_heads")
+    if isinstance(model_cfg, CustomModel):  # a user's own nn.Module
+        return model_cfg.trace(config, dtype)
+    if dtype == "fp8" and not transformer:
+        raise ValueError(f"dtype 'fp8' runs the Linear layers of transformer blocks in FP8 (Transformer "
+                         f"Engine); {getattr(model_cfg, 'name', 'this model')} is not a transformer")
     if transformer:
         seq = model_cfg.seq_length // config.cp
         traced_cfg = replace(model_cfg, seq_length=seq)
@@ -43,8 +57,13 @@ def trace_rank(model_cfg, config: ParallelConfig, *, dtype: str = "bf16") -> Mod
         seq = 1
         traced_cfg = model_cfg
         model = build_model_from_config(model_cfg)
-    graph = trace_model(model, micro_batch_size=config.micro_batch_size, dtype=TORCH_DTYPES[dtype])
+    graph = trace_model(model, micro_batch_size=config.micro_batch_size,
+                        dtype=TORCH_DTYPES["bf16" if dtype == "fp8" else dtype])
     pre, block, post, expert = _param_counts(model, graph)
+    fp8_params = 0
+    if dtype == "fp8":
+        paths, fp8_params = fp8_modules(getattr(model, graph.block_attr)[0])
+        graph = to_fp8(graph, paths)
     if transformer and config.pp > 1 and not getattr(model_cfg, "untie_embeddings_and_output_weights", True):
         post += pre  # Megatron keeps a copy of the tied embedding on the last stage
     return ModelTrace(
@@ -53,7 +72,8 @@ def trace_rank(model_cfg, config: ParallelConfig, *, dtype: str = "bf16") -> Mod
         hidden_size=getattr(traced_cfg, "hidden_size", 0),
         seq_length=seq,
         micro_batch_size=config.micro_batch_size,
-        params_pre=pre, params_block=block, params_post=post, params_block_expert=expert, dtype=dtype)
+        params_pre=pre, params_block=block, params_post=post, params_block_expert=expert,
+        dtype="bf16" if dtype == "fp8" else dtype, fp8_params_block=fp8_params)
 
 
 def _param_counts(model: torch.nn.Module, graph) -> tuple[int, int, int, int]:
