@@ -112,6 +112,25 @@ def test_tp_collectives_per_layer_and_sequence_parallel():
             assert set(per_layer) >= fwd_ops
 
 
+def test_fsdp_collectives_move_one_layer_per_call():
+    """FSDP/ZeRO-3: per layer, an all-gather of the layer's bf16 parameters before its forward and its
+    backward, and a reduce-scatter of its fp32 gradients after its backward. Sizes are nccl-tests' S,
+    the whole (gathered) buffer -- Llama-3 8B: 218,112,000 parameters per layer -- whatever dp is."""
+    mc = with_overrides(get_model_config("llama3-8b"), num_layers=2, seq_length=256, vocab_size=1024)
+    h, f = mc.hidden_size, mc.ffn_hidden_size
+    kv = mc.num_query_groups * h // mc.num_attention_heads  # K and V width (grouped-query attention)
+    layer = 2 * h * h + 2 * h * kv + 3 * h * f + 2 * h
+    assert layer == 218_112_000
+    for dp in (4, 8):
+        cfg = ParallelConfig(fsdp=True, global_batch_size=dp).resolve(dp)
+        prog = build_programs(trace_rank(mc, cfg), cfg, ranks=[0]).programs[0]
+        ag = [t.op for t in prog.tasks if t.stream == "fsdp_ag"]
+        rs = [t.op for t in prog.tasks if t.stream == "fsdp_rs"]
+        assert len(ag) == 2 * 2 and {c.size_bytes for c in ag} == {2 * layer}
+        assert len(rs) == 2 and {c.size_bytes for c in rs} == {4 * layer}
+        assert all(len(c.group) == dp for c in ag + rs)
+
+
 # -- timing closed forms ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("schedule,v", [("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2)])

@@ -254,7 +254,8 @@ class RankBuilder:
         return self.t.block_params(layer) * eb
 
     def fsdp_gather(self, layer: int, phase: str, after: int | None) -> int:
-        size = self.layer_param_bytes(ELEM_BYTES.get(self.t.dtype, 2), layer) * self.cfg.dp
+        # nccl-tests' S for all-gather is the gathered buffer: the whole layer, each rank holding 1/dp
+        size = self.layer_param_bytes(ELEM_BYTES.get(self.t.dtype, 2), layer)
         return self.add(Collective("all_gather", size, self.groups["dp"], dtype=self.t.dtype,
                                    name=f"fsdp_ag_{phase}_L{layer}"), "fsdp_ag", (after,))
 
@@ -293,7 +294,6 @@ class RankBuilder:
         return self.last_compute
 
     def backward(self, mb: int, chunk: int, first_v: bool, last_v: bool, deps: list, last_mb: bool) -> None:
-        cfg = self.cfg
         zero3 = self.zero == 3
         if last_v:
             self.emit(self.ops.get("post", "bwd"), deps)
@@ -317,7 +317,7 @@ class RankBuilder:
             deps = []
             done = self.last_compute
             if zero3:
-                size = self.t.block_params(layer) * self.grad_bytes * cfg.dp
+                size = self.t.block_params(layer) * self.grad_bytes  # the layer's full gradient in, 1/dp out
                 self.add(Collective("reduce_scatter", size, self.groups["dp"], dtype=self.grad_dtype,
                                     name=f"fsdp_rs_L{layer}"), "fsdp_rs", (done,))
             elif last_mb:
