@@ -263,6 +263,8 @@ def memory_for(prep: Prepared):
     if isinstance(prep.model_cfg, CustomModel):
         return prep.model_cfg.memory(cfg, dtype=prep.dtype, param_bytes=4 if prep.dtype == "fp32" else 2,
                                      grad_bytes=2 if prep.dtype == "fp16" else 4)
+    if isinstance(prep.model_cfg, ResNetConfig):
+        return _resnet_memory(prep)
     if not hasattr(prep.model_cfg, "num_attention_heads"):
         return None
     return memory_per_gpu(
@@ -272,6 +274,23 @@ def memory_for(prep: Prepared):
         recompute=cfg.recompute_granularity, zero_stage=cfg.effective_zero_stage,
         param_bytes=4 if prep.dtype == "fp32" else 2, grad_bytes=2 if prep.dtype == "fp16" else 4,
         flash_attention=getattr(prep.model_cfg, "attention_backend", "flash") == "flash", fp8=prep.dtype == "fp8")
+
+
+def _resnet_memory(prep: Prepared):
+    """ResNet (data parallel only): model states by ZeRO stage and the tensors autograd saves in the
+    traced forward (:meth:`workload.custom.CustomModel.memory`), the zoo module seen as a user's
+    module with its own ``example_inputs`` (images and integer targets)."""
+    import torch
+
+    from workload.custom import CustomModel
+    from workload.zoo import build_model_from_config
+
+    mc = prep.model_cfg
+    with torch.device("meta"):
+        module = build_model_from_config(mc, device="meta")
+    cm = CustomModel.from_factory(module, mc.name, {})
+    return cm.memory(prep.config, dtype=prep.dtype, param_bytes=4 if prep.dtype == "fp32" else 2,
+                     grad_bytes=2 if prep.dtype == "fp16" else 4)
 
 
 def model_flops(prep: Prepared, trace) -> tuple[float, float, str]:
