@@ -3,7 +3,8 @@
 Everything here reproduces NCCL 2.30.7 (commit ``5067397c``) decisions in pure Python:
 
 * :class:`CommTopology` is what NCCL's tuning model knows about a communicator: ranks, nodes, GPU
-  generation, intra-node link type, CPU vendor and the three search graphs (ring, tree, NVLS).
+  generation, intra-node link type, CPU vendor and the three search graphs (ring, tree, NVLS; the
+  NVLS graph also serves NVLSTree, ``graphs[NCCL_ALGO_NVLS_TREE] = nvlsGraph`` in ``src/init.cc``).
 * :meth:`CommTopology.from_system` derives the search graphs the way ``src/graph/search.cc``
   (``ncclTopoCompute``, ``ncclTopoDupChannels``) and ``src/graph/connect.cc`` (``ncclTopoPostset``)
   would for a DGX-like node (NVSwitch, one NIC per GPU). The real search is a depth-first walk over
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 __all__ = [
+    "ALGORITHM_ALIASES",
     "ARCHITECTURES",
     "CommTopology",
     "ChannelPlan",
@@ -35,6 +37,7 @@ __all__ = [
     "arch_from_compute_capability",
     "max_threads",
     "nccl_channels",
+    "nvls_runtime_channels",
     "p2p_channels_per_peer",
     "p2p_plan",
     "thread_threshold",
@@ -61,7 +64,8 @@ NVLS_CHANNELS: dict[str, int] = {"hopper": 16, "blackwell": 24}
 ``NVLS_NCHANNELS_SM90 16``, ``NVLS_NCHANNELS_SM100_NVL 24``; multi-node Blackwell uses 32)."""
 
 NVLS_CHANNELS_SM100_MULTINODE = 32
-"""``NVLS_NCHANNELS_SM100`` (nvls.cc 2.30.7), used when nNodes > 1 on Blackwell."""
+"""``NVLS_NCHANNELS_SM100`` (nvls.cc 2.30.7), used when nNodes > 1 on Blackwell before
+``ncclNvlsTreeSm100Tuning`` adjusts it (see :func:`nvls_runtime_channels`)."""
 
 NVLINK_BW_PER_LINK_GBPS: dict[str, float] = {"volta": 20.0, "ampere": 20.0, "hopper": 20.6, "blackwell": 40.1}
 """NCCL's app-level NVLink bandwidth per link and direction, GB/s (nccl ``src/graph/topo.h`` 2.30.7:
@@ -107,6 +111,11 @@ THREAD_THRESHOLD_BYTES: dict[str, int] = {"ll": 8, "ll128": 8, "simple": 64}
 """Bytes of work per thread before NCCL adds threads/channels (nccl ``src/include/comm.h`` 2.30.7:
 ``NCCL_LL_THREAD_THRESHOLD 8``, ``NCCL_LL128_THREAD_THRESHOLD 8``, ``NCCL_SIMPLE_THREAD_THRESHOLD 64``).
 Ring LL multiplies by nRanks (tuning.cc)."""
+
+ALGORITHM_ALIASES: dict[str, str] = {"nvlstree": "nvls_tree", "nvls-tree": "nvls_tree"}
+"""Other spellings of trainsim's algorithm names: NCCL's ``NCCL_ALGO`` token ``NVLSTree`` (matched
+case-insensitively, ``ncclAlgoStr`` in ``src/init.cc``) is trainsim's ``nvls_tree``, the name the
+tuner plugin's config file uses (``parseAlgorithm``)."""
 
 P2P_PER_CHANNEL_NET_BW_GBPS = 14.0
 """``NCCL_P2P_PER_CHANNEL_NET_BW`` default 14 GB/s (nccl ``src/graph/paths.cc`` l.918, 2.30.7)."""
@@ -214,7 +223,8 @@ class CommTopology:
     nvls: SearchGraph | None = None
     """NVLS search graph (NVLink SHARP); ``None`` where NVLS is unavailable."""
     nvls_channels: int = 0
-    """Runtime NVLS channels (``comm->nvlsChannels``): Hopper 16, Blackwell 24 (nvls.cc)."""
+    """Runtime NVLS/NVLSTree channels (``comm->nvlsChannels``, :func:`nvls_runtime_channels`): Hopper
+    16; Blackwell 24 on one node, 24 or 32 on several (nvls.cc)."""
     latency_inter_s: float = 0.0
     """``graph->latencyInter`` in seconds: the NIC latency NCCL reads from the net plugin (0 for IB,
     ``props->latency = 0`` in ``src/transport/net_ib/init.cc``)."""
@@ -262,6 +272,20 @@ class CommTopology:
         """NVLS usable: NVSwitch gen3+ (Hopper or later), >= 2 NVLS channels, and a single node
         (multi-node NVLS needs CollNet/IB SHARP, which tuning.cc disables without ``collnetEnable``)."""
         return self.nvls is not None and self.nvls.n_channels >= 2 and self.n_nodes == 1
+
+    @property
+    def nvls_heads(self) -> int:
+        """NVLS heads per node (``channel->nvls.nHeads``, connect.cc ``connectNvls``): the distinct first
+        GPUs of the NVLS graph's channels, i.e. its channel count -- every GPU on one node, one GPU per
+        NIC (the NIC's local GPU, search.cc ``ncclTopoSearchRecNet``) on several. Each head reduces and
+        forwards ``1/nHeads`` of the buffer. 0 without an NVLS graph."""
+        return self.nvls.n_channels if self.nvls is not None else 0
+
+    @property
+    def nvls_tree_available(self) -> bool:
+        """NVLSTree usable: an NVLS graph with >= 2 channels (tuning.cc "NVLS/NVLStree needs at least 2
+        channels") and several nodes (tuning.cc "Disable NVLS Tree on a single node"). No CollNet needed."""
+        return self.nvls is not None and self.nvls.n_channels >= 2 and self.n_nodes > 1
 
     @classmethod
     def from_system(
@@ -323,10 +347,30 @@ class CommTopology:
            ``(ppn+1)*speed <= totalBw`` (the head GPU carries 2x, ``ncclTopoSearchTryNvls``); pass 2
            raises ``bwInter`` up the array while it is below ``2*bwIntra``. Runtime channels from
            nvls.cc (Hopper 16, Blackwell 24).
+        6. NVLS graph on several nodes (used by NVLSTree; Hopper+, NVSwitch, ppn >= 2 -- ``ncclNvlsInit``
+           needs 2 local GPUs): see :func:`_search_nvls_multinode`. Each channel starts at a NIC
+           (``ncclTopoSearchRecNet``: NIC bandwidth >= speed, one channel per NIC, its local GPU is the
+           head) and loads NVLink as in rule 5, so ``k`` channels fit at speed ``s`` while
+           ``(k+1)*s <= totalBw``; the speeds are the *inter* array from ``min(nic, pcie)`` down,
+           ``minChannels = 1``, and the search stops at ``min(32, ppn)`` channels. Pass 2 raises
+           ``bwInter`` while it stays within ``min(nic, pcie)`` and below ``2*bwIntra``. Runtime
+           channels: :func:`nvls_runtime_channels`.
 
         Results: DGX A100 x1 -> ring 12 @ 20 GB/s, 24 channels; DGX H100 x1 -> 12 @ 30, 24 channels,
         NVLS 8 @ 40/60 with 16 runtime channels; DGX A100 multi-node -> 8 @ 24, 16 channels;
         DGX H100 multi-node -> 8 @ 48, 16 channels (hardware_nccl.md §3.2).
+
+        Worked example, NVLS graph of DGX H100 x N (N >= 2; 8 NDR NICs at 50 GB/s, PCIe Gen5 48 GB/s,
+        totalBw = 18 x 20.6 = 370.8 GB/s): pass 1 walks ``sm90SpeedArrayInter`` from 48 (= min(50, 48)):
+        48 -> ``370.8/48 = 7.7`` so 6 channels (288); 45 -> 7 (315, kept: more channels); 42 -> 7 (not
+        better); 40 -> ``9 x 40 = 360 <= 370.8``, 8 channels = one per NIC = ``maxChannels``, done.
+        Pass 2 raises ``bwInter`` 40 -> 42 -> 45 -> 48 (each <= 48 and < 2 x 40; the array ends).
+        Graph: **8 channels, bwIntra 40, bwInter 48 GB/s**, 8 heads, 16 runtime channels.
+        DGX B200 x N (NVLink5 18 x 40.1 = 721.8 GB/s, 8 NDR NICs, PCIe 48): ``sm100SpeedArrayInter``
+        from 48: ``721.8/48 - 1 = 14`` channels fit, capped at the 8 NICs = ``maxChannels``, done at 48;
+        pass 2 tries ``bwInter`` 80 > 48 (the NIC refuses) and a higher ``bwIntra`` (still refused).
+        Graph: **8 channels, bwIntra 48, bwInter 48 GB/s**, 8 heads; runtime channels 32 on 2 nodes,
+        24 on more (``ncclNvlsTreeSm100Tuning``, NIC path 48 GB/s).
         """
         arch = arch_from_compute_capability(gpu_arch)
         if n_nodes < 1 or ppn < 1:
@@ -368,10 +412,15 @@ class CommTopology:
 
         nvls = None
         nvls_channels = 0
-        if n_nodes == 1 and cc_min >= 90 and has_nvlink and nvswitch and ppn >= 2:
-            nvls = _search_nvls(SPEED_ARRAY_INTRA[arch], total_bw, ppn)
+        if cc_min >= 90 and has_nvlink and nvswitch and ppn >= 2:
+            if n_nodes == 1:
+                nvls = _search_nvls(SPEED_ARRAY_INTRA[arch], total_bw, ppn)
+            else:
+                # One candidate head per NIC: the NIC's local GPU (DGX-like: NIC i next to GPU i).
+                nvls = _search_nvls_multinode(SPEED_ARRAY_INTER[arch], total_bw, min(nic_bw_GBps, pcie),
+                                              min(ppn, nics_per_node), ppn)
             if nvls is not None:
-                nvls_channels = NVLS_CHANNELS[arch]
+                nvls_channels = nvls_runtime_channels(arch, n_nodes, ppn, min(nic_bw_GBps, pcie) * GB)
                 if max_channels is not None:
                     nvls_channels = max(1, min(nvls_channels, int(max_channels)))
 
@@ -455,6 +504,72 @@ def _search_nvls(speeds: tuple[float, ...], total_bw: float, ppn: int) -> Search
     return SearchGraph(n_ch, bw_intra * GB, speeds[inter_idx] * GB)
 
 
+def _search_nvls_multinode(
+    speeds: tuple[float, ...], total_bw: float, net_path_bw: float, heads: int, ppn: int
+) -> SearchGraph | None:
+    """NVLS graph of a multi-node communicator (``ncclTopoCompute`` with ``NCCL_TOPO_PATTERN_NVLS`` and
+    ``system->inter``, search.cc 2.30.7), in closed form. GB/s in and out of the helper's arithmetic.
+
+    * Each channel: ``ncclTopoSearchRecNet`` picks an unused NIC whose bandwidth is >= ``bwInter``,
+      follows NIC -> local GPU and back with ``bwInter`` (PCIe), then ``ncclTopoSearchTryNvls`` loads
+      NVSwitch<->GPU with ``bwIntra`` for every GPU and twice for the head. With ``k`` channels (distinct
+      heads) a head's NVLink carries ``(k+1)*s``, so ``k = min(heads, floor(totalBw/s) - 1)``.
+    * Pass 1 (``bwIntra = bwInter = s``) walks the inter speed array from ``maxBw`` (GPU->NIC path,
+      ``min(nic, pcie)``) down, keeping a graph with more channels or more ``nCh*bwInter``
+      (``ncclTopoCompareGraphs``), until ``maxChannels = min(32, ppn)`` channels (optimal: done),
+      ``nCh*bwInter >= totalBw``, or the next speed is <= 0.49 of the best.
+    * Pass 2 raises ``bwInter`` one array step at a time while it is below ``2*bwIntra`` and the NIC
+      path still carries it; ``bwIntra`` never moves once ``bwInter`` has been refused.
+    """
+    max_channels = min(NVLS_MAX_ARITY, ppn)
+    start = 0
+    while start < len(speeds) - 1 and speeds[start] > net_path_bw + _EPS:
+        start += 1
+    best_n, best_i = 0, start
+    for i in range(start, len(speeds)):
+        s = speeds[i]
+        n = min(heads, max_channels, int(math.floor(total_bw / s + _EPS)) - 1) if s <= net_path_bw + _EPS else 0
+        if n > 0 and (n > best_n or n * s > best_n * speeds[best_i] + _EPS):
+            best_n, best_i = n, i
+        if best_n == max_channels or (best_n and best_n * speeds[best_i] >= total_bw - _EPS):
+            break
+        if best_n and i + 1 < len(speeds) and speeds[i + 1] / speeds[best_i] <= 0.49:
+            break
+    if best_n < 1:
+        return None
+    bw_intra = speeds[best_i]
+    inter_i = best_i
+    while inter_i > 0 and speeds[inter_i] < 2 * bw_intra and speeds[inter_i - 1] <= net_path_bw + _EPS:
+        inter_i -= 1
+    return SearchGraph(best_n, bw_intra * GB, speeds[inter_i] * GB)
+
+
+def nvls_runtime_channels(arch: str, n_nodes: int, ppn: int, nic_path_bw_Bps: float) -> int:
+    """``comm->nvlsChannels`` before the ``minCTAs``/``maxCTAs`` clamp (``ncclNvlsTuning``, nvls.cc 2.30.7).
+
+    Hopper: ``NVLS_NCHANNELS_SM90`` 16. Blackwell: 24 on one node (``NVLS_NCHANNELS_SM100_NVL``), else
+    ``NVLS_NCHANNELS_SM100`` 32 refined by ``ncclNvlsTreeSm100Tuning`` from the GPU->NIC path bandwidth
+    (``comm->minNetBw``): 2 nodes and >= 48 GB/s -> 32; >= 96 GB/s -> 24 (ppn <= 8) or 32; >= 48 GB/s -> 24.
+    Volta and Ampere have no NVLS: 0.
+    """
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"unknown gpu_arch {arch!r}; allowed: {', '.join(ARCHITECTURES)}")
+    if arch in ("volta", "ampere"):
+        return 0
+    if arch == "hopper":
+        return NVLS_CHANNELS["hopper"]
+    if n_nodes <= 1:
+        return NVLS_CHANNELS["blackwell"]
+    nic = nic_path_bw_Bps / GB
+    if n_nodes == 2 and nic >= 48.0:
+        return 32
+    if nic >= 96.0:
+        return 24 if ppn <= 8 else 32
+    if nic >= 48.0:
+        return 24
+    return NVLS_CHANNELS_SM100_MULTINODE
+
+
 # --------------------------------------------------------------------------------------------------
 # Per-operation channels and threads (topoGetAlgoInfo)
 # --------------------------------------------------------------------------------------------------
@@ -471,9 +586,9 @@ def max_threads(algo: str, proto: str, topo: CommTopology) -> int:
     """``comm->maxThreads[algo][proto]`` (tuning.cc ``ncclTopoTuneModel``, 2.30.7, no NCCL_NTHREADS).
 
     Ring Simple: 256 if ``ring.bwIntra * ring.nChannels <= PCI_BW`` (12 GB/s) else 512; Tree Simple
-    512; LL 512; LL128 640; NVLS 640.
+    512; LL 512; LL128 640; NVLS and NVLSTree 640.
     """
-    if algo == "nvls":
+    if algo in ("nvls", "nvls_tree"):
         return NCCL_MAX_NTHREADS
     if proto == "ll":
         return NCCL_LL_MAX_NTHREADS
@@ -499,7 +614,8 @@ def nccl_channels(algo: str, proto: str, n_bytes: int, topo: CommTopology) -> Ch
     Ring/Tree: start from ``comm->nChannels`` and ``maxThreads``; ``while nBytes < nc*nt*threshold:
     nc -= 1`` (down to 1); then halve ``nt`` while the same holds and ``nt % 128 == 0``. Simple adds a
     sync warp (Ring) or 4 warps (Tree); at least 3 warps; Tree always runs 640 threads. NVLS uses
-    ``nvlsChannels`` and 640 threads.
+    ``nvlsChannels`` (multi-node: at most ``comm->nChannels``) and 640 threads; NVLSTree
+    ``nvlsChannels`` and 640 threads, whatever the size.
 
     ``n_bytes`` is NCCL's ``nBytes``: the per-rank buffer for all-reduce/broadcast/reduce, the total
     (gathered) buffer for all-gather/reduce-scatter -- nccl-tests' ``S``.
@@ -508,12 +624,18 @@ def nccl_channels(algo: str, proto: str, n_bytes: int, topo: CommTopology) -> Ch
     stopping at ``nc = 2`` (2*512*64 = 65536), so 2 channels of 512+32 threads.
     """
     algo, proto = algo.lower(), proto.lower()
+    algo = ALGORITHM_ALIASES.get(algo, algo)
     _check_names(algo, proto)
     if algo == "nvls":
         if not topo.nvls_available:
             raise ValueError("NVLS is not available on this communicator")
         nc = topo.nvls_channels if topo.n_nodes == 1 else min(topo.nvls_channels, topo.n_channels)
         return ChannelPlan(nc, NCCL_MAX_NTHREADS)
+    if algo == "nvls_tree":
+        if not topo.nvls_tree_available:
+            raise ValueError("NVLSTree is not available on this communicator (needs NVLS, i.e. NVSwitch gen3+, "
+                             "and several nodes)")
+        return ChannelPlan(topo.nvls_channels, NCCL_MAX_NTHREADS)
     nc = topo.n_channels
     nt = max_threads(algo, proto, topo)
     threshold = thread_threshold(algo, proto, topo)
@@ -534,8 +656,8 @@ def nccl_channels(algo: str, proto: str, n_bytes: int, topo: CommTopology) -> Ch
 
 
 def _check_names(algo: str, proto: str) -> None:
-    if algo not in ("ring", "tree", "nvls"):
-        raise ValueError(f"unknown NCCL algorithm {algo!r}; allowed: ring, tree, nvls")
+    if algo not in ("ring", "tree", "nvls", "nvls_tree"):
+        raise ValueError(f"unknown NCCL algorithm {algo!r}; allowed: ring, tree, nvls, nvls_tree")
     if proto not in ("ll", "ll128", "simple"):
         raise ValueError(f"unknown NCCL protocol {proto!r}; allowed: simple, ll, ll128")
 

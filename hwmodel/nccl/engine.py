@@ -17,6 +17,29 @@ cluster's fluid resources, decomposed the way NCCL 2.30 does it:
   switch, which reduces, and receives the reduced result by multicast: ``S`` up and ``S`` down per
   GPU. All-gather sends each GPU's ``S/n`` share up once and receives the other ``(n-1)S/n`` by
   multicast (reduce-scatter the mirror image).
+* **NVLSTree** (all-reduce on several nodes, NVSwitch gen3+; NCCL's
+  ``RunWorkColl<ncclFuncAllReduce, T, RedOp, NCCL_ALGO_NVLS_TREE, NCCL_PROTO_SIMPLE>`` in
+  ``src/device/all_reduce.h``, trees from ``connectNvls`` in ``src/graph/connect.cc``). Each node has
+  ``H`` NVLS heads, one per NIC (the NIC's local GPU); every channel cuts its part of the buffer into
+  ``H`` chunks and head ``h`` owns chunk ``h``. Per channel: every GPU scatters its data into its own
+  NVLS buffer (local HBM); head ``h``'s reduce warps read chunk ``h`` through the multicast address
+  (``multimem.ld_reduce``: the NVSwitch pulls that chunk from every GPU of the node, adds it up and
+  returns the sum to the head), add the partial sums arriving from up to two network children and
+  send the result to the tree parent through the head's NIC (``FanAsymmetric<3, 1>``); the broadcast
+  warps receive the final sum from the parent, pass it to the children and store it through the
+  multicast address (``multimem.st``: one copy to the switch, which writes it into every GPU of the
+  node); the tree root reduces and broadcasts in one step. The inter-node trees are NCCL's double
+  binary tree over the nodes (``ncclGetDtree``), made of the head-``h`` GPUs of every node; channel
+  ``c`` uses tree ``c mod 2``, so each tree carries half of every head's chunk. Per byte of the
+  all-reduce buffer ``S``:
+
+  - NVLink GPU->NVSwitch and NVSwitch->GPU: ``1 + 1/H`` for a head (its share of every reduction up,
+    its reduced chunk back, its broadcast up, everyone's broadcast down), ``1`` for a GPU that is not
+    a head;
+  - NIC of head ``h`` on node ``k``, each direction: ``deg(k) / (2H)``, where ``deg(k)`` counts node
+    ``k``'s tree links (parent + children) in both trees: 2 on two nodes (``S/H`` per NIC), up to 4
+    on more (interior in one tree, leaf in the other: ``2S/H``, what a Tree channel pair puts on a
+    NIC), so DGX H100 x 2 carries ``S/8`` per NIC and direction, x 16 up to ``S/4``.
 * **all_to_all**: one send/recv pair per ordered pair of ranks (NCCL >= 2.28 expands ``ncclAlltoAll``
   this way), all in flight at once (one grouped kernel).
 
@@ -25,10 +48,13 @@ weight of each link = bytes on that link per byte of per-rank progress, so conte
 traffic emerges from the max-min solver; NCCL's latency terms (from the tuner) are paid first.
 ``step`` runs every algorithm step as a synchronised set of per-edge transfers (one fluid activity
 per edge, a barrier after each step; the latency is split evenly over the steps): ring all-reduce
-2(n-1) steps, all-gather / reduce-scatter n-1, ring broadcast / reduce n pipeline steps. Tree and
-NVLS are pipelined up-and-down algorithms without a step structure at this level, and all_to_all is
-one grouped kernel, so they run as ONE synchronised step of per-edge transfers. Both fidelities agree
-where nothing contends (tests/hwmodel/nccl/test_engine.py checks 2 %).
+2(n-1) steps, all-gather / reduce-scatter n-1, ring broadcast / reduce n pipeline steps. Tree, NVLS
+and NVLSTree are pipelined up-and-down algorithms without a step structure at this level, and
+all_to_all is one grouped kernel, so they run as ONE synchronised step of per-edge transfers. Both
+fidelities agree where nothing contends (tests/hwmodel/nccl/test_engine.py checks 2 %). NVLSTree, like
+the others, runs at the tuner's bandwidth (its activity's rate bound) unless a link it loads is
+contended (on DGX B200 x 16 the NICs bind first: ``S/4`` per NIC at the tuner's 193.5 GB/s would need
+48.4 GB/s of a NIC's 47 GB/s).
 
 Bandwidth efficiency enters as link weight: a protocol that carries 8 data bytes per 16-byte line (LL)
 puts 2 bytes on the wire per payload byte; NCCL's app-level link efficiency likewise (NVLink
@@ -420,6 +446,8 @@ class NcclEngine:
             return flows
         if plan.algorithm == "tree":
             return self._tree_flows(by_node, nodes)
+        if plan.algorithm == "nvls_tree":
+            return self._nvls_tree_flows(plan, by_node, nodes)
         # Ring (and ring-pipelined broadcast/reduce).
         chain = op in ("broadcast", "reduce")
         if len(nodes) == 1:
@@ -463,6 +491,45 @@ class NcclEngine:
                     a, b = heads[child], heads[parent]
                     flows.append(Flow(a, b, P(a, b), 0.5 * frac))
                     flows.append(Flow(b, a, P(b, a), 0.5 * frac))
+        return flows
+
+    def _nvls_heads(self, gpus: list[str]) -> list[str]:
+        """One NVLS head per NIC among ``gpus`` (one node), in local order: the first GPU of the
+        communicator on each NIC, as NCCL's NVLS search makes each NIC's local GPU a head."""
+        topo = self.cluster.topology
+        heads, seen = [], set()
+        for g in sorted(gpus, key=topo.local_index):
+            nic = topo.nic_of(g)
+            if nic not in seen:
+                seen.add(nic)
+                heads.append(g)
+        return heads
+
+    def _nvls_tree_flows(self, plan: Plan, by_node: dict[int, list[str]], nodes: list[int]) -> list[Flow]:
+        """NVLSTree edges (see the module docstring): NVLink up/down for every GPU, and per head index
+        the two binary trees over the nodes' head GPUs, each edge carrying ``1/(2H)`` each way."""
+        topo = self.cluster.topology
+        P = self._path
+        heads = [self._nvls_heads(by_node[node]) for node in nodes]
+        n_heads = min(len(h) for h in heads)
+        ct = self.comm_topology(plan.gpus)
+        if ct.nvls_heads:
+            n_heads = min(n_heads, ct.nvls_heads)
+        share = 1.0 / n_heads
+        flows = []
+        for node, node_heads in zip(nodes, heads, strict=True):
+            head_set = set(node_heads[:n_heads])
+            for g in by_node[node]:
+                sw = topo.nvswitch_of(g)
+                w = 1.0 + (share if g in head_set else 0.0)
+                flows.append(Flow(g, g, P(g, sw), w))
+                flows.append(Flow(g, g, P(sw, g), w))
+        for h in range(n_heads):
+            for tree in _double_binary_tree(len(nodes)):
+                for child, parent in tree:
+                    a, b = heads[child][h], heads[parent][h]
+                    flows.append(Flow(a, b, P(a, b), 0.5 * share))
+                    flows.append(Flow(b, a, P(b, a), 0.5 * share))
         return flows
 
     # -- step fidelity ---------------------------------------------------------------------------
@@ -611,7 +678,7 @@ def _bus_rate(op: str, algo: str, algbw_Bps: float, n: int) -> float:
             return algbw_Bps * (n - 1) / n
     if algo == "nvls" and op in ("all_gather", "reduce_scatter"):
         return algbw_Bps * (n - 1) / n
-    return algbw_Bps
+    return algbw_Bps  # tree, nvls and nvls_tree all-reduce: progress is the per-rank buffer
 
 
 def _binary_tree(n: int) -> list[tuple[int, int]]:

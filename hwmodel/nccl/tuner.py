@@ -6,8 +6,18 @@ NCCL predicts, for every (collective, algorithm, protocol),
 
 and runs the cheapest enabled pair (``topoGetAlgoInfo``, ``src/enqueue.cc``). This module reproduces
 ``ncclTopoTuneModel`` (latencies and bandwidths) and ``ncclTopoGetAlgoTime`` (the size-dependent
-corrections) for the Ring, Tree and NVLS algorithms and the LL, LL128 and Simple protocols.
-CollNet (needs a SHARP plugin), NVLSTree (multi-node NVLS) and PAT (1 rank per node) are not modelled.
+corrections) for the Ring, Tree, NVLS and NVLSTree algorithms and the LL, LL128 and Simple protocols.
+NVLS is NVLink SHARP inside one node; NVLSTree is NVLink SHARP inside each node and a double binary
+tree between the nodes' NVLS heads (the multi-node all-reduce NCCL picks on Hopper/Blackwell NVSwitch
+clusters for mid-size and large messages). CollNet (needs a SHARP plugin, and with it multi-node NVLS)
+and PAT (1 rank per node) are not modelled.
+
+Worked example, NVLSTree all-reduce on DGX H100 (NVLS graph 8 channels, bwIntra 40, bwInter 48 GB/s,
+see :meth:`CommTopology.from_system`): per channel ``intraBw = 40 * 0.85 * 7/8 * 2 = 59.5``,
+``interBw = 48 * 2 = 96`` on 2 nodes (48 on more), capped by ``perChMaxNVLSTreeBws`` 57.7 (2 nodes) /
+45.5 (more); busBw = 8 x 57.7 = 461.6 GB/s (2 nodes) or 364 GB/s, algBw = busBw * n / (2(n-1)) = 246.2
+GB/s on 16 ranks, 183.4 GB/s on 128; latency ``0 + 25 + 2 * log2(nNodes) * 20.9`` = 66.8 us (2 nodes),
+108.6 us (4), 192.2 us (16).
 
 The simulator uses :func:`latency_s` (the fixed cost) and :data:`PROTOCOL_EFFICIENCY` (payload share
 of the wire) and lets bandwidth emerge from contended links; :func:`predict_time_s` and :func:`choose`
@@ -25,6 +35,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from hwmodel.nccl.channels import (
+    ALGORITHM_ALIASES,
     GB,
     CommTopology,
     arch_from_compute_capability,
@@ -44,6 +55,7 @@ __all__ = [
     "NCCL_VERSION",
     "NVLINK_APP_EFFICIENCY",
     "NVLS_EFFICIENCY",
+    "PER_CH_MAX_NVLS_TREE_BW_GBPS",
     "PER_CH_MAX_RING_LL128_BW_GBPS",
     "PER_CH_MAX_TREE_BW_GBPS",
     "PER_CH_MAX_TREE_LL128_BW_GBPS",
@@ -78,9 +90,10 @@ __all__ = [
 NCCL_VERSION = "2.30.7"
 """NCCL release whose tuning model this module reproduces (``makefiles/version.mk`` at ``5067397c``)."""
 
-ALGORITHMS: tuple[str, ...] = ("tree", "ring", "nvls")
-"""Modelled algorithms, in NCCL's ``NCCL_ALGO_*`` order (ties go to the earlier one, as in
-``topoGetAlgoInfo``'s strict ``<``)."""
+ALGORITHMS: tuple[str, ...] = ("tree", "ring", "nvls", "nvls_tree")
+"""Modelled algorithms, in NCCL's ``NCCL_ALGO_*`` order (Tree 0, Ring 1, NVLS 4, NVLSTree 5; ties go to
+the earlier one, as in ``topoGetAlgoInfo``'s strict ``<``). ``nvls_tree`` is NCCL's ``NVLSTree``
+(``NCCL_ALGO`` token; ``nvlstree`` is accepted too)."""
 
 PROTOCOLS: tuple[str, ...] = ("ll", "ll128", "simple")
 """Protocols in NCCL's ``NCCL_PROTO_*`` order (LL, LL128, Simple)."""
@@ -99,13 +112,17 @@ BASE_LATENCY_US: dict[str, tuple[float, float, float]] = {
     "tree": (6.8, 14.0, 8.4),
     "ring": (6.6, 14.0, 8.4),
     "nvls": (0.0, 0.0, 0.0),
+    "nvls_tree": (0.0, 0.0, 0.0),
 }
 """``baseLatencies`` in µs (tuning.cc 2.30.7): launch + synchronisation per collective."""
 
 HW_LATENCY_US: dict[str, dict[str, tuple[float, float, float]]] = {
-    "nvlink": {"tree": (0.6, 1.25, 4.0), "ring": (0.6, 1.9, 3.4), "nvls": (0.0, 0.0, 25.0)},
-    "pci": {"tree": (1.0, 1.9, 4.0), "ring": (1.0, 2.5, 5.7), "nvls": (0.0, 0.0, 0.0)},
-    "net": {"tree": (5.0, 8.5, 14.0), "ring": (2.7, 4.0, 14.0), "nvls": (0.0, 0.0, 18.0)},
+    "nvlink": {"tree": (0.6, 1.25, 4.0), "ring": (0.6, 1.9, 3.4), "nvls": (0.0, 0.0, 25.0),
+               "nvls_tree": (0.0, 0.0, 25.0)},
+    "pci": {"tree": (1.0, 1.9, 4.0), "ring": (1.0, 2.5, 5.7), "nvls": (0.0, 0.0, 0.0),
+            "nvls_tree": (0.0, 0.0, 0.0)},
+    "net": {"tree": (5.0, 8.5, 14.0), "ring": (2.7, 4.0, 14.0), "nvls": (0.0, 0.0, 18.0),
+            "nvls_tree": (0.0, 0.0, 20.9)},
 }
 """``hwLatencies[NVLINK|PCI|NET]`` in µs per step (tuning.cc 2.30.7)."""
 
@@ -137,6 +154,15 @@ PER_CH_MAX_TREE_BW_GBPS: tuple[tuple[float, float, float], ...] = (
 )
 """``perChMaxTreeBws`` GB/s per channel [generation][N1/N2/N4] (tuning.cc 2.30.7)."""
 
+PER_CH_MAX_NVLS_TREE_BW_GBPS: tuple[tuple[float, float, float], ...] = (
+    (26.5, 18.5, 10.0),
+    (24.0, 23.6, 17.8),
+    (0.0, 57.7, 45.5),
+    (0.0, 96.0, 80.0),
+)
+"""``perChMaxNVLSTreeBws`` GB/s per channel [generation][N1/N2/N4] (tuning.cc 2.30.7). NVLSTree needs
+NVSwitch gen3 (Hopper+) and several nodes, so only the Hopper/Blackwell N2 and N4 entries are ever used."""
+
 NVLS_EFFICIENCY: tuple[float, ...] = (0.0, 0.0, 0.85, 0.74)
 """``nvlsEfficiency`` Volta..Blackwell (tuning.cc 2.30.7)."""
 
@@ -155,7 +181,9 @@ TREE_CORRECTION_FACTOR: tuple[tuple[float, ...], ...] = (
 )
 """``treeCorrectionFactor[proto][log2(nBytes/64)]`` (tuning.cc 2.30.7): Tree all-reduce bandwidth is
 multiplied by it for ``0 <= floor(log2(nBytes >> 6)) < 23`` ("Trees are not perfectly sticking to the
-model for medium sizes"). Rows LL, LL128, Simple; columns 64 B, 128 B, ... (powers of two)."""
+model for medium sizes"). Rows LL, LL128, Simple; columns 64 B, 128 B, ... (powers of two).
+``ncclTopoGetAlgoTime`` applies the same table (Simple row, up to index 23) to NVLSTree all-reduce, but
+only on Blackwell (``minCompCap >= 100``) with x86 hosts (``cpuArch == NCCL_TOPO_CPU_ARCH_X86``)."""
 
 MAX_DEV_WORK_BATCH_COLLS = 8
 """``NCCL_MAX_DEV_WORK_BATCH_COLLS = NCCL_MAX_DEV_WORK_BATCH_BYTES (1024) / sizeof(ncclDevWorkColl)
@@ -221,6 +249,7 @@ def _parse_list(value: _Names, allowed: tuple[str, ...], what: str) -> frozenset
         items = [str(x).strip().lower() for x in value]
     if not items:
         raise ValueError(f"empty NCCL {what} list; allowed: {', '.join(allowed)}")
+    items = [ALGORITHM_ALIASES.get(x, x) for x in items] if what == "algorithm" else items
     for x in items:
         if x not in allowed:
             raise ValueError(f"unknown NCCL {what} {x!r}; allowed: {', '.join(allowed)}")
@@ -232,7 +261,8 @@ def set_default_overrides(algo: _Names = None, proto: _Names = None) -> None:
     """Set module-wide algorithm/protocol restrictions, like the ``NCCL_ALGO``/``NCCL_PROTO`` env vars.
 
     Values: a name (``"ring"``), a comma list (``"ring,tree"``), an exclusion (``"^ll128"``), or
-    ``None`` to clear. Allowed algorithms: ring, tree, nvls; protocols: simple, ll, ll128.
+    ``None`` to clear. Allowed algorithms: ring, tree, nvls, nvls_tree (also spelt ``nvlstree``, NCCL's
+    ``NVLSTree``); protocols: simple, ll, ll128.
 
     Raises:
         ValueError: unknown name.
@@ -293,7 +323,7 @@ def _set_raw(a: frozenset[str] | None, p: frozenset[str] | None) -> None:
     _DEFAULT_ALGO, _DEFAULT_PROTO = a, p
 
 
-ALGORITHMS_USER: tuple[str, ...] = ("ring", "tree", "nvls")
+ALGORITHMS_USER: tuple[str, ...] = ("ring", "tree", "nvls", "nvls_tree")
 PROTOCOLS_USER: tuple[str, ...] = ("simple", "ll", "ll128")
 
 # ------------------------------------------------------------------------------------------------
@@ -302,7 +332,8 @@ PROTOCOLS_USER: tuple[str, ...] = ("simple", "ll", "ll128")
 
 
 def _norm(coll: str, algo: str, proto: str) -> tuple[str, str, str]:
-    return str(coll).lower(), str(algo).lower(), str(proto).lower()
+    a = str(algo).lower()
+    return str(coll).lower(), ALGORITHM_ALIASES.get(a, a), str(proto).lower()
 
 
 def _check(coll: str, algo: str, proto: str) -> None:
@@ -335,7 +366,10 @@ def is_enabled(coll: str, algo: str, proto: str, topo: CommTopology) -> bool:
     tuning.cc rules: Broadcast/Reduce are Ring only; AllGather/ReduceScatter Ring or NVLS (single node:
     NVLS AG/RS multi-node needs CollNet); Tree only for AllReduce (other Tree entries get no latency or
     bandwidth refinement and are never picked by NCCL in practice; trainsim disables them); NVLS only with
-    Simple, only where available (Hopper+, NVSwitch, one node, >= 2 channels); LL128 only where
+    Simple, only where available (Hopper+, NVSwitch, one node -- "Disable Collnet+Direct, Collnet+Chain
+    or Collnet+NVLS if collnet is not supported" removes it on several nodes --, >= 2 channels);
+    NVLSTree only for AllReduce (the AG/RS loop skips it), only with Simple, only with an NVLS graph of
+    >= 2 channels and several nodes ("Disable NVLS Tree on a single node"); LL128 only where
     ``topo.ll128_enabled``.
     """
     coll, algo, proto = _norm(coll, algo, proto)
@@ -347,6 +381,8 @@ def is_enabled(coll: str, algo: str, proto: str, topo: CommTopology) -> bool:
     if coll in ("all_gather", "reduce_scatter") and algo not in ("ring", "nvls"):
         return False
     if algo == "nvls" and (proto != "simple" or not topo.nvls_available):
+        return False
+    if algo == "nvls_tree" and (coll != "all_reduce" or proto != "simple" or not topo.nvls_tree_available):
         return False
     if proto == "ll128" and not topo.ll128_enabled:
         return False
@@ -364,15 +400,19 @@ def _model(coll: str, algo: str, proto: str, topo: CommTopology) -> tuple[float,
     index2 = nn - 1 if nn <= 2 else 2
     index1 = ci if nn == 1 else (1 if topo.cpu_vendor == "amd" else 0)
     ll_max_bw = LL_MAX_BW_GBPS[index1][index2]
-    graph = {"ring": topo.ring, "tree": topo.tree, "nvls": topo.nvls}[algo]
+    graph = {"ring": topo.ring, "tree": topo.tree, "nvls": topo.nvls, "nvls_tree": topo.nvls}[algo]
     assert graph is not None
     nsteps = _nsteps(coll, n)
 
     bw = graph.bw_intra_GBps if nn <= 2 else graph.bw_inter_GBps
-    if algo == "nvls":
+    if algo in ("nvls", "nvls_tree"):
         intra_bw = graph.bw_intra_GBps * NVLS_EFFICIENCY[ci] * (graph.n_channels - 1) / graph.n_channels
         intra_bw *= 2.0 if coll == "all_reduce" else (ppn - 1) / ppn
-        bw = min(intra_bw, graph.bw_inter_GBps)
+        # "Handle 2 node case of NVLSTree": each NIC carries half as much on 2 nodes.
+        inter_bw = graph.bw_inter_GBps * (2.0 if nn <= 2 and algo == "nvls_tree" else 1.0)
+        bw = min(intra_bw, inter_bw)
+        if algo == "nvls_tree":
+            bw = min(bw, PER_CH_MAX_NVLS_TREE_BW_GBPS[ci][index2])
     bus_bw = graph.n_channels * bw
 
     if algo == "ring" and proto == "ll":
@@ -391,7 +431,7 @@ def _model(coll: str, algo: str, proto: str, topo: CommTopology) -> tuple[float,
 
     alg_bw = bus_bw
     if not (algo != "ring" and coll in ("all_gather", "reduce_scatter")):
-        alg_bw *= n / nsteps if algo in ("ring", "nvls") else 0.5
+        alg_bw *= n / nsteps if algo in ("ring", "nvls", "nvls_tree") else 0.5
 
     # Latency.
     intra_hw = topo.intra_link
@@ -424,6 +464,8 @@ def _model(coll: str, algo: str, proto: str, topo: CommTopology) -> tuple[float,
             lat += 2 * ((n // nn - 1) * intra_lat + _log2i(nn) * inter_lat)
     elif algo == "nvls":
         lat = intra_lat + (inter_lat if nn > 1 else 0.0)
+    elif algo == "nvls_tree":
+        lat += intra_lat + 2 * _log2i(nn) * inter_lat
     return lat, bus_bw, alg_bw
 
 
@@ -466,15 +508,21 @@ def algo_bandwidth_Bps(
     coll: str, algo: str, proto: str, topo: CommTopology, n_bytes: int | None = None
 ) -> float:
     """NCCL's modelled algorithm bandwidth (``comm->bandwidths``), bytes/s: ``nBytes / time`` without
-    latency. With ``n_bytes``, includes the Tree all-reduce ``treeCorrectionFactor``."""
+    latency. With ``n_bytes``, includes the Tree all-reduce ``treeCorrectionFactor`` (sizes below
+    ``2^29`` B) and, on Blackwell with an x86 host (``cpu_vendor`` intel or amd; ``other`` stands for
+    non-x86 hosts such as Grace), the same factor for NVLSTree all-reduce below ``2^30`` B
+    (``ncclTopoGetAlgoTime``, tuning.cc 2.30.7)."""
     coll, algo, proto = _norm(coll, algo, proto)
     _require(coll, algo, proto, topo)
     if topo.n_ranks <= 1:
         return math.inf
     bw = _model(coll, algo, proto, topo)[2]
-    if n_bytes is not None and algo == "tree" and coll == "all_reduce":
+    if n_bytes is not None and coll == "all_reduce":
         log_size = _log2i(int(n_bytes) >> 6)
-        if 0 <= log_size < 23:
+        if algo == "tree" and 0 <= log_size < 23:
+            bw *= TREE_CORRECTION_FACTOR[_P[proto]][log_size]
+        if (algo == "nvls_tree" and 0 <= log_size < 24 and topo.gpu_arch == "blackwell"
+                and topo.cpu_vendor in ("intel", "amd")):
             bw *= TREE_CORRECTION_FACTOR[_P[proto]][log_size]
     return bw * GB
 
@@ -524,7 +572,7 @@ class Choice:
     """NCCL's decision for one collective."""
 
     algorithm: str
-    """ring, tree or nvls."""
+    """ring, tree, nvls or nvls_tree."""
     protocol: str
     """simple, ll or ll128."""
     n_channels: int
@@ -603,7 +651,8 @@ def choose(
         allowed = ", ".join(f"{a}/{p}" for a, p in possible) or "none"
         raise ValueError(f"algorithm/protocol: none of algo={algo or 'any'}, proto={proto or 'any'} is "
                          f"available for {coll} on this system (NVLS needs NVSwitch gen3, i.e. Hopper or "
-                         f"newer; Broadcast/Reduce are ring only); available: {allowed}")
+                         f"newer, and one node; NVLSTree the same NVSwitch, several nodes and all_reduce; "
+                         f"Broadcast/Reduce are ring only); available: {allowed}")
     if topo.n_ranks <= 1:
         return Choice("ring", "simple", 1, nccl_channels("ring", "simple", n_bytes, topo).n_threads, 0.0, 0.0)
     rule = _tuner_rule(tuner if tuner is not None else _DEFAULT_TUNER, coll, n_bytes, topo, pairs, n_pipe_ops)
@@ -621,7 +670,7 @@ def choose(
     plan = nccl_channels(a, p, n_bytes, topo)
     n_channels = plan.n_channels
     if rule is not None and rule.channels > 0:
-        n_channels = min(rule.channels, topo.nvls_channels if a == "nvls" else topo.n_channels)
+        n_channels = min(rule.channels, topo.nvls_channels if a in ("nvls", "nvls_tree") else topo.n_channels)
     lat_count = n_pipe_ops if a == "ring" else -(-n_pipe_ops // MAX_DEV_WORK_BATCH_COLLS)
     return Choice(
         algorithm=a,
@@ -666,8 +715,10 @@ def _normalise(name: str, allowed: tuple[str, ...], what: str) -> str:
 
 
 def normalise_algorithm(name: str) -> str:
-    """Lower-case and validate an algorithm name (ring, tree, nvls); ValueError lists the allowed ones."""
-    return _normalise(name, ALGORITHMS_USER, "algorithm")
+    """Lower-case and validate an algorithm name (ring, tree, nvls, nvls_tree; NCCL's ``NVLSTree`` /
+    ``nvlstree`` map to ``nvls_tree``); ValueError lists the allowed ones."""
+    n = str(name).strip().lower()
+    return _normalise(ALGORITHM_ALIASES.get(n, n), ALGORITHMS_USER, "algorithm")
 
 
 def normalise_protocol(name: str) -> str:

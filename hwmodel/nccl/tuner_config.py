@@ -21,10 +21,12 @@ replay it. Semantics follow the plugin's ``pluginGetCollInfo``:
   matching; we follow its documented meaning, "-1 to keep NCCL's default".)
 * no matching rule: NCCL's own model decides.
 
-Algorithms NCCL knows but trainsim does not model (``collnet_direct``, ``collnet_chain``,
-``nvls_tree``, ``pat``) are accepted in the file and treated as unavailable, as on a system without
-the hardware for them. Unlike the C plugin, which silently skips malformed lines, a malformed line
-raises :class:`TunerConfigError` naming the line and the field.
+Algorithms NCCL knows but trainsim does not model (``collnet_direct``, ``collnet_chain``, ``pat``) are
+accepted in the file and treated as unavailable, as on a system without the hardware for them.
+``nvls_tree`` (NVLink SHARP in the node, trees between nodes) is modelled: a rule naming it applies to
+multi-node all-reduces on NVSwitch gen3+ (Hopper/Blackwell) clusters and is skipped elsewhere.
+Unlike the C plugin, which silently skips malformed lines, a malformed line raises
+:class:`TunerConfigError` naming the line and the field.
 
 ``n_bytes`` is NCCL's ``nBytes`` (per-rank buffer for all-reduce/broadcast/reduce, the gathered buffer
 for all-gather/reduce-scatter), the size nccl-tests prints.
@@ -48,7 +50,7 @@ ALGORITHM_NAMES: tuple[str, ...] = ("tree", "ring", "collnet_direct", "collnet_c
                                     "pat")
 """Algorithms the plugin's file may name (``parseAlgorithm``), in ``NCCL_ALGO_*`` order."""
 
-MODELLED_ALGORITHMS: frozenset[str] = frozenset({"tree", "ring", "nvls"})
+MODELLED_ALGORITHMS: frozenset[str] = frozenset({"tree", "ring", "nvls", "nvls_tree"})
 """The subset trainsim simulates; rules naming the others never apply."""
 
 PROTOCOL_NAMES: tuple[str, ...] = ("ll", "ll128", "simple")

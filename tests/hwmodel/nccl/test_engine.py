@@ -88,6 +88,7 @@ def test_ring_tree_crossover_follows_the_tuner():
     ("dgx-a100", 1, "broadcast", "ring"), ("dgx-a100", 2, "reduce", "ring"),
     ("dgx-a100", 1, "all_reduce", "tree"), ("dgx-a100", 2, "all_reduce", "tree"),
     ("dgx-h100", 1, "all_reduce", "nvls"), ("dgx-h100", 1, "all_gather", "nvls"),
+    ("dgx-h100", 2, "all_reduce", "nvls_tree"),
     ("dgx-a100", 2, "all_to_all", None),
 ])
 @pytest.mark.parametrize("size", [MiB, 256 * MiB])
@@ -309,3 +310,84 @@ def test_nvls_on_h100_single_node():
 def test_unknown_fidelity_is_rejected():
     with pytest.raises(ValueError, match="flow, step"):
         NcclEngine(Cluster(build_system("dgx-a100", 1)), fidelity="packet")
+
+
+# -- 5. NVLSTree: NVLink SHARP in each node, double binary trees between the nodes' heads -------------
+
+H100_NVLINK_EFF = 20.6 / 25  # NCCL's SM90_NVLINK_BW over the NVLink4 line rate
+
+
+def _ib_in(cl, node):
+    return [r for (u, v), r in cl.links.items() if v.startswith(f"n{node}.nic") and "leaf" in u]
+
+
+def test_nvls_tree_two_h100_nodes_closed_form():
+    # NCCL 2.30.7's model (test_tuner.NVLS_TREE): latency 25 + 2*20.9 = 66.8 us, algBw 461.6*16/30 GB/s.
+    # Nothing else runs, so the activity moves at that rate: time = latency + S/algBw.
+    size = GiB
+    t, plan, _ = _run("dgx-h100", 2, "all_reduce", size, algo="nvls_tree")
+    assert (plan.algorithm, plan.protocol, plan.n_channels) == ("nvls_tree", "simple", 16)
+    assert plan.latency_s == pytest.approx(66.8e-6, rel=1e-9)
+    algbw = 8 * 57.7e9 * 16 / 30
+    assert plan.rate_bound_Bps == pytest.approx(algbw, rel=1e-6)
+    assert t == pytest.approx(66.8e-6 + size / algbw, rel=1e-9)  # well within 2 %: exactly
+    # NCCL's model picks it by itself from 4 MiB on two DGX H100 (Tree/LL128 below).
+    assert _run("dgx-h100", 2, "all_reduce", 4 * MiB)[1].algorithm == "nvls_tree"
+    assert _run("dgx-h100", 2, "all_reduce", 2 * MiB)[1].algorithm == "tree"
+    # NCCL_ALGO names work on the engine too; NVLSTree needs several nodes and NVLink SHARP.
+    assert NcclEngine(Cluster(build_system("dgx-h100", 2)), algorithm="NVLSTree").algorithm == "nvls_tree"
+    with pytest.raises(ValueError, match="nvls_tree"):
+        _run("dgx-h100", 1, "all_reduce", size, algo="nvls_tree")
+    with pytest.raises(ValueError, match="nvls_tree"):
+        _run("dgx-a100", 2, "all_reduce", size, algo="nvls_tree")
+
+
+@pytest.mark.parametrize("nodes,degrees", [
+    (2, [2, 2]),  # each node is the other's parent in one tree, its child in the other
+    # ncclGetDtree on 16 nodes: node 0 roots tree 0 with one child (8) and is a leaf of tree 1; node 15
+    # the mirror image; every other node is interior (parent + 2 children) in one tree, a leaf in the other.
+    (16, [2] + [4] * 14 + [2]),
+])
+def test_nvls_tree_bytes_on_each_nic_and_nvlink(nodes, degrees):
+    """Closed form per byte of the all-reduce buffer S, with H = 8 heads (one per NIC):
+    NIC of head h on node k, each direction: deg(k)/(2H) (each tree carries half of the head's S/H
+    chunk, up then down every tree edge); NVLink GPU<->NVSwitch: 1 + 1/H each way (every GPU heads one
+    chunk). Link counters include NCCL's achieved-rate efficiency (IB 0.94, NVLink 20.6/25)."""
+    size, n_heads = 256 * MiB, 8
+    _, plan, cl = _run("dgx-h100", nodes, "all_reduce", size, algo="nvls_tree")
+    for k in range(nodes):
+        expected = degrees[k] / (2 * n_heads) * size / tuner.IB_APP_EFFICIENCY
+        out, into = _ib_out(cl, k), _ib_in(cl, k)
+        assert len(out) == len(into) == n_heads
+        for r in out + into:
+            assert r.carried == pytest.approx(expected, rel=1e-9)
+    for g in build_system("dgx-h100", 1).gpus():
+        for link in (cl.links[(g, "n0.nvswitch")], cl.links[("n0.nvswitch", g)]):
+            assert link.carried == pytest.approx((1 + 1 / n_heads) * size / H100_NVLINK_EFF, rel=1e-9)
+    # per NIC, ~what Tree carries: S/8 on 2 nodes, up to S/4 on more; a Ring would carry 2(n-1)/n * S/8.
+    assert max(degrees) / (2 * n_heads) == (1 / 8 if nodes == 2 else 1 / 4)
+
+
+def test_nvls_tree_under_contention_keeps_every_link_within_capacity():
+    """An NVLSTree all-reduce beside a Ring all-gather on the same 2 DGX H100 nodes: they share the NICs
+    and NVLinks, the max-min solve never loads a link past its capacity, and the all-reduce takes longer
+    than alone (a closed form for the shared case would only restate the solver)."""
+    topo = build_system("dgx-h100", 2)
+    gpus = tuple(topo.gpus())
+    alone, plan, _ = _run("dgx-h100", 2, "all_reduce", GiB, algo="nvls_tree")
+    cl = Cluster(topo)
+    eng = NcclEngine(cl)
+    ar = eng.run(Collective("all_reduce", GiB, tuple(range(16)), algorithm="nvls_tree", name="ar"), gpus)
+    ag = eng.run(Collective("all_gather", 8 * GiB, tuple(range(16)), algorithm="ring", protocol="simple",
+                            name="ag"), gpus)
+    t_ar = {}
+    ar.callbacks.append(lambda _ev: t_ar.setdefault("t", cl.env.now))
+    cl.env.run()
+    assert ar.processed and ag.processed
+    assert t_ar["t"] > 1.05 * alone
+    busy = 0
+    for r in cl.links.values():
+        peak = max((u for _, u in r.timeline), default=0.0)
+        assert peak <= r.nominal_capacity * (1 + 1e-9), r.name
+        busy += peak >= r.nominal_capacity * (1 - 1e-6)
+    assert busy > 0  # something is the bottleneck: the solver saturates it, never more

@@ -110,3 +110,33 @@ def test_model_rows_against_measured_a100():
     assert rows[-1].algorithm == "ring" and rows[-1].protocol == "simple"
     assert rows[-1].busbw_Bps / 1e9 == pytest.approx(229.04, rel=0.05)
     assert rows[0].protocol == "ll"
+
+
+def test_cli_sweep_on_four_h100_nodes_shows_nvls_tree(tmp_path, capsys):
+    """``trainsim nccl-tests all_reduce -b 1M -e 8G -f 4 -g 8 --nodes 4 --system dgx-h100``: the algorithm
+    NCCL 2.30.7's model picks per size on 32 H100 (4 nodes, NVLS graph 8 ch @ 40/48 GB/s), by hand:
+
+    * Tree/LL128 (65.5 us, algBw 116 GB/s x treeCorrectionFactor) vs NVLSTree (25 + 2*2*20.9 = 108.6 us,
+      algBw 8*45.5*32/62 = 187.87 GB/s): at 4 MiB (factor 0.8) 110.7 vs 130.9 us -> Tree; at 16 MiB
+      (factor 0.9) 226.2 vs 197.9 us -> NVLSTree.
+    * NVLSTree vs Ring/Simple (282.8 us x 1.4 plateau = 395.9 us, algBw 384*32/62 = 198.19 GB/s): equal at
+      (395.9 - 108.6) us / (1/187.87 - 1/198.19) ns/B = 1.036 GB, so 256 MiB is NVLSTree and 1 GiB Ring.
+    The 1 MiB row is host-bound (-g 8: 41.3 + 2.5 x 16 channels = 81.3 us); the NVLSTree rows take the
+    model's latency + S/algBw.
+    """
+    from scenarios.cli import main
+
+    path = tmp_path / "rows.json"
+    argv = ["nccl-tests", "all_reduce", "-b", "1M", "-e", "8G", "-f", "4", "-g", "8", "--nodes", "4",
+            "--system", "dgx-h100", "--json", str(path)]
+    assert main(argv) == 0
+    rows = json.loads(path.read_text())
+    picked = [(r["size_bytes"], r["algorithm"], r["protocol"]) for r in rows]
+    assert picked == [(1 << 20, "tree", "ll128"), (1 << 22, "tree", "ll128"), (1 << 24, "nvls_tree", "simple"),
+                      (1 << 26, "nvls_tree", "simple"), (1 << 28, "nvls_tree", "simple"),
+                      (1 << 30, "ring", "simple"), (1 << 32, "ring", "simple")]
+    assert rows[0]["time_us"] == pytest.approx(81.3, rel=1e-6)
+    for r in rows[2:5]:
+        assert r["time_us"] == pytest.approx(108.6 + r["size_bytes"] / (8 * 45.5e3 * 32 / 62), rel=1e-6)
+    out = capsys.readouterr().out
+    assert "nvls_tree  simple" in out and out.count("nvls_tree") == 3

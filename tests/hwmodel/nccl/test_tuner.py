@@ -260,3 +260,132 @@ def test_engine_helpers(a100x1, a100x16):
         CommTopology.from_system("hopper", 2, 8, 370.8, n_ranks=17)
     h = CommTopology.from_system("hopper", 1, 8, 370.8, nvswitch_gen=0)
     assert not h.nvls_available
+
+
+# ---------------------------------------------------------------- NVLSTree (multi-node NVLS)
+
+
+@pytest.fixture(scope="module")
+def h100x2():
+    return CommTopology.from_system("hopper", 2, 8, 370.8, 50.0, 8, "intel")
+
+
+def test_nvls_graph_on_several_nodes(h100x2, h100x16, a100x16):
+    # DGX H100 x N (channels.py worked example): sm90 inter speeds from min(NIC 50, PCIe 48) = 48 down;
+    # k channels fit while (k+1)*s <= 370.8: 48 -> 6, 45 -> 7, 40 -> 8 = one per NIC (done); pass 2
+    # raises bwInter 40 -> 48. Runtime: NVLS_NCHANNELS_SM90 = 16.
+    for t in (h100x2, h100x16):
+        assert t.nvls == SearchGraph(8, 40e9, 48e9)
+        assert (t.nvls_channels, t.nvls_heads) == (16, 8)
+        assert t.nvls_tree_available and not t.nvls_available  # NVLS itself needs CollNet off-node
+    assert a100x16.nvls is None and not a100x16.nvls_tree_available  # NVSwitch gen2: no NVLink SHARP
+    # DGX B200 x N: 721.8/48 - 1 = 14 >= 8 NICs at the first speed; bwInter cannot rise past the NIC.
+    # Runtime channels (ncclNvlsTreeSm100Tuning, NIC path 48 GB/s): 32 on 2 nodes, 24 on more.
+    b2 = CommTopology.from_system("blackwell", 2, 8, 18 * 40.1, 50.0, 8, "intel")
+    b16 = CommTopology.from_system("blackwell", 16, 8, 18 * 40.1, 50.0, 8, "intel")
+    assert b2.nvls == b16.nvls == SearchGraph(8, 48e9, 48e9)
+    assert (b2.nvls_channels, b16.nvls_channels) == (32, 24)
+    assert C.nvls_runtime_channels("blackwell", 4, 8, 100e9) == 24
+    assert C.nvls_runtime_channels("blackwell", 4, 16, 100e9) == 32
+    assert C.nvls_runtime_channels("blackwell", 1, 8, 50e9) == 24
+    assert C.nvls_runtime_channels("ampere", 2, 8, 25e9) == 0
+    with pytest.raises(ValueError, match="gpu_arch 'sm80'; allowed: volta, ampere, hopper, blackwell"):
+        C.nvls_runtime_channels("sm80", 2, 8, 25e9)
+    # 4 NICs for 8 GPUs: 4 heads; 4 channels fit at 48 (never 8), bwInter stays 48.
+    four = CommTopology.from_system("hopper", 2, 8, 370.8, 50.0, 4, "intel")
+    assert four.nvls == SearchGraph(4, 48e9, 48e9) and four.nvls_heads == 4
+    # one GPU per node: ncclNvlsInit needs 2 local GPUs -> no NVLS, no NVLSTree.
+    one = CommTopology.from_system("hopper", 2, 1, 370.8, 50.0, 8, "intel")
+    assert one.nvls is None and not T.is_enabled("all_reduce", "nvls_tree", "simple", one)
+    assert nccl_channels("nvls_tree", "simple", 1 * KiB, h100x16) == (16, 640)
+    assert nccl_channels("NVLSTree", "simple", 1 * GiB, b16) == (24, 640)
+    with pytest.raises(ValueError, match="NVLSTree is not available"):
+        nccl_channels("nvls_tree", "simple", 1 * KiB, CommTopology.from_system("hopper", 1, 8, 370.8))
+
+
+NVLS_TREE = [
+    # (fixture, lat_us, busbw_GBps, algbw_GBps); ncclTopoTuneModel, Hopper, NVLS graph 8 ch @ 40/48:
+    # intraBw = 40*0.85*(7/8)*2 = 59.5, interBw = 48*(2 if nNodes <= 2 else 1),
+    # bw = min(intraBw, interBw, perChMaxNVLSTreeBw[Hopper] = 57.7 (2 nodes) / 45.5 (> 2)),
+    # busBw = 8*bw, algBw = busBw*n/(2(n-1)); lat = 0 + 25 + 2*log2(nNodes)*20.9.
+    ("h100x2", 25 + 2 * 1 * 20.9, 8 * 57.7, 8 * 57.7 * 16 / 30),    # 66.8 us, 461.6, 246.19
+    ("h100x16", 25 + 2 * 4 * 20.9, 8 * 45.5, 8 * 45.5 * 128 / 254),  # 192.2 us, 364.0, 183.43
+]
+
+
+@pytest.mark.parametrize(("system", "lat_us", "bus", "alg"), NVLS_TREE)
+def test_nvls_tree_model(request, system, lat_us, bus, alg):
+    topo = request.getfixturevalue(system)
+    assert T.latency_s("all_reduce", "nvls_tree", "simple", topo) == pytest.approx(lat_us * 1e-6, rel=1e-12)
+    assert T.bus_bandwidth_Bps("all_reduce", "nvls_tree", "simple", topo) == pytest.approx(bus * 1e9, rel=1e-6)
+    assert T.algo_bandwidth_Bps("all_reduce", "nvls_tree", "simple", topo) == pytest.approx(alg * 1e9, rel=1e-6)
+    # no size correction on Hopper, and the latency counts once per 8 aggregated operations
+    assert T.predict_time_s("all_reduce", "nvls_tree", "simple", 1 * MiB, topo, n_pipe_ops=8) == pytest.approx(
+        lat_us * 1e-6 + MiB / (alg * 1e9), rel=1e-6)
+
+
+def test_nvls_tree_on_blackwell():
+    # B200 graph 8 ch @ 48/48: intraBw = 48*0.74*(7/8)*2 = 62.16 < 96 (2 nodes: 2x48, perCh 96.0).
+    b2 = CommTopology.from_system("blackwell", 2, 8, 18 * 40.1, 50.0, 8, "intel")
+    assert T.bus_bandwidth_Bps("all_reduce", "nvls_tree", "simple", b2) == pytest.approx(8 * 62.16e9, rel=1e-6)
+    # 16 nodes: min(62.16, 48, 80.0) = 48 -> busBw 384, algBw 384*128/254.
+    b16 = CommTopology.from_system("blackwell", 16, 8, 18 * 40.1, 50.0, 8, "intel")
+    full = 384e9 * 128 / 254
+    assert T.algo_bandwidth_Bps("all_reduce", "nvls_tree", "simple", b16) == pytest.approx(full, rel=1e-6)
+    # x86 Blackwell: treeCorrectionFactor[Simple][log2(nBytes/64)] for log < 24 (one more than Tree):
+    # 1 MiB -> index 14 (0.5), 512 MiB -> index 23 (0.9), 1 GiB -> index 24 (none).
+    for size, f in ((MiB, 0.5), (512 * MiB, 0.9), (GiB, 1.0)):
+        assert T.algo_bandwidth_Bps("all_reduce", "nvls_tree", "simple", b16, size) == pytest.approx(f * full)
+    # non-x86 host (e.g. Grace): no correction.
+    arm = CommTopology.from_system("blackwell", 16, 8, 18 * 40.1, 50.0, 8, "other")
+    assert T.algo_bandwidth_Bps("all_reduce", "nvls_tree", "simple", arm, MiB) == pytest.approx(full)
+
+
+def test_nvls_tree_is_enabled_only_where_nccl_enables_it(h100x1, h100x2, a100x16):
+    assert T.is_enabled("all_reduce", "nvls_tree", "simple", h100x2)
+    assert not T.is_enabled("all_reduce", "nvls_tree", "ll128", h100x2)  # Simple only
+    for coll in ("all_gather", "reduce_scatter", "broadcast", "reduce"):  # all-reduce only
+        assert not T.is_enabled(coll, "nvls_tree", "simple", h100x2)
+    assert not T.is_enabled("all_reduce", "nvls_tree", "simple", h100x1)  # "Disable NVLS Tree on a single node"
+    assert not T.is_enabled("all_reduce", "nvls", "simple", h100x2)  # multi-node NVLS needs CollNet
+    assert not T.is_enabled("all_reduce", "nvls_tree", "simple", a100x16)
+    assert T.enabled_pairs("all_reduce", h100x2)[-1] == ("nvls_tree", "simple")  # NCCL_ALGO_* order
+    assert ("nvls_tree", "simple") not in T.enabled_pairs("all_reduce", h100x1)
+
+
+def test_ring_nvls_tree_tree_crossovers_on_16_h100_nodes(h100x16):
+    """Where NCCL 2.30.7's model switches, worked by hand from the constants:
+
+    * Tree/LL128: 99.5 us, algBw 116 GB/s x treeCorrectionFactor[LL128] (0.9 for 16-32 MiB, index
+      18); NVLSTree: 192.2 us, 183.433 GB/s. Equal at
+      S = (192.2 - 99.5) us / (1/104.4 - 1/183.433) ns/B = 92.7e-6 / 4.1269e-12 = 22.46 MB.
+    * Ring/Simple: 1190 us x 1.4 (multi-node plateau) = 1666 us, algBw 384*128/254 = 193.512 GB/s.
+      Equal to NVLSTree at S = (1666 - 192.2) us / (1/183.433 - 1/193.512) ns/B
+      = 1473.8e-6 / 2.8401e-13 = 5.189 GB.
+    Below 256 KiB Tree/LL wins (unchanged by NVLSTree).
+    """
+    lo = 92.7e-6 / (1 / 104.4e9 - 1 / (364e9 * 128 / 254))
+    hi = (1666e-6 - 192.2e-6) / (1 / (364e9 * 128 / 254) - 1 / (384e9 * 128 / 254))
+    assert lo == pytest.approx(22.46e6, rel=1e-3) and hi == pytest.approx(5.189e9, rel=1e-3)
+    pick = {s: (c.algorithm, c.protocol) for s in (int(lo * 0.99), int(lo * 1.01), int(hi * 0.99),
+                                                   int(hi * 1.01)) for c in [T.choose("all_reduce", s, h100x16)]}
+    assert list(pick.values()) == [("tree", "ll128"), ("nvls_tree", "simple"), ("nvls_tree", "simple"),
+                                   ("ring", "simple")]
+    c = T.choose("all_reduce", 256 * MiB, h100x16)
+    assert (c.algorithm, c.n_channels, c.n_threads) == ("nvls_tree", 16, 640)
+    assert c.predicted_time_s == pytest.approx(192.2e-6 + 256 * MiB / (364e9 * 128 / 254), rel=1e-6)
+    assert T.choose("all_reduce", 64 * KiB, h100x16).algorithm == "tree"
+
+
+def test_nvls_tree_names_and_overrides(h100x1, h100x2):
+    for name in ("nvls_tree", "NVLSTree", "nvlstree", "nvls-tree"):
+        assert T.normalise_algorithm(name) == "nvls_tree"
+        assert T.choose("all_reduce", 1 * KiB, h100x2, algo=name).algorithm == "nvls_tree"
+    assert T.choose("all_reduce", GiB, h100x2, algo="^NVLSTree").algorithm != "nvls_tree"
+    assert T.choose("all_reduce", GiB, h100x2, algo="ring,nvlstree").algorithm == "nvls_tree"
+    with T.overrides(algo="NVLSTree"):
+        assert T.get_default_overrides()[0] == frozenset({"nvls_tree"})
+    with pytest.raises(ValueError, match="NVLSTree the same NVSwitch, several nodes"):
+        T.choose("all_reduce", GiB, h100x1, algo="nvls_tree")
+    with pytest.raises(ValueError, match="ring, tree, nvls, nvls_tree"):
+        T.normalise_algorithm("collnet")

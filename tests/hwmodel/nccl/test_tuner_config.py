@@ -127,3 +127,16 @@ def test_channel_override_holds_fewer_sms_and_lowers_bandwidth():
     many = parse_tuner_config(f"allreduce,0,{size},ring,simple,64,-1,-1")
     eng = NcclEngine(Cluster(topo), tuner_config=many)
     assert eng.plan(Collective("all_reduce", size, tuple(range(8))), tuple(topo.gpus())).n_channels == 24
+
+
+def test_nvls_tree_rules_apply_on_multi_node_hopper_only(a100x1):
+    # 1 MiB on 2 DGX H100: NCCL's model picks Tree/LL128; an nvls_tree rule now decides, with its channels
+    # clamped to the 16 NVLS channels. On one A100 node the same rule is unavailable and skipped.
+    h2 = CommTopology.from_system("hopper", 2, 8, 370.8, 50.0, 8, "intel")
+    assert T.choose("all_reduce", MiB, h2).algorithm == "tree"
+    cfg = parse_tuner_config("allreduce,0,67108864,nvls_tree,simple,64,2,-1\n"
+                             "allreduce,0,67108864,ring,simple,-1,-1,-1\n", "n.conf")
+    c = T.choose("all_reduce", MiB, h2, tuner=cfg)
+    assert (c.algorithm, c.n_channels, c.decided_by) == ("nvls_tree", 16, "tuner config n.conf:1")
+    assert c.predicted_time_s == pytest.approx(66.8e-6 + MiB / (461.6e9 * 16 / 30), rel=1e-6)
+    assert T.choose("all_reduce", MiB, a100x1, tuner=cfg).decided_by == "tuner config n.conf:2"
