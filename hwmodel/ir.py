@@ -72,7 +72,7 @@ class Collective:
     root: int = 0
     """Index in ``group`` of the root for broadcast/reduce."""
     algorithm: str | None = None
-    """Force an algorithm (ring, tree, nvls), as NCCL_ALGO; ``None`` lets the tuner pick."""
+    """Force an algorithm (ring, tree, nvls, nvls_tree), as NCCL_ALGO; ``None`` lets the tuner pick."""
     protocol: str | None = None
     """Force a protocol (simple, ll, ll128), as NCCL_PROTO; ``None`` lets the tuner pick."""
     name: str = ""

@@ -41,7 +41,8 @@ def register(subparsers) -> None:
     p.add_argument("-d", "--datatype", default="float", help="nccl-tests type: float (default), half, bfloat16, ...")
     p.add_argument("--nodes", type=int, default=1, help="nodes, one process each (default 1)")
     p.add_argument("--system", default="dgx-a100", help=f"one of {', '.join(known_systems())} (default dgx-a100)")
-    p.add_argument("--algo", default=None, help="force NCCL's algorithm: ring, tree, nvls (NCCL_ALGO)")
+    p.add_argument("--algo", default=None,
+                   help="force NCCL's algorithm: ring, tree, nvls, nvls_tree (NCCL_ALGO; nvls_tree = NVLSTree)")
     p.add_argument("--proto", default=None, help="force NCCL's protocol: simple, ll, ll128 (NCCL_PROTO)")
     p.add_argument("--tuner-config", metavar="FILE", default=None,
                    help="NCCL tuner-plugin rules (NCCL_TUNER_CONFIG_FILE CSV format: collective_type,min_bytes,"

@@ -310,13 +310,14 @@ def _float_str(value: float, width: int) -> str:
     return s[:width]
 
 
-def _header_line(first: tuple[str, ...], rest: tuple[str, ...] = (), tail: str = "") -> str:
-    """``"# %10s  %12s  %8s  %6s  %6s"`` then ``"  %7s  %6s  %6s  %6s  %6s"`` (nccl-tests util.cu)."""
+def _header_line(first: tuple[str, ...], rest: tuple[str, ...] = (), tail: str = "", algo_width: int = 6) -> str:
+    """``"# %10s  %12s  %8s  %6s  %6s"`` then ``"  %7s  %6s  %6s  %6s  %6s"`` (nccl-tests util.cu); the
+    algo column widens for longer names (``nvls_tree``)."""
     a, b, c, d, e = first
     line = f"# {a:>10s}  {b:>12s}  {c:>8s}  {d:>6s}  {e:>6s}"
     if rest:
         t, alg, bus, algo, proto = rest
-        line += f"  {t:>7s}  {alg:>6s}  {bus:>6s}  {algo:>6s}  {proto:>6s}"
+        line += f"  {t:>7s}  {alg:>6s}  {bus:>6s}  {algo:>{algo_width}s}  {proto:>6s}"
     return (line + tail).rstrip()
 
 
@@ -333,7 +334,8 @@ def format_table(
     Layout from nccl-tests ``src/util.cu``: ``"%12li  %12li  %8s  %6s  %6s"`` for size, count, type,
     redop, root, then ``"  %7s  %6s  %6s"`` for time (µs), algbw and busbw (GB/s, ``getFloatStr``).
     Differences, all trainsim's: no in-place half and no ``#wrong`` column (nothing is validated), and
-    two extra columns ``algo`` and ``proto`` (``"  %6s  %6s"``) with the algorithm and protocol used.
+    two extra columns ``algo`` and ``proto`` (``"  %6s  %6s"``, algo wider for ``nvls_tree``) with the
+    algorithm and protocol used.
     The header mimics nccl-tests' (``# nThread 1 nGpus 8 minBytes ...``, nGpus = ranks of the first
     row; ``step_factor`` or the ratio of the first two sizes; warmup/iters 0/1 because a model has
     none), and the footer gives the average busbw (GB/s, ``%g``) as nccl-tests does.
@@ -350,14 +352,16 @@ def format_table(
         step, kind = sizes[1] // sizes[0], "factor"
     else:
         step, kind = (sizes[1] - sizes[0] if len(sizes) >= 2 else 0), "bytes"
+    aw = max(6, *(len(r.algorithm) for r in rows))
     lines = [
         f"# Collective test starting: {prog} (trainsim model)",
         f"# nThread {n_threads} nGpus {gpus} minBytes {min(sizes)} maxBytes {max(sizes)} "
         f"step: {step}({kind}) warmup iters: 0 iters: 1 agg iters: 1 validation: 0 graph: 0 unalign: 0",
         "#",
         _header_line(("", "", "", "", ""), tail="           out-of-place            trainsim"),
-        _header_line(("size", "count", "type", "redop", "root"), ("time", "algbw", "busbw", "algo", "proto")),
-        _header_line(("(B)", "(elements)", "", "", ""), ("(us)", "(GB/s)", "(GB/s)", "", "")),
+        _header_line(("size", "count", "type", "redop", "root"), ("time", "algbw", "busbw", "algo", "proto"),
+                     algo_width=aw),
+        _header_line(("(B)", "(elements)", "", "", ""), ("(us)", "(GB/s)", "(GB/s)", "", ""), algo_width=aw),
     ]
     for r in rows:
         time_s = _float_str(r.time_s * 1e6, 7)
@@ -365,7 +369,7 @@ def format_table(
         bus = _float_str(r.busbw_Bps / GB, 6)
         lines.append(
             f"{r.size_bytes:12d}  {r.count:12d}  {r.dtype:>8s}  {r.redop:>6s}  {r.root:6d}"
-            f"  {time_s:>7s}  {alg:>6s}  {bus:>6s}  {r.algorithm:>6s}  {r.protocol:>6s}"
+            f"  {time_s:>7s}  {alg:>6s}  {bus:>6s}  {r.algorithm:>{aw}s}  {r.protocol:>6s}"
         )
     avg = sum(r.busbw_Bps for r in rows) / len(rows) / GB
     lines += [f"# {'Avg bus bandwidth':<20s} : {avg:g}", "#"]

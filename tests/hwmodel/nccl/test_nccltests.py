@@ -140,3 +140,14 @@ def test_cli_sweep_on_four_h100_nodes_shows_nvls_tree(tmp_path, capsys):
         assert r["time_us"] == pytest.approx(108.6 + r["size_bytes"] / (8 * 45.5e3 * 32 / 62), rel=1e-6)
     out = capsys.readouterr().out
     assert "nvls_tree  simple" in out and out.count("nvls_tree") == 3
+
+
+def test_algo_column_widens_for_nvls_tree_and_stays_aligned():
+    rows = [N.make_row("all_reduce", 2**24, 197.9e-6, 32, "float", algorithm="nvls_tree", protocol="simple"),
+            N.make_row("all_reduce", 2**30, 6006.4e-6, 32, "float", algorithm="ring", protocol="simple")]
+    lines = N.format_table(rows).splitlines()
+    header = next(ln for ln in lines if "algo" in ln and "size" in ln)
+    data = [ln for ln in lines if not ln.startswith("#")]
+    end = header.index("algo") + len("algo")
+    assert [ln[end - len("nvls_tree"):end] for ln in data] == ["nvls_tree", "     ring"]
+    assert all(len(ln) == len(data[0]) for ln in data)
