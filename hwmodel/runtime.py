@@ -56,10 +56,14 @@ class TraceEvent:
     phase: str = ""
     layer: str = ""
     info: tuple = ()
-    """Extra details, e.g. (algorithm, protocol, channels, size_bytes) for collectives."""
+    """Extra details: (algorithm, protocol, channels, size_bytes) for collectives; (flops, solo time)
+    for kernels, followed for a hierarchical macro task by its ``shape`` (the pass's split into
+    compute and communication, ``scenarios.hierarchical.MACRO_SHAPE``)."""
     xfer_start_s: float | None = None
     """Communication only: when data started to move (every peer had arrived). Before it the task
     waited for its peers -- idle or pipeline bubble, not communication."""
+    dtype: str | None = None
+    """Collectives only: the element type reduced or moved (``Collective.dtype``)."""
 
     @property
     def duration_s(self) -> float:
@@ -204,8 +208,11 @@ class Runtime:
                 cost = gpu.cost(op)
                 act = gpu.launch(op, cost)
                 yield act.done
+                info = (op.flops, cost.solo_time_s)
+                if op.kind == "macro":  # a layer pass: its split into compute and communication
+                    info += tuple(op.shape)
                 self.events.append(TraceEvent(rank, stream, t.id, op.name, op.kind, start, env.now,
-                                              op.phase, op.layer, (op.flops, cost.solo_time_s)))
+                                              op.phase, op.layer, info))
             elif isinstance(op, Collective):
                 yield from self._collective(rank, stream, t, op, start)
             elif isinstance(op, SendRecv):
@@ -269,7 +276,7 @@ class Runtime:
         self.events.append(TraceEvent(rank, stream, t.id, op.name or op.op, f"nccl:{op.op}", start,
                                       self.env.now, "", "",
                                       (p.algorithm, p.protocol, p.n_channels, op.size_bytes),
-                                      rdv.start_time))
+                                      rdv.start_time, op.dtype))
 
     def _p2p(self, rank: int, stream: str, t: Task, op: SendRecv, start: float):
         if op.peer not in self.programs:

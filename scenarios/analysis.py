@@ -10,6 +10,14 @@ Per rank, over the iteration ``[0, T]``:
   forward/backward kernel (waiting on other stages);
 * ``idle_s``: the rest (host launch gaps, waiting for peers outside the pipeline, head and tail).
 
+A macro task of the hierarchical engine (kind ``macro``: one layer pass) stands for kernels *and* the
+layer's tensor/context-parallel collectives. Its ``info`` carries the pass's split measured in the
+engine's step 1 (:class:`scenarios.hierarchical.PassProfile`); it is laid out inside the task's
+interval, scaled to its actual duration: compute from the start, the exposed communication right
+after it, the hidden communication overlapping the end of the compute part. So the breakdown counts
+TP communication as communication, as a per-op run does (where inside the pass it lies is not known;
+only the amounts are).
+
 They add up to ``T``. Overlap statistics: the share of communication time hidden under compute, and
 how much contention slowed compute: sum of (actual - solo) kernel time over the sum of solo time,
 where *solo* is the cost model's time for the kernel alone on an idle GPU.
@@ -76,6 +84,18 @@ class RankBreakdown:
                 "bubble_s": self.bubble_s, "idle_s": self.idle_s}
 
 
+def macro_intervals(ev: TraceEvent) -> tuple[tuple[float, float], tuple[float, float] | None]:
+    """(compute interval, communication interval or ``None``) of a hierarchical macro task (see the
+    module docstring); a task without a split is all compute."""
+    if ev.category != "macro" or len(ev.info) < 6 or ev.info[2] <= 0:
+        return (ev.start_s, ev.end_s), None
+    total, compute, exposed, hidden = (float(x) for x in ev.info[2:6])
+    k = (ev.end_s - ev.start_s) / total
+    c_end = min(ev.start_s + compute * k, ev.end_s)
+    comm = (c_end - hidden * k, min(c_end + exposed * k, ev.end_s))
+    return (ev.start_s, c_end), (comm if comm[1] > comm[0] else None)
+
+
 def breakdown(events: Iterable[TraceEvent], iteration_s: float, *, pipeline: bool) -> dict[int, RankBreakdown]:
     """Per-rank :class:`RankBreakdown` of the iteration ``[0, iteration_s]``."""
     comp: dict[int, list] = defaultdict(list)
@@ -86,7 +106,10 @@ def breakdown(events: Iterable[TraceEvent], iteration_s: float, *, pipeline: boo
             start = ev.xfer_start_s if ev.xfer_start_s is not None else ev.start_s
             comm[ev.rank].append((start, ev.end_s))
         else:
-            comp[ev.rank].append((ev.start_s, ev.end_s))
+            busy, moving = macro_intervals(ev)
+            comp[ev.rank].append(busy)
+            if moving is not None:
+                comm[ev.rank].append(moving)
             if ev.phase in ("fwd", "bwd"):
                 span = pipe_span.setdefault(ev.rank, [ev.start_s, ev.end_s])
                 span[0] = min(span[0], ev.start_s)

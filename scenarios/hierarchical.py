@@ -10,6 +10,14 @@ optimizer as separate tasks, so the pipeline schedule, bubbles and gradient over
 simulated on the fabric. Identical layers make step 1 exact up to contention between a layer and
 concurrent traffic (data-parallel buckets still take SMs from a macro task).
 
+A macro task is one compute task to the runtime, but the pass it stands for also holds the layer's
+tensor/context-parallel collectives. Step 1 therefore also splits each pass, on one of its ranks, the
+way :func:`scenarios.analysis.breakdown` splits an iteration: time computing, communication exposed
+(no kernel running) and communication hidden under compute. The macro task carries that split
+(:class:`PassProfile`, in its ``shape`` as nanoseconds, see :data:`MACRO_SHAPE`) and the breakdown
+lays it out inside the macro task's interval, so that TP communication counts as communication
+(exposed or hidden, as the per-op simulation would) and not as compute.
+
 It lives in ``scenarios`` because it needs both the workload (programs) and the hardware model (the
 step-1 probe).
 """
@@ -17,6 +25,7 @@ step-1 probe).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from hwmodel.cluster import Cluster
 from hwmodel.ir import Compute
@@ -27,10 +36,38 @@ from workload.parallel.placement import Layout
 
 PASSES = (("pre", "fwd"), ("block", "fwd"), ("post", "fwd"), ("post", "bwd"), ("block", "bwd"), ("pre", "bwd"))
 
+MACRO_SHAPE = ("time_ns", "compute_ns", "exposed_comm_ns", "hidden_comm_ns")
+"""What a macro task's ``shape`` holds: its :class:`PassProfile` in integer nanoseconds."""
+
+
+@dataclass(frozen=True)
+class PassProfile:
+    """One layer pass of step 1 on one rank, in seconds: its duration and how
+    :func:`scenarios.analysis.breakdown` splits it (the rest of ``time_s`` is launch gaps)."""
+
+    time_s: float
+    compute_s: float = 0.0
+    exposed_comm_s: float = 0.0
+    hidden_comm_s: float = 0.0
+
+    def shape(self) -> tuple[int, int, int, int]:
+        """The profile as a macro task's ``shape`` (:data:`MACRO_SHAPE`)."""
+        return tuple(round(x * 1e9) for x in (self.time_s, self.compute_s, self.exposed_comm_s,
+                                               self.hidden_comm_s))
+
 
 def pass_times(trace: ModelTrace, cfg: ParallelConfig, topology, engine_factory: Callable,
                host_launch_overhead_s: float) -> dict[tuple[str, str], float]:
     """Seconds of each layer pass for one micro-batch on stage 0's TP x CP ranks (step 1)."""
+    return {k: p.time_s for k, p in pass_profiles(trace, cfg, topology, engine_factory,
+                                                  host_launch_overhead_s).items()}
+
+
+def pass_profiles(trace: ModelTrace, cfg: ParallelConfig, topology, engine_factory: Callable,
+                  host_launch_overhead_s: float) -> dict[tuple[str, str], PassProfile]:
+    """:class:`PassProfile` of each layer pass for one micro-batch on stage 0's TP x CP ranks (step 1),
+    split on the lowest of those ranks."""
+    from scenarios.analysis import breakdown  # analysis reads macro tasks laid out by this module
     layout = Layout(cfg)
     ops = TracedOps(trace)
     ranks = sorted({layout.rank(tp=t, cp=c) for t in range(cfg.tp) for c in range(cfg.cp)})
@@ -49,19 +86,26 @@ def pass_times(trace: ModelTrace, cfg: ParallelConfig, topology, engine_factory:
                 b.emit(ops.get(part, phase, 0 if part == "block" else None))
             programs[r] = b.prog
         if not any(p.tasks for p in programs.values()):
-            out[(part, phase)] = 0.0
+            out[(part, phase)] = PassProfile(0.0)
             continue
         cluster = Cluster(topology, record=False)
         res = Runtime(cluster, programs, placement=placement, host_launch_overhead_s=host_launch_overhead_s,
                       nccl=engine_factory(cluster), mirror=layout.mirror).run()
-        out[(part, phase)] = max(res.end_time_s - host_launch_overhead_s, 0.0)
+        t = max(res.end_time_s - host_launch_overhead_s, 0.0)
+        split = breakdown(res.events, res.end_time_s, pipeline=False).get(ranks[0])
+        if split is None:
+            out[(part, phase)] = PassProfile(t)
+            continue
+        compute = min(split.compute_s, t)
+        exposed = min(split.exposed_comm_s, t - compute)
+        out[(part, phase)] = PassProfile(t, compute, exposed, min(split.comm_hidden_s, compute))
     return out
 
 
 class _MacroOps:
     """Stands in for the traced ops: one macro task per (part, phase, block)."""
 
-    def __init__(self, trace: ModelTrace, times: dict[tuple[str, str], float]) -> None:
+    def __init__(self, trace: ModelTrace, times: dict[tuple[str, str], PassProfile]) -> None:
         self.ops = TracedOps(trace)
         self.times = times
         self._cache: dict[tuple, list] = {}
@@ -70,12 +114,12 @@ class _MacroOps:
         key = (part, phase, block)
         hit = self._cache.get(key)
         if hit is None:
-            t = self.times.get((part, phase), 0.0)
+            prof = self.times.get((part, phase), PassProfile(0.0))
             real = [o for o in self.ops.get(part, phase, block) if isinstance(o, Compute)]
             layer = f"layers.{block}" if part == "block" else part
             hit = [Compute(f"{part}_{phase}", "macro", sum(o.flops for o in real),
-                           sum(o.bytes_accessed for o in real), layer=layer, phase=phase,
-                           fixed_time_s=t)] if t > 0 else []
+                           sum(o.bytes_accessed for o in real), shape=prof.shape(), layer=layer, phase=phase,
+                           fixed_time_s=prof.time_s)] if prof.time_s > 0 else []
             self._cache[key] = hit
         return hit
 
@@ -83,7 +127,7 @@ class _MacroOps:
 def macro_programs(trace: ModelTrace, cfg: ParallelConfig, topology, engine_factory: Callable, *,
                    host_launch_overhead_s: float) -> BuildResult:
     """Representative-rank programs with macro layer passes (step 2); run them in symmetry mode."""
-    times = pass_times(trace, cfg, topology, engine_factory, host_launch_overhead_s)
-    res = build_programs(trace, cfg, ranks=Layout(cfg).representatives(), ops=_MacroOps(trace, times))
-    res.info["pass_times_s"] = {f"{p}_{ph}": t for (p, ph), t in times.items()}
+    profiles = pass_profiles(trace, cfg, topology, engine_factory, host_launch_overhead_s)
+    res = build_programs(trace, cfg, ranks=Layout(cfg).representatives(), ops=_MacroOps(trace, profiles))
+    res.info["pass_times_s"] = {f"{p}_{ph}": prof.time_s for (p, ph), prof in profiles.items()}
     return res

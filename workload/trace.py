@@ -287,16 +287,18 @@ def _conv_gemm(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, groups: int, n
     return (n_gemms * groups, m, w.shape[0] // groups, k)
 
 
+# Position of ``is_causal`` in the positional arguments of the fused attention ops (ATen's
+# native_functions.yaml signatures).
+_CAUSAL_ARG = {"_scaled_dot_product_flash_attention": 4, "_scaled_dot_product_flash_attention_backward": 11,
+               "_scaled_dot_product_efficient_attention": 6,
+               "_scaled_dot_product_efficient_attention_backward": 11}
+
+
 def _attention_info(name: str, args: Sequence[Any], kwargs: dict) -> tuple[tuple[int, ...], bool]:
     """((batch, heads, seq_q, seq_kv, head_dim), causal) of a fused attention op."""
-    if name in _ATTENTION_BWD:
-        q, k = args[1], args[2]
-        causal = bool(args[11]) if name == "_scaled_dot_product_flash_attention_backward" and len(
-            args) > 11 else bool(kwargs.get("is_causal", False))
-    else:
-        q, k = args[0], args[1]
-        causal = bool(args[4]) if len(args) > 4 and isinstance(args[4], bool) else bool(
-            kwargs.get("is_causal", False))
+    pos = _CAUSAL_ARG.get(name)
+    causal = bool(args[pos]) if pos is not None and len(args) > pos else bool(kwargs.get("is_causal", False))
+    q, k = (args[1], args[2]) if name in _ATTENTION_BWD else (args[0], args[1])
     if q.dim() == 4 and name.startswith("_scaled_dot_product"):  # (B, H, S, D)
         return (q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.shape[3]), causal
     return (q.shape[0], q.shape[2], q.shape[1], k.shape[1], q.shape[3]), causal  # (B, S, H, D)
@@ -404,11 +406,30 @@ _dropout.register_autograd(_dropout_grad, setup_context=_dropout_setup)
 
 
 class _FusedKernels(TorchFunctionMode):
-    """Reroute SDPA to the flash-attention op, ``F.rms_norm`` to one fused RMSNorm op and ``F.dropout``
+    """Reroute SDPA to a fused attention op, ``F.rms_norm`` to one fused RMSNorm op and ``F.dropout``
     to one dropout kernel (as CUDA's ``native_dropout``).
 
     ``aten._fused_rms_norm`` is CompositeImplicit on CPU/meta (it decomposes before a dispatch mode
     sees it), hence our own ``trainsim::rms_norm`` custom op with a fake (meta) kernel and a backward.
+
+    *Attention.* ``F.scaled_dot_product_attention`` without a mask becomes
+    ``aten._scaled_dot_product_flash_attention`` (causal or not). With an ``attn_mask`` it becomes
+    ``aten._scaled_dot_product_efficient_attention`` with the mask as its additive bias: PyTorch's
+    SDPA documentation lists three CUDA implementations, FlashAttention-2, Memory-Efficient Attention
+    and the C++ math path, and its backend table (``torch.nn.attention.SDPBackend``; ``sdp_utils.cpp``
+    ``check_for_attn_mask`` disables only flash for a mask) lets the memory-efficient kernel take an
+    arbitrary float or boolean mask, so a GPU run does not fall back to math. Its cost is that of a
+    fused kernel of the same shape (no ``B·H·T·T`` score tensor in memory) plus the mask read once per
+    pass, which the op's bytes count (a broadcast mask at its stored size). A boolean mask is first
+    turned into an additive one (``convert_boolean_attn_mask``: ``where(~mask, -inf, 0)``, traced).
+    Grouped-query attention with a mask keeps PyTorch's own path.
+
+    ``F.multi_head_attention_forward`` (``nn.MultiheadAttention``, ``nn.TransformerEncoderLayer``)
+    calls SDPA from inside ``torch.nn.functional`` when ``need_weights=False``, while this mode is
+    disabled (a mode does not see the calls its own handler makes); its SDPA call is therefore routed
+    here explicitly, so such a model costs the same attention kernel as one calling SDPA directly.
+    ``need_weights=True`` returns the ``B·H·T·T`` weights and genuinely runs the math path (bmm,
+    softmax), as on a GPU.
     """
 
     def __init__(self, recorder: _Recorder) -> None:
@@ -418,7 +439,9 @@ class _FusedKernels(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is F.scaled_dot_product_attention:
-            return self._sdpa_as_flash(*args, **kwargs)
+            return self._sdpa(*args, **kwargs)
+        if func is F.multi_head_attention_forward:
+            return self._mha(func, args, kwargs)
         if func is F.dropout:
             x = args[0]
             p = args[1] if len(args) > 1 else kwargs.get("p", 0.5)
@@ -434,15 +457,37 @@ class _FusedKernels(TorchFunctionMode):
                 return _rms_norm(x, weight, float(eps))[0]
         return func(*args, **kwargs)
 
-    def _sdpa_as_flash(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                       enable_gqa=False):
-        if attn_mask is not None:  # flash has no arbitrary mask: keep torch's path (math on meta)
+    def _mha(self, func, args, kwargs):
+        """``F.multi_head_attention_forward`` with its inner SDPA call routed to :meth:`_sdpa` (it looks
+        the name up in ``torch.nn.functional``'s globals, which are patched for the call)."""
+        module_globals = func.__globals__
+        original = module_globals.get("scaled_dot_product_attention")
+        module_globals["scaled_dot_product_attention"] = self._sdpa
+        try:
+            return func(*args, **kwargs)
+        finally:
+            module_globals["scaled_dot_product_attention"] = original
+
+    def _sdpa(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+              enable_gqa=False):
+        if attn_mask is None:
+            # (B, H, T, D) each; GQA k/v with fewer heads are accepted by the flash meta kernel.
+            out = aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal,
+                                                           scale=scale)[0]
+            return self._relayout(out)
+        if query.dim() != 4 or (enable_gqa and key.shape[-3] != query.shape[-3]):
             return F.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal,
                                                   scale=scale, enable_gqa=enable_gqa)
-        # (B, H, T, D) each; GQA k/v with fewer heads are accepted by the flash meta kernel.
-        out = aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal,
-                                                       scale=scale)[0]
-        # FlashAttention writes (B, T, H, D) memory; the meta kernel allocates (B, H, T, D). Relayout
+        if attn_mask.dtype == torch.bool:  # SDPA's convert_boolean_attn_mask
+            attn_mask = torch.where(attn_mask.logical_not(), float("-inf"), 0.0).to(query.dtype)
+        b, h, t = query.shape[:3]
+        bias = attn_mask.expand(b, h, t, key.shape[-2])  # a view: the stored mask is read, not copied
+        out = aten._scaled_dot_product_efficient_attention(query, key, value, bias, True, dropout_p,
+                                                           is_causal, scale=scale)[0]
+        return self._relayout(out)
+
+    def _relayout(self, out: torch.Tensor) -> torch.Tensor:
+        # The fused kernels write (B, T, H, D) memory; the meta kernels allocate (B, H, T, D). Relayout
         # unrecorded so that the caller's transpose(1, 2).reshape(B, T, C) costs no copy kernel.
         with self.recorder.paused():
             relaid = out.transpose(1, 2).contiguous().transpose(1, 2)
@@ -454,7 +499,7 @@ class _FusedKernels(TorchFunctionMode):
 class _Recorder(TorchDispatchMode):
     """Records aten ops as plain dicts (turned into :class:`OpRecord` s by :func:`_assemble`)."""
 
-    def __init__(self, tracker: ModuleTracker, root: str) -> None:
+    def __init__(self, tracker: _Tracker, root: str) -> None:
         super().__init__()
         self.tracker, self.root = tracker, root
         self.ops: list[dict[str, Any]] = []
@@ -482,9 +527,8 @@ class _Recorder(TorchDispatchMode):
     def _layer(self) -> str:
         if self.layer_override is not None:
             return self.layer_override
-        # the innermost module: the longest path (ancestors' paths are its prefixes); not "Global", which
-        # is longer than a short one such as "Net.fc"
-        path = max((p for p in self.tracker.parents if p != "Global"), key=len, default="")
+        # the innermost module (see _Tracker); never by set order, which depends on PYTHONHASHSEED
+        path = self.tracker.innermost()
         if path == self.root:
             return ""
         return path.removeprefix(self.root + ".")
@@ -531,10 +575,19 @@ class _Recorder(TorchDispatchMode):
             if name in _ATTENTION_BWD:
                 model_flops = flops * 0.8  # 5 GEMMs incl. the recomputed QK^T -> the 4 of a plain bwd
         floats = [t for t in ins + outs if t.is_floating_point()]
+        nbytes = float(sum(map(_nbytes, ins)) + sum(map(_nbytes, outs)))
+        if name == "embedding":
+            # a gather: the indices, the rows they select (as many bytes as the output) and the
+            # output; not the whole table. Its backward (embedding_dense_backward) keeps the default
+            # count, table-sized: CUDA's embedding_backward_cuda_kernel (ATen
+            # native/cuda/EmbeddingBackwardKernel.cu) allocates the gradient with at::zeros({num_weights,
+            # dim}), a write of the whole table, then reads the incoming gradient and adds its rows.
+            nbytes = float(_nbytes(args[1]) + 2 * sum(map(_nbytes, outs)))
         idx = len(self.ops)
+        self.tracker.ops += 1
         self.ops.append(dict(
             name=f"{func.namespace}.{name}", kind=kind, phase=self.phase, layer=self._layer(), flops=model_flops,
-            kernel_flops=flops, bytes=float(sum(map(_nbytes, ins)) + sum(map(_nbytes, outs))),
+            kernel_flops=flops, bytes=nbytes,
             dtype=dtype_name(floats[0].dtype) if floats else dtype_name((ins + outs)[0].dtype),
             shape=tuple(int(s) for s in shape), causal=causal,
             in_shapes=tuple(tuple(t.shape) for t in ins), out_shapes=tuple(tuple(t.shape) for t in outs),
@@ -543,6 +596,58 @@ class _Recorder(TorchDispatchMode):
         for o in outs:
             self.producer[o] = idx
         return out
+
+
+class _Tracker(ModuleTracker):
+    """A :class:`ModuleTracker` that also dates each entry into a module (``entered``: path -> the
+    number of recorded ops before its latest entry), so that the module an op runs in is well defined.
+
+    ``ModuleTracker.parents`` is a set. In forward the innermost module is also the longest path, but
+    in backward modules are entered by gradient hooks and some are never left: a module whose inputs
+    need no gradient (an embedding, fed integer indices) stays in the set after its backward. With
+    ``x = wte(idx) + wpe(pos)`` both embeddings are then entered when their backward kernels run, two
+    paths of equal length, and a longest-path rule picks one by set order (by the hash seed). The
+    hooks run just before the autograd node of the module's output executes (a tensor hook is a
+    pre-hook on its ``grad_fn``, ``torch/csrc/autograd/engine.cpp``), so the module entered last is the
+    one whose backward is running; modules entered with no op in between (a block and its last child
+    share one output tensor) are ranked by depth. A module whose backward is an identity (its output
+    is its input, e.g. dropout with p = 0) is left before it is entered; such an entry is dropped.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered: dict[str, int] = {}
+        self.ops = 0
+        """Recorded ops so far (the recorder counts them)."""
+        self._early_exits: dict[str, int] = defaultdict(int)
+
+    def _get_append_fn(self, name, is_bw):
+        fn = super()._get_append_fn(name, is_bw)
+
+        def append(*args) -> None:
+            if is_bw and self._early_exits[name] > 0:  # identity backward: already left
+                self._early_exits[name] -= 1
+                return
+            fn(*args)
+            self.entered[name] = self.ops
+
+        return append
+
+    def _get_pop_fn(self, name, is_bw):
+        fn = super()._get_pop_fn(name, is_bw)
+
+        def pop(*args) -> None:
+            if is_bw and name not in self.parents:
+                self._early_exits[name] += 1
+                return
+            fn(*args)
+
+        return pop
+
+    def innermost(self) -> str:
+        """The module path the next op runs in (``""``: none but ``"Global"``)."""
+        return max((p for p in self.parents if p != "Global"),
+                   key=lambda p: (self.entered.get(p, -1), p.count("."), len(p), p), default="")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -671,7 +776,7 @@ def trace_model(
         inputs = model.example_inputs(micro_batch_size)
     args, kwargs = ((), dict(inputs)) if isinstance(inputs, dict) else (tuple(inputs), {})
 
-    tracker = ModuleTracker()
+    tracker = _Tracker()
     rec = _Recorder(tracker, type(traced).__name__)
     params = [(n, p) for n, p in traced.named_parameters() if p.requires_grad]
     for _, p in params:

@@ -169,3 +169,30 @@ def test_real_trace_event_type():
     ev = runtime.TraceEvent(0, "compute", 0, "aten.mm", "gemm", 0.0, 1e-3, "fwd", "l0")
     doc = to_chrome_trace([ev])
     assert slices(doc)[0]["dur"] == pytest.approx(1000.0)
+
+
+def test_collective_dtype_comes_from_the_collective():
+    """An fp32 gradient reduce-scatter in a bf16 run: its own dtype in the kernel name, the args and the
+    element count (nccl-tests' S is the whole buffer: 4 MiB of fp32 = 1 Mi elements)."""
+    from hwmodel.cluster import Cluster
+    from hwmodel.ir import Collective, Program
+    from hwmodel.runtime import Runtime
+    from hwmodel.topology import build_system
+
+    size = 4 << 20
+    progs = []
+    for r in range(2):
+        p = Program(r)
+        p.add(Collective("reduce_scatter", size, (0, 1), dtype="fp32", name="fsdp_rs_L0"), "comm")
+        p.add(Collective("all_gather", size, (0, 1), name="fsdp_ag_L0"), "comm")  # default bf16
+        progs.append(p)
+    topo = build_system("dgx-a100", 1)
+    res = Runtime(Cluster(topo, record=False), progs, placement={0: "n0.gpu0", 1: "n0.gpu1"}).run()
+    rs, ag = [e for e in res.events if e.rank == 0]
+    assert (rs.dtype, ag.dtype) == ("fp32", "bf16")
+    doc = to_chrome_trace([rs, ag])
+    a, b = slices(doc)
+    assert a["name"].startswith("ncclDevKernel_ReduceScatter_Sum_f32_")
+    assert a["args"]["dtype"] == "fp32" and a["args"]["size_bytes"] == size
+    assert a["args"]["In msg nelems"] == size // 4
+    assert b["args"]["dtype"] == "bf16" and b["args"]["In msg nelems"] == size // 2

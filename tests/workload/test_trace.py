@@ -200,3 +200,107 @@ def test_load_factory() -> None:
         load_factory("workload.zoo:nope")
     with pytest.raises(FactoryError, match="not callable"):
         load_factory("workload.trace:__all__")
+
+
+class _EncoderSDPA(nn.Module):
+    """``nn.TransformerEncoderLayer``'s attention written by hand with ``F.scaled_dot_product_attention``
+    (same parameters: packed in-projection, out-projection)."""
+
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.in_proj = nn.Linear(d, 3 * d)
+        self.out_proj = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = (t.view(B, T, self.heads, C // self.heads).transpose(1, 2)
+                   for t in self.in_proj(x).split(C, -1))
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.out_proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+def _attention_ops(g: OpGraph) -> list[tuple[str, str, float, tuple]]:
+    return [(o.name, o.kind, o.flops, o.shape) for o in g.ops if o.kind == "attention"]
+
+
+def test_multihead_attention_traces_to_the_sdpa_kernel() -> None:
+    B, T, d, heads = 2, 128, 64, 4
+    x = torch.empty(B, T, d, dtype=torch.bfloat16, device="meta")
+    enc = trace_model(nn.TransformerEncoderLayer(d, heads, 128, dropout=0.1, batch_first=True), [x])
+    sdpa = trace_model(_EncoderSDPA(d, heads), [x])
+    fwd = 4 * B * T * T * d  # QK^T and PV: 2 GEMMs of 2·B·T·T·d FLOPs
+    want = [("aten._scaled_dot_product_flash_attention", "attention", fwd, (B, heads, T, T, d // heads)),
+            ("aten._scaled_dot_product_flash_attention_backward", "attention", 2 * fwd, (B, heads, T, T, d // heads))]
+    assert _attention_ops(enc) == _attention_ops(sdpa) == want
+    # no B·H·T·T score tensor: no bmm and no softmax kernel in the encoder layer
+    assert not [o for o in enc.ops if o.name in ("aten.bmm", "aten._softmax", "aten._safe_softmax")]
+    assert [o.layer for o in enc.ops if o.kind == "attention"] == ["self_attn", "self_attn"]
+    # need_weights=True returns the weights: the math path (bmm, softmax) is what a GPU runs
+    mha = trace_model(nn.MultiheadAttention(d, heads, batch_first=True), [x, x, x],
+                      loss_fn=lambda out: out[0].float().mean())
+    assert not _attention_ops(mha)
+    assert sum(o.flops for o in mha.ops if o.name == "aten.bmm" and o.phase == "fwd") == fwd
+
+
+def test_masked_sdpa_costs_the_memory_efficient_kernel_with_the_mask_read() -> None:
+    B, T, d, heads = 2, 128, 64, 4
+    x = torch.empty(B, T, d, dtype=torch.bfloat16, device="meta")
+    mask = torch.empty(T, T, dtype=torch.bfloat16, device="meta")  # additive, broadcast over B and heads
+    g = trace_model(_EncoderSDPA(d, heads), [x, mask])
+    fa, fb = [o for o in g.ops if o.kind == "attention"]
+    assert fa.name == "aten._scaled_dot_product_efficient_attention"
+    assert fb.name == "aten._scaled_dot_product_efficient_attention_backward"
+    assert fa.shape == fb.shape == (B, heads, T, T, d // heads) and not fa.causal
+    assert fa.flops == 4 * B * T * T * d and fb.flops == 2 * fa.flops
+    # q, k, v, the (T, T) mask read once and the output, bf16; the fp32 log-sum-exp (B, H, T); the two
+    # int64 dropout RNG scalars (philox seed and offset)
+    assert fa.bytes_accessed == 2 * (4 * B * T * d + T * T) + 4 * B * heads * T + 2 * 8
+    assert not [o for o in g.ops if o.name in ("aten.bmm", "aten._softmax", "aten._safe_softmax")]
+    # a boolean mask becomes an additive one first (two elementwise kernels), then the same kernel
+    bmask = torch.empty(T, T, dtype=torch.bool, device="meta")
+    gb = trace_model(_EncoderSDPA(d, heads), [x, bmask])
+    assert _attention_ops(gb) == _attention_ops(g)
+
+
+def test_embedding_forward_reads_only_the_gathered_rows() -> None:
+    V_, C, B, T = 1000, 64, 2, 16
+    g = trace_model(nn.Embedding(V_, C), [torch.zeros(B, T, dtype=torch.long)], optimizer=False)
+    fwd = next(o for o in g.ops if o.name == "aten.embedding")
+    # int64 indices + B·T rows read + B·T rows written, bf16; not the V x C table
+    assert fwd.bytes_accessed == 8 * B * T + 2 * (2 * B * T * C)
+    bwd = next(o for o in g.ops if o.name == "aten.embedding_dense_backward")
+    # the incoming gradient and the indices read, the whole table gradient written (zero-filled)
+    assert bwd.bytes_accessed == 2 * B * T * C + 8 * B * T + 2 * V_ * C
+
+
+_LABELS = """
+import json, torch
+from workload.trace import trace_model
+from workload.zoo import build_model
+g = trace_model(build_model("gpt-1.7b", num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32,
+                            vocab_size=128), micro_batch_size=1, optimizer=False)
+print(json.dumps([[o.name, o.phase, o.layer] for o in g.ops]))
+"""
+
+
+def test_layer_labels_do_not_depend_on_the_hash_seed() -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    runs = []
+    for seed in ("0", "1", "2", "3"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        out = subprocess.run([sys.executable, "-c", _LABELS], cwd=root, env=env, capture_output=True, text=True,
+                             check=True)
+        runs.append(json.loads(out.stdout))
+    assert all(r == runs[0] for r in runs[1:])
+    emb = [(phase, layer) for name, phase, layer in runs[0] if name in ("aten.embedding",
+                                                                        "aten.embedding_dense_backward")]
+    # x = wte(idx) + wpe(pos): forward in that order; backward per table, each under its own module
+    assert sorted(emb[:2]) == [("fwd", "wpe"), ("fwd", "wte")] and emb[0] == ("fwd", "wte")
+    assert sorted(emb[2:]) == [("bwd", "wpe"), ("bwd", "wte")]
