@@ -439,14 +439,24 @@ def _convert(cls: type, table: Mapping[str, Any], where: str) -> tuple[dict[str,
         fname, fn = conv[key]
         if fname in fields:
             raise ValueError(f"{where}: {fname!r} given twice (as {given_as[fname]!r} and {key!r})")
-        if isinstance(value, Mapping):
+        is_table = fname == "tensor_flops"
+        if is_table != isinstance(value, Mapping):
+            if is_table:
+                dtypes = ", ".join(TENSOR_DTYPES)
+                raise ValueError(f"{where}: key {key!r} must be a table of dtype -> peak ({dtypes}), e.g. "
+                                 f"{{ bf16 = 400 }}, got {value!r}")
+            raise ValueError(f"{where}: key {key!r} must be a single value, not a table, got {dict(value)!r}")
+        if is_table:
             scale = table_scale.get(key, 1.0)
             out = {}
             for sub, v in value.items():
                 _check_number(where, f"{key}.{sub}", v)
                 out[sub] = v * scale
             value = out
-        elif fname not in ("name", "architecture", "kind", "compute_capability"):
+        elif fname in ("name", "architecture", "kind"):
+            if not isinstance(value, str) or not value.strip():
+                raise ValueError(f"{where}: key {key!r} must be a non-empty string, got {value!r}")
+        elif fname != "compute_capability":
             _check_number(where, key, value, positive=False)
             value = fn(value)
             if fname in _INT_FIELDS:

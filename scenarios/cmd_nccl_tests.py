@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from hwmodel.nccl import nccltests as N
+from hwmodel.nccl.channels import MAXCHANNELS as MAX_CHANNELS_NOTE
 from hwmodel.nccl.engine import FIDELITIES, simulate_nccl_tests
 from hwmodel.nccl.tuner import NCCL_VERSION
 from hwmodel.nccl.tuner_config import TunerConfigError, load_tuner_config
@@ -55,8 +57,11 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     coll = N.canonical_collective(args.collective)
-    if args.nodes < 1:
-        raise UserError(f"--nodes must be >= 1, got {args.nodes}")
+    from scenarios.scenario import MAX_NODES
+
+    if not 1 <= args.nodes <= MAX_NODES:
+        raise UserError(f"--nodes must be in 1..{MAX_NODES} (the largest system trainsim is built to simulate), "
+                        f"got {args.nodes}")
     if args.ngpus < 1:
         raise UserError(f"-g must be >= 1, got {args.ngpus}")
     topo = build_system(args.system, args.nodes)
@@ -73,6 +78,11 @@ def run(args: argparse.Namespace) -> int:
             rules = load_tuner_config(args.tuner_config)
         except TunerConfigError as exc:
             raise UserError(f"--tuner-config: {exc}") from None
+    if rules is not None:
+        wide = [r for r in rules.rules if r.channels > MAX_CHANNELS_NOTE]
+        if wide:
+            print(f"# note: tuner rule(s) ask for up to {max(r.channels for r in wide)} channels; NCCL (and trainsim) "
+                  f"clamp channels to the communicator's ({MAX_CHANNELS_NOTE} at most)", file=sys.stderr)
     rows = simulate_nccl_tests(topo, coll, sizes, gpus_per_thread=args.ngpus, dtype=args.datatype,
                                algorithm=args.algo, protocol=args.proto, fidelity=args.fidelity,
                                gpus=gpus, tuner_config=rules)
@@ -82,7 +92,8 @@ def run(args: argparse.Namespace) -> int:
           + (f", NCCL_PROTO={args.proto}" if args.proto else "")
           + (f", tuner rules {args.tuner_config} ({len(rules)})" if rules is not None else ""))
     print(N.format_table(rows, n_threads=1, n_gpus=args.ngpus,
-                         step_factor=args.stepfactor if args.stepfactor > 1 else None), end="")
+                         step_factor=args.stepfactor if args.stepfactor > 1 else None,
+                         min_bytes=N.parse_size(args.minbytes), max_bytes=N.parse_size(args.maxbytes)), end="")
     if args.json:
         path = Path(args.json)
         try:

@@ -9,6 +9,10 @@ per point in order: the varied values, iteration time, TFLOP/s per GPU, MFU and 
 (points that do not fit in GPU memory are not simulated). ``--plot`` draws the first varied key against
 iteration time (PATH) and TFLOP/s per GPU (PATH with ``_tflops`` added), one line per value of the
 second varied key.
+
+Exit status: 0 when every point ran (points that do not fit in memory included: their rows say OOM);
+2 for bad input, and when some points failed (invalid configurations: the other points still run and
+print, each failed row shows its error, and stderr names the first).
 """
 
 from __future__ import annotations
@@ -18,6 +22,9 @@ import os
 import sys
 
 from scenarios.cli import UserError
+
+EXIT_BAD_POINT = 2
+"""Exit status when some points of a sweep failed: their configuration is bad input, as for ``run``."""
 
 
 def register(subparsers) -> None:
@@ -66,5 +73,5 @@ def run(args: argparse.Namespace) -> int:
     if failed:
         print(f"trainsim sweep: {len(failed)} of {len(rows)} points failed; first: {failed[0].error}",
               file=sys.stderr)
-        return 1
+        return EXIT_BAD_POINT
     return 0

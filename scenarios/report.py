@@ -17,8 +17,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from scenarios.analysis import mfu_peak_dtype
-
 __all__ = [
     "JSON_FLOAT_DIGITS", "MAX_RANK_ROWS", "TRACE_MAX_LINKS", "format_memory_only", "format_report",
     "stable_json", "write_json", "write_plots", "write_trace",
@@ -83,7 +81,7 @@ def _gb(b: float) -> str:
 
 
 def _pct(f: float) -> str:
-    return f"{100 * f:.1f} %"
+    return f"{round(100 * f, 1) + 0.0:.1f} %"  # + 0.0: a tiny negative prints 0.0, not -0.0
 
 
 def _parallel_line(p: Mapping[str, Any]) -> str:
@@ -226,10 +224,14 @@ def format_report(rep: Any, *, max_rank_rows: int = MAX_RANK_ROWS, top_links: in
     T = m["iteration_time_s"]
     gpu = rep.prepared.topology.gpu_spec
     dtype = rep.prepared.dtype
-    peak_dtype = mfu_peak_dtype(dtype)
+    from scenarios.runner import peak_dtype_for
+
+    peak_dtype = peak_dtype_for(dtype)
     peak = gpu.peak_flops(peak_dtype)
     if dtype == "fp8":
         peak_dtype += f"; FP8 GEMMs {gpu.peak_flops('fp8') / 1e12:.0f}"
+    elif dtype == "fp32":
+        peak_dtype += " CUDA cores: GEMMs without TF32, as PyTorch's default"
     lines = _header(rep.scenario, m, rep.prepared)
     lines += [
         "",
@@ -237,7 +239,7 @@ def format_report(rep: Any, *, max_rank_rows: int = MAX_RANK_ROWS, top_links: in
         (f"Throughput       {m['tokens_per_s']:,.0f} tokens/s" if m.get("tokens_per_s") is not None else
          f"Throughput       {m['samples_per_s']:,.1f} samples/s"),
         f"TFLOP/s per GPU  {m['tflops_per_gpu']:.1f} (hardware FLOPs, recomputation included; "
-        f"peak {peak / 1e12:.0f} TFLOP/s {peak_dtype})",
+        f"peak {peak / 1e12:.{0 if peak >= 100e12 else 1}f} TFLOP/s {peak_dtype})",
         f"MFU              {_pct(m['mfu'])} (model FLOPs / iteration time / GPUs / peak)",
         f"FLOP formula     {m['flops_formula']}",
         f"                 model {_flop(m['model_flops_per_iteration'])}, hardware "

@@ -5,10 +5,16 @@ The only module that knows both the workload and the hardware model (``docs/DESI
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 import torch
 from torch import nn
@@ -27,7 +33,7 @@ from scenarios.analysis import (
     overlap_stats,
 )
 from scenarios.hierarchical import macro_programs
-from scenarios.scenario import Scenario
+from scenarios.scenario import MAX_NODES, Scenario
 from workload.custom import MODULE_KEYS, CustomModel
 from workload.memory import memory_per_gpu
 from workload.parallel.builder import BuildResult, build_programs
@@ -57,21 +63,69 @@ class Prepared:
     dtype: str
 
 
-def build_topology(system: dict) -> Topology:
-    """The cluster of a ``[system]`` section."""
+def system_gpu(system: dict, base_dir: str | Path | None = None):
+    """The GPU of a ``[system]`` section (``gpu_file``, ``gpu`` and ``gpu_overrides`` applied), or
+    ``None`` for the system's own.
+
+    Raises:
+        ValueError / FileNotFoundError: naming the ``[system]`` key at fault.
+    """
     gpu = None
     if "gpu_file" in system:
-        if not Path(system["gpu_file"]).is_file():
+        path = Path(system["gpu_file"])
+        if not path.is_absolute() and base_dir is not None and (Path(base_dir) / path).is_file():
+            path = Path(base_dir) / path
+        if not path.is_file():
             raise FileNotFoundError(f"[system] gpu_file not found: {system['gpu_file']}")
-        gpu = load_gpu_file(system["gpu_file"])
+        try:
+            gpu = load_gpu_file(path)
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ValueError(f"[system] gpu_file {path}: malformed TOML: {exc}") from None
+        except ValueError as exc:
+            if _is_cluster_file(path):
+                raise ValueError(f"[system] gpu_file {path} is a cluster file (for hwmodel.topology."
+                                 f"load_cluster_file), not a GPU file; put its system, num_nodes, ... in "
+                                 f"[system] as name, nodes, ... and its gpu_file here") from None
+            raise ValueError(f"[system] gpu_file: {exc}") from None
     elif "gpu" in system:
         gpu = get_gpu(system["gpu"])
     if system.get("gpu_overrides"):
         base = gpu or build_system(system["name"], 1).gpu_spec
-        gpu = with_overrides(base, **system["gpu_overrides"])
+        try:
+            gpu = with_overrides(base, **system["gpu_overrides"])
+        except ValueError as exc:
+            raise ValueError(f"[system] gpu_overrides: {exc}") from None
+    if gpu is not None and gpu.nvlink_links == 0:
+        field_ = "gpu_overrides nvlink_links" if "nvlink_links" in system.get("gpu_overrides", {}) else "the GPU"
+        raise ValueError(f"[system] {field_}: nvlink_links = 0 leaves the GPUs of a {system['name']} node with "
+                         f"no path to each other (trainsim's servers connect their GPUs by NVLink/NVSwitch only; "
+                         f"there is no PCIe peer-to-peer route); give nvlink_links >= 1")
+    return gpu
+
+
+def _is_cluster_file(path: Path) -> bool:
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return "system" in data or "cluster" in data
+
+
+def check_nodes(system: dict) -> int:
+    """``[system] nodes``, checked against 1..:data:`MAX_NODES`."""
     nodes = system.get("nodes", 1)
-    if nodes < 1:
-        raise ValueError(f"[system] nodes must be >= 1, got {nodes}")
+    if not 1 <= nodes <= MAX_NODES:
+        raise ValueError(f"[system] nodes must be in 1..{MAX_NODES}, got {nodes} ({MAX_NODES} nodes = "
+                         f"{MAX_NODES * 8:,} GPUs, twice the largest published training cluster, is the most "
+                         f"trainsim is built to simulate)")
+    return nodes
+
+
+def build_topology(system: dict, base_dir: str | Path | None = None, gpu=None) -> Topology:
+    """The cluster of a ``[system]`` section (``gpu``: its GPU from :func:`system_gpu`, when known)."""
+    if gpu is None:
+        gpu = system_gpu(system, base_dir)
+    nodes = check_nodes(system)
     return build_system(system["name"], nodes, fabric=system.get("fabric", "rail_optimized"),
                         oversubscription=float(system.get("oversubscription", 1.0)), gpu_override=gpu,
                         nic_override=system.get("nic"), su_size=system.get("su_size"),
@@ -90,20 +144,45 @@ def build_model_config(model: dict, training: dict, base_dir: str | Path | None 
     Raises:
         ValueError: naming the ``[model]`` key at fault.
     """
+    given = [k for k in ("name", "factory", "hf_config") if k in model]
+    if len(given) > 1:
+        raise ValueError(f"[model] give one of name, factory, hf_config; got {' and '.join(given)}")
     if "factory" in model:
         return _from_factory(model, training, base_dir)
     overrides = {k: v for k, v in model.items() if k not in MODEL_SPECIAL_KEYS}
     if "seq_length" in training:
         overrides["seq_length"] = training["seq_length"]
     if "hf_config" in model:
+        source = model["hf_config"]
+        if not isinstance(source, str) or not source:
+            raise ValueError(f"[model] hf_config must be a path to a config.json or a Hub id, got {source!r}")
+        local = Path(source)
+        if not local.is_absolute() and base_dir is not None and (
+                source.endswith(".json") or (Path(base_dir) / local).exists()):
+            local = Path(base_dir) / local  # relative to the scenario file, as factory paths are
+            source = str(local)
         try:
             from workload.zoo.hf import config_from_hf
-            cfg = config_from_hf(model["hf_config"])
+            cfg = config_from_hf(source)
         except ImportError as exc:
             raise ValueError(f"[model] hf_config {model['hf_config']!r}: {exc}") from None
+        except FileNotFoundError as exc:
+            raise FileNotFoundError(f"[model] hf_config: {exc}") from None
+        except ValueError as exc:
+            raise ValueError(f"[model] hf_config: {exc}") from None
     else:
         cfg = get_model_config(model["name"])
-    return model_overrides(cfg, **overrides) if overrides else cfg
+    return _model_overrides(cfg, overrides)
+
+
+def _model_overrides(cfg, overrides: dict):
+    """``with_overrides`` with its errors prefixed by the section, ``[model]``."""
+    if not overrides:
+        return cfg
+    try:
+        return model_overrides(cfg, **overrides)
+    except ValueError as exc:
+        raise ValueError(f"[model] {exc}") from None
 
 
 def _from_factory(model: dict, training: dict, base_dir: str | Path | None):
@@ -126,7 +205,7 @@ def _from_factory(model: dict, training: dict, base_dir: str | Path | None):
         overrides = {k: v for k, v in model.items() if k not in MODEL_SPECIAL_KEYS}
         if "seq_length" in training:
             overrides["seq_length"] = training["seq_length"]
-        return model_overrides(result, **overrides) if overrides else result
+        return _model_overrides(result, overrides)
     if isinstance(result, nn.Module) or isinstance(result, tuple) and result and isinstance(result[0], nn.Module):
         unknown = sorted(set(model) - set(MODULE_KEYS))
         if unknown:
@@ -149,21 +228,40 @@ def prepare(scenario: Scenario) -> Prepared:
     Raises:
         ValueError / UnknownNameError: naming the field at fault.
     """
-    topo = build_topology(scenario.system)
     tr = scenario.training
     src = Path(scenario.source) if scenario.source else None
-    model_cfg = build_model_config(scenario.model, tr, src.parent if src is not None and src.is_file() else None)
+    base_dir = src.parent if src is not None and src.is_file() else None
+    system = scenario.system
+    # The cheap checks first: a mistake in a huge cluster is reported before its fabric is built.
+    nodes = check_nodes(system)
+    gpu = system_gpu(system, base_dir)
+    one_node = build_system(system["name"], 1, gpu_override=gpu, nic_override=system.get("nic"))
     kw = dict(scenario.parallel)
     kw["micro_batch_size"] = tr.get("micro_batch_size", 1)
     if "global_batch_size" in tr:
         kw["global_batch_size"] = tr["global_batch_size"]
-    cfg = ParallelConfig(**kw).resolve(topo.num_gpus)
+    cfg = ParallelConfig(**kw).resolve(nodes * one_node.num_gpus)
+    dtype = tr.get("dtype", "bf16")
+    check_dtype(dtype, one_node.gpu_spec)
+    model_cfg = build_model_config(scenario.model, tr, base_dir)
     if isinstance(model_cfg, CustomModel):  # first: says why a plain module cannot use a strategy
         model_cfg.check_parallel(cfg)
     cfg.validate_model(model_cfg)
-    dtype = tr.get("dtype", "bf16")
-    check_dtype(dtype, topo.gpu_spec)
+    topo = build_topology(system, base_dir, gpu=gpu)
     return Prepared(scenario, topo, model_cfg, cfg, dtype)
+
+
+BUSIEST_LINK_GROUPS = 10
+"""Rows of the JSON's ``busiest_links``: groups of links with the same load, as the text report's
+``name (+k)`` rows; each row gives its first link's name and ``links``, the number in the group."""
+
+
+def peak_dtype_for(dtype: str) -> str:
+    """The peak MFU and the report's "peak" are taken against for a training dtype: its own; the
+    CUDA-core ``fp32`` peak for fp32, whose GEMMs trainsim runs at that rate (PyTorch's default
+    ``torch.backends.cuda.matmul.allow_tf32 = False``); ``bf16`` for fp8 (see
+    :func:`scenarios.analysis.mfu_peak_dtype`)."""
+    return "fp32" if dtype == "fp32" else mfu_peak_dtype(dtype)
 
 
 def check_dtype(dtype: str, gpu) -> None:
@@ -273,7 +371,8 @@ def memory_for(prep: Prepared):
         virtual_pipeline_size=cfg.vpp, sequence_parallel=cfg.sequence_parallel,
         recompute=cfg.recompute_granularity, zero_stage=cfg.effective_zero_stage,
         param_bytes=4 if prep.dtype == "fp32" else 2, grad_bytes=2 if prep.dtype == "fp16" else 4,
-        flash_attention=getattr(prep.model_cfg, "attention_backend", "flash") == "flash", fp8=prep.dtype == "fp8")
+        flash_attention=getattr(prep.model_cfg, "attention_backend", "flash") == "flash", fp8=prep.dtype == "fp8",
+        stage_layers=cfg.stage_layers(prep.model_cfg.num_layers))
 
 
 def _resnet_memory(prep: Prepared):
@@ -318,7 +417,7 @@ def model_flops(prep: Prepared, trace) -> tuple[float, float, str]:
 
 
 def metrics(rep: RunReport, trace) -> dict[str, Any]:
-    from plots.links import busiest_links
+    from scenarios.report import link_groups
 
     prep, res, cfg = rep.prepared, rep.result, rep.prepared.config
     T = res.end_time_s
@@ -326,13 +425,13 @@ def metrics(rep: RunReport, trace) -> dict[str, Any]:
     seq = getattr(mc, "seq_length", 1)
     model_f, hw_f, formula = model_flops(prep, trace)
     gpu = prep.topology.gpu_spec
-    peak = gpu.peak_flops(mfu_peak_dtype(prep.dtype))
+    peak = gpu.peak_flops(peak_dtype_for(prep.dtype))
     world = cfg.world_size
     ranks = sorted(rep.per_rank)
     mean = {k: sum(getattr(rep.per_rank[r], k) for r in ranks) / len(ranks)
             for k in ("compute_s", "exposed_comm_s", "bubble_s", "idle_s")}
     ov = overlap_stats(res.events, rep.per_rank)
-    links = busiest_links(res.cluster.link_resources(), 10, T)
+    links = link_groups(res.cluster.link_resources(), T, BUSIEST_LINK_GROUPS)
     mem = rep.memory
     return {
         "scenario": rep.scenario.name,
@@ -354,8 +453,8 @@ def metrics(rep: RunReport, trace) -> dict[str, Any]:
         "breakdown": mean,
         "per_rank": {str(r): rep.per_rank[r].as_dict() for r in ranks},
         "overlap": {"comm_hidden_fraction": ov.comm_hidden_fraction, "compute_slowdown": ov.compute_slowdown},
-        "busiest_links": [{"link": n, "carried_bytes": b, "mean_utilisation": m, "peak_utilisation": p}
-                          for n, b, m, p in links],
+        "busiest_links": [{"link": n, "links": k, "carried_bytes": b, "mean_utilisation": m,
+                           "peak_utilisation": p} for n, k, b, m, p in links],
         "parallel": {"tp": cfg.tp, "pp": cfg.pp, "dp": cfg.dp, "cp": cfg.cp, "ep": cfg.ep, "vpp": cfg.vpp,
                      "micro_batch_size": cfg.micro_batch_size, "global_batch_size": cfg.global_batch_size,
                      "num_microbatches": cfg.num_microbatches, "schedule": cfg.schedule,

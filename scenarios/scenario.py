@@ -38,6 +38,11 @@ SIMULATION_KEYS = {
     "fidelity": str, "mode": str, "host_launch_overhead_s": (int, float), "nccl_algo": str, "nccl_proto": str,
     "record_links": bool, "nccl_tuner_config": str,
 }
+MAX_NODES = 4096
+"""The most servers a scenario (or ``nccl-tests --nodes``) may have: 32,768 GPUs at 8 per node, twice the
+largest published training cluster (Llama 3 405B on 16,384 H100). Building and simulating the fabric
+grows with the node count (4,096 nodes: ~96,000 topology vertices, seconds to build); far larger
+counts would exhaust memory and time."""
 MODES = ("auto", "full", "symmetric", "hierarchical")
 DTYPES = ("bf16", "fp16", "fp32", "fp8")
 """Training dtypes; fp8 is bf16 mixed precision with Transformer Engine FP8 Linear GEMMs (H100 and later)."""
@@ -94,11 +99,12 @@ def _check_types(section: str, data: dict, spec: dict) -> None:
         raise ValueError(f"[{section}] unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(spec))}")
     for k, v in data.items():
         want = spec[k]
-        if want is int and isinstance(v, bool) or (isinstance(want, tuple) and isinstance(v, bool)):
-            raise ValueError(f"[{section}] {k} must be a number, got {str(v).lower()}")
-        if not isinstance(v, want):
-            names = " or ".join(t.__name__ for t in (want if isinstance(want, tuple) else (want,)))
-            raise ValueError(f"[{section}] {k} must be {names}, got {v!r}")
+        types_ = want if isinstance(want, tuple) else (want,)
+        # bool is an int in Python, not in a scenario: ``nodes = true`` is a mistake
+        if not isinstance(v, want) or isinstance(v, bool) and bool not in types_:
+            names = " or ".join(t.__name__ for t in types_)
+            shown = str(v).lower() if isinstance(v, bool) else repr(v)
+            raise ValueError(f"[{section}] {k} must be {names}, got {shown}")
 
 
 def parse_scenario(data: dict[str, Any], source: str = "") -> Scenario:
@@ -157,17 +163,31 @@ def load_scenario(path: str | Path | None = None, overrides: list[str] | tuple[s
         data, source = tomllib.loads(DEFAULT_SCENARIO), "<default>"
     else:
         p = Path(path)
-        if not p.exists():
-            raise FileNotFoundError(f"scenario file not found: {p}")
-        try:
-            data = tomllib.loads(p.read_text())
-        except tomllib.TOMLDecodeError as exc:
-            raise ValueError(f"{p}: malformed TOML: {exc}") from None
-        source = str(p)
+        data, source = read_toml_file(p), str(p)
     data = apply_overrides(data, overrides)
     sc = parse_scenario(data, source)
     sc.overrides = tuple(overrides)
     return sc
+
+
+def read_toml_file(path: str | Path, what: str = "scenario file") -> dict[str, Any]:
+    """A TOML file's contents.
+
+    Raises:
+        FileNotFoundError: it does not exist.
+        ValueError: one line naming the file: a directory, not UTF-8 (as TOML must be), or malformed TOML.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"{what} not found: {p}")
+    if p.is_dir():
+        raise ValueError(f"{p} is a directory; expected a {what} (TOML)")
+    try:
+        return tomllib.loads(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{p}: not UTF-8 text (byte {exc.start}); a {what} is TOML, which is UTF-8") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{p}: malformed TOML: {exc}") from None
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:

@@ -67,12 +67,9 @@ def catalog_entries() -> list[tuple[str, str, bool]]:
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
-    if not path.exists():
-        raise FileNotFoundError(f"scenario file not found: {path}")
-    try:
-        return tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"{path}: malformed TOML: {exc}") from None
+    from scenarios.scenario import read_toml_file
+
+    return read_toml_file(path)
 
 
 def display_source(source: str) -> str:

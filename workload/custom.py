@@ -301,7 +301,8 @@ class CustomModel:
 
         Parameter counts are elements: ``params_block`` (identical blocks) or ``params_per_block``, and
         ``params_pre``/``params_post`` (parameters outside the blocks, by whether the part before the
-        blocks uses them). ``hidden_size`` is the elements per sample of a block's input and
+        blocks uses them; ``params_post_tied``: of "pre", those a "post" module owns too, such as a tied
+        output layer). ``hidden_size`` is the elements per sample of a block's input and
         ``seq_length`` 1, so that a pipeline p2p message is one block input.
 
         Raises:
@@ -314,25 +315,27 @@ class CustomModel:
         per_block = [sum(p.numel() for p in kids[n].parameters()) for n in names]
         in_blocks = {id(p) for n in names for p in kids[n].parameters()}
         pre_layers = {o.layer for o in g.pre_ops("fwd")}
-        pre = post = 0
-        seen = set(in_blocks)
+        # A parameter outside the blocks is "pre" if a module the part before the blocks runs owns it,
+        # else "post"; one owned by both (an output layer tied to the input embedding) is also tied.
+        owners: dict[int, tuple[int, bool, bool]] = {}  # id -> (elements, owned pre, owned post)
         for path, mod in self.module.named_modules():
+            used_pre = any(lay == path or lay.startswith(path + ".") for lay in pre_layers) if path \
+                else bool(pre_layers)
             for p in mod.parameters(recurse=False):
-                if id(p) in seen:
+                if id(p) in in_blocks:
                     continue
-                seen.add(id(p))
-                used_pre = any(lay == path or lay.startswith(path + ".") for lay in pre_layers) if path \
-                    else bool(pre_layers)
-                if used_pre:
-                    pre += p.numel()
-                else:
-                    post += p.numel()
+                n, was_pre, was_post = owners.get(id(p), (p.numel(), False, False))
+                owners[id(p)] = (n, was_pre or used_pre, was_post or not used_pre)
+        pre = sum(n for n, is_pre, _ in owners.values() if is_pre)
+        post = sum(n for n, is_pre, _ in owners.values() if not is_pre)
+        tied = sum(n for n, is_pre, is_post in owners.values() if is_pre and is_post)
         eb = ELEM_BYTES[dtype]
         inputs = g.info["saved_bytes"]["block_inputs"]
         hidden = round(inputs[0] / (cfg.micro_batch_size * eb)) if inputs else 0
         return ModelTrace(
             graph=g, num_layers=g.num_blocks, hidden_size=hidden, seq_length=1, micro_batch_size=cfg.micro_batch_size,
-            params_pre=pre, params_block=max(per_block, default=0), params_post=post, dtype=dtype,
+            params_pre=pre, params_block=max(per_block, default=0), params_post=post, params_post_tied=tied,
+            dtype=dtype,
             params_per_block=None if self.repeated else tuple(per_block))
 
     def _loss(self, out: Any) -> torch.Tensor:

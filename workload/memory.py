@@ -19,13 +19,24 @@ Models" (arXiv:2205.05198), §4 and Table 2. Per transformer layer, in bytes, wi
 
 Of the 34: 10 s*b*h are never split by TP (two layer-norm inputs 4, the QKV and MLP inputs 2+2, two
 dropout masks 2), 24 s*b*h are (Q, K, V 6, attention-projection input 2, GeLU input and output 16);
-5*a*s^2*b is the attention score, softmax and dropout. :func:`activation_bytes_per_layer` computes the
-same decomposition for any MLP width, grouped-query attention, SwiGLU and top-k MoE; for GPT (4h GeLU MLP,
-MHA) it is exactly the paper's closed forms. With full recompute Table 2 lists ``2sbhL`` (no SP); with SP
-Megatron checkpoints the sequence-sharded layer input, so this module uses ``2sbh/t`` then.
+5*a*s^2*b is the attention score, softmax and dropout.
+
+**Dropout**: the paper's figures assume dropout on (GPT-3, Megatron: 0.1). Megatron stores no mask for a
+dropout of probability 0 (``torch.nn.functional.dropout`` returns its input), so with ``hidden_dropout``
+0 the two per-layer masks (``2sbh``) and the embedding's (``sbh``) go, and with ``attention_dropout`` 0
+the attention core keeps only the softmax output, ``2*a*s^2*b`` of the ``5*a*s^2*b`` (the ``a*s^2*b``
+mask and the ``2*a*s^2*b`` dropout output go; with FlashAttention nothing changes: it regenerates its
+mask from the RNG state). A config without dropout fields gets Megatron's defaults, 0.1 and 0.1.
+
+:func:`activation_bytes_per_layer` computes the same decomposition for any MLP width, grouped-query
+attention, SwiGLU and top-k MoE; for GPT (4h GeLU MLP, MHA) it is exactly the paper's closed forms. With
+full recompute Table 2 lists ``2sbhL`` (no SP); with SP Megatron checkpoints the sequence-sharded layer
+input, so this module uses ``2sbh/t`` then.
 
 **Pipeline** (§4.2.3): with 1F1B the first stage holds ``p`` micro-batches in flight, each over ``L/p``
-layers, i.e. ``L`` layers' worth regardless of ``p``; stage ``i`` holds ``p - i``. Interleaving with ``v``
+layers, i.e. ``L`` layers' worth regardless of ``p``; stage ``i`` holds ``p - i``. Uneven stages
+(``stage_layers``, e.g. Megatron's ``num_layers_in_first_pipeline_stage``) scale a stage's parameters and
+activations with its own layer count; the busiest stage is reported. Interleaving with ``v``
 model chunks per stage multiplies the first stage's by ``1 + (p-1)/(p*v)``.
 
 **Other activations** (§4.3): the embedding dropout mask, ``s*b*h`` bytes (/t with SP) per micro-batch in
@@ -67,7 +78,7 @@ leave headroom with :meth:`MemoryBreakdown.fits` ``headroom_bytes``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,6 +137,12 @@ class TransformerShape:
     """Token capacity factor of an expert (>= 1)."""
     num_tokentypes: int = 0
     """BERT segment embeddings."""
+    hidden_dropout: float = 0.1
+    """Dropout probability after the attention and MLP blocks and on the embeddings (Megatron's default
+    0.1 when the config has none); 0 stores no masks."""
+    attention_dropout: float = 0.1
+    """Dropout probability on the attention probabilities (Megatron's default 0.1 when the config has
+    none); 0 stores neither mask nor dropout output."""
 
     @classmethod
     def of(cls, cfg: Any) -> TransformerShape:
@@ -158,6 +175,9 @@ class TransformerShape:
             moe_topk=int(_attr(cfg, ("moe_router_topk", "num_experts_per_tok"), 1)) if experts > 1 else 1,
             moe_capacity_factor=float(_attr(cfg, ("moe_capacity_factor",), 1.0)),
             num_tokentypes=int(_attr(cfg, ("num_tokentypes",), 0)),
+            hidden_dropout=float(_attr(cfg, ("hidden_dropout", "hidden_dropout_prob", "resid_pdrop"), 0.1)),
+            attention_dropout=float(_attr(cfg, ("attention_dropout", "attention_probs_dropout_prob", "attn_pdrop"),
+                                          0.1)),
         )
 
 
@@ -236,13 +256,15 @@ def activation_bytes_per_layer(seq_length: int, micro_batch_size: int, hidden_si
                                recompute: str = "none", cp: int = 1, ffn_hidden_size: int | None = None,
                                num_query_groups: int | None = None, gated_mlp: bool = False,
                                moe_tokens_factor: float = 1.0, flash_attention: bool = False,
-                               fp8: bool = False) -> float:
+                               fp8: bool = False, hidden_dropout: float = 0.1,
+                               attention_dropout: float = 0.1) -> float:
     """Bytes of activations one transformer layer stores for the backward pass, per micro-batch, per GPU.
 
     Korthikanti et al. 2022 Table 2 (see the module docstring), decomposed so that it generalises:
     ``replicated = 10*s*b*h`` (/t with SP), ``split = (2h + 4*h_kv + 2h + mlp)*s*b / t`` with
     ``mlp = 4f`` (GeLU input and output, 2 bytes each) or ``6f`` (SwiGLU: gate, up, product),
-    ``attention core = 5*a*s^2*b / t``. For GPT (f = 4h, h_kv = h) ``10 + 24/t + 5as/(ht)`` exactly.
+    ``attention core = 5*a*s^2*b / t``. For GPT (f = 4h, h_kv = h) ``10 + 24/t + 5as/(ht)`` exactly,
+    with dropout on; without, ``8 + 24/t + 2as/(ht)`` (module docstring).
 
     Args:
         seq_length: s, tokens per sample (full sequence; divided by ``cp`` here).
@@ -262,10 +284,17 @@ def activation_bytes_per_layer(seq_length: int, micro_batch_size: int, hidden_si
         fp8: FP8 training (Transformer Engine): the inputs of the FP8 GEMMs are saved in FP8, see the
             module docstring -- ``replicated = 8*s*b*h``, the attention projection input ``3h`` (with
             FlashAttention) or ``1h``, fc2 input ``1f`` instead of ``2f``.
+        hidden_dropout: dropout probability after attention and MLP (default 0.1, Megatron's); 0: the
+            two 1-byte masks (``2*s*b*h``) are not stored.
+        attention_dropout: dropout probability on the attention probabilities (default 0.1); 0: the
+            1-byte mask and the bf16 dropout output (``3*a*s^2*b / t``) are not stored.
 
     Raises:
-        ValueError: unknown ``recompute`` or non-positive sizes.
+        ValueError: unknown ``recompute``, non-positive sizes or a dropout probability outside [0, 1).
     """
+    for name, v in (("hidden_dropout", hidden_dropout), ("attention_dropout", attention_dropout)):
+        if not 0.0 <= v < 1.0:
+            raise ValueError(f"{name} must be in [0, 1), got {v}")
     if recompute not in RECOMPUTE_MODES:
         raise ValueError(f"recompute must be one of {RECOMPUTE_MODES}, got {recompute!r}")
     for name, v in (("seq_length", seq_length), ("micro_batch_size", micro_batch_size),
@@ -281,8 +310,9 @@ def activation_bytes_per_layer(seq_length: int, micro_batch_size: int, hidden_si
     f = ffn_hidden_size if ffn_hidden_size is not None else 4 * h
     kv = h * (num_query_groups or a) / a
     gemm_in = 1.0 if fp8 else 2.0  # bytes per element of a saved FP8-GEMM input
-    # layer-norm inputs 4, QKV and MLP inputs (norm outputs) 2 x gemm_in, dropout masks 2
-    replicated = (4.0 + 2.0 * gemm_in + 2.0) * s * b * h / sp
+    masks = 2.0 if hidden_dropout > 0 else 0.0  # two 1-byte hidden-dropout masks
+    # layer-norm inputs 4, QKV and MLP inputs (norm outputs) 2 x gemm_in, dropout masks
+    replicated = (4.0 + 2.0 * gemm_in + masks) * s * b * h / sp
     # MLP: fc1 output (GeLU input f, or SwiGLU gate and up 2f) in bf16, fc2 input f at gemm_in
     mlp = ((4.0 if gated_mlp else 2.0) + gemm_in) * f * moe_tokens_factor
     # attention projection input = attention output; FlashAttention also keeps it in bf16
@@ -292,8 +322,8 @@ def activation_bytes_per_layer(seq_length: int, micro_batch_size: int, hidden_si
         core = 0.0
     elif flash_attention:
         core = 4.0 * a * s * b / t
-    else:
-        core = 5.0 * a * s * s_full * b / t
+    else:  # softmax output 2, attention-dropout mask 1 and output 2 (bytes per score)
+        core = (5.0 if attention_dropout > 0 else 2.0) * a * s * s_full * b / t
     return replicated + split + core
 
 
@@ -372,7 +402,7 @@ def memory_per_gpu(model_cfg: Any, *, tp: int = 1, pp: int = 1, dp: int = 1, cp:
                    sequence_parallel: bool = False, recompute: str = "none", zero_stage: int = 0,
                    param_bytes: int = 2, grad_bytes: int = 4, optimizer_bytes_per_param: int | None = None,
                    flash_attention: bool = False, fp8: bool = False,
-                   stage: int | None = None) -> MemoryBreakdown:
+                   stage: int | None = None, stage_layers: Sequence[int] | None = None) -> MemoryBreakdown:
     """Peak memory of one GPU training ``model_cfg`` under a parallel configuration.
 
     Args:
@@ -396,10 +426,14 @@ def memory_per_gpu(model_cfg: Any, *, tp: int = 1, pp: int = 1, dp: int = 1, cp:
             ``FP8_WEIGHT_COPY_BYTES`` (2) bytes per FP8-GEMM weight and FP8 saved GEMM inputs (module
             docstring). ``param_bytes`` and ``grad_bytes`` keep their bf16-training meaning.
         stage: report this pipeline stage; default the stage with the largest total.
+        stage_layers: layers of each virtual pipeline stage, ``pp * virtual_pipeline_size`` entries in
+            Megatron's order (chunk ``c`` of stage ``i`` is entry ``c*pp + i``), as
+            :meth:`workload.parallel.config.ParallelConfig.stage_layers` gives them; default the even
+            split (the first ``num_layers % pp`` stages one layer more).
 
     Raises:
         ValueError: a size is not positive, tp does not divide the heads, pp exceeds the layers, an
-            unknown recompute mode or ZeRO stage.
+            unknown recompute mode or ZeRO stage, or ``stage_layers`` of the wrong length or total.
     """
     m = TransformerShape.of(model_cfg)
     for name, v in (("tp", tp), ("pp", pp), ("dp", dp), ("cp", cp), ("ep", ep),
@@ -418,6 +452,14 @@ def memory_per_gpu(model_cfg: Any, *, tp: int = 1, pp: int = 1, dp: int = 1, cp:
         raise ValueError(f"ep={ep} must divide num_experts={m.num_experts}")
     if stage is not None and not 0 <= stage < pp:
         raise ValueError(f"stage must be in [0, {pp}), got {stage}")
+    if stage_layers is None:
+        per_stage = [m.num_layers // pp + (1 if i < m.num_layers % pp else 0) for i in range(pp)]
+    else:
+        if len(stage_layers) != pp * virtual_pipeline_size or sum(stage_layers) != m.num_layers or any(
+                n < 0 for n in stage_layers):
+            raise ValueError(f"stage_layers must give pp x virtual_pipeline_size = {pp * virtual_pipeline_size} "
+                             f"layer counts summing to num_layers={m.num_layers}, got {list(stage_layers)}")
+        per_stage = [sum(stage_layers[c * pp + i] for c in range(virtual_pipeline_size)) for i in range(pp)]
     opt_bytes = optimizer_bytes_per_param if optimizer_bytes_per_param is not None else (
         12 if param_bytes < 4 else 8)
     sp = sequence_parallel and tp > 1
@@ -428,13 +470,15 @@ def memory_per_gpu(model_cfg: Any, *, tp: int = 1, pp: int = 1, dp: int = 1, cp:
     per_layer_act = activation_bytes_per_layer(
         s, b, h, m.num_attention_heads, tp=tp, sequence_parallel=sp, recompute=recompute, cp=cp,
         ffn_hidden_size=m.ffn_hidden_size, num_query_groups=m.num_query_groups, gated_mlp=m.gated_mlp,
-        moe_tokens_factor=m.moe_topk * m.moe_capacity_factor, flash_attention=flash_attention, fp8=fp8)
+        moe_tokens_factor=m.moe_topk * m.moe_capacity_factor, flash_attention=flash_attention, fp8=fp8,
+        hidden_dropout=m.hidden_dropout, attention_dropout=m.attention_dropout)
     workspace = 0.0
     if recompute != "none":  # one layer rematerialised at a time during backward
         full_layer = activation_bytes_per_layer(
             s, b, h, m.num_attention_heads, tp=tp, sequence_parallel=sp, recompute="none", cp=cp,
             ffn_hidden_size=m.ffn_hidden_size, num_query_groups=m.num_query_groups, gated_mlp=m.gated_mlp,
-            moe_tokens_factor=m.moe_topk * m.moe_capacity_factor, flash_attention=flash_attention, fp8=fp8)
+            moe_tokens_factor=m.moe_topk * m.moe_capacity_factor, flash_attention=flash_attention, fp8=fp8,
+            hidden_dropout=m.hidden_dropout, attention_dropout=m.attention_dropout)
         workspace = full_layer - per_layer_act
 
     in_flight_first = num_microbatches_in_flight if num_microbatches_in_flight is not None else pp
@@ -444,7 +488,7 @@ def memory_per_gpu(model_cfg: Any, *, tp: int = 1, pp: int = 1, dp: int = 1, cp:
     shard = dp * cp  # ranks holding identical weights
 
     def one_stage(i: int) -> MemoryBreakdown:
-        layers = m.num_layers // pp + (1 if i < m.num_layers % pp else 0)
+        layers = per_stage[i]
         # parameters this GPU owns (elements): tensor-parallel layers, replicated norms, experts over ep
         dense = (counts.layer_dense - counts.layer_norms) / tp + counts.layer_norms
         experts = counts.layer_experts / (ep * tp)
@@ -464,7 +508,7 @@ def memory_per_gpu(model_cfg: Any, *, tp: int = 1, pp: int = 1, dp: int = 1, cp:
         if i == 0 and virtual_pipeline_size > 1 and pp > 1:
             act *= 1 + (pp - 1) / (pp * virtual_pipeline_size)
         extra = 0.0
-        if i == 0:  # embedding dropout mask, 1 byte per element (§4.3)
+        if i == 0 and m.hidden_dropout > 0:  # embedding dropout mask, 1 byte per element (§4.3)
             extra += s_local * b * h / (tp if sp else 1) * in_flight
         if i == pp - 1:  # final norm input, output projection input, fp32 logits (§4.3)
             extra += (4.0 * s_local * b * h / (tp if sp else 1) + 4.0 * s_local * b * v / tp) * in_flight
@@ -494,8 +538,7 @@ def memory_per_gpu(model_cfg: Any, *, tp: int = 1, pp: int = 1, dp: int = 1, cp:
 
     if stage is not None:
         return one_stage(stage)
-    candidates = {0, pp - 1}  # stage 0 has the most activations, the last the output layer
-    return max((one_stage(i) for i in sorted(candidates)), key=lambda r: (r.total, -r.stage))
+    return max((one_stage(i) for i in range(pp)), key=lambda r: (r.total, -r.stage))
 
 
 def gb(nbytes: float) -> float:

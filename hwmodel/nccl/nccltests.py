@@ -328,6 +328,8 @@ def format_table(
     n_gpus: int | None = None,
     program: str | None = None,
     step_factor: int | None = None,
+    min_bytes: int | None = None,
+    max_bytes: int | None = None,
 ) -> str:
     """The nccl-tests results table (out-of-place half) for ``rows``, as text ending in a newline.
 
@@ -338,7 +340,10 @@ def format_table(
     algorithm and protocol used.
     The header mimics nccl-tests' (``# nThread 1 nGpus 8 minBytes ...``, nGpus = ranks of the first
     row; ``step_factor`` or the ratio of the first two sizes; warmup/iters 0/1 because a model has
-    none), and the footer gives the average busbw (GB/s, ``%g``) as nccl-tests does.
+    none), and the footer gives the average busbw (GB/s, ``%g``) as nccl-tests does. ``minBytes`` and
+    ``maxBytes`` are the requested ``-b`` / ``-e`` (``min_bytes``, ``max_bytes``), as nccl-tests prints
+    them, not the largest size run (``-b 1M -e 8G -f 4`` runs up to 4 GiB and says ``maxBytes
+    8589934592``); they default to the smallest and largest row.
     """
     if not rows:
         raise ValueError("format_table needs at least one row")
@@ -355,7 +360,8 @@ def format_table(
     aw = max(6, *(len(r.algorithm) for r in rows))
     lines = [
         f"# Collective test starting: {prog} (trainsim model)",
-        f"# nThread {n_threads} nGpus {gpus} minBytes {min(sizes)} maxBytes {max(sizes)} "
+        f"# nThread {n_threads} nGpus {gpus} minBytes {min(sizes) if min_bytes is None else min_bytes} "
+        f"maxBytes {max(sizes) if max_bytes is None else max_bytes} "
         f"step: {step}({kind}) warmup iters: 0 iters: 1 agg iters: 1 validation: 0 graph: 0 unalign: 0",
         "#",
         _header_line(("", "", "", "", ""), tail="           out-of-place            trainsim"),

@@ -182,7 +182,9 @@ def load_tuner_config(path: str | Path) -> TunerConfig:
     """
     p = Path(path)
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise TunerConfigError(f"NCCL tuner config {str(p)!r}: cannot read ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise TunerConfigError(f"NCCL tuner config {str(p)!r}: not UTF-8 text (byte {exc.start})") from None
     return parse_tuner_config(text, str(p))

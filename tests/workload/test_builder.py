@@ -126,6 +126,7 @@ def test_fsdp_collectives_move_one_layer_per_call():
         prog = build_programs(trace_rank(mc, cfg), cfg, ranks=[0]).programs[0]
         ag = [t.op for t in prog.tasks if t.stream == "fsdp_ag"]
         rs = [t.op for t in prog.tasks if t.stream == "fsdp_rs"]
+        ag, rs = [c for c in ag if "_L" in c.name], [c for c in rs if "_L" in c.name]  # the layers
         assert len(ag) == 2 * 2 and {c.size_bytes for c in ag} == {2 * layer}
         assert len(rs) == 2 and {c.size_bytes for c in rs} == {4 * layer}
         assert all(len(c.group) == dp for c in ag + rs)
@@ -188,3 +189,72 @@ def test_symmetry_matches_full_simulation_64_and_128_gpus():
         _, full = _run(tr, cfg, nodes=nodes)
         _, sym = _run(tr, cfg, nodes=nodes, mirror=True)
         assert sym.end_time_s == pytest.approx(full.end_time_s, rel=0.01)
+
+
+def _fsdp_parts(prog):
+    """{name: [size_bytes, ...]} of the FSDP collectives of the "pre" and "post" units."""
+    out: dict[str, list[int]] = {}
+    for t in prog.tasks:
+        if t.stream in ("fsdp_ag", "fsdp_rs") and not t.op.name.split("_")[-1].startswith("L"):
+            out.setdefault(t.op.name, []).append(t.op.size_bytes)
+    return out
+
+
+def test_fsdp_gathers_and_reduces_embedding_and_head():
+    """ZeRO-3/FSDP shards the parts outside the layers too: the embedding ("pre") and final norm plus
+    output layer ("post") are all-gathered (bf16) before their forward and backward and their fp32
+    gradients reduce-scattered after the backward, once per micro-batch; S is the whole unit. Llama-3
+    (untied): pre V*h, post h + V*h elements."""
+    mc = with_overrides(get_model_config("llama3-8b"), num_layers=2, seq_length=256, vocab_size=1024)
+    h, vocab = mc.hidden_size, mc.vocab_size
+    pre, post = vocab * h, h + vocab * h
+    assert (pre, post) == (4_194_304, 4_198_400)
+    for dp in (4, 8):
+        cfg = ParallelConfig(fsdp=True, global_batch_size=2 * dp).resolve(dp)  # 2 micro-batches
+        prog = build_programs(trace_rank(mc, cfg), cfg, ranks=[0]).programs[0]
+        assert _fsdp_parts(prog) == {
+            "fsdp_ag_fwd_pre": [2 * pre] * 2, "fsdp_ag_bwd_pre": [2 * pre] * 2, "fsdp_rs_pre": [4 * pre] * 2,
+            "fsdp_ag_fwd_post": [2 * post] * 2, "fsdp_ag_bwd_post": [2 * post] * 2, "fsdp_rs_post": [4 * post] * 2}
+        assert all(len(t.op.group) == dp for t in prog.tasks if t.stream.startswith("fsdp"))
+        # the embedding's forward waits for its gather; the optimizer for the last reduce-scatter
+        ag = next(i for i, t in enumerate(prog.tasks) if t.op.name == "fsdp_ag_fwd_pre")
+        first_kernel = next(t for t in prog.tasks if t.stream == "compute")
+        assert ag in first_kernel.deps
+        rs = [i for i, t in enumerate(prog.tasks) if t.stream == "fsdp_rs"]
+        assert prog.tasks[rs[-1]].op.name == "fsdp_rs_pre"
+        assert rs[-1] in next(t for t in prog.tasks if t.op.name == "grad_norm").deps
+
+
+def test_fsdp_tied_output_layer_gathers_the_embedding():
+    """Tied embeddings on one stage (GPT): "post" (final LayerNorm, 2h) gathers the word embedding (V*h)
+    with it; the embedding's gradient, both uses accumulated, is reduce-scattered once, with "pre"
+    (word and position embeddings, (V + s)*h)."""
+    mc = with_overrides(get_model_config("gpt-1.7b"), num_layers=2, seq_length=256, vocab_size=1024)
+    h, vocab, s = mc.hidden_size, mc.vocab_size, mc.seq_length
+    cfg = ParallelConfig(fsdp=True, global_batch_size=4).resolve(4)
+    trace = trace_rank(mc, cfg)
+    pre, post, tied = (vocab + s) * h, 2 * h, vocab * h
+    assert (trace.params_pre, trace.params_post, trace.params_post_tied) == (pre, post, tied)
+    parts = _fsdp_parts(build_programs(trace, cfg, ranks=[0]).programs[0])
+    assert parts == {"fsdp_ag_fwd_pre": [2 * pre], "fsdp_ag_bwd_pre": [2 * pre], "fsdp_rs_pre": [4 * pre],
+                     "fsdp_ag_fwd_post": [2 * (post + tied)], "fsdp_ag_bwd_post": [2 * (post + tied)],
+                     "fsdp_rs_post": [4 * post]}
+
+
+def test_zero3_pipeline_gathers_pre_on_first_stage_and_post_on_last():
+    """ZeRO-3 with pipeline stages: only the first stage holds (and gathers) the embedding, only the
+    last the final norm and output layer; middle stages neither."""
+    mc = with_overrides(get_model_config("llama3-8b"), num_layers=3, seq_length=256, vocab_size=1024)
+    h, vocab = mc.hidden_size, mc.vocab_size
+    cfg = ParallelConfig(pipeline_model_parallel_size=3, zero_stage=3, global_batch_size=6).resolve(6)
+    lay = Layout(cfg)
+    ranks = [lay.rank(**{**lay.coords(0), "pp": s}) for s in range(3)]
+    progs = build_programs(trace_rank(mc, cfg), cfg, ranks=ranks).programs
+    parts = [_fsdp_parts(progs[r]) for r in ranks]
+    m = cfg.num_microbatches
+    assert parts[0] == {"fsdp_ag_fwd_pre": [2 * vocab * h] * m, "fsdp_ag_bwd_pre": [2 * vocab * h] * m,
+                        "fsdp_rs_pre": [4 * vocab * h] * m}
+    assert parts[1] == {}
+    post = h + vocab * h
+    assert parts[2] == {"fsdp_ag_fwd_post": [2 * post] * m, "fsdp_ag_bwd_post": [2 * post] * m,
+                        "fsdp_rs_post": [4 * post] * m}

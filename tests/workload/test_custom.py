@@ -246,9 +246,13 @@ def test_fsdp_gathers_each_block_and_zero1_reduce_scatters():
     tasks = rep.build.programs[0].tasks
     ag = [t.op for t in tasks if t.stream == "fsdp_ag"]
     rs = [t.op for t in tasks if t.stream == "fsdp_rs"]
-    # nccl-tests' S for all-gather / reduce-scatter is the whole buffer: one block's parameters
-    assert len(ag) == 2 * L and all(c.size_bytes == 8 * d * d * 2 for c in ag)  # bf16
-    assert len(rs) == L and all(c.size_bytes == 8 * d * d * 4 for c in rs)  # fp32 gradients
+    # nccl-tests' S for all-gather / reduce-scatter is the whole buffer: one unit's parameters -- each
+    # block, the embedding before the blocks ("pre", V*d) and the classifier after them ("post", d*C)
+    units = {f"L{i}": 8 * d * d for i in range(L)} | {"pre": V * d, "post": d * C}
+    assert sorted(c.name for c in ag) == sorted(f"fsdp_ag_{ph}_{u}" for ph in ("fwd", "bwd") for u in units)
+    assert all(c.size_bytes == 2 * units[c.name.split("_")[-1]] for c in ag)  # bf16
+    assert sorted(c.name for c in rs) == sorted(f"fsdp_rs_{u}" for u in units)
+    assert all(c.size_bytes == 4 * units[c.name.split("_")[-1]] for c in rs)  # fp32 gradients
     rep = run_scenario(scenario("token_mlp", token_mlp(d, L, V, C, T), {"zero_stage": 1}, {"micro_batch_size": B}))
     dp = [t.op for t in rep.build.programs[0].tasks if t.stream == "dp"]
     P = V * d + L * 8 * d * d + d * C
@@ -345,3 +349,30 @@ def test_factory_from_a_file(tmp_path):
     (tmp_path / "bad.py").write_text("raise RuntimeError('no GPU here')\n")
     with pytest.raises(FactoryError, match=r"executing .*bad.py raised RuntimeError: no GPU here"):
         load_factory("bad.py:build", tmp_path)
+
+
+class _TiedLM(nn.Module):
+    def __init__(self, vocab: int, d: int, layers: int) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.blocks = nn.ModuleList(nn.Linear(d, d) for _ in range(layers))
+        self.norm = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+        self.head.weight = self.emb.weight  # tied
+
+    def forward(self, idx):
+        x = self.emb(idx)
+        for b in self.blocks:
+            x = b(x)
+        return self.head(self.norm(x))
+
+
+def test_tied_output_layer_counts_once_and_is_gathered_for_post():
+    """A user's module whose output layer reuses the embedding: the weight (V*d) is "pre", counted
+    once; "post" (LayerNorm, 2d) names it as tied, so ZeRO-3/FSDP gathers V*d + 2d for "post"."""
+    V, d, L = 64, 32, 2
+    with torch.device("meta"):
+        model = _TiedLM(V, d, L)
+    custom = CustomModel.from_factory(model, "tied", {"input_shape": [8], "input_dtype": "int64"})
+    t = custom.trace(ParallelConfig(micro_batch_size=1).resolve(1))
+    assert (t.params_pre, t.params_post, t.params_post_tied) == (V * d, 2 * d, V * d)

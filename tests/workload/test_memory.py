@@ -260,3 +260,99 @@ def test_fp8_memory_per_gpu_llama3_70b():
     # ZeRO-3 shards the FP8 copies over the data-parallel ranks, like the parameters
     z3 = memory_per_gpu(m, tp=8, dp=4, zero_stage=3, fp8=True, recompute="full")
     assert z3.fp8_weights == pytest.approx(2 * 80 * linear / 8 / 4, rel=1e-12)
+
+
+# -- uneven pipeline stages ---------------------------------------------------------------------------
+
+def test_uneven_stages_scale_the_first_stage_with_its_layers():
+    """Llama 3 70B, TP 8 x PP 4: 35 + 5 + 5 + 35 layers instead of 20 per stage. Stage 0's layer
+    parameters, model states and layer activations grow by exactly 35/20; it is the busiest stage."""
+    from workload.zoo import get_model_config
+
+    m = get_model_config("llama3-70b")
+    counts = parameter_count(m)
+    kw = dict(tp=8, pp=4, sequence_parallel=True, recompute="selective", num_microbatches=32, stage=0)
+    even = memory_per_gpu(m, **kw)
+    uneven = memory_per_gpu(m, stage_layers=[35, 5, 5, 35], **kw)
+    embedding = counts.embedding / 8  # vocabulary-parallel
+    assert even.detail["layers"] == 20 and uneven.detail["layers"] == 35
+    assert uneven.params_per_gpu - embedding == pytest.approx(35 / 20 * (even.params_per_gpu - embedding), rel=1e-12)
+    layer_params = (counts.layer_dense - counts.layer_norms) / 8 + counts.layer_norms
+    assert uneven.params_per_gpu == 35 * layer_params + embedding
+    assert uneven.model_states == pytest.approx(18 * uneven.params_per_gpu, rel=1e-12)
+    other = even.detail["other_activations"]
+    assert uneven.detail["other_activations"] == other
+    assert uneven.activations - other == pytest.approx(35 / 20 * (even.activations - other), rel=1e-12)
+    kw.pop("stage")
+    assert memory_per_gpu(m, stage_layers=[35, 5, 5, 35], **kw).stage == 0
+    # a light first stage makes a middle stage the busiest
+    assert memory_per_gpu(m, stage_layers=[2, 39, 37, 2], **kw).stage == 1
+    with pytest.raises(ValueError, match="stage_layers"):
+        memory_per_gpu(m, stage_layers=[35, 5, 5, 30], **kw)
+
+
+def test_uneven_stages_flip_the_scenario_verdict():
+    """The catalog's Llama 3 70B (TP 8 x PP 4, 32 micro-batches of 1, SP + selective) on H100 80GB, not
+    interleaved: 20 layers per stage fit (63.4 GB), 35 on the first and last stages do not (109.1 GB)."""
+    from scenarios.runner import memory_for, prepare, scenario_path
+    from scenarios.scenario import load_scenario
+    from workload.zoo import get_model_config
+
+    base = ["parallel.virtual_pipeline_model_parallel_size=1"]
+    uneven = base + ["parallel.num_layers_in_first_pipeline_stage=35",
+                     "parallel.num_layers_in_last_pipeline_stage=35"]
+    r = {k: memory_for(prepare(load_scenario(scenario_path("llama3-70b-tp8-pp4-dgx-h100"), o)))
+         for k, o in (("even", base), ("uneven", uneven))}
+    assert r["even"].fits(80e9) and not r["uneven"].fits(80e9)
+    assert r["even"].total == pytest.approx(63.4e9, abs=0.05e9)
+    assert r["uneven"].total == pytest.approx(109.1e9, abs=0.05e9)
+    assert r["uneven"].stage == 0 and r["uneven"].detail["layers"] == 35
+    counts = parameter_count(get_model_config("llama3-70b"))
+    layer_params = (counts.layer_dense - counts.layer_norms) / 8 + counts.layer_norms
+    assert r["uneven"].params_per_gpu - r["even"].params_per_gpu == pytest.approx(15 * layer_params, rel=1e-12)
+
+
+# -- dropout masks ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("model", ["22B", "175B"])
+def test_dropout_zero_stores_no_masks(model):
+    """Korthikanti's 34 + 5as/h assumes dropout: with hidden_dropout 0 the two sbh masks go
+    (34 -> 32, 10 -> 8 of the replicated part), with attention_dropout 0 the as^2b mask and the
+    2as^2b dropout output go (5as/h -> 2as/h); FlashAttention's statistics stay."""
+    k = KORTHIKANTI[model]
+    s, b, h, a, t = S, k["b"], k["h"], k["a"], k["t"]
+
+    def ours(**kw):
+        return activation_bytes_per_layer(s, b, h, a, **kw)
+
+    off = dict(hidden_dropout=0.0, attention_dropout=0.0)
+    assert ours(**off) == pytest.approx(s * b * h * (32 + 2 * a * s / h), rel=1e-12)
+    assert ours(tp=t, **off) == pytest.approx(s * b * h * (8 + 24 / t + 2 * a * s / (h * t)), rel=1e-12)
+    assert ours(tp=t, sequence_parallel=True, **off) == pytest.approx(s * b * h / t * (32 + 2 * a * s / h),
+                                                                      rel=1e-12)
+    assert ours(tp=t, hidden_dropout=0.0) == pytest.approx(s * b * h * (8 + 24 / t + 5 * a * s / (h * t)),
+                                                           rel=1e-12)
+    assert ours(tp=t, attention_dropout=0.0) == pytest.approx(s * b * h * (10 + 24 / t + 2 * a * s / (h * t)),
+                                                              rel=1e-12)
+    assert ours(tp=t, recompute="selective", **off) == pytest.approx(s * b * h * (8 + 24 / t), rel=1e-12)
+    assert ours(tp=t, flash_attention=True, **off) == pytest.approx(s * b * h * (8 + 24 / t) + 4 * a * s * b / t,
+                                                                    rel=1e-12)
+    assert ours(tp=t, recompute="full", **off) == 2 * s * b * h
+    with pytest.raises(ValueError, match="hidden_dropout"):
+        ours(hidden_dropout=1.0)
+
+
+def test_dropout_read_from_the_model_config():
+    """Dropout probabilities come from the config (Megatron / Hugging Face names); absent, Megatron's
+    0.1. With dropout 0 the embedding's mask (sbh/t with SP) goes too."""
+    k = KORTHIKANTI["175B"]
+    s, h, t = S, k["h"], k["t"]
+    on, off = cfg("175B"), cfg("175B")
+    off.hidden_dropout = off.attention_dropout = 0.0
+    assert TransformerShape.of(on).hidden_dropout == 0.1 == TransformerShape.of(on).attention_dropout
+    assert TransformerShape.of({**vars(on), "resid_pdrop": 0.0, "attn_pdrop": 0.0}) == TransformerShape.of(off)
+    kw = dict(tp=t, pp=8, sequence_parallel=True, recompute="selective", stage=0)
+    a_on, a_off = memory_per_gpu(on, **kw), memory_per_gpu(off, **kw)
+    assert a_on.detail["activation_bytes_per_layer"] == 34 * s * h / t
+    assert a_off.detail["activation_bytes_per_layer"] == 32 * s * h / t
+    assert a_on.detail["other_activations"] - a_off.detail["other_activations"] == 8 * s * h / t  # 8 in flight

@@ -13,8 +13,12 @@ and PyTorch use:
 * ``dp``: data-parallel gradient buckets (all-reduce, or reduce-scatter + all-gather with the
   distributed optimizer); with ``overlap_grad_reduce`` each bucket starts as soon as the last
   micro-batch's backward has produced it (Megatron's ``DistributedDataParallel``);
-* ``fsdp_ag`` / ``fsdp_rs``: ZeRO-3/FSDP per-layer parameter all-gathers (prefetching one layer) and
-  gradient reduce-scatters.
+* ``fsdp_ag`` / ``fsdp_rs``: ZeRO-3/FSDP per-unit parameter all-gathers (prefetching one unit) and
+  gradient reduce-scatters. The units are the layers and, on the stages that hold them, the parts
+  before and after the layers ("pre": embeddings; "post": final norm and output layer) -- PyTorch FSDP
+  wraps the root module's remaining parameters as the root unit, DeepSpeed ZeRO-3 and Megatron-FSDP
+  shard them too. A tied output layer on a single stage gathers the embedding for "post" as well
+  (:attr:`ModelTrace.params_post_tied`); its gradient is reduce-scattered once, with "pre".
 
 Gradients are reduced in fp32 for bf16 and fp32 training, in fp16 for fp16 training (Megatron-LM);
 parameters are gathered in the training dtype.
@@ -78,6 +82,9 @@ class ModelTrace:
     fp8_params_block: int = 0
     """Of ``params_block``, the weight elements of FP8 GEMMs (0: no FP8 training); the builder adds
     their per-iteration weight casts."""
+    params_post_tied: int = 0
+    """Of ``params_pre``, the elements the "post" part uses too (an output layer tied to the input
+    embedding on the same stage): ZeRO-3/FSDP gathers them for "post" as well."""
     params_per_block: tuple[int, ...] | None = None
     """Blocks that differ (a custom module's top-level children): elements of each; ``None``: every
     block has ``params_block``."""
@@ -259,6 +266,24 @@ class RankBuilder:
         return self.add(Collective("all_gather", size, self.groups["dp"], dtype=self.t.dtype,
                                    name=f"fsdp_ag_{phase}_L{layer}"), "fsdp_ag", (after,))
 
+    def fsdp_gather_part(self, part: str, phase: str, after: int | None) -> list[int]:
+        """ZeRO-3/FSDP all-gather of the "pre" or "post" unit's parameters (training dtype; nccl-tests'
+        S, the whole gathered buffer); nothing for a unit without parameters."""
+        n = self.t.params_pre if part == "pre" else self.t.params_post + self.t.params_post_tied
+        if n <= 0:
+            return []
+        return [self.add(Collective("all_gather", n * ELEM_BYTES.get(self.t.dtype, 2), self.groups["dp"],
+                                    dtype=self.t.dtype, name=f"fsdp_ag_{phase}_{part}"), "fsdp_ag", (after,))]
+
+    def fsdp_reduce_scatter(self, key, n: int, after: int | None) -> None:
+        """ZeRO-3/FSDP reduce-scatter of a unit's gradients (``n`` elements; the full gradient in, 1/dp
+        out; nccl-tests' S is the full buffer)."""
+        if n <= 0:
+            return
+        name = f"fsdp_rs_L{key}" if isinstance(key, int) else f"fsdp_rs_{key}"
+        self.add(Collective("reduce_scatter", n * self.grad_bytes, self.groups["dp"], dtype=self.grad_dtype,
+                            name=name), "fsdp_rs", (after,))
+
     def fp8_weight_cast(self, layer: int, phase: str) -> list[Compute]:
         """The cast-transpose of one layer's FP8 GEMM weights to E4M3 (bf16 read, FP8 weight and its
         transpose written), or nothing without FP8 training."""
@@ -271,7 +296,8 @@ class RankBuilder:
     def forward(self, mb: int, chunk: int, first_v: bool, last_v: bool, deps: list) -> int | None:
         zero3 = self.zero == 3
         if first_v:
-            self.emit(self.ops.get("pre", "fwd"), deps + self.gathered("pre"))
+            ag = self.fsdp_gather_part("pre", "fwd", None) if zero3 else []
+            self.emit(self.ops.get("pre", "fwd"), deps + self.gathered("pre") + ag)
             deps = []
         layers = self.chunk_layers(chunk)
         # FP8: weights are cast on the chunk's first forward (TE caches them), every pass under ZeRO-3
@@ -290,15 +316,19 @@ class RankBuilder:
             prev_prev = before
             deps = []
         if last_v:
-            self.emit(self.ops.get("post", "fwd"), deps)
+            ag = self.fsdp_gather_part("post", "fwd", prev_prev) if zero3 else []
+            self.emit(self.ops.get("post", "fwd"), list(deps) + ag)
         return self.last_compute
 
     def backward(self, mb: int, chunk: int, first_v: bool, last_v: bool, deps: list, last_mb: bool) -> None:
         zero3 = self.zero == 3
         if last_v:
-            self.emit(self.ops.get("post", "bwd"), deps)
+            ag = self.fsdp_gather_part("post", "bwd", None) if zero3 else []
+            self.emit(self.ops.get("post", "bwd"), list(deps) + ag)
             deps = []
-            if last_mb and not zero3:
+            if zero3:
+                self.fsdp_reduce_scatter("post", self.t.params_post, self.last_compute)
+            elif last_mb:
                 self.grad_ready("post", self.last_compute)
         layers = list(self.chunk_layers(chunk))
         prev_prev = None
@@ -317,14 +347,15 @@ class RankBuilder:
             deps = []
             done = self.last_compute
             if zero3:
-                size = self.t.block_params(layer) * self.grad_bytes  # the layer's full gradient in, 1/dp out
-                self.add(Collective("reduce_scatter", size, self.groups["dp"], dtype=self.grad_dtype,
-                                    name=f"fsdp_rs_L{layer}"), "fsdp_rs", (done,))
+                self.fsdp_reduce_scatter(layer, self.t.block_params(layer), done)
             elif last_mb:
                 self.grad_ready(layer, done)
         if first_v:
-            self.emit(self.ops.get("pre", "bwd"), deps)
-            if last_mb and not zero3:
+            ag = self.fsdp_gather_part("pre", "bwd", prev_prev) if zero3 else []
+            self.emit(self.ops.get("pre", "bwd"), list(deps) + ag)
+            if zero3:  # the tied output layer's gradient is accumulated into the embedding's by now
+                self.fsdp_reduce_scatter("pre", self.t.params_pre, self.last_compute)
+            elif last_mb:
                 self.grad_ready("pre", self.last_compute)
 
     def gather_received(self, deps: list) -> list:

@@ -254,10 +254,17 @@ class ParallelConfig:
         rest_layers = num_layers - (first or 0) - (last or 0)
         if rest_layers < rest_stages or (rest_stages and rest_layers % rest_stages) or (
                 not rest_stages and rest_layers):
-            raise ValueError(
-                f"num_layers={num_layers} with num_layers_in_first_pipeline_stage={first} and "
-                f"num_layers_in_last_pipeline_stage={last} leaves {rest_layers} layers for {rest_stages} "
-                f"middle stages: not an even split")
+            given = " and ".join(f"num_layers_in_{w}_pipeline_stage={n}" for w, n in (("first", first), ("last", last))
+                                 if n is not None)
+            if not rest_stages:
+                why = f"with pipeline_model_parallel_size={pp} there is no other stage, so they must add up to it"
+            else:
+                which = ("the last stage" if last is None and rest_stages == 1 else
+                         "the first stage" if first is None and rest_stages == 1 else
+                         "the middle stage" if rest_stages == 1 else f"the other {rest_stages} stages")
+                need = "need at least one layer each, split evenly" if rest_stages > 1 else "needs at least one layer"
+                why = f"leaves {rest_layers} layers for {which} (pipeline_model_parallel_size={pp}), which {need}"
+            raise ValueError(f"num_layers={num_layers} with {given}: {why}")
         mid = rest_layers // rest_stages if rest_stages else 0
         out = [mid] * pp
         if first is not None:

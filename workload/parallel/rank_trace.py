@@ -19,6 +19,7 @@ from workload.parallel.config import ParallelConfig
 from workload.parallel.tp import TPContext
 from workload.trace import trace_model
 from workload.zoo import build_model_from_config
+from workload.zoo.gpt import VocabParallelEmbedding
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 """Training dtypes traced as such."""
@@ -64,15 +65,21 @@ def trace_rank(model_cfg, config: ParallelConfig, *, dtype: str = "bf16") -> Mod
     if dtype == "fp8":
         paths, fp8_params = fp8_modules(getattr(model, graph.block_attr)[0])
         graph = to_fp8(graph, paths)
-    if transformer and config.pp > 1 and not getattr(model_cfg, "untie_embeddings_and_output_weights", True):
-        post += pre  # Megatron keeps a copy of the tied embedding on the last stage
+    tied = 0
+    embedding = sum(m.weight.numel() for m in model.modules() if isinstance(m, VocabParallelEmbedding))
+    # tied: the output layer reuses the input embedding (GPT, BERT; Llama keeps its own output layer)
+    if transformer and not getattr(model_cfg, "untie_embeddings_and_output_weights", True) and post < embedding:
+        if config.pp > 1:
+            post += pre  # Megatron keeps a copy of the tied embedding on the last stage
+        else:  # one stage: the output layer reuses the embedding, which "pre" owns
+            tied = embedding
     return ModelTrace(
         graph=graph,
         num_layers=graph.num_blocks,
         hidden_size=getattr(traced_cfg, "hidden_size", 0),
         seq_length=seq,
         micro_batch_size=config.micro_batch_size,
-        params_pre=pre, params_block=block, params_post=post, params_block_expert=expert,
+        params_pre=pre, params_block=block, params_post=post, params_block_expert=expert, params_post_tied=tied,
         dtype="bf16" if dtype == "fp8" else dtype, fp8_params_block=fp8_params)
 
 

@@ -6,8 +6,11 @@ Frozen, keyword-only dataclasses; ``__post_init__`` checks raise ``ValueError`` 
 from __future__ import annotations
 
 import dataclasses
+import math
+import types
+import typing
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -69,9 +72,8 @@ class TransformerConfig:
     """Where the dimensions come from."""
 
     def __post_init__(self) -> None:
-        for f in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "vocab_size"):
-            if getattr(self, f) <= 0:
-                raise ValueError(f"{self.name}: {f} must be positive, got {getattr(self, f)}")
+        check_field_types(type(self), {f.name: getattr(self, f.name) for f in dataclasses.fields(self)},
+                          str(self.name))
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(f"{self.name}: num_attention_heads={self.num_attention_heads} must divide "
                              f"hidden_size={self.hidden_size}")
@@ -120,6 +122,8 @@ class ResNetConfig:
     source: str = ""
 
     def __post_init__(self) -> None:
+        check_field_types(type(self), {f.name: getattr(self, f.name) for f in dataclasses.fields(self)},
+                          str(self.name))
         if not self.blocks_per_stage or min(self.blocks_per_stage) <= 0:
             raise ValueError(f"{self.name}: blocks_per_stage must be positive, got {self.blocks_per_stage}")
         for f in ("base_width", "num_classes", "image_size"):
@@ -128,6 +132,70 @@ class ResNetConfig:
 
 
 ModelConfig = TransformerConfig | ResNetConfig
+
+POSITIVE_FIELDS = frozenset({
+    "num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size", "seq_length",
+    "vocab_size", "max_position_embeddings", "num_moe_experts", "moe_router_topk", "moe_capacity_factor",
+    "rotary_base", "norm_epsilon", "base_width", "num_classes", "image_size", "blocks_per_stage"})
+"""Sizes and other fields that must be > 0 (the rest of the numeric fields must be >= 0)."""
+
+
+def _describe(tp: Any) -> str:
+    """A field type in words: ``int | None`` -> "a positive integer", ``Literal["a", "b"]`` -> "one of ..."."""
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe(a) for a in typing.get_args(tp) if a is not type(None))
+    if origin is tuple:
+        return "a list of integers"
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(tp, str(tp))
+
+
+def _type_ok(tp: Any, value: Any) -> bool:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return value in typing.get_args(tp) and not isinstance(value, bool)
+    if origin in (typing.Union, types.UnionType):
+        return any(_type_ok(a, value) for a in typing.get_args(tp))
+    if tp is type(None):
+        return value is None
+    if origin is tuple:
+        return isinstance(value, (tuple, list)) and all(_type_ok(int, v) for v in value)
+    if tp is bool:
+        return isinstance(value, bool)
+    if tp is int:  # bool is an int subclass in Python, not in a config
+        return isinstance(value, int) and not isinstance(value, bool)
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return isinstance(value, tp)
+
+
+def check_field_types(cls: type, values: dict[str, Any], owner: str) -> None:
+    """Check ``values`` against the field types of the config dataclass ``cls`` (``bool`` is not an
+    ``int``; an ``int`` is accepted where a ``float`` is), and sizes (:data:`POSITIVE_FIELDS`) for > 0.
+
+    Raises:
+        ValueError: one line naming the field, what it must be and the value given.
+    """
+    hints = typing.get_type_hints(cls)
+    for name, value in values.items():
+        tp = hints.get(name)
+        if tp is None:
+            continue
+        positive = name in POSITIVE_FIELDS
+        if not _type_ok(tp, value):
+            want = _describe(tp)
+            if positive:
+                want = want.replace("an integer", "a positive integer").replace("a number", "a positive number")
+            raise ValueError(f"{owner}: {name} must be {want}, got {value!r}")
+        nums = value if isinstance(value, (tuple, list)) else (value,)
+        for v in nums:
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                if positive and v <= 0:
+                    raise ValueError(f"{owner}: {name} must be positive, got {value!r}")
+                if v < 0:
+                    raise ValueError(f"{owner}: {name} must be >= 0, got {value!r}")
 
 # Fields whose ``None`` default is derived from another field: (field, source field, factor).
 _DERIVED = (("num_query_groups", "num_attention_heads", 1), ("ffn_hidden_size", "hidden_size", 4),
@@ -145,6 +213,9 @@ def with_overrides(config: ModelConfig, **overrides) -> ModelConfig:
     bad = sorted(set(overrides) - fields)
     if bad:
         raise ValueError(f"{config.name}: unknown config field(s) {bad}; fields: {sorted(fields)}")
+    check_field_types(type(config), overrides, config.name)
+    if isinstance(overrides.get("blocks_per_stage"), list):
+        overrides["blocks_per_stage"] = tuple(overrides["blocks_per_stage"])
     if isinstance(config, TransformerConfig):
         for f, src, factor in _DERIVED:
             if f not in overrides and src in overrides and getattr(config, f) == factor * getattr(config, src):

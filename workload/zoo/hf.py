@@ -19,15 +19,30 @@ def config_from_hf(source: str | os.PathLike | dict[str, Any], *, name: str | No
                    seq_length: int | None = None) -> TransformerConfig:
     """Map HF config fields to Megatron names (``num_hidden_layers`` -> ``num_layers``, ...).
 
+    A path ending in ``.json``, or an existing directory holding a ``config.json``, is read as a file
+    (a missing ``.json`` file raises FileNotFoundError); anything else is a Hub id.
+
     Raises:
+        FileNotFoundError: a ``.json`` path that does not exist.
         ImportError: ``source`` needs ``transformers`` and it is not installed.
-        ValueError: an unsupported ``model_type`` or missing fields.
+        ValueError: malformed JSON (naming the file), an unsupported ``model_type``, missing fields, or
+            a field of the wrong type (naming the Hugging Face key).
     """
+    where = "Hugging Face config"
     if isinstance(source, dict):
         d = source
-    elif str(source).endswith(".json") and os.path.isfile(source):
-        with open(source) as f:
-            d = json.load(f)
+    elif str(source).endswith(".json") or os.path.isfile(os.path.join(source, "config.json")):
+        path = source if str(source).endswith(".json") else os.path.join(source, "config.json")
+        if os.path.isdir(path) or not os.path.exists(path):
+            raise FileNotFoundError(f"Hugging Face config file not found: {path}")
+        where = f"Hugging Face config {os.fspath(path)}"
+        try:
+            with open(path, encoding="utf-8") as f:
+                d = json.load(f)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"{where}: malformed JSON: {e}") from None
+        if not isinstance(d, dict):
+            raise ValueError(f"{where}: expected a JSON object, got {type(d).__name__}")
     else:
         try:
             from transformers import AutoConfig
@@ -37,6 +52,7 @@ def config_from_hf(source: str | os.PathLike | dict[str, Any], *, name: str | No
         d = AutoConfig.from_pretrained(str(source)).to_dict()
     mt = d.get("model_type", "")
     name = name or d.get("_name_or_path") or mt or "hf-model"
+    _check_hf_types(d, where)
     try:
         if mt in ("llama", "mistral", "mixtral"):
             experts = d.get("num_local_experts")
@@ -68,5 +84,30 @@ def config_from_hf(source: str | os.PathLike | dict[str, Any], *, name: str | No
                 causal=False, num_tokentypes=d.get("type_vocab_size", 2),
                 norm_epsilon=d.get("layer_norm_eps", 1e-12), source="Hugging Face config.json")
     except KeyError as e:
-        raise ValueError(f"Hugging Face config for {name!r} (model_type={mt!r}) lacks field {e}") from None
+        raise ValueError(f"{where} for {name!r} (model_type={mt!r}) lacks field {e}") from None
     raise ValueError(f"unsupported Hugging Face model_type {mt!r}; supported: llama, mistral, mixtral, gpt2, bert")
+
+
+_HF_POSITIVE_INTS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
+                     "intermediate_size", "vocab_size", "max_position_embeddings", "num_local_experts",
+                     "num_experts_per_tok", "n_layer", "n_embd", "n_head", "n_inner", "n_positions")
+_HF_NUMBERS = ("rope_theta", "rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps")
+
+
+def _check_hf_types(d: dict[str, Any], where: str) -> None:
+    """The sizes trainsim reads must be positive integers (``null`` where optional), the others numbers.
+
+    Raises:
+        ValueError: one line naming the Hugging Face key, what it must be and the value.
+    """
+    for key in _HF_POSITIVE_INTS:
+        v = d.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
+            raise ValueError(f"{where}: {key} must be a positive integer, got {v!r}")
+    for key in _HF_NUMBERS:
+        v = d.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0):
+            raise ValueError(f"{where}: {key} must be a positive number, got {v!r}")
+    v = d.get("type_vocab_size")
+    if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+        raise ValueError(f"{where}: type_vocab_size must be an integer >= 0, got {v!r}")
