@@ -53,6 +53,9 @@ class Compute:
     fixed_time_s: float | None = None
     """Solo duration in seconds, when known instead of modelled: a measured kernel, or a macro task
     standing for a whole layer's pass (hierarchical engine). It still shares SMs and HBM when run."""
+    pass_profile_s: tuple[float, ...] = ()
+    """Macro tasks only: ``(time, compute, exposed communication, hidden communication)`` in seconds
+    of the layer pass it stands for, so that reports can split it (``scenarios.hierarchical``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -57,8 +57,8 @@ class TraceEvent:
     layer: str = ""
     info: tuple = ()
     """Extra details: (algorithm, protocol, channels, size_bytes) for collectives; (flops, solo time)
-    for kernels, followed for a hierarchical macro task by its ``shape`` (the pass's split into
-    compute and communication, ``scenarios.hierarchical.MACRO_SHAPE``)."""
+    for kernels, followed for a hierarchical macro task by its ``pass_profile_s`` (the pass's split
+    into compute and communication)."""
     xfer_start_s: float | None = None
     """Communication only: when data started to move (every peer had arrived). Before it the task
     waited for its peers -- idle or pipeline bubble, not communication."""
@@ -210,7 +210,7 @@ class Runtime:
                 yield act.done
                 info = (op.flops, cost.solo_time_s)
                 if op.kind == "macro":  # a layer pass: its split into compute and communication
-                    info += tuple(op.shape)
+                    info += op.pass_profile_s
                 self.events.append(TraceEvent(rank, stream, t.id, op.name, op.kind, start, env.now,
                                               op.phase, op.layer, info))
             elif isinstance(op, Collective):

@@ -14,7 +14,7 @@ A macro task is one compute task to the runtime, but the pass it stands for also
 tensor/context-parallel collectives. Step 1 therefore also splits each pass, on one of its ranks, the
 way :func:`scenarios.analysis.breakdown` splits an iteration: time computing, communication exposed
 (no kernel running) and communication hidden under compute. The macro task carries that split
-(:class:`PassProfile`, in its ``shape`` as nanoseconds, see :data:`MACRO_SHAPE`) and the breakdown
+(:class:`PassProfile`, as :attr:`hwmodel.ir.Compute.pass_profile_s`) and the breakdown
 lays it out inside the macro task's interval, so that TP communication counts as communication
 (exposed or hidden, as the per-op simulation would) and not as compute.
 
@@ -36,10 +36,6 @@ from workload.parallel.placement import Layout
 
 PASSES = (("pre", "fwd"), ("block", "fwd"), ("post", "fwd"), ("post", "bwd"), ("block", "bwd"), ("pre", "bwd"))
 
-MACRO_SHAPE = ("time_ns", "compute_ns", "exposed_comm_ns", "hidden_comm_ns")
-"""What a macro task's ``shape`` holds: its :class:`PassProfile` in integer nanoseconds."""
-
-
 @dataclass(frozen=True)
 class PassProfile:
     """One layer pass of step 1 on one rank, in seconds: its duration and how
@@ -50,10 +46,9 @@ class PassProfile:
     exposed_comm_s: float = 0.0
     hidden_comm_s: float = 0.0
 
-    def shape(self) -> tuple[int, int, int, int]:
-        """The profile as a macro task's ``shape`` (:data:`MACRO_SHAPE`)."""
-        return tuple(round(x * 1e9) for x in (self.time_s, self.compute_s, self.exposed_comm_s,
-                                               self.hidden_comm_s))
+    def as_tuple(self) -> tuple[float, float, float, float]:
+        """``(time_s, compute_s, exposed_comm_s, hidden_comm_s)``, a macro task's ``pass_profile_s``."""
+        return (self.time_s, self.compute_s, self.exposed_comm_s, self.hidden_comm_s)
 
 
 def pass_times(trace: ModelTrace, cfg: ParallelConfig, topology, engine_factory: Callable,
@@ -118,8 +113,8 @@ class _MacroOps:
             real = [o for o in self.ops.get(part, phase, block) if isinstance(o, Compute)]
             layer = f"layers.{block}" if part == "block" else part
             hit = [Compute(f"{part}_{phase}", "macro", sum(o.flops for o in real),
-                           sum(o.bytes_accessed for o in real), shape=prof.shape(), layer=layer, phase=phase,
-                           fixed_time_s=prof.time_s)] if prof.time_s > 0 else []
+                           sum(o.bytes_accessed for o in real), layer=layer, phase=phase,
+                           fixed_time_s=prof.time_s, pass_profile_s=prof.as_tuple())] if prof.time_s > 0 else []
             self._cache[key] = hit
         return hit
 

@@ -43,10 +43,10 @@ def test_macro_task_split_is_laid_out_in_its_interval():
     from hwmodel.runtime import TraceEvent
 
     prof = PassProfile(10e-3, compute_s=7e-3, exposed_comm_s=2e-3, hidden_comm_s=1e-3)
-    assert prof.shape() == (10_000_000, 7_000_000, 2_000_000, 1_000_000)
+    assert prof.as_tuple() == (10e-3, 7e-3, 2e-3, 1e-3)
     # the task ran 20 % slower than in step 1 (contention): every part stretches alike
     ev = TraceEvent(0, "compute", 0, "block_fwd", "macro", 1.0, 1.012, "fwd", "layers.0",
-                    (0.0, 10e-3, *prof.shape()))
+                    (0.0, 10e-3, *prof.as_tuple()))
     (c0, c1), (m0, m1) = macro_intervals(ev)
     assert (c0, c1) == (1.0, pytest.approx(1.0084))
     assert (m0, m1) == (pytest.approx(1.0072), pytest.approx(1.0108))
