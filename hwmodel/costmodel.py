@@ -13,8 +13,13 @@ FLOP/s, more HBM bandwidth), with efficiencies calibrated against measurements
       t_gemm  = max(waves * t_tile, bytes / (hbm_bandwidth * eff_hbm)) + launch    # s
 
   Partial tiles cost a full tile (tile quantisation); a partly filled last wave costs a full wave
-  (wave quantisation). Under-filled GEMMs (tiles <= sm_count/2) may split K across SMs (split-K).
-  ``sms_used = min(tiles x split-K pieces, sm_count)``.
+  (wave quantisation; both as in NVIDIA's *Matrix Multiplication Background User's Guide*,
+  DU-09799-001, §2.3 "Typical Tile Dimensions In cuBLAS And Performance" and §3 "Dimension
+  Quantization Effects"). Under-filled GEMMs
+  (tiles <= sm_count/2) may split K across SMs (split-K). ``sms_used = min(tiles x split-K pieces,
+  sm_count)``, and the kernel's grid is ``ctas = tiles x split-K pieces`` thread blocks: when a
+  communication kernel holds SMs, the GPU re-quantises the waves over the SMs left
+  (:func:`hwmodel.gpu.wave_rate_bound`).
 - **Attention** (``kind="attention"``, shape ``(batch, heads, seq_q, seq_kv, head_dim)``): FlashAttention-2
   style, one CTA per (batch, head, 128-row query block), each looping over 128-column key blocks. A CTA
   costs ``(iterations + c)`` block times, where ``c`` (fitted, per head dim) is the per-CTA prologue and
@@ -422,6 +427,11 @@ class KernelCost:
     """Bytes it moves through HBM (its HBM demand is ``hbm_bytes / solo_time_s`` bytes/s)."""
     detail: Mapping[str, float] = field(default_factory=dict, compare=False, repr=False)
     """Intermediate figures for reports (waves, tiles, efficiency, ...)."""
+    ctas: int = 0
+    """Thread blocks (CTAs) the kernel launches, each holding one SM until it is done, so it runs in
+    ``ceil(ctas / sm_count)`` waves: output tiles x split-K pieces for GEMM, (batch, head, query block)
+    for attention. 0 where the grid is not modelled (memory-bound kinds, fixed-time and shapeless
+    kernels): no wave quantisation is applied to them (see :func:`hwmodel.gpu.wave_rate_bound`)."""
 
 
 class KernelCostModel:
@@ -493,7 +503,7 @@ class KernelCostModel:
         if self.overrides is not None:
             measured = self.overrides.lookup(task)
             if measured is not None:
-                return KernelCost(measured, c.sms_used, c.hbm_bytes, {**c.detail, "measured": 1.0})
+                return KernelCost(measured, c.sms_used, c.hbm_bytes, {**c.detail, "measured": 1.0}, c.ctas)
         return c
 
     def achieved_flops(self, task: Compute) -> float:
@@ -542,7 +552,8 @@ class KernelCostModel:
         tm, tn = self.cal.gemm_tiles[i]
         return KernelCost(t, min(tiles * split, self.sm_count), float(nbytes),
                           {"tiles": tiles, "waves": waves, "split_k": split, "tile_m": tm, "tile_n": tn,
-                           "efficiency": eff, "compute_s": t_compute, "memory_s": t_mem})
+                           "efficiency": eff, "compute_s": t_compute, "memory_s": t_mem},
+                          ctas=tiles * split)
 
     def _attention(self, task: Compute) -> KernelCost:
         dtype = normalise_dtype(task.dtype)
@@ -584,7 +595,8 @@ class KernelCostModel:
                           {"ctas": ctas, "waves": waves, "efficiency": eff, "causal": float(causal),
                            "executed_flops": attention_flops(b, h, sq, skv, d, backward=backward,
                                                              causal=causal),
-                           "compute_s": t_compute, "memory_s": t_mem})
+                           "compute_s": t_compute, "memory_s": t_mem},
+                          ctas=ctas)
 
     def _memory_bound(self, task: Compute) -> KernelCost:
         nbytes = float(task.bytes_accessed)

@@ -3,6 +3,8 @@
 import pytest
 
 from hwmodel.cluster import Cluster
+from hwmodel.costmodel import KernelCost
+from hwmodel.gpu import wave_rate_bound
 from hwmodel.ir import Compute, Memcpy, Program
 from hwmodel.runtime import Runtime
 from hwmodel.topology import build_system
@@ -34,17 +36,116 @@ def test_two_memory_bound_kernels_share_hbm():
     assert a.end_time == pytest.approx(2 * solo, rel=0.01)
 
 
-def test_gemm_beside_24_held_sms_runs_at_84_of_108():
+def test_gemm_beside_24_held_sms_runs_at_its_share_and_wave_bound():
+    # 8192^3 bf16 on A100: 4096 tiles of 128x128 -> 38 waves on 108 SMs, 49 on the 84 left.
     c = _cluster()
     gpu = c.gpus["n0.gpu0"]
-    solo = gpu.cost(GEMM).solo_time_s
+    cost = gpu.cost(GEMM)
+    solo = cost.solo_time_s
+    assert cost.ctas == 4096 and cost.detail["waves"] == 38
+    rate = min(84 / 108, 38 / 49)  # fluid share of the pool, wave-quantised speed limit
     gpu.hold_sms(24)  # a 24-channel NCCL kernel
     act = gpu.launch(GEMM)
     c.env.run(until=solo / 2)
-    assert act.rate == pytest.approx(84 / 108)
+    assert act.rate == pytest.approx(rate, rel=1e-12)
     gpu.release_sms(24)
     c.env.run()
-    assert act.end_time == pytest.approx(solo / 2 + (solo - solo / 2 * 84 / 108), rel=1e-6)
+    assert act.end_time == pytest.approx(solo / 2 + (solo - solo / 2 * rate), rel=1e-9)
+
+
+# -- wave quantisation when communication kernels hold SMs -------------------------------------
+
+def _h100():
+    return Cluster(build_system("dgx-h100", 1))
+
+
+ONE_WAVE = Compute("gemm_1wave", "gemm", 2.0 * 1536 * 1408 * 8192, 2.0 * (1536 * 8192 + 8192 * 1408 + 1536 * 1408),
+                   shape=(1, 1536, 1408, 8192))  # 12 x 11 = 132 tiles of 128x128: one wave on 132 SMs
+
+
+def test_wave_rate_bound_closed_forms():
+    assert wave_rate_bound(132, 132, 108) == 1 / 2
+    assert wave_rate_bound(132, 132, 132) == 1.0
+    assert wave_rate_bound(100, 132, 108) == 1.0  # fits the SMs left: still one wave
+    assert wave_rate_bound(264, 132, 108) == 2 / 3
+    assert wave_rate_bound(10_000, 132, 108) == 76 / 93
+    assert wave_rate_bound(0, 132, 108) == 1.0  # grid not modelled
+    assert wave_rate_bound(132, 132, 0) == 1.0  # no SM left: the empty pool gives it rate 0 anyway
+
+
+def test_one_wave_gemm_beside_24_held_sms_takes_twice_its_solo_time():
+    # NVIDIA forum thread 337991: a 132-CTA GEMM beside a 24-CTA ncclAllGather on H100 "nearly doubles".
+    c = _h100()
+    gpu = c.gpus["n0.gpu0"]
+    cost = gpu.cost(ONE_WAVE)
+    assert gpu.spec.sm_count == 132 and cost.ctas == 132 and cost.detail["waves"] == 1
+    gpu.hold_sms(24)
+    act = gpu.launch(ONE_WAVE)
+    c.env.run()
+    assert act.end_time == pytest.approx(2 * cost.solo_time_s, rel=1e-9)  # processor sharing alone: 132/108
+
+
+def test_ten_thousand_cta_kernel_loses_about_the_sm_share():
+    c = _h100()
+    gpu = c.gpus["n0.gpu0"]
+    cost = KernelCost(1e-3, 132, 0.0, ctas=10_000)
+    gpu.hold_sms(24)
+    act = gpu.launch(Compute("many_ctas", "gemm", 0.0, 0.0), cost)
+    c.env.run()
+    speed = cost.solo_time_s / act.end_time
+    assert speed == pytest.approx(76 / 93, rel=1e-9)  # ceil(10000/132) / ceil(10000/108) waves
+    assert speed == pytest.approx(108 / 132, rel=0.01)
+
+
+def test_memory_bound_kernel_has_no_wave_bound():
+    c = _h100()
+    gpu = c.gpus["n0.gpu0"]
+    cost = gpu.cost(COPY)
+    assert cost.ctas == 0 and cost.sms_used == 132
+    gpu.hold_sms(24)
+    act = gpu.launch(COPY)
+    c.env.run(until=cost.solo_time_s / 10)
+    assert act.rate_bound == 1.0 and act.rate == pytest.approx(108 / 132, rel=1e-12)
+
+
+def test_sms_released_halfway_gives_the_piecewise_time():
+    c = _h100()
+    gpu = c.gpus["n0.gpu0"]
+    solo = gpu.cost(ONE_WAVE).solo_time_s
+    gpu.hold_sms(24)
+    act = gpu.launch(ONE_WAVE)
+    c.env.run(until=solo / 2)  # two waves' pace: a quarter of the work done
+    assert act.rate == 0.5
+    gpu.release_sms(24)
+    c.env.run()
+    assert act.rate_bound == 1.0
+    assert act.end_time == pytest.approx(solo / 2 + 3 / 4 * solo, rel=1e-9)
+
+
+def test_sms_held_halfway_gives_the_piecewise_time():
+    c = _h100()
+    gpu = c.gpus["n0.gpu0"]
+    solo = gpu.cost(ONE_WAVE).solo_time_s
+    act = gpu.launch(ONE_WAVE)
+    c.env.run(until=solo / 2)
+    gpu.hold_sms(24)  # the second half now needs two waves
+    c.env.run(until=solo)
+    assert act.rate == 0.5
+    c.env.run()
+    assert act.end_time == pytest.approx(solo / 2 + 2 * (solo / 2), rel=1e-9)
+
+
+def test_two_one_wave_gemms_share_and_are_wave_bound():
+    # Each alone would take 2 waves on the 108 SMs left (bound 1/2); together their fair shares of the
+    # pool (108 / 264 each) bind first.
+    c = _h100()
+    gpu = c.gpus["n0.gpu0"]
+    solo = gpu.cost(ONE_WAVE).solo_time_s
+    gpu.hold_sms(24)
+    a, b = gpu.launch(ONE_WAVE), gpu.launch(ONE_WAVE)
+    c.env.run()
+    assert a.end_time == pytest.approx(solo * 264 / 108, rel=1e-9)
+    assert b.end_time == pytest.approx(solo * 264 / 108, rel=1e-9)
 
 
 def test_streams_are_in_order_and_events_order_across_streams():
