@@ -222,7 +222,7 @@ class Calibration:
     def load(cls, path: str | Path | None = None) -> Calibration:
         """Read a calibration TOML file; ``None`` reads the shipped one."""
         p = Path(path) if path is not None else DEFAULT_CALIBRATION_PATH
-        with open(p, "rb") as f:
+        with p.open("rb") as f:
             return cls(tomllib.load(f), p)
 
     @staticmethod
@@ -350,7 +350,7 @@ class ProfileOverrides:
     @classmethod
     def from_chrome_trace(cls, path: str | Path) -> ProfileOverrides:
         """Parse a Kineto Chrome-trace JSON file (``torch.profiler`` ``export_chrome_trace``)."""
-        with open(path, encoding="utf-8") as f:
+        with Path(path).open(encoding="utf-8") as f:
             data = json.load(f)
         events = data["traceEvents"] if isinstance(data, Mapping) else data
         ops: dict[Any, tuple[str, tuple | None]] = {}

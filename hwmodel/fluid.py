@@ -295,7 +295,7 @@ class FluidSystem:
             return
         self._attach(act, now)
 
-    def _attach(self, act: Activity, now: float) -> None:
+    def _attach(self, act: Activity, now: float) -> None:  # noqa: C901
         """Put ``act`` (progress settled at ``now``) into the class of its resources and bound."""
         key = act._key
         c = self._classes.get(key)
@@ -518,7 +518,7 @@ class FluidSystem:
             # simultaneous starts and ends are solved once.
             self.env.timeout(0).callbacks.append(self._solve_dirty)
 
-    def _solve_dirty(self, _ev: object = None) -> None:
+    def _solve_dirty(self, _ev: object = None) -> None:  # noqa: C901
         self._solve_pending = False
         now = self.env.now
         seed_res, seed_cls = self._seed_res, self._seed_cls
@@ -808,7 +808,7 @@ def _parts(S: dict[_Class, None], A: dict[Resource, None]
     return parts
 
 
-def _fill(S: dict[_Class, None], T: dict[Resource, None], A: dict[Resource, None]
+def _fill(S: dict[_Class, None], T: dict[Resource, None], A: dict[Resource, None]  # noqa: C901
           ) -> tuple[dict[_Class, float], dict[Resource, float]]:
     """Progressive filling (SimGrid ``maxmin_solve``) over the classes ``S`` and the constraints
     ``A``, the classes outside ``S`` held at their rates: each resource offers what they leave of

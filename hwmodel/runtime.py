@@ -153,7 +153,7 @@ class Runtime:
         self._sends: dict[tuple[int, int, str], deque] = defaultdict(deque)
         self._recvs: dict[tuple[int, int, str], deque] = defaultdict(deque)
         self._procs: list[tuple[int, str, simpy.Process]] = []
-        self._rank_end: dict[int, float] = {r: 0.0 for r in self.programs}
+        self._rank_end: dict[int, float] = dict.fromkeys(self.programs, 0.0)
         self._copy_engines: dict[str, simpy.Resource] = {}
         self.mirror = mirror
         self._mirror_cache: dict[tuple[int, ...], list[tuple[tuple[int, ...], tuple[str, ...]]]] = {}

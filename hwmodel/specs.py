@@ -410,7 +410,7 @@ def _keys_for(cls: type) -> tuple[dict[str, _Conv], dict[str, float]]:
     raise TypeError(f"not a spec class: {cls!r}")
 
 
-def _convert(cls: type, table: Mapping[str, Any], where: str) -> tuple[dict[str, Any], dict[str, str]]:
+def _convert(cls: type, table: Mapping[str, Any], where: str) -> tuple[dict[str, Any], dict[str, str]]:  # noqa: C901
     """File keys (human units, or SI field names) -> (SI fields, sources keyed by SI field name).
 
     Unknown keys and non-numbers raise ValueError naming the key and listing the allowed keys;

@@ -110,7 +110,7 @@ def _us(ns: int) -> float:
     return ns / 1000
 
 
-def _event_record(ev: Any, collective_dtype: str) -> tuple[str, str, dict]:
+def _event_record(ev: Any, collective_dtype: str) -> tuple[str, str, dict]:  # noqa: C901
     """(name, cat, args) for one trace event."""
     category = ev.category
     info = tuple(getattr(ev, "info", ()) or ())
@@ -186,7 +186,7 @@ def _link_counters(link_series: Any, max_links: int | None) -> list[tuple[str, l
     return out
 
 
-def to_chrome_trace(events: Iterable[Any], *, link_series: Any = None, metadata: Mapping | None = None,
+def to_chrome_trace(events: Iterable[Any], *, link_series: Any = None, metadata: Mapping | None = None,  # noqa: C901
                     ranks: Iterable[int] | None = None,
                     iterations: Sequence[tuple[float, float]] | None = None,
                     max_links: int | None = None, collective_dtype: str = "bf16",

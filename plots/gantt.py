@@ -127,7 +127,7 @@ class GanttInfo:
         return len(self.lanes)
 
 
-def plot_gantt(events: Iterable[Any], path: str | Path, *, ranks: Iterable[int] | None = None,
+def plot_gantt(events: Iterable[Any], path: str | Path, *, ranks: Iterable[int] | None = None,  # noqa: C901
                max_ranks: int = 16, title: str = "", time_unit: str = "ms", dpi: int = 120,
                t_range_s: tuple[float, float] | None = None) -> GanttInfo:
     """Draw the run's timeline to a PNG.

@@ -18,8 +18,8 @@ print, each failed row shows its error, and stderr names the first).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
+from pathlib import Path
 
 from scenarios.cli import UserError
 
@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.workers < 1:
         raise UserError(f"--workers must be >= 1, got {args.workers}")
-    name = None if args.scenario == "default" and not os.path.exists("default") else args.scenario
+    name = None if args.scenario == "default" and not Path("default").exists() else args.scenario
     sweep = load_sweep(name, args.vary, args.overrides)
     # Check that the base and every point parse before spending time simulating.
     from scenarios.sweep import point_scenario
@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     print(format_rows(sweep, rows))
     written = []
     if args.json:
-        doc = {"sweep": sweep.name, "source_scenario": sweep.base, "vary": {k: v for k, v in sweep.vary},
+        doc = {"sweep": sweep.name, "source_scenario": sweep.base, "vary": dict(sweep.vary),
                "rows": [r.to_json() for r in rows]}
         written.append(write_json(args.json, doc))
     if args.plot:

@@ -137,7 +137,7 @@ def _memory_lines(mem: Mapping[str, Any] | None, oom: bool) -> list[str]:
     fp8 = mem.get("fp8_weights_bytes", 0.0)
     total = fp8 + sum(mem[k] for k in ("parameters_bytes", "gradients_bytes", "optimizer_states_bytes",
                                        "activations_bytes", "workspace_bytes"))
-    lines = [f"Memory per GPU (peak, busiest pipeline stage): {'OOM' if oom else 'fits'}",
+    return [f"Memory per GPU (peak, busiest pipeline stage): {'OOM' if oom else 'fits'}",
              f"  parameters {_gb(mem['parameters_bytes'])}, gradients {_gb(mem['gradients_bytes'])}, "
              f"optimizer states {_gb(mem['optimizer_states_bytes'])}, activations {_gb(mem['activations_bytes'])}"
              + (f", fp8 weight copies {_gb(fp8)}" if fp8 else "")
@@ -145,7 +145,6 @@ def _memory_lines(mem: Mapping[str, Any] | None, oom: bool) -> list[str]:
              f"  total {_gb(total)} of {_gb(mem['hbm_capacity_bytes'])} HBM "
              f"({100 * total / mem['hbm_capacity_bytes']:.0f} %)",
              f"  verdict: {mem['verdict']}"]
-    return lines
 
 
 def format_memory_only(prep: Any, memory: Any) -> str:

@@ -397,7 +397,8 @@ def model_flops(prep: Prepared, trace) -> tuple[float, float, str]:
     cfg, mc = prep.config, prep.model_cfg
     gbs = cfg.global_batch_size
     if getattr(mc, "architecture", "") == "gpt" and mc.ffn_hidden_size == 4 * mc.hidden_size:
-        args = dict(batch=gbs, seq=mc.seq_length, layers=mc.num_layers, hidden=mc.hidden_size, vocab=mc.vocab_size)
+        args = {"batch": gbs, "seq": mc.seq_length, "layers": mc.num_layers, "hidden": mc.hidden_size,
+                "vocab": mc.vocab_size}
         model = megatron_flops_per_iteration(full_recompute=False, **args)
         hw = megatron_flops_per_iteration(full_recompute=cfg.recompute_granularity == "full", **args)
         if cfg.recompute_granularity == "selective":  # the attention core's QK^T and AV again

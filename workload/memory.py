@@ -396,7 +396,7 @@ class MemoryBreakdown:
         return f"OOM: needs {_fmt(need)} > {_fmt(cap)} HBM ({parts}; stage {self.stage})"
 
 
-def memory_per_gpu(model_cfg: Any, *, tp: int = 1, pp: int = 1, dp: int = 1, cp: int = 1, ep: int = 1,
+def memory_per_gpu(model_cfg: Any, *, tp: int = 1, pp: int = 1, dp: int = 1, cp: int = 1, ep: int = 1,  # noqa: C901
                    micro_batch_size: int = 1, num_microbatches_in_flight: int | None = None,
                    num_microbatches: int | None = None, virtual_pipeline_size: int = 1,
                    sequence_parallel: bool = False, recompute: str = "none", zero_stage: int = 0,

@@ -585,14 +585,15 @@ class _Recorder(TorchDispatchMode):
             nbytes = float(_nbytes(args[1]) + 2 * sum(map(_nbytes, outs)))
         idx = len(self.ops)
         self.tracker.ops += 1
-        self.ops.append(dict(
-            name=f"{func.namespace}.{name}", kind=kind, phase=self.phase, layer=self._layer(), flops=model_flops,
-            kernel_flops=flops, bytes=nbytes,
-            dtype=dtype_name(floats[0].dtype) if floats else dtype_name((ins + outs)[0].dtype),
-            shape=tuple(int(s) for s in shape), causal=causal,
-            in_shapes=tuple(tuple(t.shape) for t in ins), out_shapes=tuple(tuple(t.shape) for t in outs),
-            deps=tuple(sorted({d for d in (self.producer.get(t) for t in ins) if d is not None})),
-        ))
+        self.ops.append({
+            "name": f"{func.namespace}.{name}", "kind": kind, "phase": self.phase, "layer": self._layer(),
+            "flops": model_flops,
+            "kernel_flops": flops, "bytes": nbytes,
+            "dtype": dtype_name(floats[0].dtype) if floats else dtype_name((ins + outs)[0].dtype),
+            "shape": tuple(int(s) for s in shape), "causal": causal,
+            "in_shapes": tuple(tuple(t.shape) for t in ins), "out_shapes": tuple(tuple(t.shape) for t in outs),
+            "deps": tuple(sorted({d for d in (self.producer.get(t) for t in ins) if d is not None})),
+        })
         for o in outs:
             self.producer[o] = idx
         return out
@@ -714,7 +715,7 @@ def _default_loss(out: Any) -> torch.Tensor:
                      f"pass loss_fn=")
 
 
-def trace_model(
+def trace_model(  # noqa: C901
     model: nn.Module,
     inputs: Sequence[Any] | dict[str, Any] | None = None,
     *,
@@ -908,10 +909,7 @@ def _trace_adamw(rec: _Recorder, params: list[tuple[str, nn.Parameter]], master_
     for name, p in params:
         if p.grad is None:
             continue
-        if p.dtype != master_dtype:
-            master = nn.Parameter(torch.empty(p.shape, dtype=master_dtype, device="meta"))
-        else:
-            master = p
+        master = nn.Parameter(torch.empty(p.shape, dtype=master_dtype, device="meta")) if p.dtype != master_dtype else p
         master.grad = torch.empty(p.shape, dtype=master_dtype, device="meta")
         # Megatron: no weight decay on biases and norm weights (1-D parameters).
         opt = torch.optim.AdamW([master], lr=1e-4, weight_decay=weight_decay if p.dim() > 1 else 0.0,
@@ -977,7 +975,7 @@ def _annotate(raw: list[dict], idx: list[int], attr: str,
     return out
 
 
-def _assemble(raw: list[dict], num_blocks: int, attr: str, block_inputs: set[int] | None = None,
+def _assemble(raw: list[dict], num_blocks: int, attr: str, block_inputs: set[int] | None = None,  # noqa: C901
               block_names: list[str] | None = None) -> OpGraph:
     """Turn recorded op dicts into an :class:`OpGraph`, cloning block 0 ``num_blocks`` times if > 0
     (else annotating blocks by ``block_names``, see :func:`_annotate`).

@@ -479,9 +479,8 @@ def _search(speeds, max_bw: float, total_bw: float, fit) -> tuple[int, float]:
     for i in range(start, len(speeds)):
         s = speeds[i]
         n = fit(s)
-        if n * s > best_n * best_s + _EPS or best_n == 0:
-            if n > 0:
-                best_n, best_s = n, s
+        if (n * s > best_n * best_s + _EPS or best_n == 0) and n > 0:
+            best_n, best_s = n, s
         if best_n and best_n * best_s >= total_bw - _EPS:
             break
         if best_n and i + 1 < len(speeds) and speeds[i + 1] / best_s <= 0.49:

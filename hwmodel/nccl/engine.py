@@ -698,8 +698,5 @@ def _binary_tree(n: int) -> list[tuple[int, int]]:
 def _double_binary_tree(n: int) -> list[list[tuple[int, int]]]:
     """Tree 0 and tree 1 (mirror when n is even, shifted by one when odd) (``ncclGetDtree``)."""
     t0 = _binary_tree(n)
-    if n % 2 == 0:
-        t1 = [(n - 1 - c, n - 1 - p) for c, p in t0]
-    else:
-        t1 = [((c + 1) % n, (p + 1) % n) for c, p in t0]
+    t1 = [(n - 1 - c, n - 1 - p) for c, p in t0] if n % 2 == 0 else [((c + 1) % n, (p + 1) % n) for c, p in t0]
     return [t0, t1]

@@ -253,8 +253,7 @@ def _parse_list(value: _Names, allowed: tuple[str, ...], what: str) -> frozenset
     for x in items:
         if x not in allowed:
             raise ValueError(f"unknown NCCL {what} {x!r}; allowed: {', '.join(allowed)}")
-    chosen = frozenset(allowed) - frozenset(items) if exclude else frozenset(items)
-    return chosen
+    return frozenset(allowed) - frozenset(items) if exclude else frozenset(items)
 
 
 def set_default_overrides(algo: _Names = None, proto: _Names = None) -> None:
@@ -384,12 +383,10 @@ def is_enabled(coll: str, algo: str, proto: str, topo: CommTopology) -> bool:
         return False
     if algo == "nvls_tree" and (coll != "all_reduce" or proto != "simple" or not topo.nvls_tree_available):
         return False
-    if proto == "ll128" and not topo.ll128_enabled:
-        return False
-    return True
+    return not (proto == "ll128" and not topo.ll128_enabled)
 
 
-def _model(coll: str, algo: str, proto: str, topo: CommTopology) -> tuple[float, float, float]:
+def _model(coll: str, algo: str, proto: str, topo: CommTopology) -> tuple[float, float, float]:  # noqa: C901
     """(latency µs, bus bandwidth GB/s before conversion, algorithm bandwidth GB/s) from
     ``ncclTopoTuneModel`` (tuning.cc 2.30.7). Assumes :func:`is_enabled`."""
     n = topo.n_ranks

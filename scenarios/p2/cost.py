@@ -87,10 +87,7 @@ class QuickCost:
         app = getattr(spec, "nccl_nvlink_bandwidth_per_link_Bps", 0) or 0
         nvl_eff = app / line if line and app else DEFAULT_NVLINK_EFFICIENCY
         n0 = topology.gpus_of_node(0)
-        if len(n0) > 1:
-            intra = topology.bottleneck_Bps(topology.route(n0[0], n0[1])) * nvl_eff
-        else:
-            intra = float("inf")
+        intra = topology.bottleneck_Bps(topology.route(n0[0], n0[1])) * nvl_eff if len(n0) > 1 else float("inf")
         nics = {topology.graph.nodes[g].get("nic") for g in n0} - {None}
         nic_bw = 25e9
         if topology.num_nodes > 1:

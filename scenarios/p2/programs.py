@@ -85,10 +85,7 @@ class Step:
 
     def label(self, level_names: Sequence[str] | None = None) -> str:
         """E.g. ``ReduceScatter(gpu, InsideGroup)``; slice levels by name when given."""
-        if level_names is None:
-            sl = f"{self.lo}:{self.hi}"
-        else:
-            sl = "+".join(level_names[self.lo:self.hi])
+        sl = f"{self.lo}:{self.hi}" if level_names is None else "+".join(level_names[self.lo:self.hi])
         return f"{self.op}({sl}, {self.form})"
 
 
@@ -214,7 +211,7 @@ class SynthSpace:
         """Chunks member ``t`` holds."""
         return tuple(c for c, m in enumerate(state[t]) if m)
 
-    def apply(self, state: State, step: Step) -> State:
+    def apply(self, state: State, step: Step) -> State:  # noqa: C901
         """The state after ``step``.
 
         Raises:

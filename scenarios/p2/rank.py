@@ -76,10 +76,7 @@ def lower_steps(placement: Placement, reduce: Sequence[str], program: Sequence[S
         comms = []
         for comm in space.communicators(step):
             m = len(comm)
-            if step.op == "AllGather":
-                nbytes = m * h[comm[0]] * chunk
-            else:
-                nbytes = h[comm[0]] * chunk
+            nbytes = m * h[comm[0]] * chunk if step.op == "AllGather" else h[comm[0]] * chunk
             nbytes = max(1, int(round(nbytes)))
             for g in groups:
                 comms.append((tuple(g[t] for t in comm), nbytes))

@@ -27,7 +27,7 @@ GPU_OF_ROW = {"NVIDIA A100 SXM": "A100-SXM4-80GB", "NVIDIA H100 SXM": "H100-SXM5
 
 
 def rows(subtable_prefix: str) -> list[dict]:
-    with open(KERNELS_CSV, newline="", encoding="utf-8") as f:
+    with Path(KERNELS_CSV).open(newline="", encoding="utf-8") as f:
         return [r for r in csv.DictReader(f) if r["subtable"].startswith(subtable_prefix)]
 
 

@@ -15,10 +15,10 @@ from workload.memory import (
 # Korthikanti et al. 2022 Table 3 (also in the project's validation/korthikanti2022.csv): heads, hidden,
 # layers, TP, PP, micro-batch; all s = 2048, V = 51200, trained on A100 80GB.
 KORTHIKANTI = {
-    "22B": dict(a=64, h=6144, L=48, t=8, p=1, b=4, v=1),
-    "175B": dict(a=96, h=12288, L=96, t=8, p=8, b=1, v=3),
-    "530B": dict(a=128, h=20480, L=105, t=8, p=35, b=1, v=3),
-    "1T": dict(a=160, h=25600, L=128, t=8, p=64, b=1, v=1),
+    "22B": {"a": 64, "h": 6144, "L": 48, "t": 8, "p": 1, "b": 4, "v": 1},
+    "175B": {"a": 96, "h": 12288, "L": 96, "t": 8, "p": 8, "b": 1, "v": 3},
+    "530B": {"a": 128, "h": 20480, "L": 105, "t": 8, "p": 35, "b": 1, "v": 3},
+    "1T": {"a": 160, "h": 25600, "L": 128, "t": 8, "p": 64, "b": 1, "v": 1},
 }
 S, V = 2048, 51200
 A100_80GB = 80e9
@@ -205,11 +205,11 @@ def test_fits_accepts_a_gpu_spec():
 
 
 @pytest.mark.parametrize("kw, match", [
-    (dict(recompute="some"), "recompute"),
-    (dict(zero_stage=4), "zero_stage"),
-    (dict(tp=7), "tp"),
-    (dict(pp=97), "pp"),
-    (dict(dp=0), "dp"),
+    ({"recompute": "some"}, "recompute"),
+    ({"zero_stage": 4}, "zero_stage"),
+    ({"tp": 7}, "tp"),
+    ({"pp": 97}, "pp"),
+    ({"dp": 0}, "dp"),
 ])
 def test_bad_arguments_raise(kw, match):
     with pytest.raises(ValueError, match=match):
@@ -243,8 +243,8 @@ def test_fp8_memory_per_gpu_llama3_70b():
     m = get_model_config("llama3-70b")
     h, f, kv, s = m.hidden_size, m.ffn_hidden_size, m.hidden_size * m.num_query_groups // m.num_attention_heads, \
         m.seq_length
-    kw = dict(tp=8, pp=4, dp=2, sequence_parallel=True, recompute="selective", num_microbatches=32,
-              virtual_pipeline_size=4, flash_attention=True, stage=0)
+    kw = {"tp": 8, "pp": 4, "dp": 2, "sequence_parallel": True, "recompute": "selective", "num_microbatches": 32,
+              "virtual_pipeline_size": 4, "flash_attention": True, "stage": 0}
     bf16, fp8 = memory_per_gpu(m, **kw), memory_per_gpu(m, fp8=True, **kw)
     linear = h * (h + 2 * kv) + h * h + 3 * h * f
     assert fp8.fp8_weights == pytest.approx(2 * 20 * linear / 8, rel=1e-12)
@@ -271,7 +271,7 @@ def test_uneven_stages_scale_the_first_stage_with_its_layers():
 
     m = get_model_config("llama3-70b")
     counts = parameter_count(m)
-    kw = dict(tp=8, pp=4, sequence_parallel=True, recompute="selective", num_microbatches=32, stage=0)
+    kw = {"tp": 8, "pp": 4, "sequence_parallel": True, "recompute": "selective", "num_microbatches": 32, "stage": 0}
     even = memory_per_gpu(m, **kw)
     uneven = memory_per_gpu(m, stage_layers=[35, 5, 5, 35], **kw)
     embedding = counts.embedding / 8  # vocabulary-parallel
@@ -325,7 +325,7 @@ def test_dropout_zero_stores_no_masks(model):
     def ours(**kw):
         return activation_bytes_per_layer(s, b, h, a, **kw)
 
-    off = dict(hidden_dropout=0.0, attention_dropout=0.0)
+    off = {"hidden_dropout": 0.0, "attention_dropout": 0.0}
     assert ours(**off) == pytest.approx(s * b * h * (32 + 2 * a * s / h), rel=1e-12)
     assert ours(tp=t, **off) == pytest.approx(s * b * h * (8 + 24 / t + 2 * a * s / (h * t)), rel=1e-12)
     assert ours(tp=t, sequence_parallel=True, **off) == pytest.approx(s * b * h / t * (32 + 2 * a * s / h),
@@ -351,7 +351,7 @@ def test_dropout_read_from_the_model_config():
     off.hidden_dropout = off.attention_dropout = 0.0
     assert TransformerShape.of(on).hidden_dropout == 0.1 == TransformerShape.of(on).attention_dropout
     assert TransformerShape.of({**vars(on), "resid_pdrop": 0.0, "attn_pdrop": 0.0}) == TransformerShape.of(off)
-    kw = dict(tp=t, pp=8, sequence_parallel=True, recompute="selective", stage=0)
+    kw = {"tp": t, "pp": 8, "sequence_parallel": True, "recompute": "selective", "stage": 0}
     a_on, a_off = memory_per_gpu(on, **kw), memory_per_gpu(off, **kw)
     assert a_on.detail["activation_bytes_per_layer"] == 34 * s * h / t
     assert a_off.detail["activation_bytes_per_layer"] == 32 * s * h / t

@@ -33,10 +33,10 @@ def test_expert_groups_carved_from_dp():
 
 
 @pytest.mark.parametrize("kwargs, world, msg", [
-    (dict(tensor_model_parallel_size=3), 8, "world_size=8 is not divisible"),
-    (dict(data_parallel_size=3), 8, "world_size=8"),
-    (dict(micro_batch_size=2, global_batch_size=6), 2, "global_batch_size=6 is not divisible"),
-    (dict(pipeline_model_parallel_size=2, virtual_pipeline_model_parallel_size=2, global_batch_size=3), 2,
+    ({"tensor_model_parallel_size": 3}, 8, "world_size=8 is not divisible"),
+    ({"data_parallel_size": 3}, 8, "world_size=8"),
+    ({"micro_batch_size": 2, "global_batch_size": 6}, 2, "global_batch_size=6 is not divisible"),
+    ({"pipeline_model_parallel_size": 2, "virtual_pipeline_model_parallel_size": 2, "global_batch_size": 3}, 2,
      "multiple of pipeline_model_parallel_size=2"),
 ])
 def test_resolve_errors_name_fields(kwargs, world, msg):
@@ -45,12 +45,12 @@ def test_resolve_errors_name_fields(kwargs, world, msg):
 
 
 @pytest.mark.parametrize("kwargs, msg", [
-    (dict(recompute_granularity="fulll"), "recompute_granularity.*none, selective, full"),
-    (dict(sequence_parallel=True), "sequence_parallel"),
-    (dict(zero_stage=4), "zero_stage"),
-    (dict(tensor_model_parallel_size=0), "tensor_model_parallel_size"),
-    (dict(rank_order="tp-dp-pp"), "rank_order"),
-    (dict(virtual_pipeline_model_parallel_size=2), "pipeline_model_parallel_size > 1"),
+    ({"recompute_granularity": "fulll"}, "recompute_granularity.*none, selective, full"),
+    ({"sequence_parallel": True}, "sequence_parallel"),
+    ({"zero_stage": 4}, "zero_stage"),
+    ({"tensor_model_parallel_size": 0}, "tensor_model_parallel_size"),
+    ({"rank_order": "tp-dp-pp"}, "rank_order"),
+    ({"virtual_pipeline_model_parallel_size": 2}, "pipeline_model_parallel_size > 1"),
 ])
 def test_field_errors(kwargs, msg):
     with pytest.raises(ValueError, match=msg):

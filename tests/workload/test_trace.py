@@ -18,9 +18,9 @@ SC21_TABLE1 = [("gpt-1.7b", 2304, 24), ("gpt-3.6b", 3072, 30), ("gpt-7.5b", 4096
                ("gpt-310b", 16384, 96), ("gpt-530b", 20480, 105), ("gpt-1t", 25600, 128)]
 V, S = 51200, 2048
 
-TINY_GPT = dict(num_layers=3, hidden_size=128, num_attention_heads=4, seq_length=64, vocab_size=512)
-TINY_LLAMA = dict(num_layers=3, hidden_size=128, num_attention_heads=4, num_query_groups=2,
-                  ffn_hidden_size=256, seq_length=64, vocab_size=512)
+TINY_GPT = {"num_layers": 3, "hidden_size": 128, "num_attention_heads": 4, "seq_length": 64, "vocab_size": 512}
+TINY_LLAMA = {"num_layers": 3, "hidden_size": 128, "num_attention_heads": 4, "num_query_groups": 2,
+                  "ffn_hidden_size": 256, "seq_length": 64, "vocab_size": 512}
 
 
 @pytest.fixture(scope="module")

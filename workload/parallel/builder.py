@@ -129,10 +129,7 @@ def _convert(o) -> object:
     op = o.name[len(COLLECTIVE_PREFIX):].split(".")[0] if o.name.startswith(COLLECTIVE_PREFIX) else ""
     if op in TRACED_COLLECTIVES:
         eb = ELEM_BYTES.get(o.dtype, 2)
-        if op == "all_gather":
-            size = math.prod(o.out_shapes[0]) * eb
-        else:
-            size = math.prod(o.in_shapes[0]) * eb
+        size = math.prod(o.out_shapes[0]) * eb if op == "all_gather" else math.prod(o.in_shapes[0]) * eb
         return ("coll", op, int(size), "ep" if op == "all_to_all" else "tp", o.dtype)
     return o.to_compute()
 
@@ -438,7 +435,7 @@ class RankBuilder:
                                                      name=f"dp_grad_bucket{i}"), "dp", (after,)))
 
     # -- the iteration -------------------------------------------------------------------------------
-    def build(self, p: int, v: int, m: int) -> Program:
+    def build(self, p: int, v: int, m: int) -> Program:  # noqa: C901
         cfg, s = self.cfg, self.c["pp"]
         self.plan_buckets()
         if self.zero in (1, 2) and cfg.overlap_param_gather:

@@ -111,7 +111,7 @@ class ParallelConfig:
         gbs = self.global_batch_size or self.micro_batch_size * self.dp
         return gbs // (self.micro_batch_size * self.dp)
 
-    def __post_init__(self) -> None:
+    def __post_init__(self) -> None:  # noqa: C901
         for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
                      "expert_model_parallel_size", "micro_batch_size"):
             v = getattr(self, name)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 from typing import Any
 
 from workload.zoo.config import TransformerConfig
@@ -31,13 +32,13 @@ def config_from_hf(source: str | os.PathLike | dict[str, Any], *, name: str | No
     where = "Hugging Face config"
     if isinstance(source, dict):
         d = source
-    elif str(source).endswith(".json") or os.path.isfile(os.path.join(source, "config.json")):
-        path = source if str(source).endswith(".json") else os.path.join(source, "config.json")
-        if os.path.isdir(path) or not os.path.exists(path):
+    elif str(source).endswith(".json") or (Path(source) / "config.json").is_file():
+        path = Path(source) if str(source).endswith(".json") else Path(source) / "config.json"
+        if path.is_dir() or not path.exists():
             raise FileNotFoundError(f"Hugging Face config file not found: {path}")
-        where = f"Hugging Face config {os.fspath(path)}"
+        where = f"Hugging Face config {path}"
         try:
-            with open(path, encoding="utf-8") as f:
+            with path.open(encoding="utf-8") as f:
                 d = json.load(f)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ValueError(f"{where}: malformed JSON: {e}") from None

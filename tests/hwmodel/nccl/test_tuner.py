@@ -237,7 +237,7 @@ def test_p2p_helpers(a100x1, a100x16):
 
 
 def test_efficiency_constants():
-    assert T.PROTOCOL_EFFICIENCY == {"ll": 0.5, "ll128": pytest.approx(0.9375), "simple": 1.0}
+    assert {"ll": 0.5, "ll128": pytest.approx(0.9375), "simple": 1.0} == T.PROTOCOL_EFFICIENCY
     assert T.NVLINK_APP_EFFICIENCY["ampere"] == pytest.approx(0.8)
     assert T.NVLINK_APP_EFFICIENCY["hopper"] == pytest.approx(0.824)
     assert 0.92 <= T.IB_APP_EFFICIENCY <= 0.96
