@@ -2,9 +2,10 @@
 
 One long-lived SimPy process per (rank, stream) consumes that stream's tasks in order -- measured ~10x
 faster than a process per kernel. A task starts when (1) the previous task on its stream is done,
-(2) the tasks in its ``deps`` are done (CUDA events), and (3) the host has issued it: the host thread of
-each rank issues tasks in program order, ``host_launch_overhead_s`` apart, and runs ahead of the GPU
-as CUDA's asynchronous launch queue allows.
+(2) the tasks in its ``deps`` are done (CUDA events), and (3) the host has issued it. The host is not
+simulated as a thread: task ``id`` of a rank (ids in program order) is issued at the fixed time
+``(id + 1) * host_launch_overhead_s``, whatever the GPU does -- an unbounded launch queue that never
+makes the host wait, so launch overhead shows only where the GPU would otherwise get ahead of it.
 
 Collectives are matched across the ranks of their communicator by sequence number on that
 communicator, as NCCL does. An NCCL kernel launches when its stream reaches it and holds its channels'
@@ -18,13 +19,28 @@ naming the ranks and tasks involved -- never a hang.
 from __future__ import annotations
 
 from collections import defaultdict, deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import simpy
 
 from hwmodel.cluster import Cluster
+from hwmodel.events import (  # re-exported: the trace's record types belong to the runtime's API
+    CollectiveInfo,
+    EventInfo,
+    KernelInfo,
+    MacroInfo,
+    MemcpyInfo,
+    P2PInfo,
+    TraceEvent,
+)
 from hwmodel.ir import Collective, Compute, Memcpy, Program, SendRecv, Task
+
+__all__ = [
+    "DEFAULT_HOST_LAUNCH_OVERHEAD_S", "PROGRESS_EVERY_TASKS", "CollectiveInfo", "CollectiveMismatchError",
+    "DeadlockError", "EventInfo", "KernelInfo", "MacroInfo", "MemcpyInfo", "P2PInfo", "RunResult", "Runtime",
+    "TraceEvent",
+]
 
 
 class DeadlockError(RuntimeError):
@@ -41,33 +57,8 @@ was found: the reference notes "a few µs" for the launch itself (hardware_nccl.
 eager dispatch adds more. Uncertain; a scenario can change it."""
 
 
-@dataclass(frozen=True, slots=True)
-class TraceEvent:
-    """One executed task: where and when it ran. Times in seconds."""
-
-    rank: int
-    stream: str
-    task_id: int
-    name: str
-    category: str
-    """kernel kind for Compute, ``nccl:<op>`` for collectives, ``send``/``recv``, ``memcpy``."""
-    start_s: float
-    end_s: float
-    phase: str = ""
-    layer: str = ""
-    info: tuple = ()
-    """Extra details: (algorithm, protocol, channels, size_bytes) for collectives; (flops, solo time)
-    for kernels, followed for a hierarchical macro task by its ``pass_profile_s`` (the pass's split
-    into compute and communication)."""
-    xfer_start_s: float | None = None
-    """Communication only: when data started to move (every peer had arrived). Before it the task
-    waited for its peers -- idle or pipeline bubble, not communication."""
-    dtype: str | None = None
-    """Collectives only: the element type reduced or moved (``Collective.dtype``)."""
-
-    @property
-    def duration_s(self) -> float:
-        return self.end_s - self.start_s
+PROGRESS_EVERY_TASKS = 1024
+""":meth:`Runtime.run` reports progress after every this many finished tasks (and at the end)."""
 
 
 @dataclass(slots=True)
@@ -161,10 +152,18 @@ class Runtime:
         self._sim_nodes = {topo.node_of(self.placement[r]) for r in self.programs}
         self.mirrored_activities = 0
         self._mirror_plans: dict[tuple, list] = {}
+        self._tasks_done = 0
+        self._tasks_total = 0
+        self._progress: Callable[[int, int], None] | None = None
 
     # -- public -------------------------------------------------------------------------------
-    def run(self) -> RunResult:
+    def run(self, *, progress: Callable[[int, int], None] | None = None) -> RunResult:
         """Simulate until every program has finished.
+
+        Args:
+            progress: called as ``progress(tasks_done, tasks_total)`` after every
+                :data:`PROGRESS_EVERY_TASKS` finished tasks and once at the end (e.g. to drive a
+                progress bar); it must not touch the simulation.
 
         Raises:
             DeadlockError: some streams can never proceed.
@@ -180,7 +179,11 @@ class Runtime:
             for stream, tasks in by_stream.items():
                 proc = self.env.process(self._stream(rank, stream, tasks))
                 self._procs.append((rank, stream, proc))
+        self._progress = progress
+        self._tasks_total = sum(len(p.tasks) for p in self.programs.values())
         self.env.run()
+        if progress is not None:
+            progress(self._tasks_done, self._tasks_total)
         stuck = [(r, s) for r, s, p in self._procs if p.is_alive]
         if stuck:
             raise DeadlockError(self._deadlock_report(stuck))
@@ -208,9 +211,7 @@ class Runtime:
                 cost = gpu.cost(op)
                 act = gpu.launch(op, cost)
                 yield act.done
-                info = (op.flops, cost.solo_time_s)
-                if op.kind == "macro":  # a layer pass: its split into compute and communication
-                    info += op.pass_profile_s
+                info = _kernel_info(op, cost.solo_time_s)
                 self.events.append(TraceEvent(rank, stream, t.id, op.name, op.kind, start, env.now,
                                               op.phase, op.layer, info))
             elif isinstance(op, Collective):
@@ -227,6 +228,9 @@ class Runtime:
                 ev.succeed()
             if env.now > self._rank_end[rank]:
                 self._rank_end[rank] = env.now
+            self._tasks_done += 1
+            if self._progress is not None and self._tasks_done % PROGRESS_EVERY_TASKS == 0:
+                self._progress(self._tasks_done, self._tasks_total)
         self._waiting_on.pop((rank, stream), None)
 
     def _collective(self, rank: int, stream: str, t: Task, op: Collective, start: float):
@@ -275,7 +279,7 @@ class Runtime:
         p = rdv.plan
         self.events.append(TraceEvent(rank, stream, t.id, op.name or op.op, f"nccl:{op.op}", start,
                                       self.env.now, "", "",
-                                      (p.algorithm, p.protocol, p.n_channels, op.size_bytes),
+                                      CollectiveInfo(p.algorithm, p.protocol, p.n_channels, op.size_bytes),
                                       rdv.start_time, op.dtype))
 
     def _p2p(self, rank: int, stream: str, t: Task, op: SendRecv, start: float):
@@ -313,7 +317,7 @@ class Runtime:
         xfer_start = yield done
         gpu.release_sms(plan.n_channels)
         self.events.append(TraceEvent(rank, stream, t.id, op.name or op.direction, op.direction, start,
-                                      self.env.now, "", "", (op.peer, op.size_bytes), xfer_start))
+                                      self.env.now, "", "", P2PInfo(op.peer, op.size_bytes), xfer_start))
 
     def _mirrors(self, ranks: tuple[int, ...]) -> list[tuple[str, ...]]:
         """GPU tuples of the mirrors of ``ranks`` worth simulating (see ``mirror``)."""
@@ -354,7 +358,7 @@ class Runtime:
                 act = self.cluster.fs.start(op.size_bytes, {gpu.hbm: 2.0}, name=op.name or "memcpy_d2d")
             yield act.done
         self.events.append(TraceEvent(rank, stream, t.id, op.name or f"memcpy_{op.direction}", "memcpy",
-                                      start, self.env.now, "", "", (op.size_bytes,)))
+                                      start, self.env.now, "", "", MemcpyInfo(op.size_bytes)))
 
     def _deadlock_report(self, stuck: list[tuple[int, str]]) -> str:
         lines = [f"deadlock: {len(stuck)} stream(s) can never finish"]
@@ -375,6 +379,13 @@ class Runtime:
         if len(stuck) > 20:
             lines.append(f"  ... and {len(stuck) - 20} more")
         return "\n".join(lines)
+
+
+def _kernel_info(op: Compute, solo_time_s: float) -> KernelInfo:
+    """A kernel's event details; a macro task's with the split of the pass it stands for."""
+    if op.kind == "macro" and len(op.pass_profile_s) == 4:
+        return MacroInfo(op.flops, solo_time_s, *op.pass_profile_s)
+    return KernelInfo(op.flops, solo_time_s)
 
 
 def _desc(op: Collective) -> str:

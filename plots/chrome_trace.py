@@ -27,6 +27,7 @@ the number of ranks in it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -110,45 +111,56 @@ def _us(ns: int) -> float:
     return ns / 1000
 
 
-def _event_record(ev: Any, collective_dtype: str) -> tuple[str, str, dict]:  # noqa: C901
+def _event_record(ev: Any, collective_dtype: str) -> tuple[str, str, dict]:
     """(name, cat, args) for one trace event."""
     category = ev.category
-    info = tuple(getattr(ev, "info", ()) or ())
-    args: dict[str, Any] = {}
     if category.startswith("nccl:"):
-        op = category[5:]
-        algo, proto, channels, size = (list(info) + [None] * 4)[:4]
-        dtype = getattr(ev, "dtype", None) or collective_dtype
-        name = kineto_kernel_name(op, algo, proto, dtype)
-        args.update({"Collective name": op, "label": ev.name, "dtype": dtype})
-        if algo is not None:
-            args["algorithm"] = algo
-        if proto is not None:
-            args["protocol"] = proto
-        if channels is not None:
-            args["channels"] = channels
-        if size is not None:
-            args["size_bytes"] = size
-            if dtype in _DTYPE_BYTES:
-                args["In msg nelems"] = int(size) // _DTYPE_BYTES[dtype]
-        return name, "kernel", args
+        return _collective_record(ev, category[5:], getattr(ev, "dtype", None) or collective_dtype)
     if category in ("send", "recv"):
-        peer, size = (list(info) + [None, None])[:2]
-        args.update({"Collective name": category, "label": ev.name})
-        if peer is not None:
-            args["peer"] = peer
-        if size is not None:
-            args["size_bytes"] = size
-        return "ncclDevKernel_SendRecv", "kernel", args
+        return _p2p_record(ev)
     if category == "memcpy":
-        direction = ev.name[len("memcpy_"):] if ev.name.startswith("memcpy_") else ""
-        name = _MEMCPY_NAMES.get(direction) or f"Memcpy {ev.name}"
-        args["label"] = ev.name
-        if info:
-            args["size_bytes"] = info[0]
-        return name, "gpu_memcpy", args
-    # A compute kernel.
-    args["kind"] = category
+        return _memcpy_record(ev)
+    return _kernel_record(ev)
+
+
+def _set_present(args: dict[str, Any], **values: Any) -> None:
+    """``args.update`` with the values that are not None."""
+    args.update((k, v) for k, v in values.items() if v is not None)
+
+
+def _collective_record(ev: Any, op: str, dtype: str) -> tuple[str, str, dict]:
+    """An NCCL kernel, from a :class:`hwmodel.events.CollectiveInfo` when the event has one."""
+    info = getattr(ev, "info", None)
+    algo, proto = getattr(info, "algorithm", None), getattr(info, "protocol", None)
+    size = getattr(info, "size_bytes", None)
+    args: dict[str, Any] = {"Collective name": op, "label": ev.name, "dtype": dtype}
+    _set_present(args, algorithm=algo, protocol=proto, channels=getattr(info, "channels", None), size_bytes=size)
+    if size is not None and dtype in _DTYPE_BYTES:
+        args["In msg nelems"] = int(size) // _DTYPE_BYTES[dtype]
+    return kineto_kernel_name(op, algo, proto, dtype), "kernel", args
+
+
+def _p2p_record(ev: Any) -> tuple[str, str, dict]:
+    """A send or receive, from a :class:`hwmodel.events.P2PInfo` when the event has one."""
+    info = getattr(ev, "info", None)
+    args: dict[str, Any] = {"Collective name": ev.category, "label": ev.name}
+    _set_present(args, peer=getattr(info, "peer", None), size_bytes=getattr(info, "size_bytes", None))
+    return "ncclDevKernel_SendRecv", "kernel", args
+
+
+def _memcpy_record(ev: Any) -> tuple[str, str, dict]:
+    """A copy, from a :class:`hwmodel.events.MemcpyInfo` when the event has one."""
+    direction = ev.name[len("memcpy_"):] if ev.name.startswith("memcpy_") else ""
+    args: dict[str, Any] = {"label": ev.name}
+    _set_present(args, size_bytes=getattr(getattr(ev, "info", None), "size_bytes", None))
+    return _MEMCPY_NAMES.get(direction) or f"Memcpy {ev.name}", "gpu_memcpy", args
+
+
+def _kernel_record(ev: Any) -> tuple[str, str, dict]:
+    """A compute kernel. ``args["info"]`` lists its :class:`hwmodel.events.KernelInfo` fields in
+    declaration order (``[flops, solo_time_s]``, then a macro task's ``pass_*_s``), as earlier trace
+    files did."""
+    args: dict[str, Any] = {"kind": ev.category}
     for key in ("layer", "phase"):
         val = getattr(ev, key, "")
         if val:
@@ -157,8 +169,9 @@ def _event_record(ev: Any, collective_dtype: str) -> tuple[str, str, dict]:  # n
         val = getattr(ev, key, None)
         if val is not None:
             args[key] = val
-    if info:
-        args["info"] = list(info)
+    info = getattr(ev, "info", None)
+    if dataclasses.is_dataclass(info):
+        args["info"] = list(dataclasses.astuple(info))
     return ev.name, "kernel", args
 
 
@@ -186,7 +199,7 @@ def _link_counters(link_series: Any, max_links: int | None) -> list[tuple[str, l
     return out
 
 
-def to_chrome_trace(events: Iterable[Any], *, link_series: Any = None, metadata: Mapping | None = None,  # noqa: C901
+def to_chrome_trace(events: Iterable[Any], *, link_series: Any = None, metadata: Mapping | None = None,
                     ranks: Iterable[int] | None = None,
                     iterations: Sequence[tuple[float, float]] | None = None,
                     max_links: int | None = None, collective_dtype: str = "bf16",
@@ -226,69 +239,16 @@ def to_chrome_trace(events: Iterable[Any], *, link_series: Any = None, metadata:
         present = sorted(keep)
     else:
         present = sorted({e.rank for e in evs})
-
-    trace: list[dict] = []
-    # Lanes: per (rank, stream) a list of [tid, last_end_ns]; overlapping events go to extra lanes.
-    lanes: dict[tuple[int, str], list[list[int]]] = {}
-    used_threads: dict[tuple[int, int], str] = {}
-    evs.sort(key=lambda e: (e.rank, tids[e.stream], e.start_s, e.end_s))
-    for corr, ev in enumerate(evs, start=1):
-        s_ns, e_ns = _ns(ev.start_s), _ns(ev.end_s)
-        if e_ns < s_ns:
-            raise ValueError(f"event {ev.name!r} on rank {ev.rank} ends before it starts "
-                             f"({ev.start_s} > {ev.end_s} s)")
-        key = (ev.rank, ev.stream)
-        base = tids[ev.stream]
-        lane_list = lanes.setdefault(key, [])
-        k = next((i for i, lane in enumerate(lane_list) if lane[1] <= s_ns), len(lane_list))
-        if k == len(lane_list):
-            lane_list.append([base + _OVERLAP_TID_STRIDE * k, 0])
-        lane = lane_list[k]
-        lane[1] = e_ns
-        tid = lane[0]
-        used_threads[(ev.rank, tid)] = ev.stream if k == 0 else f"{ev.stream} (overlap {k})"
-        name, cat, args = _event_record(ev, collective_dtype)
-        args = {"device": ev.rank, "stream": tid, "correlation": corr, "External id": corr, **args}
-        trace.append({"ph": "X", "cat": cat, "name": name, "pid": ev.rank, "tid": tid,
-                      "ts": _us(s_ns), "dur": _us(e_ns - s_ns), "args": args})
-
-    meta: list[dict] = []
-    for r in present:
-        meta.append({"ph": "M", "name": "process_name", "pid": r, "tid": 0, "args": {"name": f"GPU {r}"}})
-        meta.append({"ph": "M", "name": "process_labels", "pid": r, "tid": 0, "args": {"labels": f"GPU {r}"}})
-        meta.append({"ph": "M", "name": "process_sort_index", "pid": r, "tid": 0, "args": {"sort_index": r}})
-    for (r, tid), label in sorted(used_threads.items()):
-        meta.append({"ph": "M", "name": "thread_name", "pid": r, "tid": tid,
-                     "args": {"name": f"stream {tid} {label}"}})
-        meta.append({"ph": "M", "name": "thread_sort_index", "pid": r, "tid": tid,
-                     "args": {"sort_index": tid}})
-
+    trace, used_threads = _task_events(evs, tids, collective_dtype)
+    meta = _gpu_metadata(present, used_threads)
     if iterations:
-        for r in present:
-            meta.append({"ph": "M", "name": "thread_name", "pid": r, "tid": HOST_TID,
-                         "args": {"name": "host"}})
-            for i, (t0, t1) in enumerate(iterations):
-                s_ns, e_ns = _ns(t0), _ns(t1)
-                trace.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{i}", "pid": r,
-                              "tid": HOST_TID, "ts": _us(s_ns), "dur": _us(e_ns - s_ns),
-                              "args": {"External id": 0}})
-
+        meta += [{"ph": "M", "name": "thread_name", "pid": r, "tid": HOST_TID, "args": {"name": "host"}}
+                 for r in present]
+        trace += _iteration_events(present, iterations)
     if link_series is not None:
-        counters = _link_counters(link_series, max_links)
-        if counters:
-            meta.append({"ph": "M", "name": "process_name", "pid": NETWORK_PID, "tid": 0,
-                         "args": {"name": "Network"}})
-            meta.append({"ph": "M", "name": "process_sort_index", "pid": NETWORK_PID, "tid": 0,
-                         "args": {"sort_index": NETWORK_PID}})
-        for label, series in counters:
-            last = None
-            for t, pct in series:
-                if pct == last:
-                    continue
-                last = pct
-                trace.append({"ph": "C", "name": label, "pid": NETWORK_PID, "tid": 0, "ts": _us(_ns(t)),
-                              "args": {"util %": round(pct, 4)}})
-
+        counter_meta, counters = _counter_events(link_series, max_links)
+        meta += counter_meta
+        trace += counters
     doc: dict[str, Any] = {
         "schemaVersion": 1,
         "deviceProperties": [{"id": r, "name": f"GPU {r}"} for r in present],
@@ -300,6 +260,85 @@ def to_chrome_trace(events: Iterable[Any], *, link_series: Any = None, metadata:
     if metadata:
         doc.update(metadata)
     return doc
+
+
+def _task_events(evs: list[Any], tids: Mapping[str, int], collective_dtype: str
+                 ) -> tuple[list[dict], dict[tuple[int, int], str]]:
+    """The complete (``X``) events of the tasks, sorted by (rank, thread, start), and the label of
+    every (rank, tid) used. Overlapping tasks of one stream go to extra lanes (see module doc).
+
+    Raises:
+        ValueError: an event ends before it starts.
+    """
+    trace: list[dict] = []
+    # Lanes: per (rank, stream) a list of [tid, last_end_ns]; overlapping events go to extra lanes.
+    lanes: dict[tuple[int, str], list[list[int]]] = {}
+    used_threads: dict[tuple[int, int], str] = {}
+    evs.sort(key=lambda e: (e.rank, tids[e.stream], e.start_s, e.end_s))
+    for corr, ev in enumerate(evs, start=1):
+        s_ns, e_ns = _ns(ev.start_s), _ns(ev.end_s)
+        if e_ns < s_ns:
+            raise ValueError(f"event {ev.name!r} on rank {ev.rank} ends before it starts "
+                             f"({ev.start_s} > {ev.end_s} s)")
+        lane_list = lanes.setdefault((ev.rank, ev.stream), [])
+        k = next((i for i, lane in enumerate(lane_list) if lane[1] <= s_ns), len(lane_list))
+        if k == len(lane_list):
+            lane_list.append([tids[ev.stream] + _OVERLAP_TID_STRIDE * k, 0])
+        lane = lane_list[k]
+        lane[1] = e_ns
+        tid = lane[0]
+        used_threads[(ev.rank, tid)] = ev.stream if k == 0 else f"{ev.stream} (overlap {k})"
+        name, cat, args = _event_record(ev, collective_dtype)
+        args = {"device": ev.rank, "stream": tid, "correlation": corr, "External id": corr, **args}
+        trace.append({"ph": "X", "cat": cat, "name": name, "pid": ev.rank, "tid": tid,
+                      "ts": _us(s_ns), "dur": _us(e_ns - s_ns), "args": args})
+    return trace, used_threads
+
+
+def _gpu_metadata(present: list[int], used_threads: Mapping[tuple[int, int], str]) -> list[dict]:
+    """Process (one per GPU) and thread (one per stream lane) name and sort-index metadata events."""
+    meta: list[dict] = []
+    for r in present:
+        meta.append({"ph": "M", "name": "process_name", "pid": r, "tid": 0, "args": {"name": f"GPU {r}"}})
+        meta.append({"ph": "M", "name": "process_labels", "pid": r, "tid": 0, "args": {"labels": f"GPU {r}"}})
+        meta.append({"ph": "M", "name": "process_sort_index", "pid": r, "tid": 0, "args": {"sort_index": r}})
+    for (r, tid), label in sorted(used_threads.items()):
+        meta.append({"ph": "M", "name": "thread_name", "pid": r, "tid": tid,
+                     "args": {"name": f"stream {tid} {label}"}})
+        meta.append({"ph": "M", "name": "thread_sort_index", "pid": r, "tid": tid,
+                     "args": {"sort_index": tid}})
+    return meta
+
+
+def _iteration_events(present: list[int], iterations: Sequence[tuple[float, float]]) -> list[dict]:
+    """``ProfilerStep#i`` annotations on the host thread of every GPU process."""
+    out = []
+    for r in present:
+        for i, (t0, t1) in enumerate(iterations):
+            s_ns, e_ns = _ns(t0), _ns(t1)
+            out.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{i}", "pid": r,
+                        "tid": HOST_TID, "ts": _us(s_ns), "dur": _us(e_ns - s_ns), "args": {"External id": 0}})
+    return out
+
+
+def _counter_events(link_series: Any, max_links: int | None) -> tuple[list[dict], list[dict]]:
+    """(metadata of the ``Network`` process, its counter events: one per change of a link's value)."""
+    counters = _link_counters(link_series, max_links)
+    meta = []
+    if counters:
+        meta = [{"ph": "M", "name": "process_name", "pid": NETWORK_PID, "tid": 0, "args": {"name": "Network"}},
+                {"ph": "M", "name": "process_sort_index", "pid": NETWORK_PID, "tid": 0,
+                 "args": {"sort_index": NETWORK_PID}}]
+    out = []
+    for label, series in counters:
+        last = None
+        for t, pct in series:
+            if pct == last:
+                continue
+            last = pct
+            out.append({"ph": "C", "name": label, "pid": NETWORK_PID, "tid": 0, "ts": _us(_ns(t)),
+                        "args": {"util %": round(pct, 4)}})
+    return meta, out
 
 
 def write_chrome_trace(path: str | Path, events: Iterable[Any], **kwargs: Any) -> Path:

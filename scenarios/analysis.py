@@ -6,13 +6,14 @@ Per rank, over the iteration ``[0, T]``:
 * ``exposed_comm_s``: time moving data (collectives, send/recv, copies) with no kernel running.
   A communication task counts from when its data started to move -- time spent waiting for peers is
   not communication;
-* ``bubble_s``: with pipeline parallelism, time with nothing running between the rank's first and last
-  forward/backward kernel (waiting on other stages);
+* ``bubble_s``: with pipeline parallelism, time with nothing running from the start of the iteration
+  to the end of the rank's last forward/backward kernel (waiting on other stages; the warm-up wait
+  of a later stage before its first forward counts as bubble);
 * ``idle_s``: the rest (host launch gaps, waiting for peers outside the pipeline, head and tail).
 
 A macro task of the hierarchical engine (kind ``macro``: one layer pass) stands for kernels *and* the
-layer's tensor/context-parallel collectives. Its ``info`` carries the pass's split measured in the
-engine's step 1 (:class:`scenarios.hierarchical.PassProfile`); it is laid out inside the task's
+layer's tensor/context-parallel collectives. Its ``info`` (a :class:`hwmodel.runtime.MacroInfo`)
+carries the pass's split measured in the engine's step 1 (:class:`scenarios.hierarchical.PassProfile`); it is laid out inside the task's
 interval, scaled to its actual duration: compute from the start, the exposed communication right
 after it, the hidden communication overlapping the end of the compute part. So the breakdown counts
 TP communication as communication, as a per-op run does (where inside the pass it lies is not known;
@@ -29,7 +30,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from hwmodel.runtime import TraceEvent
+from hwmodel.events import KernelInfo, MacroInfo, TraceEvent
 
 COMM_PREFIXES = ("nccl:", "send", "recv", "memcpy")
 
@@ -87,10 +88,11 @@ class RankBreakdown:
 def macro_intervals(ev: TraceEvent) -> tuple[tuple[float, float], tuple[float, float] | None]:
     """(compute interval, communication interval or ``None``) of a hierarchical macro task (see the
     module docstring); a task without a split is all compute."""
-    if ev.category != "macro" or len(ev.info) < 6 or ev.info[2] <= 0:
+    info = ev.info
+    if ev.category != "macro" or not isinstance(info, MacroInfo) or info.pass_time_s <= 0:
         return (ev.start_s, ev.end_s), None
-    total, compute, exposed, hidden = (float(x) for x in ev.info[2:6])
-    k = (ev.end_s - ev.start_s) / total
+    compute, exposed, hidden = info.pass_compute_s, info.pass_exposed_comm_s, info.pass_hidden_comm_s
+    k = (ev.end_s - ev.start_s) / info.pass_time_s
     c_end = min(ev.start_s + compute * k, ev.end_s)
     comm = (c_end - hidden * k, min(c_end + exposed * k, ev.end_s))
     return (ev.start_s, c_end), (comm if comm[1] > comm[0] else None)
@@ -150,8 +152,8 @@ def overlap_stats(events: Iterable[TraceEvent], per_rank: dict[int, RankBreakdow
     solo = actual = 0.0
     n = 0
     for ev in events:
-        if not is_comm(ev) and len(ev.info) >= 2:
-            solo += ev.info[1]
+        if not is_comm(ev) and isinstance(ev.info, KernelInfo):
+            solo += ev.info.solo_time_s
             actual += ev.end_s - ev.start_s
             n += 1
     total = sum(b.comm_total_s for b in per_rank.values())

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from hwmodel.runtime import TraceEvent
+from hwmodel.runtime import CollectiveInfo, KernelInfo, MemcpyInfo, P2PInfo, TraceEvent
 from plots.chrome_trace import (
     NETWORK_PID,
     kineto_kernel_name,
@@ -22,14 +22,14 @@ Ev = TraceEvent  # the runtime's own record
 
 def events():
     return [
-        Ev(0, "compute", 0, "aten.mm", "gemm", 0.0, 1.25e-3, "fwd", "layers.0.mlp"),
+        Ev(0, "compute", 0, "aten.mm", "gemm", 0.0, 1.25e-3, "fwd", "layers.0.mlp", KernelInfo(2e12, 1.0e-3)),
         Ev(0, "compute", 1, "flash_attn_bwd", "attention", 1.25e-3, 2.0e-3, "bwd", "layers.0.attn"),
-        Ev(0, "comm", 2, "dp_grad", "nccl:all_reduce", 1.5e-3, 3.1e-3, info=("ring", "ll", 8, 1 << 20)),
-        Ev(0, "p2p", 3, "act", "send", 0.5e-3, 0.7e-3, info=(1, 4096)),
+        Ev(0, "comm", 2, "dp_grad", "nccl:all_reduce", 1.5e-3, 3.1e-3, info=CollectiveInfo("ring", "ll", 8, 1 << 20)),
+        Ev(0, "p2p", 3, "act", "send", 0.5e-3, 0.7e-3, info=P2PInfo(1, 4096)),
         Ev(1, "compute", 0, "aten.mm", "gemm", 0.7e-3, 1.9e-3, "fwd"),
-        Ev(1, "comm", 1, "dp_grad", "nccl:all_reduce", 2.0e-3, 3.1e-3, info=("ring", "ll", 8, 1 << 20)),
-        Ev(1, "p2p", 2, "act", "recv", 0.1e-3, 0.7e-3, info=(0, 4096)),
-        Ev(1, "copy", 3, "memcpy_h2d", "memcpy", 0.0, 0.3e-3, info=(1 << 16,)),
+        Ev(1, "comm", 1, "dp_grad", "nccl:all_reduce", 2.0e-3, 3.1e-3, info=CollectiveInfo("ring", "ll", 8, 1 << 20)),
+        Ev(1, "p2p", 2, "act", "recv", 0.1e-3, 0.7e-3, info=P2PInfo(0, 4096)),
+        Ev(1, "copy", 3, "memcpy_h2d", "memcpy", 0.0, 0.3e-3, info=MemcpyInfo(1 << 16)),
     ]
 
 
@@ -58,6 +58,10 @@ def test_complete_events_in_microseconds_with_kineto_fields():
     assert ar[0]["args"]["channels"] == 8 and ar[0]["args"]["size_bytes"] == 1 << 20
     memcpy = [e for e in xs if e["cat"] == "gpu_memcpy"]
     assert memcpy and memcpy[0]["name"] == "Memcpy HtoD"
+    assert memcpy[0]["args"]["size_bytes"] == 1 << 16
+    send = [e for e in xs if e["args"].get("Collective name") == "send"]
+    assert send[0]["args"]["peer"] == 1 and send[0]["args"]["size_bytes"] == 4096
+    assert mm["args"]["info"] == [2e12, 1.0e-3]  # KernelInfo's fields in order: flops, solo_time_s
     assert {e["name"] for e in xs if e["args"].get("Collective name") in ("send", "recv")} == {
         "ncclDevKernel_SendRecv"}
 

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from hwmodel.events import CollectiveInfo, P2PInfo
 from plots import busiest_links, plot_breakdown, plot_gantt, plot_link_utilisation, plot_sweep
 from plots.bars import downsample_ranks
 from plots.gantt import category_style, select_ranks
@@ -24,7 +25,7 @@ class Ev:
     end_s: float
     phase: str = ""
     layer: str = ""
-    info: tuple = ()
+    info: object = None
 
 
 def pipeline_events():
@@ -34,13 +35,13 @@ def pipeline_events():
         t0 = mb * 1e-3
         evs.append(Ev(0, "compute", "aten.mm", "gemm", t0, t0 + 0.7e-3, "fwd"))
         evs.append(Ev(0, "compute", "flash_attn", "attention", t0 + 0.7e-3, t0 + 1e-3, "fwd"))
-        evs.append(Ev(0, "p2p", "act", "send", t0 + 1e-3, t0 + 1.1e-3, info=(1, 1 << 20)))
-        evs.append(Ev(1, "p2p", "act", "recv", t0 + 1e-3, t0 + 1.1e-3, info=(0, 1 << 20)))
+        evs.append(Ev(0, "p2p", "act", "send", t0 + 1e-3, t0 + 1.1e-3, info=P2PInfo(1, 1 << 20)))
+        evs.append(Ev(1, "p2p", "act", "recv", t0 + 1e-3, t0 + 1.1e-3, info=P2PInfo(0, 1 << 20)))
         evs.append(Ev(1, "compute", "aten.mm", "gemm", t0 + 1.1e-3, t0 + 2e-3, "fwd"))
     for r in (0, 1):
         evs.append(Ev(r, "compute", "aten.mm_bwd", "gemm", 5.2e-3, 7e-3, "bwd"))
         evs.append(Ev(r, "compute", "layernorm", "norm", 7e-3, 7.3e-3, "bwd"))
-        evs.append(Ev(r, "comm", "dp_grad", "nccl:all_reduce", 6e-3, 8e-3, info=("ring", "ll", 8, 1 << 24)))
+        evs.append(Ev(r, "comm", "dp_grad", "nccl:all_reduce", 6e-3, 8e-3, info=CollectiveInfo("ring", "ll", 8, 1 << 24)))
         evs.append(Ev(r, "compute", "adam", "optimizer", 8e-3, 8.5e-3, "opt"))
     return evs
 

@@ -175,7 +175,7 @@ def test_gemm_overlapped_with_all_reduce_slows_by_the_channels_sm_share_and_wave
         ar = [e for e in res.events if e.rank == 0 and e.category == "nccl:all_reduce"]
         if with_ar:
             assert ar[0].start_s <= ev[0].start_s and ar[0].end_s >= ev[0].end_s
-            assert ar[0].info[2] == 24  # channels = SMs held
+            assert ar[0].info.channels == 24  # channels = SMs held
         return ev[0].duration_s
 
     cost = Cluster(topo).gpus["n0.gpu0"].cost(_gemm())
