@@ -12,9 +12,9 @@ Per rank, over the iteration ``[0, T]``:
 * ``idle_s``: the rest (host launch gaps, waiting for peers outside the pipeline, head and tail).
 
 A macro task of the hierarchical engine (kind ``macro``: one layer pass) stands for kernels *and* the
-layer's tensor/context-parallel collectives. Its ``info`` (a :class:`hwmodel.runtime.MacroInfo`)
-carries the pass's split measured in the engine's step 1 (:class:`scenarios.hierarchical.PassProfile`); it is laid out inside the task's
-interval, scaled to its actual duration: compute from the start, the exposed communication right
+layer's tensor/context-parallel collectives. Its ``info`` (a :class:`hwmodel.events.MacroInfo`)
+carries the pass's split measured in the engine's step 1 (:class:`scenarios.hierarchical.PassProfile`);
+it is laid out inside the task's interval, scaled to its actual duration: compute from the start, the exposed communication right
 after it, the hidden communication overlapping the end of the compute part. So the breakdown counts
 TP communication as communication, as a per-op run does (where inside the pass it lies is not known;
 only the amounts are).

@@ -41,7 +41,8 @@ def pipeline_events():
     for r in (0, 1):
         evs.append(Ev(r, "compute", "aten.mm_bwd", "gemm", 5.2e-3, 7e-3, "bwd"))
         evs.append(Ev(r, "compute", "layernorm", "norm", 7e-3, 7.3e-3, "bwd"))
-        evs.append(Ev(r, "comm", "dp_grad", "nccl:all_reduce", 6e-3, 8e-3, info=CollectiveInfo("ring", "ll", 8, 1 << 24)))
+        evs.append(Ev(r, "comm", "dp_grad", "nccl:all_reduce", 6e-3, 8e-3,
+                      info=CollectiveInfo("ring", "ll", 8, 1 << 24)))
         evs.append(Ev(r, "compute", "adam", "optimizer", 8e-3, 8.5e-3, "opt"))
     return evs
 
