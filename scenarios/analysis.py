@@ -14,10 +14,10 @@ Per rank, over the iteration ``[0, T]``:
 A macro task of the hierarchical engine (kind ``macro``: one layer pass) stands for kernels *and* the
 layer's tensor/context-parallel collectives. Its ``info`` (a :class:`hwmodel.events.MacroInfo`)
 carries the pass's split measured in the engine's step 1 (:class:`scenarios.hierarchical.PassProfile`);
-it is laid out inside the task's interval, scaled to its actual duration: compute from the start, the exposed communication right
-after it, the hidden communication overlapping the end of the compute part. So the breakdown counts
-TP communication as communication, as a per-op run does (where inside the pass it lies is not known;
-only the amounts are).
+it is laid out inside the task's interval, scaled to its actual duration: compute from the start, the
+exposed communication right after it, the hidden communication overlapping the end of the compute part.
+So the breakdown counts TP communication as communication, as a per-op run does (where inside the pass
+it lies is not known; only the amounts are).
 
 They add up to ``T``. Overlap statistics: the share of communication time hidden under compute, and
 how much contention slowed compute: sum of (actual - solo) kernel time over the sum of solo time,
