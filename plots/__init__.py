@@ -4,7 +4,7 @@ Nothing here knows how results were computed or imports SimPy; every function ta
 Matplotlib is used through ``matplotlib.figure.Figure`` only (no pyplot, no global state), writing PNGs.
 
 * :func:`plot_gantt` -- timeline per (GPU, stream).
-* :func:`plot_link_utilisation`, :func:`busiest_links` -- link load.
+* :func:`plot_link_utilisation` -- link load (ranked by :func:`scenarios.metrics.busiest_links`).
 * :func:`plot_breakdown` -- compute / exposed communication / bubble / idle per GPU.
 * :func:`plot_sweep` -- a metric against a swept parameter.
 * :func:`to_chrome_trace`, :func:`write_chrome_trace`, :func:`write_per_rank_traces` -- Kineto-compatible
@@ -14,12 +14,11 @@ Matplotlib is used through ``matplotlib.figure.Figure`` only (no pyplot, no glob
 from plots.bars import plot_breakdown
 from plots.chrome_trace import to_chrome_trace, write_chrome_trace, write_per_rank_traces
 from plots.gantt import GanttInfo, plot_gantt
-from plots.links import busiest_links, plot_link_utilisation
+from plots.links import plot_link_utilisation
 from plots.sweep import plot_sweep
 
 __all__ = [
     "GanttInfo",
-    "busiest_links",
     "plot_breakdown",
     "plot_gantt",
     "plot_link_utilisation",

@@ -1,13 +1,15 @@
-"""Link utilisation: the busiest links of a run as a table and as step lines over time.
+"""Link utilisation: the busiest links of a run as filled step lines over time.
 
 A link is any object with ``name``, ``nominal_capacity`` (bytes/s), ``timeline`` -- a step function
 ``[(t_s, bytes_per_s), ...]`` whose value holds until the next point (zero before the first) -- and
-optionally ``carried`` (bytes). ``hwmodel.fluid.Resource`` is one; plain namespaces do as well.
+optionally ``carried`` (bytes). ``hwmodel.fluid.Resource`` is one; plain namespaces do as well. Which
+links are busiest is decided by :func:`scenarios.metrics.busiest_links` (the JSON's ranking); this
+module only draws.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -15,65 +17,9 @@ import matplotlib
 from matplotlib.figure import Figure
 
 from plots.gantt import TIME_UNITS
+from scenarios.metrics import busiest_links
 
-__all__ = ["link_stats", "busiest_links", "plot_link_utilisation"]
-
-
-def link_stats(timeline: Sequence[tuple[float, float]], capacity: float,
-               end_time_s: float) -> tuple[float, float, float]:
-    """Integrate a step function over ``[0, end_time_s]``.
-
-    Args:
-        timeline: ``[(t_s, units_per_s)]``, each value holding until the next point; 0 before the first.
-        capacity: nominal capacity (units/s) the utilisation is relative to.
-        end_time_s: end of the window (s); the last value holds until then.
-
-    Returns:
-        ``(units carried, mean utilisation, peak utilisation)``; utilisations are fractions of
-        ``capacity`` (mean over the whole window, peak over points inside it).
-    """
-    total = 0.0
-    peak = 0.0
-    for i, (t, u) in enumerate(timeline):
-        if t >= end_time_s:
-            break
-        t_next = timeline[i + 1][0] if i + 1 < len(timeline) else end_time_s
-        total += u * (min(t_next, end_time_s) - t)
-        peak = max(peak, u)
-    cap = capacity if capacity > 0 else 1.0
-    mean = total / (cap * end_time_s) if end_time_s > 0 else 0.0
-    return total, mean, peak / cap
-
-
-def busiest_links(links: Iterable[Any], top: int, end_time_s: float) -> list[tuple[str, float, float, float]]:
-    """The ``top`` busiest links: highest mean utilisation (carried bytes / capacity), then most bytes.
-
-    Args:
-        links: link objects (see module doc). ``carried`` is used when present, else the timeline's
-            integral.
-        top: how many to return.
-        end_time_s: length of the run (s), the window of the mean utilisation.
-
-    Returns:
-        ``[(name, carried_bytes, mean_utilisation, peak_utilisation)]``, busiest first (ties by bytes, name);
-        utilisations are fractions 0..1 of ``nominal_capacity``.
-    """
-    def carried_of(lk: Any) -> float:
-        c = getattr(lk, "carried", None)
-        return float(c) if c is not None else link_stats(lk.timeline, float(lk.nominal_capacity), end_time_s)[0]
-
-    # busiest = highest mean utilisation (bytes / capacity): the bottlenecks, not merely the fattest
-    # pipes; timelines are integrated only for the links returned
-    def key(r: tuple[float, Any]) -> tuple[float, float, str]:
-        cap = float(r[1].nominal_capacity) or 1.0
-        return (-r[0] / cap, -r[0], r[1].name)
-
-    ranked = sorted(((carried_of(lk), lk) for lk in links), key=key)[:max(top, 0)]
-    rows = []
-    for carried, lk in ranked:
-        _, mean, peak = link_stats(lk.timeline, float(lk.nominal_capacity), end_time_s)
-        rows.append((lk.name, carried, mean, peak))
-    return rows
+__all__ = ["plot_link_utilisation"]
 
 
 def plot_link_utilisation(links: Iterable[Any], path: str | Path, *, top: int = 8, title: str = "",

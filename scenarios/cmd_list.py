@@ -91,7 +91,7 @@ def nics_table() -> str:
 
 def scenarios_table() -> str:
     """The catalog: name and description; sweep files are marked."""
-    from scenarios.sweep import catalog_entries
+    from scenarios.catalog import catalog_entries
 
     entries = catalog_entries()
     width = max((len(n) for n, _, _ in entries), default=8)

@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
+from scenarios.catalog import catalog_names, is_sweep_file, scenario_path
 from scenarios.cli import UserError
+from scenarios.scenario import load_scenario
 
 EXIT_OOM = 3
 """Exit status of a configuration that does not fit in GPU memory."""
@@ -50,15 +53,10 @@ def load(name: str | None, overrides: list[str]):
         UserError: unknown catalog name, or a sweep file (which ``trainsim sweep`` runs).
         FileNotFoundError, ValueError: from :func:`scenarios.scenario.load_scenario`.
     """
-    from scenarios.runner import scenario_path
-    from scenarios.scenario import load_scenario
-    from scenarios.sweep import is_sweep_file
-
     if name is None:
         return load_scenario(None, overrides)
     path = scenario_path(name)
     if not path.exists():
-        from scenarios.sweep import catalog_names
         if Path(name).suffix == ".toml" or "/" in name:
             raise FileNotFoundError(f"scenario file not found: {name}")
         raise UserError(f"no scenario file or catalog scenario {name!r}; catalog: {', '.join(catalog_names())}")
@@ -68,18 +66,20 @@ def load(name: str | None, overrides: list[str]):
 
 
 def run(args: argparse.Namespace) -> int:
+    # deferred: the runner imports torch, which every trainsim command would otherwise pay for
     from scenarios.report import format_memory_only, format_report, write_json, write_plots, write_trace
-    from scenarios.runner import memory_for, prepare, run_scenario
+    from scenarios.runner import memory_for, prepare, run_prepared
 
+    t0 = time.perf_counter()
     scenario = load(args.scenario, args.overrides)
-    prep = prepare(scenario)
+    prep = prepare(scenario)  # once: the memory verdict and the run share it
     mem = memory_for(prep)
     gpu = prep.topology.gpu_spec
     if mem is not None and not mem.fits(gpu) and not args.simulate_oom:
         print(format_memory_only(prep, mem))
         print(f"OOM: {scenario.name}: {mem.verdict(gpu).removeprefix('OOM: ')}", file=sys.stderr)
         return EXIT_OOM
-    rep = run_scenario(scenario, progress=sys.stderr.isatty())
+    rep = run_prepared(prep, mem, progress=sys.stderr.isatty(), started_s=t0)
     print(format_report(rep))
     written = []
     if args.json:

@@ -45,15 +45,16 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # deferred: the sweep module imports the runner, hence torch, which every trainsim command would
+    # otherwise pay for
     from scenarios.report import write_json
-    from scenarios.sweep import format_rows, load_sweep, plot_rows, run_sweep
+    from scenarios.sweep import format_rows, load_sweep, plot_rows, point_scenario, run_sweep
 
     if args.workers < 1:
         raise UserError(f"--workers must be >= 1, got {args.workers}")
     name = None if args.scenario == "default" and not Path("default").exists() else args.scenario
     sweep = load_sweep(name, args.vary, args.overrides)
     # Check that the base and every point parse before spending time simulating.
-    from scenarios.sweep import point_scenario
     for values in sweep.points():
         point_scenario(sweep.base, values, sweep.source)
     rows = run_sweep(sweep, workers=args.workers, simulate_oom=args.simulate_oom, progress=sys.stderr.isatty())

@@ -17,6 +17,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from scenarios.catalog import display_source
+from scenarios.metrics import link_groups, memory_dict, peak_dtype_for
+
 __all__ = [
     "JSON_FLOAT_DIGITS", "MAX_RANK_ROWS", "TRACE_MAX_LINKS", "format_memory_only", "format_report",
     "stable_json", "write_json", "write_plots", "write_trace",
@@ -105,8 +108,6 @@ def _parallel_line(p: Mapping[str, Any]) -> str:
 def _header(scenario: Any, m: Mapping[str, Any] | None, prep: Any) -> list[str]:
     """Scenario, system, model and parallel lines (from the metrics when there are some)."""
     topo, cfg = prep.topology, prep.config
-    from scenarios.sweep import display_source
-
     lines = [f"Scenario    {scenario.name}  ({display_source(scenario.source)})"]
     if scenario.description:
         lines.append(f"            {scenario.description}")
@@ -149,13 +150,8 @@ def _memory_lines(mem: Mapping[str, Any] | None, oom: bool) -> list[str]:
 
 def format_memory_only(prep: Any, memory: Any) -> str:
     """The report of a configuration that was not simulated because it does not fit in memory."""
-    gpu = prep.topology.gpu_spec
-    mem = {"parameters_bytes": memory.parameters, "gradients_bytes": memory.gradients,
-           "optimizer_states_bytes": memory.optimizer_states, "activations_bytes": memory.activations,
-           "workspace_bytes": memory.workspace, "fp8_weights_bytes": memory.fp8_weights,
-           "hbm_capacity_bytes": gpu.hbm_capacity_bytes, "verdict": memory.verdict(gpu)}
     lines = _header(prep.scenario, None, prep)
-    lines += ["", *_memory_lines(mem, True), "",
+    lines += ["", *_memory_lines(memory_dict(memory, prep.topology.gpu_spec), True), "",
               "Not simulated: the configuration does not fit in GPU memory (use --simulate-oom to simulate anyway)."]
     return "\n".join(lines)
 
@@ -173,27 +169,6 @@ def _rank_rows(per_rank: Mapping[str, Mapping[str, float]], T: float, max_rows: 
         lines.append(f"  {r:>6} {_ms(b['compute_s']):>11} {_ms(b['exposed_comm_s']):>13} {_ms(b['bubble_s']):>11} "
                      f"{_ms(b['idle_s']):>11} {100 * busy:>6.1f}")
     return lines
-
-
-def link_groups(links: Any, end_time_s: float, top: int) -> list[tuple[str, int, float, float, float]]:
-    """The ``top`` busiest *groups* of links: links with the same load (bytes, mean and peak utilisation
-    equal to 1e-9 relative), as symmetric collectives produce, are one row. Returns
-    ``(first link's name, number of links, bytes each, mean utilisation, peak utilisation)``."""
-    from plots.links import busiest_links
-
-    # links in a group carry the same bytes, so the groups sit among the top few hundred by bytes
-    rows = [r for r in busiest_links(links, 64 * top, end_time_s) if r[1] > 0]
-    groups: list[list] = []
-    for name, carried, mean, peak in rows:
-        g = groups[-1] if groups else None
-        if g and math.isclose(carried, g[2], rel_tol=1e-9) and math.isclose(mean, g[3], rel_tol=1e-9) \
-                and math.isclose(peak, g[4], rel_tol=1e-9):
-            g[1] += 1
-            continue
-        if len(groups) == top:
-            break
-        groups.append([name, 1, carried, mean, peak])
-    return [tuple(g) for g in groups]
 
 
 def _link_lines(rep: Any, top: int) -> list[str]:
@@ -223,8 +198,6 @@ def format_report(rep: Any, *, max_rank_rows: int = MAX_RANK_ROWS, top_links: in
     T = m["iteration_time_s"]
     gpu = rep.prepared.topology.gpu_spec
     dtype = rep.prepared.dtype
-    from scenarios.runner import peak_dtype_for
-
     peak_dtype = peak_dtype_for(dtype)
     peak = gpu.peak_flops(peak_dtype)
     if dtype == "fp8":
@@ -282,7 +255,7 @@ def format_report(rep: Any, *, max_rank_rows: int = MAX_RANK_ROWS, top_links: in
 def write_trace(rep: Any, path: str | Path, *, max_links: int = TRACE_MAX_LINKS) -> Path:
     """The run's Kineto/Chrome trace (Perfetto, chrome://tracing) with the busiest links as counter
     tracks. ``.json.gz`` is compressed."""
-    from plots.chrome_trace import write_chrome_trace
+    from plots.chrome_trace import write_chrome_trace  # deferred: the plots package loads matplotlib
 
     res = rep.result
     meta = {"traceName": f"trainsim {rep.scenario.name}",
@@ -299,6 +272,7 @@ def write_trace(rep: Any, path: str | Path, *, max_links: int = TRACE_MAX_LINKS)
 def write_plots(rep: Any, directory: str | Path) -> list[Path]:
     """``gantt.png`` (timeline), ``links.png`` (busiest links over time) and ``breakdown.png`` (time per
     GPU) in ``directory``. Returns the paths."""
+    # deferred: matplotlib is slow to import, and most runs draw nothing
     from plots.bars import plot_breakdown
     from plots.gantt import plot_gantt
     from plots.links import plot_link_utilisation

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ else:  # pragma: no cover
 
 import torch
 from torch import nn
+from tqdm import tqdm
 
 from hwmodel.cluster import Cluster
 from hwmodel.nccl.engine import NcclEngine
@@ -25,14 +28,11 @@ from hwmodel.nccl.tuner_config import TunerConfigError, load_tuner_config
 from hwmodel.runtime import DEFAULT_HOST_LAUNCH_OVERHEAD_S, RunResult, Runtime
 from hwmodel.specs import get_gpu, load_gpu_file, with_overrides
 from hwmodel.topology import Topology, build_system
-from scenarios.analysis import (
-    RankBreakdown,
-    breakdown,
-    megatron_flops_per_iteration,
-    mfu_peak_dtype,
-    overlap_stats,
-)
+from scenarios.analysis import RankBreakdown, breakdown, megatron_flops_per_iteration
+from scenarios.catalog import scenario_path as scenario_path  # re-exported: runner.scenario_path is API
 from scenarios.hierarchical import macro_programs
+from scenarios.metrics import peak_dtype_for as peak_dtype_for  # re-exported, as scenario_path
+from scenarios.metrics import run_metrics
 from scenarios.scenario import MAX_NODES, Scenario
 from workload.custom import MODULE_KEYS, CustomModel
 from workload.memory import memory_per_gpu
@@ -251,19 +251,6 @@ def prepare(scenario: Scenario) -> Prepared:
     return Prepared(scenario, topo, model_cfg, cfg, dtype)
 
 
-BUSIEST_LINK_GROUPS = 10
-"""Rows of the JSON's ``busiest_links``: groups of links with the same load, as the text report's
-``name (+k)`` rows; each row gives its first link's name and ``links``, the number in the group."""
-
-
-def peak_dtype_for(dtype: str) -> str:
-    """The peak MFU and the report's "peak" are taken against for a training dtype: its own; the
-    CUDA-core ``fp32`` peak for fp32, whose GEMMs trainsim runs at that rate (PyTorch's default
-    ``torch.backends.cuda.matmul.allow_tf32 = False``); ``bf16`` for fp8 (see
-    :func:`scenarios.analysis.mfu_peak_dtype`)."""
-    return "fp32" if dtype == "fp32" else mfu_peak_dtype(dtype)
-
-
 def check_dtype(dtype: str, gpu) -> None:
     """Whether ``gpu`` can train in ``dtype``: fp8 needs FP8 tensor cores (Hopper and later).
 
@@ -296,29 +283,85 @@ class RunReport:
 
 
 def run_scenario(scenario: Scenario, *, progress: bool = False) -> RunReport:
-    """Simulate one training iteration of ``scenario`` and analyse it."""
+    """Simulate one training iteration of ``scenario`` and analyse it (:func:`prepare`, then
+    :func:`run_prepared`).
+
+    Raises:
+        ValueError / UnknownNameError: naming the field at fault.
+    """
     t0 = time.perf_counter()
     prep = prepare(scenario)
-    cfg, topo = prep.config, prep.topology
+    return run_prepared(prep, memory_for(prep), progress=progress, started_s=t0)
+
+
+def run_prepared(prep: Prepared, memory: Any, *, progress: bool = False,
+                 started_s: float | None = None) -> RunReport:
+    """Simulate one training iteration of a prepared scenario and analyse it.
+
+    Args:
+        prep: from :func:`prepare` (resolved once: callers that check memory first pass theirs on).
+        memory: ``memory_for(prep)`` (``None``: not modelled for this model).
+        progress: show a progress bar on stderr (tasks simulated of the iteration's); callers pass
+            ``sys.stderr.isatty()`` so that only a terminal shows one. stdout and the results do not
+            change.
+        started_s: ``time.perf_counter()`` when the run began (default: now), for ``wall_s``.
+
+    Raises:
+        ValueError: naming the ``[simulation]`` key at fault.
+    """
+    t0 = time.perf_counter() if started_s is None else started_s
+    cfg, topo, sim = prep.config, prep.topology, prep.scenario.simulation
     trace = trace_rank(prep.model_cfg, cfg, dtype=prep.dtype)
-    sim = scenario.simulation
     layout = Layout(cfg)
-    mode = sim.get("mode", "auto")
-    if mode == "auto":
-        mode = "full" if cfg.world_size <= SYMMETRY_THRESHOLD_GPUS else "symmetric"
+    mode = _simulation_mode(prep, trace)
     ranks = None if mode == "full" else layout.representatives()
+    build = None if mode == "hierarchical" else build_programs(trace, cfg, ranks=ranks)
+    engine = _engine_factory(sim)
+    host = float(sim.get("host_launch_overhead_s", DEFAULT_HOST_LAUNCH_OVERHEAD_S))
+    if build is None:
+        build = macro_programs(trace, cfg, topo, engine, host_launch_overhead_s=host)
+    gpus = topo.gpus()
+    cluster = Cluster(topo, record=sim.get("record_links", True))
+    runtime = Runtime(cluster, build.programs, placement={r: gpus[r] for r in range(cfg.world_size)},
+                      host_launch_overhead_s=host, nccl=engine(cluster),
+                      mirror=None if mode == "full" else layout.mirror)
+    with _progress_bar(progress, f"simulating {prep.scenario.name}") as tick:
+        result = runtime.run(progress=tick)
+    per_rank = breakdown(result.events, result.end_time_s, pipeline=cfg.pp > 1)
+    report = RunReport(prep.scenario, prep, result, build, mode, per_rank, memory)
+    report.metrics = run_metrics(report, model_flops(prep, trace))
+    report.wall_s = time.perf_counter() - t0
+    return report
+
+
+def _simulation_mode(prep: Prepared, trace) -> str:
+    """``[simulation] mode`` resolved: ``auto`` picks full, symmetric or hierarchical by size.
+
+    Raises:
+        ValueError: hierarchical asked for a model whose blocks differ.
+    """
+    cfg, sim = prep.config, prep.scenario.simulation
+    asked = sim.get("mode", "auto")
     uniform = trace.params_per_block is None  # the hierarchical engine times one block for all
-    if mode == "hierarchical" and not uniform:
+    if asked == "hierarchical" and not uniform:
         raise ValueError(f"[simulation] mode = 'hierarchical' times one block and reuses it for every block; "
                          f"{getattr(prep.model_cfg, 'name', 'the model')}'s blocks differ: use auto, full or "
                          f"symmetric")
-    if sim.get("mode", "auto") == "auto" and uniform and estimate_tasks(trace, cfg, len(ranks or ())) > \
-            HIERARCHICAL_THRESHOLD_TASKS:
-        mode = "hierarchical"
-    build = None if mode == "hierarchical" else build_programs(trace, cfg, ranks=ranks)
-    gpus = topo.gpus()
-    placement = {r: gpus[r] for r in range(cfg.world_size)}
+    if asked != "auto":
+        return asked
+    mode = "full" if cfg.world_size <= SYMMETRY_THRESHOLD_GPUS else "symmetric"
+    ranks = 0 if mode == "full" else len(Layout(cfg).representatives())
+    if uniform and estimate_tasks(trace, cfg, ranks) > HIERARCHICAL_THRESHOLD_TASKS:
+        return "hierarchical"
+    return mode
 
+
+def _engine_factory(sim: dict) -> Callable[[Cluster], NcclEngine]:
+    """The NCCL engine of a cluster, as ``[simulation]`` configures it.
+
+    Raises:
+        ValueError: ``nccl_tuner_config`` cannot be read.
+    """
     tuner_rules = None
     if sim.get("nccl_tuner_config"):
         try:
@@ -330,20 +373,28 @@ def run_scenario(scenario: Scenario, *, progress: bool = False) -> RunReport:
         return NcclEngine(cluster, fidelity=sim.get("fidelity", "flow"), algorithm=sim.get("nccl_algo"),
                           protocol=sim.get("nccl_proto"), tuner_config=tuner_rules)
 
-    host = float(sim.get("host_launch_overhead_s", DEFAULT_HOST_LAUNCH_OVERHEAD_S))
-    mirror = None if mode == "full" else layout.mirror
-    if mode == "hierarchical":
-        build = macro_programs(trace, cfg, topo, engine, host_launch_overhead_s=host)
-    cluster = Cluster(topo, record=sim.get("record_links", True))
-    runtime = Runtime(cluster, build.programs, placement=placement, host_launch_overhead_s=host,
-                      nccl=engine(cluster), mirror=mirror)
-    result = runtime.run()
-    per_rank = breakdown(result.events, result.end_time_s, pipeline=cfg.pp > 1)
-    mem = memory_for(prep)
-    report = RunReport(scenario, prep, result, build, mode, per_rank, mem)
-    report.wall_s = time.perf_counter() - t0
-    report.metrics = metrics(report, trace)
-    return report
+    return engine
+
+
+@contextmanager
+def _progress_bar(enabled: bool, desc: str) -> Iterator[Callable[[int, int], None] | None]:
+    """A ``progress(tasks_done, tasks_total)`` callback drawing a tqdm bar on stderr (closed and
+    cleared on exit), or ``None`` when not ``enabled``."""
+    if not enabled:
+        yield None
+        return
+    bar = tqdm(total=0, desc=desc, unit="task", unit_scale=True, file=sys.stderr, leave=False,
+               dynamic_ncols=True)
+
+    def tick(done: int, total: int) -> None:
+        if bar.total != total:
+            bar.total = total
+        bar.update(done - bar.n)
+
+    try:
+        yield tick
+    finally:
+        bar.close()
 
 
 def estimate_tasks(trace, cfg: ParallelConfig, ranks: int) -> float:
@@ -415,63 +466,3 @@ def model_flops(prep: Prepared, trace) -> tuple[float, float, str]:
     extra = g.recompute_flops(cfg.recompute_granularity) if cfg.recompute_granularity != "none" else 0.0
     hw = (per_mb + extra) * shards * cfg.num_microbatches * cfg.dp
     return model, hw, "traced model FLOPs (forward + backward of every op, 2 per multiply-accumulate)"
-
-
-def metrics(rep: RunReport, trace) -> dict[str, Any]:
-    from scenarios.report import link_groups
-
-    prep, res, cfg = rep.prepared, rep.result, rep.prepared.config
-    T = res.end_time_s
-    mc = prep.model_cfg
-    seq = getattr(mc, "seq_length", 1)
-    model_f, hw_f, formula = model_flops(prep, trace)
-    gpu = prep.topology.gpu_spec
-    peak = gpu.peak_flops(peak_dtype_for(prep.dtype))
-    world = cfg.world_size
-    ranks = sorted(rep.per_rank)
-    mean = {k: sum(getattr(rep.per_rank[r], k) for r in ranks) / len(ranks)
-            for k in ("compute_s", "exposed_comm_s", "bubble_s", "idle_s")}
-    ov = overlap_stats(res.events, rep.per_rank)
-    links = link_groups(res.cluster.link_resources(), T, BUSIEST_LINK_GROUPS)
-    mem = rep.memory
-    return {
-        "scenario": rep.scenario.name,
-        "iteration_time_s": T,
-        "tokens_per_s": (cfg.global_batch_size * seq / T if T else 0.0) if hasattr(mc, "seq_length") else None,
-        "samples_per_s": cfg.global_batch_size / T if T else 0.0,
-        "tflops_per_gpu": hw_f / T / world / 1e12 if T else 0.0,
-        "mfu": model_f / T / world / peak if T else 0.0,
-        "flops_formula": formula,
-        "model_flops_per_iteration": model_f,
-        "hardware_flops_per_iteration": hw_f,
-        "peak_memory_bytes": mem.total if mem is not None else None,
-        "oom": (not mem.fits(gpu)) if mem is not None else False,
-        "memory": ({"parameters_bytes": mem.parameters, "gradients_bytes": mem.gradients,
-                    "optimizer_states_bytes": mem.optimizer_states, "activations_bytes": mem.activations,
-                    "workspace_bytes": mem.workspace, "fp8_weights_bytes": mem.fp8_weights,
-                    "hbm_capacity_bytes": gpu.hbm_capacity_bytes,
-                    "verdict": mem.verdict(gpu)} if mem is not None else None),
-        "breakdown": mean,
-        "per_rank": {str(r): rep.per_rank[r].as_dict() for r in ranks},
-        "overlap": {"comm_hidden_fraction": ov.comm_hidden_fraction, "compute_slowdown": ov.compute_slowdown},
-        "busiest_links": [{"link": n, "links": k, "carried_bytes": b, "mean_utilisation": m,
-                           "peak_utilisation": p} for n, k, b, m, p in links],
-        "parallel": {"tp": cfg.tp, "pp": cfg.pp, "dp": cfg.dp, "cp": cfg.cp, "ep": cfg.ep, "vpp": cfg.vpp,
-                     "micro_batch_size": cfg.micro_batch_size, "global_batch_size": cfg.global_batch_size,
-                     "num_microbatches": cfg.num_microbatches, "schedule": cfg.schedule,
-                     "recompute_granularity": cfg.recompute_granularity, "sequence_parallel": cfg.sequence_parallel,
-                     "zero_stage": cfg.effective_zero_stage},
-        "system": {"name": prep.topology.name, "gpus": world, "gpu": gpu.name, "nodes": prep.topology.num_nodes},
-        "model": getattr(mc, "name", "model"),
-        "simulation": {"mode": rep.mode, "simulated_ranks": len(rep.build.programs),
-                       "tasks": sum(len(p.tasks) for p in rep.build.programs.values()),
-                       "fluid_solves": res.stats.get("fluid_solves", 0)},
-    }
-
-
-def scenario_path(name: str) -> Path:
-    """A catalog scenario by name (``scenarios/catalog/<name>.toml``) or a path."""
-    p = Path(name)
-    if p.exists() or p.suffix == ".toml":
-        return p
-    return Path(__file__).parent / "catalog" / f"{name}.toml"

@@ -24,15 +24,30 @@ import copy
 import itertools
 import math
 import sys
+import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from tqdm import tqdm
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
+
+from scenarios.catalog import (  # the catalog's names stay importable from here (__all__)
+    catalog_dir,
+    catalog_entries,
+    catalog_names,
+    display_source,
+    is_sweep_file,
+    scenario_path,
+)
+from scenarios.runner import memory_for, prepare, run_prepared
+from scenarios.scenario import DEFAULT_SCENARIO, apply_overrides, parse_scenario, read_toml_file
 
 __all__ = [
     "SWEEP_KEYS", "Sweep", "catalog_dir", "catalog_entries", "catalog_names", "display_source", "format_rows",
@@ -41,53 +56,6 @@ __all__ = [
 
 SWEEP_KEYS = ("vary", "x_label", "x_values")
 """Keys allowed in a ``[sweep]`` table."""
-
-
-# ----------------------------------------------------------------------------------------------------
-# The catalog
-
-
-def catalog_dir() -> Path:
-    """The folder of the shipped scenarios (``scenarios/catalog``)."""
-    return Path(__file__).parent / "catalog"
-
-
-def catalog_names() -> list[str]:
-    """Names of the catalog's scenario and sweep files, sorted."""
-    return sorted(p.stem for p in catalog_dir().glob("*.toml"))
-
-
-def catalog_entries() -> list[tuple[str, str, bool]]:
-    """``(name, description, is_sweep)`` of every catalog file, sorted by name."""
-    out = []
-    for p in sorted(catalog_dir().glob("*.toml")):
-        data = _read_toml(p)
-        out.append((p.stem, str(data.get("description", "")), "sweep" in data))
-    return out
-
-
-def _read_toml(path: Path) -> dict[str, Any]:
-    from scenarios.scenario import read_toml_file
-
-    return read_toml_file(path)
-
-
-def display_source(source: str) -> str:
-    """How to show a scenario's source: ``catalog`` for shipped files, the path otherwise."""
-    if not source or source.startswith("<"):
-        return "built in"
-    p = Path(source)
-    try:
-        if p.resolve().parent == catalog_dir().resolve():
-            return "catalog"
-    except OSError:
-        pass
-    return source
-
-
-def is_sweep_file(path: str | Path) -> bool:
-    """Whether the TOML file at ``path`` has a ``[sweep]`` table."""
-    return "sweep" in _read_toml(Path(path))
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -186,16 +154,13 @@ def load_sweep(name: str | None, vary: Sequence[str] = (), overrides: Sequence[s
     Raises:
         FileNotFoundError, ValueError: missing file, malformed TOML, bad ``[sweep]`` table, nothing to vary.
     """
-    from scenarios.runner import scenario_path
-    from scenarios.scenario import DEFAULT_SCENARIO, apply_overrides
-
     if name is None:
         data, source = tomllib.loads(DEFAULT_SCENARIO), "<default>"
     else:
         path = scenario_path(name)
         if not path.exists() and Path(name).suffix != ".toml" and "/" not in name:
             raise ValueError(f"no scenario file or catalog scenario {name!r}; catalog: {', '.join(catalog_names())}")
-        data, source = _read_toml(path), str(path)
+        data, source = read_toml_file(path), str(path)
     items, x_label, x_values = _check_sweep_table(data.pop("sweep", {}), source)
     for text in vary:
         key, values = parse_vary(text)
@@ -230,8 +195,6 @@ def _assign(data: dict[str, Any], key: str, value: Any) -> None:
 
 def point_scenario(base: Mapping[str, Any], values: Mapping[str, Any], source: str = ""):
     """The :class:`~scenarios.scenario.Scenario` of one sweep point (checked)."""
-    from scenarios.scenario import parse_scenario
-
     data = copy.deepcopy(dict(base))
     for k, v in values.items():
         _assign(data, k, v)
@@ -261,22 +224,21 @@ class PointResult:
 
 
 def run_point(base: Mapping[str, Any], values: Mapping[str, Any], source: str = "",
-              simulate_oom: bool = False) -> PointResult:
+              simulate_oom: bool = False, progress: bool = False) -> PointResult:
     """Prepare and (unless it does not fit in memory) simulate one sweep point. Never raises for a bad
-    configuration: the row carries the error. (Module-level, so worker processes can run it.)"""
-    from scenarios.runner import memory_for, prepare, run_scenario
-
+    configuration: the row carries the error. ``progress``: the run's progress bar (see
+    :func:`scenarios.runner.run_prepared`). (Module-level, so worker processes can run it.)"""
     row = PointResult(dict(values))
     try:
-        scenario = point_scenario(base, values, source)
-        prep = prepare(scenario)
+        t0 = time.perf_counter()
+        prep = prepare(point_scenario(base, values, source))
         mem = memory_for(prep)
         gpu = prep.topology.gpu_spec
         if mem is not None:
             row.oom, row.peak_memory_bytes, row.memory_verdict = not mem.fits(gpu), mem.total, mem.verdict(gpu)
         if row.oom and not simulate_oom:
             return row
-        rep = run_scenario(scenario)
+        rep = run_prepared(prep, mem, progress=progress, started_s=t0)
     except (ValueError, KeyError) as exc:
         row.error = str(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc)
         return row
@@ -288,17 +250,18 @@ def run_point(base: Mapping[str, Any], values: Mapping[str, Any], source: str = 
 
 def run_sweep(sweep: Sweep, *, workers: int = 1, simulate_oom: bool = False, progress: bool = False
               ) -> list[PointResult]:
-    """Run every point of ``sweep``; ``workers > 1`` uses that many processes. Rows in point order."""
+    """Run every point of ``sweep``; ``workers > 1`` uses that many processes. Rows in point order.
+
+    ``progress``: tqdm bars on stderr, one for the points and, with one worker, one below it for the
+    point being simulated (callers pass ``sys.stderr.isatty()``; the rows do not change)."""
     points = sweep.points()
     args = [(sweep.base, p, sweep.source, simulate_oom) for p in points]
     bar = None
     if progress and len(points) > 1:
-        from tqdm import tqdm
         bar = tqdm(total=len(points), desc=f"sweep {sweep.name}", unit="point", file=sys.stderr, leave=False)
     rows: list[PointResult] = []
     try:
         if workers > 1 and len(points) > 1:
-            from concurrent.futures import ProcessPoolExecutor
             with ProcessPoolExecutor(max_workers=min(workers, len(points))) as pool:
                 for row in pool.map(run_point, *zip(*args, strict=True)):
                     rows.append(row)
@@ -306,7 +269,7 @@ def run_sweep(sweep: Sweep, *, workers: int = 1, simulate_oom: bool = False, pro
                         bar.update()
         else:
             for a in args:
-                rows.append(run_point(*a))
+                rows.append(run_point(*a, progress=progress))
                 if bar:
                     bar.update()
     finally:
@@ -356,7 +319,7 @@ def plot_rows(sweep: Sweep, rows: Sequence[PointResult], path: str | Path) -> li
     """Plot iteration time (``path``) and TFLOP/s per GPU (``<stem>_tflops.png`` beside it) against the
     first varied key, one line per value of the second varied key (if any). Names (systems, NICs)
     without ``x_values`` are plotted at 1, 2, 3, ... with the mapping in the axis label."""
-    from plots.sweep import plot_sweep
+    from plots.sweep import plot_sweep  # deferred: matplotlib is slow to import, and most sweeps draw nothing
 
     key, values = sweep.vary[0]
     group = sweep.keys[1] if len(sweep.keys) > 1 else None

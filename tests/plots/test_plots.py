@@ -7,10 +7,9 @@ from types import SimpleNamespace
 import pytest
 
 from hwmodel.events import CollectiveInfo, P2PInfo
-from plots import busiest_links, plot_breakdown, plot_gantt, plot_link_utilisation, plot_sweep
+from plots import plot_breakdown, plot_gantt, plot_link_utilisation, plot_sweep
 from plots.bars import downsample_ranks
 from plots.gantt import category_style, select_ranks
-from plots.links import link_stats
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -95,24 +94,6 @@ def link(name, cap, timeline, carried=None):
     if carried is not None:
         ns.carried = carried
     return ns
-
-
-def test_busiest_links_closed_form():
-    # 50 % for the first half of a 1 s run -> mean 25 %, peak 50 %, carried 0.5 * cap * 0.5 s.
-    half = link("half", 100e9, [(0.0, 50e9), (0.5, 0.0)])
-    full = link("full", 10e9, [(0.0, 10e9)])  # 100 % all the time but fewer bytes
-    idle = link("idle", 10e9, [])
-    rows = busiest_links([idle, full, half], 3, 1.0)
-    # busiest = highest mean utilisation: the saturated small link before the fatter, half-used one
-    assert [r[0] for r in rows] == ["full", "half", "idle"]
-    name, carried, mean, peak = rows[1]
-    assert carried == pytest.approx(25e9) and mean == pytest.approx(0.25) and peak == pytest.approx(0.5)
-    assert rows[0][2:] == pytest.approx((1.0, 1.0))
-    assert rows[2][1:] == (0.0, 0.0, 0.0)
-    assert len(busiest_links([idle, full, half], 1, 1.0)) == 1
-    # ``carried`` wins over the integral when given; the window cuts the timeline.
-    assert busiest_links([link("c", 1.0, [(0.0, 1.0)], carried=7.0)], 1, 2.0)[0][1] == 7.0
-    assert link_stats([(0.0, 4.0), (3.0, 0.0)], 4.0, 2.0) == pytest.approx((8.0, 1.0, 1.0))
 
 
 def test_link_utilisation_png(tmp_path):

@@ -1,0 +1,207 @@
+"""The numbers of a run: the metrics dict ``trainsim run --json`` writes, and the busiest links.
+
+All SI: seconds, bytes, FLOP, FLOP/s, fractions 0..1 (``scenarios.report`` converts for printing).
+The runner computes what needs the model (FLOPs per iteration, memory) and passes it in, so this
+module depends on the analysis only, not on the workload or the simulator.
+
+A *link* here is any object with ``name``, ``nominal_capacity`` (bytes/s), ``timeline`` -- a step
+function ``[(t_s, bytes_per_s), ...]`` whose value holds until the next point (zero before the
+first) -- and optionally ``carried`` (bytes). ``hwmodel.fluid.Resource`` is one; plain namespaces do
+as well. The plots draw the links this module ranks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from scenarios.analysis import mfu_peak_dtype, overlap_stats
+
+__all__ = [
+    "BUSIEST_LINK_GROUPS", "LINK_GROUP_REL_TOL", "busiest_links", "link_groups", "link_stats", "memory_dict",
+    "peak_dtype_for", "run_metrics",
+]
+
+BUSIEST_LINK_GROUPS = 10
+"""Rows of the JSON's ``busiest_links``: groups of links with the same load, as the text report's
+``name (+k)`` rows; each row gives its first link's name and ``links``, the number in the group."""
+LINK_GROUP_REL_TOL = 1e-9
+"""Links whose bytes, mean and peak utilisation agree to this relative tolerance are one group."""
+_CANDIDATES_PER_GROUP = 64
+"""Links ranked per group wanted: links of a group carry the same bytes, so the groups sit among the
+top few hundred by load."""
+
+
+def peak_dtype_for(dtype: str) -> str:
+    """The peak MFU and the report's "peak" are taken against for a training dtype: its own; the
+    CUDA-core ``fp32`` peak for fp32, whose GEMMs trainsim runs at that rate (PyTorch's default
+    ``torch.backends.cuda.matmul.allow_tf32 = False``); ``bf16`` for fp8 (see
+    :func:`scenarios.analysis.mfu_peak_dtype`)."""
+    return "fp32" if dtype == "fp32" else mfu_peak_dtype(dtype)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Links
+
+
+def link_stats(timeline: Sequence[tuple[float, float]], capacity: float,
+               end_time_s: float) -> tuple[float, float, float]:
+    """Integrate a step function over ``[0, end_time_s]``.
+
+    Args:
+        timeline: ``[(t_s, units_per_s)]``, each value holding until the next point; 0 before the first.
+        capacity: nominal capacity (units/s) the utilisation is relative to.
+        end_time_s: end of the window (s); the last value holds until then.
+
+    Returns:
+        ``(units carried, mean utilisation, peak utilisation)``; utilisations are fractions of
+        ``capacity`` (mean over the whole window, peak over points inside it).
+    """
+    total = 0.0
+    peak = 0.0
+    for i, (t, u) in enumerate(timeline):
+        if t >= end_time_s:
+            break
+        t_next = timeline[i + 1][0] if i + 1 < len(timeline) else end_time_s
+        total += u * (min(t_next, end_time_s) - t)
+        peak = max(peak, u)
+    cap = capacity if capacity > 0 else 1.0
+    mean = total / (cap * end_time_s) if end_time_s > 0 else 0.0
+    return total, mean, peak / cap
+
+
+def busiest_links(links: Iterable[Any], top: int, end_time_s: float) -> list[tuple[str, float, float, float]]:
+    """The ``top`` busiest links: highest mean utilisation (carried bytes / capacity), then most bytes.
+
+    Args:
+        links: link objects (see module doc). ``carried`` is used when present, else the timeline's
+            integral.
+        top: how many to return.
+        end_time_s: length of the run (s), the window of the mean utilisation.
+
+    Returns:
+        ``[(name, carried_bytes, mean_utilisation, peak_utilisation)]``, busiest first (ties by bytes, name);
+        utilisations are fractions 0..1 of ``nominal_capacity``.
+    """
+    def carried_of(lk: Any) -> float:
+        c = getattr(lk, "carried", None)
+        return float(c) if c is not None else link_stats(lk.timeline, float(lk.nominal_capacity), end_time_s)[0]
+
+    # busiest = highest mean utilisation (bytes / capacity): the bottlenecks, not merely the fattest
+    # pipes; timelines are integrated only for the links returned
+    def key(r: tuple[float, Any]) -> tuple[float, float, str]:
+        cap = float(r[1].nominal_capacity) or 1.0
+        return (-r[0] / cap, -r[0], r[1].name)
+
+    ranked = sorted(((carried_of(lk), lk) for lk in links), key=key)[:max(top, 0)]
+    rows = []
+    for carried, lk in ranked:
+        _, mean, peak = link_stats(lk.timeline, float(lk.nominal_capacity), end_time_s)
+        rows.append((lk.name, carried, mean, peak))
+    return rows
+
+
+def link_groups(links: Iterable[Any], end_time_s: float, top: int) -> list[tuple[str, int, float, float, float]]:
+    """The ``top`` busiest *groups* of links: consecutive links (in :func:`busiest_links` order) with
+    the same load (bytes, mean and peak utilisation equal to :data:`LINK_GROUP_REL_TOL` relative), as
+    symmetric collectives produce, are one row; links that carried nothing are left out.
+
+    Returns:
+        ``[(first link's name, number of links, bytes each, mean utilisation, peak utilisation)]``.
+    """
+    rows = [r for r in busiest_links(links, _CANDIDATES_PER_GROUP * top, end_time_s) if r[1] > 0]
+    groups: list[list] = []
+    for name, carried, mean, peak in rows:
+        g = groups[-1] if groups else None
+        if g and all(math.isclose(a, b, rel_tol=LINK_GROUP_REL_TOL)
+                     for a, b in ((carried, g[2]), (mean, g[3]), (peak, g[4]))):
+            g[1] += 1
+            continue
+        if len(groups) == top:
+            break
+        groups.append([name, 1, carried, mean, peak])
+    return [tuple(g) for g in groups]
+
+
+# ----------------------------------------------------------------------------------------------------
+# The metrics dict
+
+
+def memory_dict(mem: Any, gpu: Any) -> dict[str, Any]:
+    """The JSON's ``memory``: a :class:`workload.memory.MemoryBreakdown` ``mem`` (bytes per GPU)
+    against ``gpu``'s HBM, with the verdict line."""
+    return {"parameters_bytes": mem.parameters, "gradients_bytes": mem.gradients,
+            "optimizer_states_bytes": mem.optimizer_states, "activations_bytes": mem.activations,
+            "workspace_bytes": mem.workspace, "fp8_weights_bytes": mem.fp8_weights,
+            "hbm_capacity_bytes": gpu.hbm_capacity_bytes, "verdict": mem.verdict(gpu)}
+
+
+def run_metrics(rep: Any, flops: tuple[float, float, str]) -> dict[str, Any]:
+    """The metrics of a :class:`scenarios.runner.RunReport` (its ``metrics`` field; ``--json``).
+
+    Args:
+        rep: the run (``scenario``, ``prepared``, ``result``, ``build``, ``mode``, ``per_rank``,
+            ``memory``: a memory estimate or ``None`` where the model's memory is not modelled).
+        flops: ``(model FLOPs per iteration, hardware FLOPs incl. recomputation, formula used)``, as
+            :func:`scenarios.runner.model_flops` gives them.
+
+    Returns:
+        A JSON-ready dict; times in s, throughputs per s, FLOP counts, memory in bytes, fractions 0..1.
+    """
+    prep, res, cfg = rep.prepared, rep.result, rep.prepared.config
+    T = res.end_time_s
+    mc = prep.model_cfg
+    gpu = prep.topology.gpu_spec
+    mem = rep.memory
+    ranks = sorted(rep.per_rank)
+    mean = {k: sum(getattr(rep.per_rank[r], k) for r in ranks) / len(ranks)
+            for k in ("compute_s", "exposed_comm_s", "bubble_s", "idle_s")}
+    ov = overlap_stats(res.events, rep.per_rank)
+    links = link_groups(res.cluster.link_resources(), T, BUSIEST_LINK_GROUPS)
+    return {
+        "scenario": rep.scenario.name,
+        "iteration_time_s": T,
+        **_throughput(T, cfg, mc, flops, gpu.peak_flops(peak_dtype_for(prep.dtype))),
+        "peak_memory_bytes": mem.total if mem is not None else None,
+        "oom": (not mem.fits(gpu)) if mem is not None else False,
+        "memory": memory_dict(mem, gpu) if mem is not None else None,
+        "breakdown": mean,
+        "per_rank": {str(r): rep.per_rank[r].as_dict() for r in ranks},
+        "overlap": {"comm_hidden_fraction": ov.comm_hidden_fraction, "compute_slowdown": ov.compute_slowdown},
+        "busiest_links": [{"link": n, "links": k, "carried_bytes": b, "mean_utilisation": m,
+                           "peak_utilisation": p} for n, k, b, m, p in links],
+        "parallel": _parallel_dict(cfg),
+        "system": {"name": prep.topology.name, "gpus": cfg.world_size, "gpu": gpu.name,
+                   "nodes": prep.topology.num_nodes},
+        "model": getattr(mc, "name", "model"),
+        "simulation": {"mode": rep.mode, "simulated_ranks": len(rep.build.programs),
+                       "tasks": sum(len(p.tasks) for p in rep.build.programs.values()),
+                       "fluid_solves": res.stats.get("fluid_solves", 0)},
+    }
+
+
+def _throughput(T: float, cfg: Any, mc: Any, flops: tuple[float, float, str], peak_flops: float) -> dict[str, Any]:
+    """Tokens (models with a sequence) and samples per second, TFLOP/s per GPU (hardware FLOPs) and MFU
+    (model FLOPs against ``peak_flops``, FLOP/s); zeros for an empty iteration."""
+    model_f, hw_f, formula = flops
+    world, gbs = cfg.world_size, cfg.global_batch_size
+    seq = getattr(mc, "seq_length", 1)
+    return {
+        "tokens_per_s": (gbs * seq / T if T else 0.0) if hasattr(mc, "seq_length") else None,
+        "samples_per_s": gbs / T if T else 0.0,
+        "tflops_per_gpu": hw_f / T / world / 1e12 if T else 0.0,
+        "mfu": model_f / T / world / peak_flops if T else 0.0,
+        "flops_formula": formula,
+        "model_flops_per_iteration": model_f,
+        "hardware_flops_per_iteration": hw_f,
+    }
+
+
+def _parallel_dict(cfg: Any) -> dict[str, Any]:
+    """The JSON's ``parallel``: the resolved :class:`workload.parallel.config.ParallelConfig`."""
+    return {"tp": cfg.tp, "pp": cfg.pp, "dp": cfg.dp, "cp": cfg.cp, "ep": cfg.ep, "vpp": cfg.vpp,
+            "micro_batch_size": cfg.micro_batch_size, "global_batch_size": cfg.global_batch_size,
+            "num_microbatches": cfg.num_microbatches, "schedule": cfg.schedule,
+            "recompute_granularity": cfg.recompute_granularity, "sequence_parallel": cfg.sequence_parallel,
+            "zero_stage": cfg.effective_zero_stage}

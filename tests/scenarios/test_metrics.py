@@ -1,0 +1,55 @@
+"""The metrics module: busiest links and their groups (closed forms), the memory dict, peak dtypes."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from scenarios.metrics import busiest_links, link_groups, link_stats, memory_dict, peak_dtype_for
+
+
+def link(name, cap, timeline, carried=None):
+    ns = SimpleNamespace(name=name, nominal_capacity=cap, timeline=timeline)
+    if carried is not None:
+        ns.carried = carried
+    return ns
+
+
+def test_busiest_links_closed_form():
+    # 50 % for the first half of a 1 s run -> mean 25 %, peak 50 %, carried 0.5 * cap * 0.5 s.
+    half = link("half", 100e9, [(0.0, 50e9), (0.5, 0.0)])
+    full = link("full", 10e9, [(0.0, 10e9)])  # 100 % all the time but fewer bytes
+    idle = link("idle", 10e9, [])
+    rows = busiest_links([idle, full, half], 3, 1.0)
+    # busiest = highest mean utilisation: the saturated small link before the fatter, half-used one
+    assert [r[0] for r in rows] == ["full", "half", "idle"]
+    name, carried, mean, peak = rows[1]
+    assert carried == pytest.approx(25e9) and mean == pytest.approx(0.25) and peak == pytest.approx(0.5)
+    assert rows[0][2:] == pytest.approx((1.0, 1.0))
+    assert rows[2][1:] == (0.0, 0.0, 0.0)
+    assert len(busiest_links([idle, full, half], 1, 1.0)) == 1
+    # ``carried`` wins over the integral when given; the window cuts the timeline.
+    assert busiest_links([link("c", 1.0, [(0.0, 1.0)], carried=7.0)], 1, 2.0)[0][1] == 7.0
+    assert link_stats([(0.0, 4.0), (3.0, 0.0)], 4.0, 2.0) == pytest.approx((8.0, 1.0, 1.0))
+
+
+def test_link_groups_merge_equal_loads_and_drop_idle_links():
+    # Four links at 40 % of 10 GB/s for 1 s (a symmetric ring), one at 20 %, one idle.
+    ring = [link(f"ring{i}", 10e9, [(0.0, 4e9)]) for i in range(4)]
+    other = link("other", 10e9, [(0.0, 2e9)])
+    idle = link("idle", 10e9, [])
+    groups = link_groups([other, idle, *ring], 1.0, 10)
+    assert groups[0] == ("ring0", 4, pytest.approx(4e9), pytest.approx(0.4), pytest.approx(0.4))
+    assert groups[1][:2] == ("other", 1) and groups[1][2] == pytest.approx(2e9)
+    assert len(groups) == 2  # the idle link carried nothing
+    assert link_groups([other, *ring], 1.0, 1) == [groups[0]]
+
+
+def test_memory_dict_and_peak_dtypes():
+    gpu = SimpleNamespace(hbm_capacity_bytes=80e9)
+    mem = SimpleNamespace(parameters=1.0, gradients=2.0, optimizer_states=3.0, activations=4.0, workspace=5.0,
+                          fp8_weights=0.0, verdict=lambda g: f"fits in {g.hbm_capacity_bytes:g}")
+    d = memory_dict(mem, gpu)
+    assert d == {"parameters_bytes": 1.0, "gradients_bytes": 2.0, "optimizer_states_bytes": 3.0,
+                 "activations_bytes": 4.0, "workspace_bytes": 5.0, "fp8_weights_bytes": 0.0,
+                 "hbm_capacity_bytes": 80e9, "verdict": "fits in 8e+10"}
+    assert [peak_dtype_for(d) for d in ("bf16", "fp16", "fp32", "fp8")] == ["bf16", "fp16", "fp32", "bf16"]
