@@ -30,11 +30,14 @@ from dataclasses import dataclass
 from hwmodel.cluster import Cluster
 from hwmodel.ir import Compute
 from hwmodel.runtime import Runtime
+from scenarios.analysis import breakdown
 from workload.parallel.builder import BuildResult, ModelTrace, RankBuilder, TracedOps, build_programs
 from workload.parallel.config import ParallelConfig
 from workload.parallel.placement import Layout
 
 PASSES = (("pre", "fwd"), ("block", "fwd"), ("post", "fwd"), ("post", "bwd"), ("block", "bwd"), ("pre", "bwd"))
+"""The distinct layer passes step 1 times, as (part, phase)."""
+
 
 @dataclass(frozen=True)
 class PassProfile:
@@ -62,7 +65,6 @@ def pass_profiles(trace: ModelTrace, cfg: ParallelConfig, topology, engine_facto
                   host_launch_overhead_s: float) -> dict[tuple[str, str], PassProfile]:
     """:class:`PassProfile` of each layer pass for one micro-batch on stage 0's TP x CP ranks (step 1),
     split on the lowest of those ranks."""
-    from scenarios.analysis import breakdown  # analysis reads macro tasks laid out by this module
     layout = Layout(cfg)
     ops = TracedOps(trace)
     ranks = sorted({layout.rank(tp=t, cp=c) for t in range(cfg.tp) for c in range(cfg.cp)})
@@ -73,13 +75,9 @@ def pass_profiles(trace: ModelTrace, cfg: ParallelConfig, topology, engine_facto
     for part, phase in PASSES:
         programs = {}
         for r in ranks:
-            b = RankBuilder(r, trace, cfg, layout, ops, per_vstage, [0] * (len(per_vstage) + 1), 0)
-            if part == "block" and phase == "bwd":
-                deps = b.recompute(0, [])
-                b.emit(ops.get("block", "bwd", 0), deps)
-            else:
-                b.emit(ops.get(part, phase, 0 if part == "block" else None))
-            programs[r] = b.prog
+            b = RankBuilder(r, trace=trace, config=cfg, layout=layout, ops=ops, stage_layers=per_vstage)
+            b.add_pass(part, phase, 0 if part == "block" else None)
+            programs[r] = b.program
         if not any(p.tasks for p in programs.values()):
             out[(part, phase)] = PassProfile(0.0)
             continue

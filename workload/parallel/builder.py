@@ -112,7 +112,9 @@ class TracedOps:
         self.t = trace
         self._cache: dict[tuple, list] = {}
 
-    def get(self, part: str, phase: str, block: int | None = None) -> list:
+    def get(self, part: str, phase: str, block: int | None = None) -> list[TracedItem]:
+        """The ops of ``part`` (``pre``, ``block`` or ``post``) in ``phase`` (``fwd``, ``bwd``);
+        ``block``: the layer, for ``part == "block"``."""
         key = (part, phase, block)
         hit = self._cache.get(key)
         if hit is None:
@@ -124,13 +126,31 @@ class TracedOps:
         return hit
 
 
-def _convert(o) -> object:
-    """An op record as a Compute, or ("coll", op, size_bytes, axis, dtype) for a traced collective."""
+@dataclass(frozen=True, slots=True)
+class TracedCollective:
+    """A tensor- or expert-parallel collective of the traced graph, before its group is known (the
+    group depends on the rank: :meth:`RankBuilder.emit` makes it a :class:`hwmodel.ir.Collective`)."""
+
+    op: str
+    """One of :data:`TRACED_COLLECTIVES`."""
+    size_bytes: int
+    """nccl-tests' ``S``: the gathered output for all_gather, the input otherwise."""
+    axis: str
+    """The parallel dimension whose group runs it: ``tp``, or ``ep`` for all_to_all."""
+    dtype: str
+
+
+TracedItem = Compute | TracedCollective
+"""What :class:`TracedOps` gives per op: a kernel, or a collective to place on the rank's group."""
+
+
+def _convert(o) -> TracedItem:
+    """An op record as a Compute, or a :class:`TracedCollective` for a traced collective."""
     op = o.name[len(COLLECTIVE_PREFIX):].split(".")[0] if o.name.startswith(COLLECTIVE_PREFIX) else ""
     if op in TRACED_COLLECTIVES:
         eb = ELEM_BYTES.get(o.dtype, 2)
         size = math.prod(o.out_shapes[0]) * eb if op == "all_gather" else math.prod(o.in_shapes[0]) * eb
-        return ("coll", op, int(size), "ep" if op == "all_to_all" else "tp", o.dtype)
+        return TracedCollective(op, int(size), "ep" if op == "all_to_all" else "tp", o.dtype)
     return o.to_compute()
 
 
@@ -150,9 +170,6 @@ def build_programs(trace: ModelTrace, config: ParallelConfig, *, ranks: list[int
     per_vstage = cfg.stage_layers(trace.num_layers)
     if len(per_vstage) != p * v:
         raise AssertionError("stage_layers must give one entry per virtual stage")
-    offsets = [0]
-    for n in per_vstage:
-        offsets.append(offsets[-1] + n)
     macro = ops is not None
     ops = ops or TracedOps(trace)
     eb = ELEM_BYTES.get(trace.dtype, 2)
@@ -162,22 +179,43 @@ def build_programs(trace: ModelTrace, config: ParallelConfig, *, ranks: list[int
     ranks = list(range(layout.world_size)) if ranks is None else ranks
     programs = {}
     for r in ranks:
-        rb = RankBuilder(r, trace, cfg, layout, ops, per_vstage, offsets, act_bytes)
-        rb.macro = macro
+        rb = RankBuilder(r, trace=trace, config=cfg, layout=layout, ops=ops, stage_layers=per_vstage,
+                         act_bytes=act_bytes, macro=macro)
         programs[r] = rb.build(p, v, m)
     info = {"activation_p2p_bytes": act_bytes, "num_microbatches": m}
     return BuildResult(programs, layout, cfg, per_vstage, info)
 
 
 class RankBuilder:
-    def __init__(self, rank, trace, cfg, layout, ops, per_vstage, offsets, act_bytes) -> None:
+    """The program of one rank, built task by task.
+
+    :func:`build_programs` calls :meth:`build` for a whole iteration; the hierarchical engine
+    (``scenarios.hierarchical``) times one layer pass at a time with :meth:`add_pass` and reads
+    :attr:`program`.
+
+    Args:
+        rank: the global rank.
+        trace: the traced micro-batch.
+        config: the resolved parallel configuration.
+        layout: ``Layout(config)``.
+        ops: the ops per (part, phase, block): a :class:`TracedOps`, or a stand-in with its ``get``.
+        stage_layers: layers per virtual pipeline stage (``config.stage_layers(trace.num_layers)``).
+        act_bytes: bytes of one pipeline send of activations or gradients (this rank's 1/tp slice).
+        macro: ``ops`` gives macro tasks whose backward already includes recomputation.
+    """
+
+    def __init__(self, rank: int, *, trace: ModelTrace, config: ParallelConfig, layout: Layout, ops,
+                 stage_layers: list[int], act_bytes: int = 0, macro: bool = False) -> None:
+        cfg = config
         self.rank = rank
         self.t = trace
         self.cfg = cfg
         self.L = layout
         self.ops = ops
-        self.per_vstage = per_vstage
-        self.offsets = offsets
+        self.per_vstage = stage_layers
+        self.offsets = [0]
+        for n in stage_layers:
+            self.offsets.append(self.offsets[-1] + n)
         self.act_bytes = act_bytes
         self.c = layout.coords(rank)
         self.prog = Program(rank)
@@ -197,10 +235,24 @@ class RankBuilder:
         self.zero = cfg.effective_zero_stage
         self.last_compute: int | None = None
         self.dp_tasks: list[int] = []
-        self.macro = False
+        self.macro = macro
         self.grad_bytes = GRAD_REDUCE_BYTES.get(trace.dtype, 4)
         self.grad_dtype = "fp16" if self.grad_bytes == 2 else "fp32"
         self.fp8_cast_chunks: set[int] = set()
+
+    # -- public ----------------------------------------------------------------------------------
+    @property
+    def program(self) -> Program:
+        """The tasks added so far."""
+        return self.prog
+
+    def add_pass(self, part: str, phase: str, block: int | None = None) -> None:
+        """Add one micro-batch's pass of ``part`` (``pre``, ``block`` or ``post``) in ``phase``
+        (``fwd``, ``bwd``) to the compute stream: its kernels and TP/EP collectives, a block's
+        backward preceded by its recomputation (``recompute_granularity``). No pipeline, data-parallel
+        or FSDP communication: the pass alone."""
+        deps = self.recompute(block or 0, []) if part == "block" and phase == "bwd" else []
+        self.emit(self.ops.get(part, phase, block), deps)
 
     # -- helpers -------------------------------------------------------------------------------
     def add(self, op, stream="compute", deps=()) -> int:
@@ -214,9 +266,9 @@ class RankBuilder:
         """Put kernels and TP/EP collectives on the compute stream; the first waits for ``deps``."""
         first = True
         for it in items:
-            if isinstance(it, tuple):
-                _, op, size, axis, dtype = it
-                task = Collective(op, size, self.groups[axis], dtype=dtype, name=f"{axis}_{op}")
+            if isinstance(it, TracedCollective):
+                task = Collective(it.op, it.size_bytes, self.groups[it.axis], dtype=it.dtype,
+                                  name=f"{it.axis}_{it.op}")
             else:
                 task = it
                 if scale != 1.0:
@@ -374,7 +426,7 @@ class RankBuilder:
         fwd = self.ops.get("block", "fwd", layer)
         if g == "selective":
             fwd = [replace(o, name=f"recompute:{o.name}") for o in fwd
-                   if not isinstance(o, tuple) and o.kind in SELECTIVE_KINDS and o.layer.endswith(".attn")]
+                   if isinstance(o, Compute) and o.kind in SELECTIVE_KINDS and o.layer.endswith(".attn")]
         if not fwd:
             return deps
         self.emit(fwd, deps)
@@ -435,55 +487,73 @@ class RankBuilder:
                                                      name=f"dp_grad_bucket{i}"), "dp", (after,)))
 
     # -- the iteration -------------------------------------------------------------------------------
-    def build(self, p: int, v: int, m: int) -> Program:  # noqa: C901
+    def build(self, p: int, v: int, m: int) -> Program:
+        """The whole iteration: ``config.schedule``'s forward and backward steps for ``m``
+        micro-batches on ``p`` stages of ``v`` virtual stages each, the data-parallel gradient
+        buckets, the optimizer. Returns the program."""
         cfg, s = self.cfg, self.c["pp"]
         self.plan_buckets()
         if self.zero in (1, 2) and cfg.overlap_param_gather:
-            # Steady state: the previous step's parameter all-gathers overlap this forward pass;
-            # each layer's first forward waits for its bucket (Megatron --overlap-param-gather).
-            for i in reversed(range(len(self.buckets))):
-                for t in self.gather_bucket(i, None):
-                    for key in self.buckets[i]:
-                        self.param_ag[key] = t
+            self._prefetch_param_gathers()
         steps = schedule(cfg.schedule, p, m, s, v)
-        last_b = {}
-        for idx, st in enumerate(steps):
-            if st.kind == "B":
-                last_b[st.chunk] = idx
-        nvs = p * v
+        last_b = {st.chunk: idx for idx, st in enumerate(steps) if st.kind == "B"}
         for idx, st in enumerate(steps):
             vs = st.chunk * p + s
-            first_v, last_v = vs == 0, vs == nvs - 1
+            first_v, last_v = vs == 0, vs == p * v - 1
             if st.kind == "F":
-                deps = []
-                if not first_v:  # posted when the program reaches it (Megatron's p2p calls are in order)
-                    deps.append(self.add(SendRecv("recv", self.prev_rank, self.act_bytes, name="pp_act",
-                                                  tag="fwd"), "pp_fwd_recv", (self.last_compute,)))
-                deps = self.gather_received(deps)
-                done = self.forward(st.microbatch, st.chunk, first_v, last_v, deps)
-                if not last_v:
-                    self.add(SendRecv("send", self.next_rank, self.act_bytes, name="pp_act", tag="fwd"),
-                             "pp_fwd_send", (done,))
+                self._forward_step(st, first_v, last_v)
             else:
-                deps = []
-                if not last_v:
-                    deps.append(self.add(SendRecv("recv", self.next_rank, self.act_bytes, name="pp_grad",
-                                                  tag="bwd"), "pp_bwd_recv", (self.last_compute,)))
-                deps = self.gather_received(deps)
-                last_mb = idx == last_b[st.chunk]
-                self.backward(st.microbatch, st.chunk, first_v, last_v, deps, last_mb)
-                if not first_v:
-                    self.add(SendRecv("send", self.prev_rank, self.act_bytes, name="pp_grad", tag="bwd"),
-                             "pp_bwd_send", (self.last_compute,))
-        if not cfg.overlap_grad_reduce and self.zero != 3:
-            for i in range(len(self.buckets)):
-                self.reduce_bucket(i, self.last_compute)
-        elif self.zero != 3:  # buckets never completed (e.g. empty keys) still need reducing
-            for i, pend in self.pending.items():
-                if pend:
-                    self.reduce_bucket(i, self.last_compute)
+                self._backward_step(st, first_v, last_v, last_mb=idx == last_b[st.chunk])
+        if self.zero != 3:
+            self._reduce_remaining_buckets()
         self.optimizer()
         return self.prog
+
+    def _prefetch_param_gathers(self) -> None:
+        """Steady state of the distributed optimizer: the previous step's parameter all-gathers
+        overlap this forward pass; each layer's first forward waits for its bucket (Megatron
+        ``--overlap-param-gather``)."""
+        for i in reversed(range(len(self.buckets))):
+            for t in self.gather_bucket(i, None):
+                for key in self.buckets[i]:
+                    self.param_ag[key] = t
+
+    def _forward_step(self, st, first_v: bool, last_v: bool) -> None:
+        """One forward of the schedule: receive the activations (but on the first virtual stage),
+        the forward pass, send them on (but from the last)."""
+        deps = []
+        if not first_v:  # posted when the program reaches it (Megatron's p2p calls are in order)
+            deps.append(self.add(SendRecv("recv", self.prev_rank, self.act_bytes, name="pp_act", tag="fwd"),
+                                 "pp_fwd_recv", (self.last_compute,)))
+        deps = self.gather_received(deps)
+        done = self.forward(st.microbatch, st.chunk, first_v, last_v, deps)
+        if not last_v:
+            self.add(SendRecv("send", self.next_rank, self.act_bytes, name="pp_act", tag="fwd"),
+                     "pp_fwd_send", (done,))
+
+    def _backward_step(self, st, first_v: bool, last_v: bool, *, last_mb: bool) -> None:
+        """One backward of the schedule: receive the output gradients (but on the last virtual
+        stage), the backward pass, send the input gradients back (but from the first)."""
+        deps = []
+        if not last_v:
+            deps.append(self.add(SendRecv("recv", self.next_rank, self.act_bytes, name="pp_grad", tag="bwd"),
+                                 "pp_bwd_recv", (self.last_compute,)))
+        deps = self.gather_received(deps)
+        self.backward(st.microbatch, st.chunk, first_v, last_v, deps, last_mb)
+        if not first_v:
+            self.add(SendRecv("send", self.prev_rank, self.act_bytes, name="pp_grad", tag="bwd"),
+                     "pp_bwd_send", (self.last_compute,))
+
+    def _reduce_remaining_buckets(self) -> None:
+        """After the last backward: every bucket without ``overlap_grad_reduce``, else the buckets
+        that never completed (e.g. empty keys)."""
+        if not self.cfg.overlap_grad_reduce:
+            for i in range(len(self.buckets)):
+                self.reduce_bucket(i, self.last_compute)
+            return
+        for i, pend in self.pending.items():
+            if pend:
+                self.reduce_bucket(i, self.last_compute)
 
     def optimizer(self) -> None:
         """Mixed-precision Adam as Megatron runs it: one fused multi-tensor kernel per layer's
