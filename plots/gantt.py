@@ -127,7 +127,7 @@ class GanttInfo:
         return len(self.lanes)
 
 
-def plot_gantt(events: Iterable[Any], path: str | Path, *, ranks: Iterable[int] | None = None,  # noqa: C901
+def plot_gantt(events: Iterable[Any], path: str | Path, *, ranks: Iterable[int] | None = None,
                max_ranks: int = 16, title: str = "", time_unit: str = "ms", dpi: int = 120,
                t_range_s: tuple[float, float] | None = None) -> GanttInfo:
     """Draw the run's timeline to a PNG.
@@ -153,58 +153,14 @@ def plot_gantt(events: Iterable[Any], path: str | Path, *, ranks: Iterable[int] 
     all_ranks = sorted({e.rank for e in evs})
     wanted = sorted(set(ranks)) if ranks is not None else all_ranks
     shown = select_ranks(wanted, max_ranks)
-    shown_set = set(shown)
-    tids = stream_tids(e.stream for e in evs)
-    streams_of: dict[int, set[str]] = defaultdict(set)
-    for e in evs:
-        if e.rank in shown_set:
-            streams_of[e.rank].add(e.stream)
-    lanes = [(r, s) for r in shown for s in sorted(streams_of.get(r, ()), key=lambda s: tids[s])]
-    lane_index = {lane: i for i, lane in enumerate(lanes)}
-
-    # (lane, colour group) -> list of (start, width) in display units; ``waits`` the same for the time
-    # communication tasks spent waiting for their peers before data moved.
-    bars: dict[tuple[int, str], list[tuple[float, float]]] = defaultdict(list)
-    waits: dict[tuple[int, str], list[tuple[float, float]]] = defaultdict(list)
-    colours: dict[str, str] = {}
-    n_bars = 0
-    t_end = 0.0
-    for e in evs:
-        i = lane_index.get((e.rank, e.stream))
-        if i is None:
-            continue
-        label, colour = category_style(e.category, getattr(e, "phase", "") or "")
-        colours[label] = colour
-        moved = getattr(e, "xfer_start_s", None)
-        start = e.start_s
-        if moved is not None and e.start_s < moved <= e.end_s:
-            waits[(i, label)].append((e.start_s * scale, (moved - e.start_s) * scale))
-            start = moved
-        bars[(i, label)].append((start * scale, (e.end_s - start) * scale))
-        n_bars += 1
-        t_end = max(t_end, e.end_s)
+    lanes = _lanes(evs, shown)
+    bars = _bars(evs, {lane: i for i, lane in enumerate(lanes)}, scale)
 
     n = max(len(lanes), 1)
     fig = Figure(figsize=(13, min(2.0 + 0.32 * n, 40)), layout="constrained")
     ax = fig.add_subplot()
-    x_max = t_end * scale if t_end > 0 else 1.0
-    # Pale lane backgrounds: idle time (bubbles) shows as gaps in the colour.
-    for i in range(len(lanes)):
-        ax.broken_barh([(0.0, x_max)], (i - 0.42, 0.84), facecolors="#f2f2f2", linewidth=0, zorder=0)
-    for (i, label), xr in waits.items():
-        ax.broken_barh(xr, (i - 0.25, 0.5), facecolors=colours[label], alpha=_WAIT_ALPHA, hatch="////",
-                       edgecolor="white", linewidth=0, zorder=2)
-    for (i, label), xr in bars.items():
-        ax.broken_barh(xr, (i - 0.4, 0.8), facecolors=colours[label], linewidth=0, zorder=2)
-    # Separate GPUs with a line; a thick dashed one where ranks were left out.
-    pos = {r: k for k, r in enumerate(all_ranks)}
-    for i in range(1, len(lanes)):
-        prev, cur = lanes[i - 1][0], lanes[i][0]
-        if cur != prev:
-            skipped = pos[cur] - pos[prev] > 1
-            ax.axhline(i - 0.5, color="#c00000" if skipped else "#555555", linewidth=1.6 if skipped else 0.6,
-                       linestyle="--" if skipped else "-", zorder=3)
-
+    x_max = bars.t_end_s * scale if bars.t_end_s > 0 else 1.0
+    _draw_lanes(ax, lanes, bars, x_max, all_ranks)
     ax.set_yticks(range(len(lanes)), [f"GPU {r} {s}" for r, s in lanes], fontsize=8 if n > 24 else 9)
     ax.set_ylim(len(lanes) - 0.5, -0.5)  # GPU 0 on top
     if t_range_s is not None:
@@ -219,15 +175,83 @@ def plot_gantt(events: Iterable[Any], path: str | Path, *, ranks: Iterable[int] 
     if len(shown) < len(wanted):
         full_title += f"  (GPUs {_ranges_label(shown)} of {len(wanted)} shown)"
     ax.set_title(full_title)
-    groups = [g for g in _LEGEND_ORDER if g in colours]
+    groups = _legend(ax, bars)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    return GanttInfo(path=path, lanes=lanes, ranks_shown=shown, n_bars=bars.n_bars, groups=groups)
+
+
+def _lanes(evs: Sequence[Any], shown: Sequence[int]) -> list[tuple[int, str]]:
+    """(rank, stream) lanes of the ``shown`` ranks, top to bottom: by rank, then by stream tid."""
+    tids = stream_tids(e.stream for e in evs)
+    shown_set = set(shown)
+    streams_of: dict[int, set[str]] = defaultdict(set)
+    for e in evs:
+        if e.rank in shown_set:
+            streams_of[e.rank].add(e.stream)
+    return [(r, s) for r in shown for s in sorted(streams_of.get(r, ()), key=lambda s: tids[s])]
+
+
+@dataclass
+class _Bars:
+    """Bars to draw, by (lane index, colour group): ``(start, width)`` in display units."""
+
+    solid: dict[tuple[int, str], list[tuple[float, float]]] = field(default_factory=lambda: defaultdict(list))
+    waits: dict[tuple[int, str], list[tuple[float, float]]] = field(default_factory=lambda: defaultdict(list))
+    """The time communication tasks spent waiting for their peers before data moved."""
+    colours: dict[str, str] = field(default_factory=dict)
+    n_bars: int = 0
+    t_end_s: float = 0.0
+
+
+def _bars(evs: Iterable[Any], lane_index: dict[tuple[int, str], int], scale: float) -> _Bars:
+    """The bars of the events on the lanes in ``lane_index``; times multiplied by ``scale``."""
+    out = _Bars()
+    for e in evs:
+        i = lane_index.get((e.rank, e.stream))
+        if i is None:
+            continue
+        label, colour = category_style(e.category, getattr(e, "phase", "") or "")
+        out.colours[label] = colour
+        moved = getattr(e, "xfer_start_s", None)
+        start = e.start_s
+        if moved is not None and e.start_s < moved <= e.end_s:
+            out.waits[(i, label)].append((e.start_s * scale, (moved - e.start_s) * scale))
+            start = moved
+        out.solid[(i, label)].append((start * scale, (e.end_s - start) * scale))
+        out.n_bars += 1
+        out.t_end_s = max(out.t_end_s, e.end_s)
+    return out
+
+
+def _draw_lanes(ax: Any, lanes: list[tuple[int, str]], bars: _Bars, x_max: float, all_ranks: list[int]) -> None:
+    """Lane backgrounds, the bars, and lines between GPUs (thick, dashed, red where ranks were left out)."""
+    # Pale lane backgrounds: idle time (bubbles) shows as gaps in the colour.
+    for i in range(len(lanes)):
+        ax.broken_barh([(0.0, x_max)], (i - 0.42, 0.84), facecolors="#f2f2f2", linewidth=0, zorder=0)
+    for (i, label), xr in bars.waits.items():
+        ax.broken_barh(xr, (i - 0.25, 0.5), facecolors=bars.colours[label], alpha=_WAIT_ALPHA, hatch="////",
+                       edgecolor="white", linewidth=0, zorder=2)
+    for (i, label), xr in bars.solid.items():
+        ax.broken_barh(xr, (i - 0.4, 0.8), facecolors=bars.colours[label], linewidth=0, zorder=2)
+    pos = {r: k for k, r in enumerate(all_ranks)}
+    for i in range(1, len(lanes)):
+        prev, cur = lanes[i - 1][0], lanes[i][0]
+        if cur != prev:
+            skipped = pos[cur] - pos[prev] > 1
+            ax.axhline(i - 0.5, color="#c00000" if skipped else "#555555", linewidth=1.6 if skipped else 0.6,
+                       linestyle="--" if skipped else "-", zorder=3)
+
+
+def _legend(ax: Any, bars: _Bars) -> list[str]:
+    """Draw the legend of the colour groups present (and of waiting, if any); returns the groups."""
+    groups = [g for g in _LEGEND_ORDER if g in bars.colours]
     if groups:
-        handles = [Patch(facecolor=colours[g], label=g) for g in groups]
-        if waits:
+        handles = [Patch(facecolor=bars.colours[g], label=g) for g in groups]
+        if bars.waits:
             handles.append(Patch(facecolor="#888888", alpha=_WAIT_ALPHA, hatch="////", edgecolor="white",
                                  label="waiting for peers\n(posted, no data moving)"))
         ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8,
                   frameon=False)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=dpi)
-    return GanttInfo(path=path, lanes=lanes, ranks_shown=shown, n_bars=n_bars, groups=groups)
+    return groups

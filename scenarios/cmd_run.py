@@ -21,6 +21,7 @@ from pathlib import Path
 
 from scenarios.catalog import catalog_names, is_sweep_file, scenario_path
 from scenarios.cli import UserError
+from scenarios.report import format_memory_only, format_report, write_json, write_plots, write_trace
 from scenarios.scenario import load_scenario
 
 EXIT_OOM = 3
@@ -67,7 +68,6 @@ def load(name: str | None, overrides: list[str]):
 
 def run(args: argparse.Namespace) -> int:
     # deferred: the runner imports torch, which every trainsim command would otherwise pay for
-    from scenarios.report import format_memory_only, format_report, write_json, write_plots, write_trace
     from scenarios.runner import memory_for, prepare, run_prepared
 
     t0 = time.perf_counter()

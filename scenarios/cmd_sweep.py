@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from scenarios.cli import UserError
+from scenarios.report import write_json
 
 EXIT_BAD_POINT = 2
 """Exit status when some points of a sweep failed: their configuration is bad input, as for ``run``."""
@@ -47,7 +48,6 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     # deferred: the sweep module imports the runner, hence torch, which every trainsim command would
     # otherwise pay for
-    from scenarios.report import write_json
     from scenarios.sweep import format_rows, load_sweep, plot_rows, point_scenario, run_sweep
 
     if args.workers < 1:

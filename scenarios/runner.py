@@ -26,7 +26,7 @@ from hwmodel.cluster import Cluster
 from hwmodel.nccl.engine import NcclEngine
 from hwmodel.nccl.tuner_config import TunerConfigError, load_tuner_config
 from hwmodel.runtime import DEFAULT_HOST_LAUNCH_OVERHEAD_S, RunResult, Runtime
-from hwmodel.specs import get_gpu, load_gpu_file, with_overrides
+from hwmodel.specs import get_gpu, known_gpus, load_gpu_file, with_overrides
 from hwmodel.topology import Topology, build_system
 from scenarios.analysis import RankBreakdown, breakdown, megatron_flops_per_iteration
 from scenarios.catalog import scenario_path as scenario_path  # re-exported: runner.scenario_path is API
@@ -44,6 +44,7 @@ from workload.trace import load_factory
 from workload.zoo import get_model_config
 from workload.zoo import with_overrides as model_overrides
 from workload.zoo.config import ResNetConfig, TransformerConfig
+from workload.zoo.hf import config_from_hf
 
 MODEL_SPECIAL_KEYS = ("name", "factory", "hf_config", "factory_args")
 SYMMETRY_THRESHOLD_GPUS = 16
@@ -162,8 +163,7 @@ def build_model_config(model: dict, training: dict, base_dir: str | Path | None 
             local = Path(base_dir) / local  # relative to the scenario file, as factory paths are
             source = str(local)
         try:
-            from workload.zoo.hf import config_from_hf
-            cfg = config_from_hf(source)
+            cfg = config_from_hf(source)  # raises ImportError without the optional transformers
         except ImportError as exc:
             raise ValueError(f"[model] hf_config {model['hf_config']!r}: {exc}") from None
         except FileNotFoundError as exc:
@@ -258,8 +258,6 @@ def check_dtype(dtype: str, gpu) -> None:
         ValueError: one line naming the field, the GPU and the GPUs that have FP8 tensor cores.
     """
     if dtype == "fp8" and "fp8" not in gpu.tensor_flops:
-        from hwmodel.specs import known_gpus
-
         have = ", ".join(n for n in known_gpus() if "fp8" in get_gpu(n).tensor_flops)
         raise ValueError(f"[training] dtype 'fp8' needs FP8 tensor cores ({have}); {gpu.name} has none")
 

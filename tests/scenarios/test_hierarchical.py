@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from hwmodel.events import KernelInfo, MacroInfo, TraceEvent
 from scenarios.analysis import macro_intervals
 from scenarios.cli import main
 from scenarios.hierarchical import PassProfile
@@ -40,15 +41,16 @@ def test_breakdown_and_overlap_agree_with_symmetric_mode(both_modes):
 
 
 def test_macro_task_split_is_laid_out_in_its_interval():
-    from hwmodel.runtime import TraceEvent
-
     prof = PassProfile(10e-3, compute_s=7e-3, exposed_comm_s=2e-3, hidden_comm_s=1e-3)
     assert prof.as_tuple() == (10e-3, 7e-3, 2e-3, 1e-3)
     # the task ran 20 % slower than in step 1 (contention): every part stretches alike
     ev = TraceEvent(0, "compute", 0, "block_fwd", "macro", 1.0, 1.012, "fwd", "layers.0",
-                    (0.0, 10e-3, *prof.as_tuple()))
+                    MacroInfo(0.0, 10e-3, *prof.as_tuple()))
     (c0, c1), (m0, m1) = macro_intervals(ev)
     assert (c0, c1) == (1.0, pytest.approx(1.0084))
     assert (m0, m1) == (pytest.approx(1.0072), pytest.approx(1.0108))
-    plain = TraceEvent(0, "compute", 1, "aten.mm", "gemm", 0.0, 1.0, "fwd", "", (1.0, 1.0))
+    plain = TraceEvent(0, "compute", 1, "aten.mm", "gemm", 0.0, 1.0, "fwd", "", KernelInfo(1.0, 1.0))
     assert macro_intervals(plain) == ((0.0, 1.0), None)
+    # a macro task without a measured split (step 1 timed nothing) is all compute
+    bare = TraceEvent(0, "compute", 2, "block_fwd", "macro", 0.0, 1.0, "fwd", "", KernelInfo(0.0, 1.0))
+    assert macro_intervals(bare) == ((0.0, 1.0), None)
