@@ -149,6 +149,9 @@ class OverlapStats:
 
 
 def overlap_stats(events: Iterable[TraceEvent], per_rank: dict[int, RankBreakdown]) -> OverlapStats:
+    """:class:`OverlapStats` of a run: communication from ``per_rank`` (:func:`breakdown`), slowdown
+    over the kernels whose event carries a :class:`hwmodel.events.KernelInfo` (macro tasks included:
+    their solo time is the pass's step-1 duration)."""
     solo = actual = 0.0
     n = 0
     for ev in events:

@@ -1,6 +1,7 @@
-"""Run a scenario end to end: cluster, model trace, per-rank programs, simulation, report.
+"""Run a scenario end to end: cluster, model trace, per-rank programs, simulation, metrics.
 
-The only module that knows both the workload and the hardware model (``docs/DESIGN.md``).
+With :mod:`scenarios.hierarchical`, the only modules that know both the workload and the hardware
+model (``docs/DESIGN.md``). The metrics dict itself is :func:`scenarios.metrics.run_metrics`'s.
 """
 
 from __future__ import annotations
