@@ -84,6 +84,15 @@ def test_workers_give_the_same_rows(tiny_rows):
     assert [r.iteration_time_s for r in again] == [r.iteration_time_s for r in rows]
 
 
+def test_progress_bars_change_no_row(tiny_rows, capsys):
+    sw, rows = tiny_rows
+    again = run_sweep(sw, progress=True)
+    err = capsys.readouterr().err
+    assert "sweep tiny" in err and "point" in err  # the points bar
+    assert "simulating tiny" in err  # and, with one worker, each point's run below it
+    assert [r.to_json() for r in again] == [r.to_json() for r in rows]
+
+
 def test_sweep_cli_prints_rows_marks_oom_and_writes_outputs(tmp_path, capsys):
     p = tmp_path / "tiny.toml"
     p.write_text(TINY)
