@@ -272,6 +272,7 @@ def parameter_count(cfg: Any) -> ParamCounts:
 # Activations
 # --------------------------------------------------------------------------------------------------
 
+# Over 80 lines only by its docstring, which documents each argument; the body is one closed form.
 def activation_bytes_per_layer(seq_length: int, micro_batch_size: int, hidden_size: int,
                                num_attention_heads: int, *, tp: int = 1, sequence_parallel: bool = False,
                                recompute: str = "none", cp: int = 1, ffn_hidden_size: int | None = None,
@@ -424,7 +425,43 @@ class MemoryBreakdown:
         return f"OOM: needs {_fmt(need)} > {_fmt(cap)} HBM ({parts}; stage {self.stage})"
 
 
-def memory_per_gpu(model_cfg: Any, *, tp: int = 1, pp: int = 1, dp: int = 1, cp: int = 1, ep: int = 1,  # noqa: C901
+def _layers_per_stage(m: TransformerShape, *, tp: int, pp: int, dp: int, cp: int, ep: int,
+                      micro_batch_size: int, virtual_pipeline_size: int, zero_stage: int, recompute: str,
+                      stage: int | None, stage_layers: Sequence[int] | None) -> list[int]:
+    """Check :func:`memory_per_gpu`'s arguments and return the layers of each pipeline stage (all its
+    model chunks).
+
+    Raises:
+        ValueError: see :func:`memory_per_gpu`.
+    """
+    for name, v in (("tp", tp), ("pp", pp), ("dp", dp), ("cp", cp), ("ep", ep),
+                    ("micro_batch_size", micro_batch_size), ("virtual_pipeline_size", virtual_pipeline_size)):
+        if int(v) != v or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    if zero_stage not in (0, 1, 2, 3):
+        raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
+    if recompute not in RECOMPUTE_MODES:
+        raise ValueError(f"recompute must be one of {RECOMPUTE_MODES}, got {recompute!r}")
+    if m.num_attention_heads % tp:
+        raise ValueError(f"tp={tp} must divide num_attention_heads={m.num_attention_heads}")
+    if pp > m.num_layers:
+        raise ValueError(f"pp={pp} exceeds num_layers={m.num_layers}")
+    if m.num_experts > 1 and m.num_experts % ep:
+        raise ValueError(f"ep={ep} must divide num_experts={m.num_experts}")
+    if stage is not None and not 0 <= stage < pp:
+        raise ValueError(f"stage must be in [0, {pp}), got {stage}")
+    if stage_layers is None:
+        return [m.num_layers // pp + (1 if i < m.num_layers % pp else 0) for i in range(pp)]
+    if len(stage_layers) != pp * virtual_pipeline_size or sum(stage_layers) != m.num_layers or any(
+            n < 0 for n in stage_layers):
+        raise ValueError(f"stage_layers must give pp x virtual_pipeline_size = {pp * virtual_pipeline_size} "
+                         f"layer counts summing to num_layers={m.num_layers}, got {list(stage_layers)}")
+    return [sum(stage_layers[c * pp + i] for c in range(virtual_pipeline_size)) for i in range(pp)]
+
+
+# Over 80 lines by its docstring (one entry per argument); the argument checks are in _layers_per_stage,
+# and one_stage keeps the per-stage closed forms next to the values they share.
+def memory_per_gpu(model_cfg: Any, *, tp: int = 1, pp: int = 1, dp: int = 1, cp: int = 1, ep: int = 1,
                    micro_batch_size: int = 1, num_microbatches_in_flight: int | None = None,
                    num_microbatches: int | None = None, virtual_pipeline_size: int = 1,
                    sequence_parallel: bool = False, recompute: str = "none", zero_stage: int = 0,
@@ -464,30 +501,9 @@ def memory_per_gpu(model_cfg: Any, *, tp: int = 1, pp: int = 1, dp: int = 1, cp:
             unknown recompute mode or ZeRO stage, or ``stage_layers`` of the wrong length or total.
     """
     m = TransformerShape.of(model_cfg)
-    for name, v in (("tp", tp), ("pp", pp), ("dp", dp), ("cp", cp), ("ep", ep),
-                    ("micro_batch_size", micro_batch_size), ("virtual_pipeline_size", virtual_pipeline_size)):
-        if int(v) != v or v < 1:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}")
-    if zero_stage not in (0, 1, 2, 3):
-        raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
-    if recompute not in RECOMPUTE_MODES:
-        raise ValueError(f"recompute must be one of {RECOMPUTE_MODES}, got {recompute!r}")
-    if m.num_attention_heads % tp:
-        raise ValueError(f"tp={tp} must divide num_attention_heads={m.num_attention_heads}")
-    if pp > m.num_layers:
-        raise ValueError(f"pp={pp} exceeds num_layers={m.num_layers}")
-    if m.num_experts > 1 and m.num_experts % ep:
-        raise ValueError(f"ep={ep} must divide num_experts={m.num_experts}")
-    if stage is not None and not 0 <= stage < pp:
-        raise ValueError(f"stage must be in [0, {pp}), got {stage}")
-    if stage_layers is None:
-        per_stage = [m.num_layers // pp + (1 if i < m.num_layers % pp else 0) for i in range(pp)]
-    else:
-        if len(stage_layers) != pp * virtual_pipeline_size or sum(stage_layers) != m.num_layers or any(
-                n < 0 for n in stage_layers):
-            raise ValueError(f"stage_layers must give pp x virtual_pipeline_size = {pp * virtual_pipeline_size} "
-                             f"layer counts summing to num_layers={m.num_layers}, got {list(stage_layers)}")
-        per_stage = [sum(stage_layers[c * pp + i] for c in range(virtual_pipeline_size)) for i in range(pp)]
+    per_stage = _layers_per_stage(m, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, micro_batch_size=micro_batch_size,
+                                  virtual_pipeline_size=virtual_pipeline_size, zero_stage=zero_stage,
+                                  recompute=recompute, stage=stage, stage_layers=stage_layers)
     opt_bytes = optimizer_bytes_per_param if optimizer_bytes_per_param is not None else (
         12 if param_bytes < 4 else 8)
     sp = sequence_parallel and tp > 1
@@ -495,21 +511,17 @@ def memory_per_gpu(model_cfg: Any, *, tp: int = 1, pp: int = 1, dp: int = 1, cp:
     counts = parameter_count(m)
     s, b, h, v = m.seq_length, micro_batch_size, m.hidden_size, m.vocab_size
     s_local = s / cp
-    per_layer_act = activation_bytes_per_layer(
-        s, b, h, m.num_attention_heads, tp=tp, sequence_parallel=sp, recompute=recompute, cp=cp,
-        ffn_hidden_size=m.ffn_hidden_size, num_query_groups=m.num_query_groups, gated_mlp=m.gated_mlp,
-        moe_tokens_factor=m.moe_topk * m.moe_capacity_factor, flash_attention=flash_attention, fp8=fp8,
-        hidden_dropout=m.hidden_dropout, attention_dropout=m.attention_dropout, head_dim=m.head_dim,
-        qk_norm=m.qk_norm)
-    workspace = 0.0
-    if recompute != "none":  # one layer rematerialised at a time during backward
-        full_layer = activation_bytes_per_layer(
-            s, b, h, m.num_attention_heads, tp=tp, sequence_parallel=sp, recompute="none", cp=cp,
+    def layer_activations(mode: str) -> float:
+        return activation_bytes_per_layer(
+            s, b, h, m.num_attention_heads, tp=tp, sequence_parallel=sp, recompute=mode, cp=cp,
             ffn_hidden_size=m.ffn_hidden_size, num_query_groups=m.num_query_groups, gated_mlp=m.gated_mlp,
             moe_tokens_factor=m.moe_topk * m.moe_capacity_factor, flash_attention=flash_attention, fp8=fp8,
             hidden_dropout=m.hidden_dropout, attention_dropout=m.attention_dropout, head_dim=m.head_dim,
             qk_norm=m.qk_norm)
-        workspace = full_layer - per_layer_act
+
+    per_layer_act = layer_activations(recompute)
+    # one layer rematerialised at a time during backward
+    workspace = layer_activations("none") - per_layer_act if recompute != "none" else 0.0
 
     in_flight_first = num_microbatches_in_flight if num_microbatches_in_flight is not None else pp
     if num_microbatches is not None:
