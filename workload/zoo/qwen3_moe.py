@@ -7,11 +7,12 @@ the model (h -> a·head_dim = 4096 -> h); RMSNorm on each head's query and key b
 the per-expert ``moe_intermediate_size``), every layer sparse, no shared expert; untied output layer.
 The router is Mixtral's (softmax, top-k, renormalised: ``norm_topk_prob = true``).
 
-Source: the Hugging Face ``config.json`` of ``Qwen/Qwen3-30B-A3B`` and ``Qwen/Qwen3-235B-A22B``
-(``model_type = "qwen3_moe"``; as Megatron arguments in e.g. THUDM/slime ``scripts/models/qwen3-30B-A3B.sh``:
-``--kv-channels 128 --qk-layernorm --moe-ffn-hidden-size 768 --num-experts 128 --moe-router-topk 8``) and
-the Qwen3 technical report (Yang et al. 2025, arXiv:2505.09388, Table 2: 30.5B total / 3.3B activated;
-235B / 22B).
+Sources: the Hugging Face ``config.json`` of ``Qwen/Qwen3-30B-A3B`` and ``Qwen/Qwen3-235B-A22B``
+(``model_type = "qwen3_moe"``; the same as Megatron arguments in slime's ``scripts/models/qwen3-30B-A3B.sh``
+and ``qwen3-235B-A22B.sh``: ``--kv-channels 128 --qk-layernorm --num-query-groups 4 --num-experts 128
+--moe-router-topk 8 --moe-ffn-hidden-size 768`` / ``1536``); the architecture table of the Qwen3
+technical report (Yang et al. 2025, arXiv:2505.09388); the totals from the model cards (30.5B total,
+3.3B activated; 235B, 22B). Training sequence 4096 (the report's pre-training stages 1-2).
 
 Shapes: B micro-batch, T sequence, C hidden, nh query heads, nkv key/value heads, hs = head_dim.
 """
@@ -172,7 +173,7 @@ def _qwen3(name: str, params: float, layers: int, hidden: int, heads: int, ffn: 
         add_bias_linear=False, norm_epsilon=1e-6, published_params=params, source=source)
 
 
-_HF = "Hugging Face Qwen/{} config.json; Yang et al. 2025 (arXiv:2505.09388) Table 2"
+_HF = "Hugging Face Qwen/{} config.json and model card; Yang et al. 2025 (arXiv:2505.09388)"
 FAMILIES = (Qwen3MoEFamily(),)
 CONFIGS = (
     _qwen3("qwen3-30b-a3b", 30.5, 48, 2048, 32, 768, _HF.format("Qwen3-30B-A3B")),
