@@ -114,6 +114,9 @@ def test_config_from_hf_reads_qwen3_moe() -> None:
             cfg.rotary_base, cfg.untie_embeddings_and_output_weights) == (128, 4, 768, 128, 8, 1e6, True)
     with pytest.raises(ValueError, match="decoder_sparse_step / mlp_only_layers"):
         config_from_hf({**QWEN3_30B_A3B_HF, "mlp_only_layers": [0]})
+    with pytest.raises(ValueError, match="Hugging Face config: moe_intermediate_size must be a positive integer, "
+                                         "got 0"):
+        config_from_hf({**QWEN3_30B_A3B_HF, "moe_intermediate_size": 0})
 
 
 def test_qwen3_config_errors_name_the_field() -> None:

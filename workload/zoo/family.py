@@ -83,6 +83,9 @@ class ModelFamily(ABC):
     shard is traced, and FP8 training (Transformer Engine on the blocks' Linear layers) applies."""
     hf_model_types: ClassVar[tuple[str, ...]] = ()
     """Hugging Face ``model_type`` values :meth:`from_hf` reads."""
+    hf_positive_ints: ClassVar[tuple[str, ...]] = ()
+    """Hugging Face keys of its own that must be positive integers (checked before :meth:`from_hf`,
+    beside the common ones: ``num_hidden_layers``, ``hidden_size``, ...)."""
 
     # -- building -------------------------------------------------------------------------------
     @abstractmethod

@@ -3,8 +3,8 @@
 A local ``config.json`` (path or already-parsed dict) needs nothing extra. A Hub id or a model
 directory goes through ``transformers.AutoConfig`` (the optional ``hf`` extra:
 ``pip install 'trainsim[hf]'``), imported only then. Each model family reads its own
-``model_type`` s (:attr:`workload.zoo.family.ModelFamily.hf_model_types`): llama, mistral, mixtral, gpt2,
-bert, qwen3_moe.
+``model_type`` s (:attr:`workload.zoo.family.ModelFamily.hf_model_types`;
+:func:`workload.zoo.registry.hf_model_types` lists them all).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from workload.zoo.config import TransformerConfig
+from workload.zoo.registry import hf_family, hf_model_types
 
 
 def config_from_hf(source: str | os.PathLike | dict[str, Any], *, name: str | None = None,
@@ -55,11 +56,10 @@ def config_from_hf(source: str | os.PathLike | dict[str, Any], *, name: str | No
     mt = d.get("model_type", "")
     name = name or d.get("_name_or_path") or mt or "hf-model"
     _check_hf_types(d, where)
-    from workload.zoo.registry import hf_family, hf_model_types
-
     family = hf_family(mt)
     if family is None:
         raise ValueError(f"unsupported Hugging Face model_type {mt!r}; supported: {', '.join(hf_model_types())}")
+    check_hf_positive_ints(d, where, family.hf_positive_ints)
     try:
         return family.from_hf(d, name=name, seq_length=seq_length)
     except KeyError as e:
@@ -78,10 +78,7 @@ def _check_hf_types(d: dict[str, Any], where: str) -> None:
     Raises:
         ValueError: one line naming the Hugging Face key, what it must be and the value.
     """
-    for key in _HF_POSITIVE_INTS:
-        v = d.get(key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
-            raise ValueError(f"{where}: {key} must be a positive integer, got {v!r}")
+    check_hf_positive_ints(d, where, _HF_POSITIVE_INTS)
     for key in _HF_NUMBERS:
         v = d.get(key)
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0):
@@ -89,3 +86,15 @@ def _check_hf_types(d: dict[str, Any], where: str) -> None:
     v = d.get("type_vocab_size")
     if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
         raise ValueError(f"{where}: type_vocab_size must be an integer >= 0, got {v!r}")
+
+
+def check_hf_positive_ints(d: dict[str, Any], where: str, keys: tuple[str, ...]) -> None:
+    """Each of ``keys`` present in ``d`` is a positive integer (or ``null``).
+
+    Raises:
+        ValueError: one line naming the Hugging Face key and the value.
+    """
+    for key in keys:
+        v = d.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
+            raise ValueError(f"{where}: {key} must be a positive integer, got {v!r}")

@@ -136,6 +136,7 @@ class Qwen3MoEFamily(ModelFamily):
     name = "qwen3_moe"
     config_type = Qwen3MoEConfig
     hf_model_types = ("qwen3_moe",)
+    hf_positive_ints = ("num_experts", "moe_intermediate_size", "head_dim", "decoder_sparse_step")
 
     def build(self, cfg: Qwen3MoEConfig, *, tp: TPContext | None = None, ep: int = 1) -> nn.Module:
         return Qwen3MoE(cfg, tp or SERIAL, ep)
