@@ -29,20 +29,19 @@ from hwmodel.nccl.tuner_config import TunerConfigError, load_tuner_config
 from hwmodel.runtime import DEFAULT_HOST_LAUNCH_OVERHEAD_S, RunResult, Runtime
 from hwmodel.specs import get_gpu, known_gpus, load_gpu_file, with_overrides
 from hwmodel.topology import Topology, build_system
-from scenarios.analysis import RankBreakdown, breakdown, megatron_flops_per_iteration
+from scenarios.analysis import RankBreakdown, breakdown
 from scenarios.catalog import scenario_path as scenario_path  # re-exported: runner.scenario_path is API
 from scenarios.hierarchical import macro_programs
 from scenarios.metrics import peak_dtype_for as peak_dtype_for  # re-exported, as scenario_path
 from scenarios.metrics import run_metrics
 from scenarios.scenario import MAX_NODES, Scenario
 from workload.custom import MODULE_KEYS, CustomModel
-from workload.memory import memory_per_gpu
 from workload.parallel.builder import BuildResult, build_programs
 from workload.parallel.config import ParallelConfig
 from workload.parallel.placement import Layout
 from workload.parallel.rank_trace import trace_rank
 from workload.trace import load_factory
-from workload.zoo import get_model_config
+from workload.zoo import family_of, get_model_config
 from workload.zoo import with_overrides as model_overrides
 from workload.zoo.config import ResNetConfig, TransformerConfig
 from workload.zoo.hf import config_from_hf
@@ -407,61 +406,11 @@ def estimate_tasks(trace, cfg: ParallelConfig, ranks: int) -> float:
 
 
 def memory_for(prep: Prepared):
-    cfg = prep.config
-    if isinstance(prep.model_cfg, CustomModel):
-        return prep.model_cfg.memory(cfg, dtype=prep.dtype, param_bytes=4 if prep.dtype == "fp32" else 2,
-                                     grad_bytes=2 if prep.dtype == "fp16" else 4)
-    if isinstance(prep.model_cfg, ResNetConfig):
-        return _resnet_memory(prep)
-    if not hasattr(prep.model_cfg, "num_attention_heads"):
-        return None
-    return memory_per_gpu(
-        prep.model_cfg, tp=cfg.tp, pp=cfg.pp, dp=cfg.dp, cp=cfg.cp, ep=cfg.ep,
-        micro_batch_size=cfg.micro_batch_size, num_microbatches=cfg.num_microbatches,
-        virtual_pipeline_size=cfg.vpp, sequence_parallel=cfg.sequence_parallel,
-        recompute=cfg.recompute_granularity, zero_stage=cfg.effective_zero_stage,
-        param_bytes=4 if prep.dtype == "fp32" else 2, grad_bytes=2 if prep.dtype == "fp16" else 4,
-        flash_attention=getattr(prep.model_cfg, "attention_backend", "flash") == "flash", fp8=prep.dtype == "fp8",
-        stage_layers=cfg.stage_layers(prep.model_cfg.num_layers))
-
-
-def _resnet_memory(prep: Prepared):
-    """ResNet (data parallel only): model states by ZeRO stage and the tensors autograd saves in the
-    traced forward (:meth:`workload.custom.CustomModel.memory`), the zoo module seen as a user's
-    module with its own ``example_inputs`` (images and integer targets)."""
-    import torch
-
-    from workload.custom import CustomModel
-    from workload.zoo import build_model_from_config
-
-    mc = prep.model_cfg
-    with torch.device("meta"):
-        module = build_model_from_config(mc, device="meta")
-    cm = CustomModel.from_factory(module, mc.name, {})
-    return cm.memory(prep.config, dtype=prep.dtype, param_bytes=4 if prep.dtype == "fp32" else 2,
-                     grad_bytes=2 if prep.dtype == "fp16" else 4)
+    """Peak memory of the busiest GPU, by the model family's memory model (``None``: it has none)."""
+    return family_of(prep.model_cfg).memory(prep.model_cfg, prep.config, prep.dtype)
 
 
 def model_flops(prep: Prepared, trace) -> tuple[float, float, str]:
-    """(model FLOPs per iteration, hardware FLOPs incl. recomputation, formula used)."""
-    cfg, mc = prep.config, prep.model_cfg
-    gbs = cfg.global_batch_size
-    if getattr(mc, "architecture", "") == "gpt" and mc.ffn_hidden_size == 4 * mc.hidden_size:
-        args = {"batch": gbs, "seq": mc.seq_length, "layers": mc.num_layers, "hidden": mc.hidden_size,
-                "vocab": mc.vocab_size}
-        model = megatron_flops_per_iteration(full_recompute=False, **args)
-        hw = megatron_flops_per_iteration(full_recompute=cfg.recompute_granularity == "full", **args)
-        if cfg.recompute_granularity == "selective":  # the attention core's QK^T and AV again
-            hw += 4 * gbs * mc.seq_length ** 2 * mc.hidden_size * mc.num_layers
-        formula = ("Megatron-LM (Narayanan et al. SC'21 eq. 3): 96·B·s·l·h²·(1 + s/6h + V/16lh) with full "
-                   "recomputation, 72·B·s·l·h²·(1 + s/6h + V/12lh) without (+ 4·B·s²·h·l for selective)")
-        return model, hw, formula
-    g = trace.graph
-    per_mb = g.total_flops("fwd") + g.total_flops("bwd")
-    if cfg.cp > 1:  # the trace holds s/cp x s/cp attention; ring attention does s/cp x s per rank
-        per_mb += (cfg.cp - 1) * sum(o.flops for o in g.ops if o.kind == "attention" and o.phase != "opt")
-    shards = cfg.tp * cfg.cp
-    model = per_mb * shards * cfg.num_microbatches * cfg.dp
-    extra = g.recompute_flops(cfg.recompute_granularity) if cfg.recompute_granularity != "none" else 0.0
-    hw = (per_mb + extra) * shards * cfg.num_microbatches * cfg.dp
-    return model, hw, "traced model FLOPs (forward + backward of every op, 2 per multiply-accumulate)"
+    """(model FLOPs per iteration, hardware FLOPs incl. recomputation, formula used), by the model family."""
+    return tuple(family_of(prep.model_cfg).flops(prep.model_cfg, prep.config, trace.graph))
+

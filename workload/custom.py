@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -48,6 +48,7 @@ from workload.memory import MemoryBreakdown
 from workload.parallel.builder import ELEM_BYTES, ModelTrace
 from workload.parallel.config import ParallelConfig
 from workload.trace import OpGraph, TraceError, _repeated_blocks, _submodule, trace_model
+from workload.zoo.family import ModelFamily, state_bytes
 
 INPUT_DTYPES = ("float", "int64")
 """``[model] input_dtype`` values: the training dtype, or int64 token ids."""
@@ -136,6 +137,8 @@ class CustomModel:
     loss: str = ""
     """How the loss was formed from the output (set by tracing), e.g. ``output.sum()``."""
     _graphs: dict = field(default_factory=dict, repr=False)
+    architecture: ClassVar[str] = "custom"
+    """Its model family (:class:`CustomFamily`) in :mod:`workload.zoo.registry`."""
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
@@ -401,3 +404,37 @@ class CustomModel:
 
         return max((one_stage(i) for i in range(p)), key=lambda r: (r.total, -r.stage))
 
+
+
+class CustomFamily(ModelFamily):
+    """A user's own module: traced whole by :meth:`CustomModel.trace` (its own blocks), FLOPs traced,
+    memory from the saved tensors (:meth:`CustomModel.memory`)."""
+
+    name = "custom"
+    config_type = CustomModel
+    transformer = False
+
+    def unsupported(self, cfg: CustomModel) -> dict[str, str]:
+        reasons = {attr: why for _, attr, why in _NEEDS_MEGATRON}
+        reasons["sp"] = "sequence parallelism splits the zoo's Megatron layers"
+        reasons["pp"] = "pipeline parallelism needs an nn.ModuleList/nn.Sequential of identical blocks"
+        if cfg.repeated:
+            del reasons["pp"]
+        return reasons
+
+    def check_parallel(self, cfg: CustomModel, parallel: ParallelConfig) -> None:
+        cfg.check_parallel(parallel)
+
+    def build(self, cfg: CustomModel, *, tp=None, ep: int = 1) -> nn.Module:
+        self.check_sizes(cfg, tp=tp.size if tp is not None else 1, ep=ep)
+        return cfg.module
+
+    def own_trace(self, cfg: CustomModel, parallel: ParallelConfig, dtype: str) -> ModelTrace:
+        return cfg.trace(parallel, dtype)
+
+    def memory(self, cfg: CustomModel, parallel: ParallelConfig, dtype: str) -> MemoryBreakdown:
+        param_bytes, grad_bytes = state_bytes(dtype)
+        return cfg.memory(parallel, dtype=dtype, param_bytes=param_bytes, grad_bytes=grad_bytes)
+
+
+FAMILIES = (CustomFamily(),)

@@ -113,6 +113,9 @@ class TransformerShape:
     """a (query heads)."""
     num_query_groups: int
     """Key/value heads (= a without grouped-query attention)."""
+    head_dim: int | None = None
+    """Channels per head, d; ``None`` means h / a. Qwen3: 128 with h / a = 64, so the query and
+    attention-output width ``a*d`` is not h."""
     ffn_hidden_size: int
     """MLP inner width f (per expert)."""
     seq_length: int
@@ -137,12 +140,26 @@ class TransformerShape:
     """Token capacity factor of an expert (>= 1)."""
     num_tokentypes: int = 0
     """BERT segment embeddings."""
+    qk_norm: bool = False
+    """RMSNorm on each head's query and key (Qwen3, Megatron ``qk_layernorm``): two d-wide weights."""
     hidden_dropout: float = 0.1
     """Dropout probability after the attention and MLP blocks and on the embeddings (Megatron's default
     0.1 when the config has none); 0 stores no masks."""
     attention_dropout: float = 0.1
     """Dropout probability on the attention probabilities (Megatron's default 0.1 when the config has
     none); 0 stores neither mask nor dropout output."""
+
+    @property
+    def query_width(self) -> int:
+        """Width of all query heads, ``a*d`` (= h unless ``head_dim`` says otherwise)."""
+        return self.num_attention_heads * self.head_dim if self.head_dim else self.hidden_size
+
+    @property
+    def kv_width(self) -> int:
+        """Width of all key (or value) heads, ``g*d`` (``h*g/a`` without ``head_dim``)."""
+        if self.head_dim:
+            return self.num_query_groups * self.head_dim
+        return self.hidden_size * self.num_query_groups // self.num_attention_heads
 
     @classmethod
     def of(cls, cfg: Any) -> TransformerShape:
@@ -158,11 +175,14 @@ class TransformerShape:
         untie = _attr(cfg, ("untie_embeddings_and_output_weights",), None)
         tied = (not untie) if untie is not None else (bool(tie) if tie is not None else True)
         experts = _attr(cfg, ("num_moe_experts", "num_experts", "num_local_experts"), 1) or 1
+        head_dim = _attr(cfg, ("head_dim", "kv_channels"), None)
         return cls(
             num_layers=int(_attr(cfg, ("num_layers", "n_layer", "num_hidden_layers"))),
             hidden_size=h,
             num_attention_heads=a,
             num_query_groups=int(_attr(cfg, ("num_query_groups", "num_key_value_heads"), a)),
+            head_dim=int(head_dim) if head_dim is not None else None,
+            qk_norm=bool(_attr(cfg, ("qk_norm", "qk_layernorm"), False)),
             ffn_hidden_size=int(_attr(cfg, ("ffn_hidden_size", "intermediate_size", "n_inner"), 4 * h)),
             seq_length=int(_attr(cfg, ("seq_length", "seq_len", "max_position_embeddings", "n_positions"))),
             vocab_size=int(_attr(cfg, ("padded_vocab_size", "vocab_size"))),
@@ -223,17 +243,18 @@ class ParamCounts:
 
 def parameter_count(cfg: Any) -> ParamCounts:
     """Count a transformer's parameters (Megatron GPT layout: per layer ``12h^2 + 13h`` for a 4h GeLU MLP,
-    Narayanan et al. 2021 arXiv:2104.04473 §5.1), generalised to GQA, SwiGLU, MoE, RMSNorm, no biases."""
+    Narayanan et al. 2021 arXiv:2104.04473 §5.1), generalised to GQA, SwiGLU, MoE, RMSNorm, no biases,
+    a head width d other than h / a (QKV ``h*(a + 2g)*d``, projection ``a*d*h``) and QK-norm (``2d``)."""
     m = cfg if isinstance(cfg, TransformerShape) else TransformerShape.of(cfg)
     h, f = m.hidden_size, m.ffn_hidden_size
-    kv = h * m.num_query_groups // m.num_attention_heads  # key/value width
+    q, kv = m.query_width, m.kv_width  # query and key/value widths
     bias = 1 if m.bias else 0
-    attn_w = h * (h + 2 * kv) + h * h
+    attn_w = h * (q + 2 * kv) + q * h
     mlp_w = (3 if m.gated_mlp else 2) * h * f
-    attn = attn_w + bias * (h + 2 * kv) + bias * h
+    attn = attn_w + bias * (q + 2 * kv) + bias * h
     mlp = mlp_w + bias * ((2 if m.gated_mlp else 1) * f + h)
     norm_one = 2 * h if m.layernorm_bias else h
-    norms = 2 * norm_one
+    norms = 2 * norm_one + (2 * m.head_dim if m.qk_norm and m.head_dim else 0)
     router = h * m.num_experts if m.num_experts > 1 else 0
     dense = attn + norms + router + (mlp if m.num_experts == 1 else 0)
     experts = mlp * m.num_experts if m.num_experts > 1 else 0
@@ -251,13 +272,15 @@ def parameter_count(cfg: Any) -> ParamCounts:
 # Activations
 # --------------------------------------------------------------------------------------------------
 
+# Over 80 lines only by its docstring, which documents each argument; the body is one closed form.
 def activation_bytes_per_layer(seq_length: int, micro_batch_size: int, hidden_size: int,
                                num_attention_heads: int, *, tp: int = 1, sequence_parallel: bool = False,
                                recompute: str = "none", cp: int = 1, ffn_hidden_size: int | None = None,
                                num_query_groups: int | None = None, gated_mlp: bool = False,
                                moe_tokens_factor: float = 1.0, flash_attention: bool = False,
                                fp8: bool = False, hidden_dropout: float = 0.1,
-                               attention_dropout: float = 0.1) -> float:
+                               attention_dropout: float = 0.1, head_dim: int | None = None,
+                               qk_norm: bool = False) -> float:
     """Bytes of activations one transformer layer stores for the backward pass, per micro-batch, per GPU.
 
     Korthikanti et al. 2022 Table 2 (see the module docstring), decomposed so that it generalises:
@@ -288,6 +311,10 @@ def activation_bytes_per_layer(seq_length: int, micro_batch_size: int, hidden_si
             two 1-byte masks (``2*s*b*h``) are not stored.
         attention_dropout: dropout probability on the attention probabilities (default 0.1); 0: the
             1-byte mask and the bf16 dropout output (``3*a*s^2*b / t``) are not stored.
+        head_dim: channels per head d (default h / a); Q and the attention output are then ``a*d``
+            wide, K and V ``g*d``, in place of h and ``h*g/a``.
+        qk_norm: RMSNorm on the queries and keys (Qwen3): their inputs are saved too, ``2*(a + g)*d``
+            bytes per token, split by t.
 
     Raises:
         ValueError: unknown ``recompute``, non-positive sizes or a dropout probability outside [0, 1).
@@ -308,7 +335,8 @@ def activation_bytes_per_layer(seq_length: int, micro_batch_size: int, hidden_si
     if recompute == "full":  # Table 2: 2sbh per layer, the checkpointed layer input
         return 2.0 * s * b * h / sp
     f = ffn_hidden_size if ffn_hidden_size is not None else 4 * h
-    kv = h * (num_query_groups or a) / a
+    q = a * head_dim if head_dim else h  # query / attention-output width
+    kv = (num_query_groups or a) * head_dim if head_dim else h * (num_query_groups or a) / a
     gemm_in = 1.0 if fp8 else 2.0  # bytes per element of a saved FP8-GEMM input
     masks = 2.0 if hidden_dropout > 0 else 0.0  # two 1-byte hidden-dropout masks
     # layer-norm inputs 4, QKV and MLP inputs (norm outputs) 2 x gemm_in, dropout masks
@@ -317,7 +345,8 @@ def activation_bytes_per_layer(seq_length: int, micro_batch_size: int, hidden_si
     mlp = ((4.0 if gated_mlp else 2.0) + gemm_in) * f * moe_tokens_factor
     # attention projection input = attention output; FlashAttention also keeps it in bf16
     proj_in = 2.0 + 1.0 if fp8 and flash_attention else gemm_in
-    split = (2.0 * h + 4.0 * kv + proj_in * h + mlp) * s * b / t
+    qk_norm_in = 2.0 * (q + kv) if qk_norm else 0.0  # the query and key before their RMSNorm
+    split = (2.0 * q + 4.0 * kv + proj_in * q + qk_norm_in + mlp) * s * b / t
     if recompute == "selective":
         core = 0.0
     elif flash_attention:
@@ -396,7 +425,43 @@ class MemoryBreakdown:
         return f"OOM: needs {_fmt(need)} > {_fmt(cap)} HBM ({parts}; stage {self.stage})"
 
 
-def memory_per_gpu(model_cfg: Any, *, tp: int = 1, pp: int = 1, dp: int = 1, cp: int = 1, ep: int = 1,  # noqa: C901
+def _layers_per_stage(m: TransformerShape, *, tp: int, pp: int, dp: int, cp: int, ep: int,
+                      micro_batch_size: int, virtual_pipeline_size: int, zero_stage: int, recompute: str,
+                      stage: int | None, stage_layers: Sequence[int] | None) -> list[int]:
+    """Check :func:`memory_per_gpu`'s arguments and return the layers of each pipeline stage (all its
+    model chunks).
+
+    Raises:
+        ValueError: see :func:`memory_per_gpu`.
+    """
+    for name, v in (("tp", tp), ("pp", pp), ("dp", dp), ("cp", cp), ("ep", ep),
+                    ("micro_batch_size", micro_batch_size), ("virtual_pipeline_size", virtual_pipeline_size)):
+        if int(v) != v or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    if zero_stage not in (0, 1, 2, 3):
+        raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
+    if recompute not in RECOMPUTE_MODES:
+        raise ValueError(f"recompute must be one of {RECOMPUTE_MODES}, got {recompute!r}")
+    if m.num_attention_heads % tp:
+        raise ValueError(f"tp={tp} must divide num_attention_heads={m.num_attention_heads}")
+    if pp > m.num_layers:
+        raise ValueError(f"pp={pp} exceeds num_layers={m.num_layers}")
+    if m.num_experts > 1 and m.num_experts % ep:
+        raise ValueError(f"ep={ep} must divide num_experts={m.num_experts}")
+    if stage is not None and not 0 <= stage < pp:
+        raise ValueError(f"stage must be in [0, {pp}), got {stage}")
+    if stage_layers is None:
+        return [m.num_layers // pp + (1 if i < m.num_layers % pp else 0) for i in range(pp)]
+    if len(stage_layers) != pp * virtual_pipeline_size or sum(stage_layers) != m.num_layers or any(
+            n < 0 for n in stage_layers):
+        raise ValueError(f"stage_layers must give pp x virtual_pipeline_size = {pp * virtual_pipeline_size} "
+                         f"layer counts summing to num_layers={m.num_layers}, got {list(stage_layers)}")
+    return [sum(stage_layers[c * pp + i] for c in range(virtual_pipeline_size)) for i in range(pp)]
+
+
+# Over 80 lines by its docstring (one entry per argument); the argument checks are in _layers_per_stage,
+# and one_stage keeps the per-stage closed forms next to the values they share.
+def memory_per_gpu(model_cfg: Any, *, tp: int = 1, pp: int = 1, dp: int = 1, cp: int = 1, ep: int = 1,
                    micro_batch_size: int = 1, num_microbatches_in_flight: int | None = None,
                    num_microbatches: int | None = None, virtual_pipeline_size: int = 1,
                    sequence_parallel: bool = False, recompute: str = "none", zero_stage: int = 0,
@@ -436,30 +501,9 @@ def memory_per_gpu(model_cfg: Any, *, tp: int = 1, pp: int = 1, dp: int = 1, cp:
             unknown recompute mode or ZeRO stage, or ``stage_layers`` of the wrong length or total.
     """
     m = TransformerShape.of(model_cfg)
-    for name, v in (("tp", tp), ("pp", pp), ("dp", dp), ("cp", cp), ("ep", ep),
-                    ("micro_batch_size", micro_batch_size), ("virtual_pipeline_size", virtual_pipeline_size)):
-        if int(v) != v or v < 1:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}")
-    if zero_stage not in (0, 1, 2, 3):
-        raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {zero_stage!r}")
-    if recompute not in RECOMPUTE_MODES:
-        raise ValueError(f"recompute must be one of {RECOMPUTE_MODES}, got {recompute!r}")
-    if m.num_attention_heads % tp:
-        raise ValueError(f"tp={tp} must divide num_attention_heads={m.num_attention_heads}")
-    if pp > m.num_layers:
-        raise ValueError(f"pp={pp} exceeds num_layers={m.num_layers}")
-    if m.num_experts > 1 and m.num_experts % ep:
-        raise ValueError(f"ep={ep} must divide num_experts={m.num_experts}")
-    if stage is not None and not 0 <= stage < pp:
-        raise ValueError(f"stage must be in [0, {pp}), got {stage}")
-    if stage_layers is None:
-        per_stage = [m.num_layers // pp + (1 if i < m.num_layers % pp else 0) for i in range(pp)]
-    else:
-        if len(stage_layers) != pp * virtual_pipeline_size or sum(stage_layers) != m.num_layers or any(
-                n < 0 for n in stage_layers):
-            raise ValueError(f"stage_layers must give pp x virtual_pipeline_size = {pp * virtual_pipeline_size} "
-                             f"layer counts summing to num_layers={m.num_layers}, got {list(stage_layers)}")
-        per_stage = [sum(stage_layers[c * pp + i] for c in range(virtual_pipeline_size)) for i in range(pp)]
+    per_stage = _layers_per_stage(m, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, micro_batch_size=micro_batch_size,
+                                  virtual_pipeline_size=virtual_pipeline_size, zero_stage=zero_stage,
+                                  recompute=recompute, stage=stage, stage_layers=stage_layers)
     opt_bytes = optimizer_bytes_per_param if optimizer_bytes_per_param is not None else (
         12 if param_bytes < 4 else 8)
     sp = sequence_parallel and tp > 1
@@ -467,19 +511,17 @@ def memory_per_gpu(model_cfg: Any, *, tp: int = 1, pp: int = 1, dp: int = 1, cp:
     counts = parameter_count(m)
     s, b, h, v = m.seq_length, micro_batch_size, m.hidden_size, m.vocab_size
     s_local = s / cp
-    per_layer_act = activation_bytes_per_layer(
-        s, b, h, m.num_attention_heads, tp=tp, sequence_parallel=sp, recompute=recompute, cp=cp,
-        ffn_hidden_size=m.ffn_hidden_size, num_query_groups=m.num_query_groups, gated_mlp=m.gated_mlp,
-        moe_tokens_factor=m.moe_topk * m.moe_capacity_factor, flash_attention=flash_attention, fp8=fp8,
-        hidden_dropout=m.hidden_dropout, attention_dropout=m.attention_dropout)
-    workspace = 0.0
-    if recompute != "none":  # one layer rematerialised at a time during backward
-        full_layer = activation_bytes_per_layer(
-            s, b, h, m.num_attention_heads, tp=tp, sequence_parallel=sp, recompute="none", cp=cp,
+    def layer_activations(mode: str) -> float:
+        return activation_bytes_per_layer(
+            s, b, h, m.num_attention_heads, tp=tp, sequence_parallel=sp, recompute=mode, cp=cp,
             ffn_hidden_size=m.ffn_hidden_size, num_query_groups=m.num_query_groups, gated_mlp=m.gated_mlp,
             moe_tokens_factor=m.moe_topk * m.moe_capacity_factor, flash_attention=flash_attention, fp8=fp8,
-            hidden_dropout=m.hidden_dropout, attention_dropout=m.attention_dropout)
-        workspace = full_layer - per_layer_act
+            hidden_dropout=m.hidden_dropout, attention_dropout=m.attention_dropout, head_dim=m.head_dim,
+            qk_norm=m.qk_norm)
+
+    per_layer_act = layer_activations(recompute)
+    # one layer rematerialised at a time during backward
+    workspace = layer_activations("none") - per_layer_act if recompute != "none" else 0.0
 
     in_flight_first = num_microbatches_in_flight if num_microbatches_in_flight is not None else pp
     if num_microbatches is not None:

@@ -1,25 +1,23 @@
 """Trace one rank's share of a model for a parallel configuration.
 
-Builds the zoo model as one tensor-parallel rank's shard (heads, FFN, vocabulary divided by TP; the
-sequence divided by CP; experts divided by EP), traces one micro-batch on the meta device with layer
-deduplication, and counts this rank's parameters per part (embedding / one block / head). A user's
-own module (:class:`workload.custom.CustomModel`) is traced whole, by its own ``trace``.
+Asks the model's family (:mod:`workload.zoo.family`) to build one tensor-parallel rank's shard (heads,
+FFN, vocabulary divided by TP; the sequence divided by CP; experts divided by EP), traces one
+micro-batch on the meta device with layer deduplication of the family's blocks, and counts this rank's
+parameters per part (embedding / one block / head; the family says which are experts and whether the
+output layer is tied). A family may trace itself (a user's own module, :class:`workload.custom.CustomModel`).
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 
-from workload.custom import CustomModel
 from workload.fp8 import fp8_modules, to_fp8
 from workload.parallel.builder import ModelTrace
 from workload.parallel.config import ParallelConfig
 from workload.parallel.tp import TPContext
 from workload.trace import trace_model
-from workload.zoo import build_model_from_config
-from workload.zoo.gpt import VocabParallelEmbedding
+from workload.zoo.family import ModelFamily
+from workload.zoo.registry import family_of
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 """Training dtypes traced as such."""
@@ -40,58 +38,50 @@ def trace_rank(model_cfg, config: ParallelConfig, *, dtype: str = "bf16") -> Mod
     if dtype not in TRAINING_DTYPES:
         raise ValueError(f"dtype: unknown {dtype!r}; allowed: {', '.join(TRAINING_DTYPES)}")
     config.validate_model(model_cfg)
-    transformer = hasattr(model_cfg, "num_attention_heads")
-    if isinstance(model_cfg, CustomModel):  # a user's own nn.Module
-        return model_cfg.trace(config, dtype)
-    if dtype == "fp8" and not transformer:
+    family = family_of(model_cfg)
+    own = family.own_trace(model_cfg, config, dtype)  # a user's own nn.Module traces itself
+    if own is not None:
+        return own
+    if dtype == "fp8" and not family.transformer:
         raise ValueError(f"dtype 'fp8' runs the Linear layers of transformer blocks in FP8 (Transformer "
                          f"Engine); {getattr(model_cfg, 'name', 'this model')} is not a transformer")
-    if transformer:
-        seq = model_cfg.seq_length // config.cp
-        traced_cfg = replace(model_cfg, seq_length=seq)
-        tp = TPContext(config.tp, config.sequence_parallel)
-        model = build_model_from_config(traced_cfg, tensor_parallel=tp, expert_model_parallel_size=config.ep)
-    else:
-        if config.tp > 1 or config.cp > 1 or config.pp > 1:
-            raise ValueError(f"{model_cfg.name}: only data parallelism is supported for this model "
-                             f"(tensor/context/pipeline parallel sizes must be 1)")
-        seq = 1
-        traced_cfg = model_cfg
-        model = build_model_from_config(model_cfg)
-    graph = trace_model(model, micro_batch_size=config.micro_batch_size,
+    family.check_parallel(model_cfg, config)
+    traced_cfg = family.shard_config(model_cfg, config)
+    tp = TPContext(config.tp, config.sequence_parallel) if family.transformer else None
+    with torch.device("meta"):
+        model = family.build(traced_cfg, tp=tp, ep=config.ep)
+    graph = trace_model(model, micro_batch_size=config.micro_batch_size, block_attr=family.block_attr,
                         dtype=TORCH_DTYPES["bf16" if dtype == "fp8" else dtype])
-    pre, block, post, expert = _param_counts(model, graph)
+    pre, block, post, expert = _param_counts(model, graph, family)
     fp8_params = 0
     if dtype == "fp8":
         paths, fp8_params = fp8_modules(getattr(model, graph.block_attr)[0])
         graph = to_fp8(graph, paths)
     tied = 0
-    embedding = sum(m.weight.numel() for m in model.modules() if isinstance(m, VocabParallelEmbedding))
-    # tied: the output layer reuses the input embedding (GPT, BERT; Llama keeps its own output layer)
-    if transformer and not getattr(model_cfg, "untie_embeddings_and_output_weights", True) and post < embedding:
+    embedding = family.tied_embedding_elements(model, model_cfg)
+    if embedding and post < embedding:  # the output layer reuses the input embedding (GPT, BERT)
         if config.pp > 1:
             post += pre  # Megatron keeps a copy of the tied embedding on the last stage
         else:  # one stage: the output layer reuses the embedding, which "pre" owns
             tied = embedding
+    hidden, seq = family.trace_dims(traced_cfg)
     return ModelTrace(
         graph=graph,
         num_layers=graph.num_blocks,
-        hidden_size=getattr(traced_cfg, "hidden_size", 0),
+        hidden_size=hidden,
         seq_length=seq,
         micro_batch_size=config.micro_batch_size,
         params_pre=pre, params_block=block, params_post=post, params_block_expert=expert, params_post_tied=tied,
         dtype="bf16" if dtype == "fp8" else dtype, fp8_params_block=fp8_params)
 
 
-def _param_counts(model: torch.nn.Module, graph) -> tuple[int, int, int, int]:
+def _param_counts(model: torch.nn.Module, graph, family: ModelFamily) -> tuple[int, int, int, int]:
     """Elements of this rank's parameters: (before the blocks, one block, after, experts in a block)."""
     layers = getattr(model, graph.block_attr, None)
     block = expert = 0
     if layers is not None and len(layers):
-        for name, p in layers[0].named_parameters():
-            block += p.numel()
-            if ".fc1" in f".{name}" and p.dim() == 3 or ".fc2" in f".{name}" and p.dim() == 3:
-                expert += p.numel()
+        block = sum(p.numel() for p in layers[0].parameters())
+        expert = family.expert_elements(layers[0])
     # Modules used before the blocks (in forward) are "pre", the rest "post".
     pre_modules = {o.layer.split(".")[0] for o in graph.pre_ops("fwd") if o.layer}
     pre = post = 0

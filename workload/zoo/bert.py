@@ -15,6 +15,7 @@ from torch import nn
 
 from workload.parallel.tp import TPContext
 from workload.zoo.config import TransformerConfig
+from workload.zoo.family import ModelFamily
 from workload.zoo.gpt import MLP, SERIAL, SelfAttention, VocabParallelEmbedding, vocab_parallel_loss
 
 
@@ -66,3 +67,33 @@ class Bert(nn.Module):
         return (torch.randint(0, self.config.vocab_size, shape, device=device),
                 torch.zeros(shape, dtype=torch.long, device=device),
                 torch.randint(0, self.config.vocab_size, shape, device=device))
+
+
+class BertFamily(ModelFamily):
+    """BERT encoders. FLOPs traced; memory from the Korthikanti closed forms."""
+
+    name = "bert"
+    config_type = TransformerConfig
+    hf_model_types = ("bert",)
+
+    def build(self, cfg: TransformerConfig, *, tp: TPContext | None = None, ep: int = 1) -> nn.Module:
+        self.check_sizes(cfg, ep=ep)
+        return Bert(cfg, tp) if tp is not None else Bert(cfg)
+
+    def from_hf(self, d: dict, *, name: str, seq_length: int | None) -> TransformerConfig:
+        return TransformerConfig(
+            name=name, architecture="bert", num_layers=d["num_hidden_layers"],
+            hidden_size=d["hidden_size"], num_attention_heads=d["num_attention_heads"],
+            ffn_hidden_size=d["intermediate_size"], seq_length=seq_length or d["max_position_embeddings"],
+            max_position_embeddings=d["max_position_embeddings"], vocab_size=d["vocab_size"],
+            causal=False, num_tokentypes=d.get("type_vocab_size", 2),
+            norm_epsilon=d.get("layer_norm_eps", 1e-12), source="Hugging Face config.json")
+
+
+FAMILIES = (BertFamily(),)
+CONFIGS = (
+    TransformerConfig(name="bert-large", architecture="bert", num_layers=24, hidden_size=1024,
+                      num_attention_heads=16, seq_length=512, vocab_size=30522, causal=False,
+                      num_tokentypes=2, norm_epsilon=1e-12, published_params=0.34,
+                      source="Devlin et al. 2018 (arXiv:1810.04805)"),
+)

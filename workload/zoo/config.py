@@ -20,8 +20,10 @@ class TransformerConfig:
     name: str
     """Zoo name, e.g. ``gpt3-175b``."""
     architecture: Literal["gpt", "llama", "mixtral", "bert"]
-    """Which module builds it: :class:`~workload.zoo.gpt.GPT`, :class:`~workload.zoo.llama.Llama`
-    (also Mixtral, with ``num_moe_experts``) or :class:`~workload.zoo.bert.Bert`."""
+    """Its model family (:mod:`workload.zoo.registry`), whose module builds it: :class:`~workload.zoo.gpt.GPT`,
+    :class:`~workload.zoo.llama.Llama` (also Mixtral, with ``num_moe_experts``) or
+    :class:`~workload.zoo.bert.Bert`. A family with more fields subclasses this config and narrows the
+    field (:class:`workload.zoo.qwen3_moe.Qwen3MoEConfig`: ``"qwen3_moe"``)."""
     num_layers: int
     """Transformer blocks, l."""
     hidden_size: int
@@ -113,6 +115,7 @@ class ResNetConfig:
 
     name: str
     architecture: Literal["resnet"] = "resnet"
+    """Its model family, :class:`workload.zoo.resnet.ResNetFamily`."""
     blocks_per_stage: tuple[int, ...] = (3, 4, 6, 3)
     """Bottleneck blocks in each of the four stages (ResNet-50: 3, 4, 6, 3)."""
     base_width: int = 64
@@ -242,7 +245,9 @@ def validate_tensor_parallel(config: ModelConfig, tensor_parallel_degree: int) -
     tp = tensor_parallel_degree
     if tp < 1:
         raise ValueError(f"tensor_parallel_degree must be >= 1, got {tp}")
-    if isinstance(config, ResNetConfig):
+    from workload.zoo.registry import family_of
+
+    if not family_of(config).transformer:  # no Megatron layers to split (ResNet)
         return
     for f in ("num_attention_heads", "num_query_groups", "ffn_hidden_size"):
         v = getattr(config, f)

@@ -24,6 +24,7 @@ from torch import nn
 
 from workload.parallel.tp import ColumnParallelLinear, RowParallelLinear, TPContext
 from workload.zoo.config import TransformerConfig
+from workload.zoo.family import Flops, ModelFamily, traced_flops
 
 SERIAL = TPContext()
 """No tensor parallelism."""
@@ -177,3 +178,77 @@ class GPT(nn.Module):
         shape = (micro_batch_size, self.config.seq_length)
         return (torch.randint(0, self.config.vocab_size, shape, device=device),
                 torch.randint(0, self.config.vocab_size, shape, device=device))
+
+
+# --------------------------------------------------------------------------------------------------
+# The family: named configurations, FLOP formula
+# --------------------------------------------------------------------------------------------------
+
+SC21_FORMULA = ("Megatron-LM (Narayanan et al. SC'21 eq. 3): 96·B·s·l·h²·(1 + s/6h + V/16lh) with full "
+                "recomputation, 72·B·s·l·h²·(1 + s/6h + V/12lh) without (+ 4·B·s²·h·l for selective)")
+
+
+def sc21_flops_per_iteration(*, batch: int, seq: int, layers: int, hidden: int, vocab: int,
+                             full_recompute: bool) -> float:
+    """Narayanan et al. SC'21 eq. 3: ``96·B·s·l·h²·(1 + s/6h + V/16lh)`` FLOPs per iteration with full
+    activation recomputation; ``72·B·s·l·h²·(1 + s/6h + V/12lh)`` without (fwd + bwd only)."""
+    if full_recompute:
+        return 96 * batch * seq * layers * hidden ** 2 * (1 + seq / (6 * hidden) + vocab / (16 * layers * hidden))
+    return 72 * batch * seq * layers * hidden ** 2 * (1 + seq / (6 * hidden) + vocab / (12 * layers * hidden))
+
+
+class GPTFamily(ModelFamily):
+    """Megatron GPT. FLOPs: SC'21 eq. 3 when the MLP is the paper's 4h GeLU, else traced."""
+
+    name = "gpt"
+    config_type = TransformerConfig
+    hf_model_types = ("gpt2",)
+
+    def build(self, cfg: TransformerConfig, *, tp: TPContext | None = None, ep: int = 1) -> nn.Module:
+        self.check_sizes(cfg, ep=ep)
+        return GPT(cfg, tp) if tp is not None else GPT(cfg)
+
+    def flops(self, cfg: TransformerConfig, parallel, graph) -> Flops:
+        if cfg.ffn_hidden_size != 4 * cfg.hidden_size:
+            return traced_flops(parallel, graph)
+        gbs = parallel.global_batch_size
+        args = {"batch": gbs, "seq": cfg.seq_length, "layers": cfg.num_layers, "hidden": cfg.hidden_size,
+                "vocab": cfg.vocab_size}
+        model = sc21_flops_per_iteration(full_recompute=False, **args)
+        hw = sc21_flops_per_iteration(full_recompute=parallel.recompute_granularity == "full", **args)
+        if parallel.recompute_granularity == "selective":  # the attention core's QK^T and AV again
+            hw += 4 * gbs * cfg.seq_length ** 2 * cfg.hidden_size * cfg.num_layers
+        return Flops(model, hw, SC21_FORMULA)
+
+    def from_hf(self, d: dict, *, name: str, seq_length: int | None) -> TransformerConfig:
+        return TransformerConfig(
+            name=name, architecture="gpt", num_layers=d["n_layer"], hidden_size=d["n_embd"],
+            num_attention_heads=d["n_head"], ffn_hidden_size=d.get("n_inner") or 4 * d["n_embd"],
+            seq_length=seq_length or d["n_positions"], max_position_embeddings=d["n_positions"],
+            vocab_size=d["vocab_size"], norm_epsilon=d.get("layer_norm_epsilon", 1e-5),
+            source="Hugging Face config.json")
+
+
+_SC21 = "Narayanan et al. SC'21 (arXiv:2104.04473) Table 1"
+# (name, published params in billions, heads, hidden, layers): SC'21 Table 1, weak-scaling rows.
+_SC21_TABLE1 = [
+    ("gpt-1.7b", 1.7, 24, 2304, 24), ("gpt-3.6b", 3.6, 32, 3072, 30), ("gpt-7.5b", 7.5, 32, 4096, 36),
+    ("gpt-18b", 18.4, 48, 6144, 40), ("gpt-39b", 39.1, 64, 8192, 48), ("gpt-76b", 76.1, 80, 10240, 60),
+    ("gpt-145b", 145.6, 96, 12288, 80), ("gpt-310b", 310.1, 128, 16384, 96),
+    ("gpt-530b", 529.6, 128, 20480, 105), ("gpt-1t", 1008.0, 160, 25600, 128),
+]
+
+
+def _gpt(name: str, params: float, heads: int, hidden: int, layers: int, source: str) -> TransformerConfig:
+    return TransformerConfig(name=name, architecture="gpt", num_layers=layers, hidden_size=hidden,
+                             num_attention_heads=heads, seq_length=2048, vocab_size=51200,
+                             published_params=params, source=source)
+
+
+FAMILIES = (GPTFamily(),)
+CONFIGS = (
+    *(_gpt(*row, source=_SC21) for row in _SC21_TABLE1),
+    _gpt("gpt3-175b", 175.0, 96, 12288, 96, "Brown et al. 2020 (arXiv:2005.14165) Table 2.1"),
+)
+"""Megatron GPT sizes from Narayanan et al. SC'21 (arXiv:2104.04473) Table 1 (vocabulary 51200,
+sequence 2048); GPT-3 175B from Brown et al. 2020 (arXiv:2005.14165) Table 2.1."""

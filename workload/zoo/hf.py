@@ -2,8 +2,9 @@
 
 A local ``config.json`` (path or already-parsed dict) needs nothing extra. A Hub id or a model
 directory goes through ``transformers.AutoConfig`` (the optional ``hf`` extra:
-``pip install 'trainsim[hf]'``), imported only then. Supported ``model_type`` s: llama, mistral,
-mixtral, gpt2, bert.
+``pip install 'trainsim[hf]'``), imported only then. Each model family reads its own
+``model_type`` s (:attr:`workload.zoo.family.ModelFamily.hf_model_types`;
+:func:`workload.zoo.registry.hf_model_types` lists them all).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from workload.zoo.config import TransformerConfig
+from workload.zoo.registry import hf_family, hf_model_types
 
 
 def config_from_hf(source: str | os.PathLike | dict[str, Any], *, name: str | None = None,
@@ -54,39 +56,14 @@ def config_from_hf(source: str | os.PathLike | dict[str, Any], *, name: str | No
     mt = d.get("model_type", "")
     name = name or d.get("_name_or_path") or mt or "hf-model"
     _check_hf_types(d, where)
+    family = hf_family(mt)
+    if family is None:
+        raise ValueError(f"unsupported Hugging Face model_type {mt!r}; supported: {', '.join(hf_model_types())}")
+    check_hf_positive_ints(d, where, family.hf_positive_ints)
     try:
-        if mt in ("llama", "mistral", "mixtral"):
-            experts = d.get("num_local_experts")
-            seq = seq_length or min(d.get("max_position_embeddings", 4096), 8192)
-            return TransformerConfig(
-                name=name, architecture="mixtral" if experts else "llama",
-                num_layers=d["num_hidden_layers"], hidden_size=d["hidden_size"],
-                num_attention_heads=d["num_attention_heads"],
-                num_query_groups=d.get("num_key_value_heads") or d["num_attention_heads"],
-                ffn_hidden_size=d["intermediate_size"], seq_length=seq, vocab_size=d["vocab_size"],
-                max_position_embeddings=d.get("max_position_embeddings"), normalization="RMSNorm",
-                activation="swiglu", position_embedding_type="rope", rotary_base=d.get("rope_theta", 1e4),
-                untie_embeddings_and_output_weights=not d.get("tie_word_embeddings", False),
-                add_bias_linear=False, norm_epsilon=d.get("rms_norm_eps", 1e-5), num_moe_experts=experts,
-                moe_router_topk=d.get("num_experts_per_tok", 2), source="Hugging Face config.json")
-        if mt == "gpt2":
-            return TransformerConfig(
-                name=name, architecture="gpt", num_layers=d["n_layer"], hidden_size=d["n_embd"],
-                num_attention_heads=d["n_head"], ffn_hidden_size=d.get("n_inner") or 4 * d["n_embd"],
-                seq_length=seq_length or d["n_positions"], max_position_embeddings=d["n_positions"],
-                vocab_size=d["vocab_size"], norm_epsilon=d.get("layer_norm_epsilon", 1e-5),
-                source="Hugging Face config.json")
-        if mt == "bert":
-            return TransformerConfig(
-                name=name, architecture="bert", num_layers=d["num_hidden_layers"],
-                hidden_size=d["hidden_size"], num_attention_heads=d["num_attention_heads"],
-                ffn_hidden_size=d["intermediate_size"], seq_length=seq_length or d["max_position_embeddings"],
-                max_position_embeddings=d["max_position_embeddings"], vocab_size=d["vocab_size"],
-                causal=False, num_tokentypes=d.get("type_vocab_size", 2),
-                norm_epsilon=d.get("layer_norm_eps", 1e-12), source="Hugging Face config.json")
+        return family.from_hf(d, name=name, seq_length=seq_length)
     except KeyError as e:
         raise ValueError(f"{where} for {name!r} (model_type={mt!r}) lacks field {e}") from None
-    raise ValueError(f"unsupported Hugging Face model_type {mt!r}; supported: llama, mistral, mixtral, gpt2, bert")
 
 
 _HF_POSITIVE_INTS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
@@ -101,10 +78,7 @@ def _check_hf_types(d: dict[str, Any], where: str) -> None:
     Raises:
         ValueError: one line naming the Hugging Face key, what it must be and the value.
     """
-    for key in _HF_POSITIVE_INTS:
-        v = d.get(key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
-            raise ValueError(f"{where}: {key} must be a positive integer, got {v!r}")
+    check_hf_positive_ints(d, where, _HF_POSITIVE_INTS)
     for key in _HF_NUMBERS:
         v = d.get(key)
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0):
@@ -112,3 +86,15 @@ def _check_hf_types(d: dict[str, Any], where: str) -> None:
     v = d.get("type_vocab_size")
     if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
         raise ValueError(f"{where}: type_vocab_size must be an integer >= 0, got {v!r}")
+
+
+def check_hf_positive_ints(d: dict[str, Any], where: str, keys: tuple[str, ...]) -> None:
+    """Each of ``keys`` present in ``d`` is a positive integer (or ``null``).
+
+    Raises:
+        ValueError: one line naming the Hugging Face key and the value.
+    """
+    for key in keys:
+        v = d.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
+            raise ValueError(f"{where}: {key} must be a positive integer, got {v!r}")

@@ -16,6 +16,7 @@ from torch import nn
 
 from workload.parallel.tp import ColumnParallelLinear, RowParallelLinear, TPContext
 from workload.zoo.config import TransformerConfig
+from workload.zoo.family import ModelFamily
 from workload.zoo.gpt import SERIAL, SelfAttention, VocabParallelEmbedding, dropout, vocab_parallel_loss
 from workload.zoo.moe import MoE
 
@@ -95,3 +96,69 @@ class Llama(nn.Module):
         shape = (micro_batch_size, self.config.seq_length)
         return (torch.randint(0, self.config.vocab_size, shape, device=device),
                 torch.randint(0, self.config.vocab_size, shape, device=device))
+
+
+# --------------------------------------------------------------------------------------------------
+# The families (dense Llama; Mixtral, the same module with MoE MLPs) and their named configurations
+# --------------------------------------------------------------------------------------------------
+
+class LlamaFamily(ModelFamily):
+    """Llama 2 / 3 (dense). FLOPs traced; memory from the Korthikanti closed forms (SwiGLU, GQA)."""
+
+    name = "llama"
+    config_type = TransformerConfig
+    hf_model_types = ("llama", "mistral", "mixtral")
+
+    def build(self, cfg: TransformerConfig, *, tp: TPContext | None = None, ep: int = 1) -> nn.Module:
+        self.check_sizes(cfg, ep=ep)
+        return Llama(cfg, tp, ep) if tp is not None else Llama(cfg, ep=ep)
+
+    def from_hf(self, d: dict, *, name: str, seq_length: int | None) -> TransformerConfig:
+        """``llama``, ``mistral`` and ``mixtral`` configs (``num_local_experts`` makes it Mixtral)."""
+        experts = d.get("num_local_experts")
+        seq = seq_length or min(d.get("max_position_embeddings", 4096), 8192)
+        return TransformerConfig(
+            name=name, architecture="mixtral" if experts else "llama",
+            num_layers=d["num_hidden_layers"], hidden_size=d["hidden_size"],
+            num_attention_heads=d["num_attention_heads"],
+            num_query_groups=d.get("num_key_value_heads") or d["num_attention_heads"],
+            ffn_hidden_size=d["intermediate_size"], seq_length=seq, vocab_size=d["vocab_size"],
+            max_position_embeddings=d.get("max_position_embeddings"), normalization="RMSNorm",
+            activation="swiglu", position_embedding_type="rope", rotary_base=d.get("rope_theta", 1e4),
+            untie_embeddings_and_output_weights=not d.get("tie_word_embeddings", False),
+            add_bias_linear=False, norm_epsilon=d.get("rms_norm_eps", 1e-5), num_moe_experts=experts,
+            moe_router_topk=d.get("num_experts_per_tok", 2), source="Hugging Face config.json")
+
+
+class MixtralFamily(LlamaFamily):
+    """Mixtral: Llama blocks with top-k routed SwiGLU experts (:class:`workload.zoo.moe.MoE`)."""
+
+    name = "mixtral"
+    hf_model_types = ()  # read by LlamaFamily.from_hf
+
+
+def _llama(name: str, params: float, layers: int, hidden: int, heads: int, kv: int, ffn: int, vocab: int,
+           seq: int, theta: float, source: str, **kw) -> TransformerConfig:
+    return TransformerConfig(
+        name=name, architecture="mixtral" if kw.get("num_moe_experts") else "llama", num_layers=layers,
+        hidden_size=hidden, num_attention_heads=heads, num_query_groups=kv, ffn_hidden_size=ffn,
+        seq_length=seq, vocab_size=vocab, normalization="RMSNorm", activation="swiglu",
+        position_embedding_type="rope", rotary_base=theta, untie_embeddings_and_output_weights=True,
+        add_bias_linear=False, published_params=params, source=source, **kw)
+
+
+_L2, _L3 = "Touvron et al. 2023 (arXiv:2307.09288)", "Dubey et al. 2024 (arXiv:2407.21783) Table 3"
+FAMILIES = (LlamaFamily(), MixtralFamily())
+CONFIGS = (
+    _llama("llama2-7b", 6.74, 32, 4096, 32, 32, 11008, 32000, 4096, 1e4, _L2),
+    _llama("llama2-13b", 13.0, 40, 5120, 40, 40, 13824, 32000, 4096, 1e4, _L2),
+    _llama("llama2-70b", 69.0, 80, 8192, 64, 8, 28672, 32000, 4096, 1e4, _L2),
+    _llama("llama3-8b", 8.03, 32, 4096, 32, 8, 14336, 128256, 8192, 5e5, _L3),
+    _llama("llama3-70b", 70.6, 80, 8192, 64, 8, 28672, 128256, 8192, 5e5, _L3),
+    _llama("llama3-405b", 405.9, 126, 16384, 128, 8, 53248, 128256, 8192, 5e5, _L3),
+    _llama("mixtral-8x7b", 46.7, 32, 4096, 32, 8, 14336, 32000, 4096, 1e6,
+           "Jiang et al. 2024 (arXiv:2401.04088) Table 1", num_moe_experts=8, moe_router_topk=2),
+)
+"""Llama 2 from Touvron et al. 2023 (arXiv:2307.09288) and the released ``params.json``; Llama 3 / 3.1
+from Dubey et al. 2024 (arXiv:2407.21783) Table 3; Mixtral from Jiang et al. 2024 (arXiv:2401.04088)
+Table 1."""

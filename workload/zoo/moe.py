@@ -49,6 +49,10 @@ class MoE(nn.Module):
         self.fc1 = nn.Parameter(torch.empty(E // ep, C, 2 * Fh))  # gate and up, per local expert
         self.fc2 = nn.Parameter(torch.empty(E // ep, Fh, C))
 
+    def expert_parameters(self) -> tuple[nn.Parameter, ...]:
+        """The stacked expert weights (E/ep experts; the router is not an expert weight)."""
+        return (self.fc1, self.fc2)
+
     def tokens_per_expert(self, num_tokens: int) -> int:
         """Tokens each expert processes under uniform routing (padded by the capacity factor)."""
         return math.ceil(self.capacity_factor * num_tokens * self.topk / self.num_experts)

@@ -11,7 +11,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from workload.parallel.config import ParallelConfig
 from workload.zoo.config import ResNetConfig
+from workload.zoo.family import ModelFamily, saved_tensor_memory
 
 
 class Bottleneck(nn.Module):
@@ -70,3 +72,34 @@ class ResNet(nn.Module):
         s = self.config.image_size
         return (torch.empty(micro_batch_size, 3, s, s, device=p.device, dtype=p.dtype),
                 torch.randint(0, self.config.num_classes, (micro_batch_size,), device=p.device))
+
+
+_DP_ONLY = "trainsim runs ResNet data parallel only (its convolutions have no Megatron-style sharding here)"
+
+
+class ResNetFamily(ModelFamily):
+    """ResNet: data parallel only (ZeRO/FSDP too); FLOPs traced; memory from the saved tensors."""
+
+    name = "resnet"
+    config_type = ResNetConfig
+    block_attr = "layers"  # ResNet has no such container: traced whole, without blocks (no pipeline stages)
+    transformer = False
+
+    def unsupported(self, cfg: ResNetConfig) -> dict[str, str]:
+        return {"tp": _DP_ONLY, "sp": _DP_ONLY, "cp": _DP_ONLY, "pp": _DP_ONLY,
+                "ep": "expert parallelism needs a mixture-of-experts model"}
+
+    def build(self, cfg: ResNetConfig, *, tp=None, ep: int = 1) -> nn.Module:
+        self.check_sizes(cfg, tp=tp.size if tp is not None else 1, ep=ep)
+        return ResNet(cfg)
+
+    def memory(self, cfg: ResNetConfig, parallel: ParallelConfig, dtype: str):
+        """Model states by ZeRO stage and the tensors autograd saves in the traced forward (images and
+        integer targets from :meth:`ResNet.example_inputs`)."""
+        with torch.device("meta"):
+            module = self.build(cfg)
+        return saved_tensor_memory(module, cfg.name, parallel, dtype)
+
+
+FAMILIES = (ResNetFamily(),)
+CONFIGS = (ResNetConfig(name="resnet-50", published_params=0.0256, source="He et al. 2016 (arXiv:1512.03385)"),)
