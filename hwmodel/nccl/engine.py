@@ -3,62 +3,25 @@
 :class:`NcclEngine` turns a :class:`~hwmodel.ir.Collective` on a list of GPUs into traffic on the
 cluster's fluid resources, decomposed the way NCCL 2.30 does it:
 
-* **Ring** (all_reduce: 2(n-1) steps, all_gather / reduce_scatter: n-1, broadcast / reduce: a
-  pipeline along the ring). Ranks are ordered node by node. With several nodes NCCL builds one ring
-  per NIC ("rail"): ring *c* enters and leaves each node through the NIC of local GPU *c*, and the
-  GPU that closes the node's part of the ring forwards over NVLink to that GPU first (PXN, NCCL
-  2.12+), so inter-node traffic stays on its rail. Each rail ring carries 1/K of the data.
-* **Tree**: a chain inside each node and NCCL's double binary tree across nodes
-  (``src/graph/trees.cc``); each of the two trees carries half the data, reduce up and broadcast down
-  pipelined, so every tree edge carries the payload in both directions. With several nodes the
-  channels are spread over the rails as for rings: tree *c* has the rail-*c* GPU as node head and
-  crosses the fabric through its NIC.
-* **NVLS** (NVLink SHARP, NVSwitch gen3, one node): for all-reduce each GPU sends its buffer up to the
-  switch, which reduces, and receives the reduced result by multicast: ``S`` up and ``S`` down per
-  GPU. All-gather sends each GPU's ``S/n`` share up once and receives the other ``(n-1)S/n`` by
-  multicast (reduce-scatter the mirror image).
-* **NVLSTree** (all-reduce on several nodes, NVSwitch gen3+; NCCL's
-  ``RunWorkColl<ncclFuncAllReduce, T, RedOp, NCCL_ALGO_NVLS_TREE, NCCL_PROTO_SIMPLE>`` in
-  ``src/device/all_reduce.h``, trees from ``connectNvls`` in ``src/graph/connect.cc``). Each node has
-  ``H`` NVLS heads, one per NIC (the NIC's local GPU); every channel cuts its part of the buffer into
-  ``H`` chunks and head ``h`` owns chunk ``h``. Per channel: every GPU scatters its data into its own
-  NVLS buffer (local HBM); head ``h``'s reduce warps read chunk ``h`` through the multicast address
-  (``multimem.ld_reduce``: the NVSwitch pulls that chunk from every GPU of the node, adds it up and
-  returns the sum to the head), add the partial sums arriving from up to two network children and
-  send the result to the tree parent through the head's NIC (``FanAsymmetric<3, 1>``); the broadcast
-  warps receive the final sum from the parent, pass it to the children and store it through the
-  multicast address (``multimem.st``: one copy to the switch, which writes it into every GPU of the
-  node); the tree root reduces and broadcasts in one step. The inter-node trees are NCCL's double
-  binary tree over the nodes (``ncclGetDtree``), made of the head-``h`` GPUs of every node; channel
-  ``c`` uses tree ``c mod 2``, so each tree carries half of every head's chunk. Per byte of the
-  all-reduce buffer ``S``:
-
-  - NVLink GPU->NVSwitch and NVSwitch->GPU: ``1 + 1/H`` for a head (its share of every reduction up,
-    its reduced chunk back, its broadcast up, everyone's broadcast down), ``1`` for a GPU that is not
-    a head;
-  - NIC of head ``h`` on node ``k``, each direction: ``deg(k) / (2H)``, where ``deg(k)`` counts node
-    ``k``'s tree links (parent + children) in both trees: 2 on two nodes (``S/H`` per NIC), up to 4
-    on more (interior in one tree, leaf in the other: ``2S/H``, what a Tree channel pair puts on a
-    NIC), so DGX H100 x 2 carries ``S/8`` per NIC and direction, x 16 up to ``S/4``.
-* **all_to_all**: one send/recv pair per ordered pair of ranks (NCCL >= 2.28 expands ``ncclAlltoAll``
-  this way), all in flight at once (one grouped kernel).
+* each algorithm's edges and bytes per edge are its own (:mod:`hwmodel.nccl.algorithms`: ``ring``,
+  ``tree``, ``nvls``, ``nvls_tree``, ``pat``, and ``p2p`` for send/recv and all_to_all, one send/recv
+  pair per ordered pair of ranks, NCCL >= 2.28's expansion of ``ncclAlltoAll``); the engine asks the
+  algorithm object of the plan for its flows, its work per rank and its progress rate.
 
 Fidelities: ``flow`` makes ONE fluid activity per collective over every link it loads, with the
 weight of each link = bytes on that link per byte of per-rank progress, so contention with other
 traffic emerges from the max-min solver; NCCL's latency terms (from the tuner) are paid first.
 ``step`` runs every algorithm step as a synchronised set of per-edge transfers (one fluid activity
 per edge, a barrier after each step; the latency is split evenly over the steps): ring all-reduce
-2(n-1) steps, all-gather / reduce-scatter n-1, ring broadcast / reduce n pipeline steps. Tree, NVLS
-and NVLSTree are pipelined up-and-down algorithms without a step structure at this level, and
-all_to_all is one grouped kernel, so they run as ONE synchronised step of per-edge transfers. Both
-fidelities agree where nothing contends (tests/hwmodel/nccl/test_engine.py checks 2 %). NVLSTree, like
-the others, runs at the tuner's bandwidth (its activity's rate bound) unless a link it loads is
-contended (on DGX B200 x 16 the NICs bind first: ``S/4`` per NIC at the tuner's 193.5 GB/s would need
-48.4 GB/s of a NIC's 47 GB/s).
+2(n-1) steps, all-gather / reduce-scatter n-1, ring broadcast / reduce n pipeline steps. Tree, NVLS,
+NVLSTree and PAT are pipelined algorithms without a barrier per step at this level, and all_to_all is
+one grouped kernel, so they run as ONE synchronised step of per-edge transfers. Both fidelities agree
+where nothing contends (tests/hwmodel/nccl/test_engine.py checks 2 %). Every algorithm runs at the
+tuner's bandwidth (its activity's rate bound) unless a link it loads binds first.
 
 Bandwidth efficiency enters as link weight: a protocol that carries 8 data bytes per 16-byte line (LL)
 puts 2 bytes on the wire per payload byte; NCCL's app-level link efficiency likewise (NVLink
-:data:`NVLINK_EFFICIENCY_FIT` on Ampere, else NCCL's ``SMxx_NVLINK_BW`` over the line rate;
+:data:`NVLINK_EFFICIENCY_FIT` where fitted (Ampere), else NCCL's ``SMxx_NVLINK_BW`` over the line rate;
 InfiniBand :data:`hwmodel.nccl.tuner.IB_APP_EFFICIENCY`), so a link's ``carried`` counter is payload x
 protocol overhead / efficiency. NCCL kernels also move their bytes through HBM, as side loads on each
 member's HBM (hardware_nccl.md §5(b): at least one read and one write per hop, plus a read for
@@ -79,8 +42,11 @@ import simpy
 from hwmodel.cluster import Cluster
 from hwmodel.fluid import Resource
 from hwmodel.ir import COLLECTIVE_OPS, Collective
+from hwmodel.nccl import algorithms as _algorithms
+from hwmodel.nccl import calibration as _calibration
 from hwmodel.nccl import nccltests as _nt
 from hwmodel.nccl import tuner as _tuner
+from hwmodel.nccl.algorithms.base import Flow
 from hwmodel.nccl.channels import p2p_plan
 from hwmodel.nccl.tuner_config import TunerConfig
 
@@ -95,26 +61,21 @@ HBM_BYTES_PER_BYTE = {"all_reduce": 3.0, "reduce_scatter": 3.0, "reduce": 3.0,
 forward it, plus a read of the local input where the step reduces (hardware_nccl.md §5(b), DERIVED,
 not measured)."""
 
-NVLINK_EFFICIENCY_FIT: dict[str, float] = {"ampere": 234.9e9 / 300e9}
-"""NCCL's achieved NVLink bandwidth / line rate, per GPU generation, where a measurement exists.
+NVLINK_EFFICIENCY_FIT: dict[str, float] = _calibration.nvlink_efficiency_fit()
+"""NCCL's achieved NVLink bandwidth / line rate, per GPU generation, where a measurement exists
+(``[nccl.nvlink_efficiency.<arch>]`` in ``hwmodel/data/calibration.toml``: Ampere 234.9 / 300 GB/s =
+0.783, FITTED to the 16 GiB all-reduce row of ``tests/data/nccl_tests_a100_8gpu.csv``). Other
+generations use NCCL's ``SMxx_NVLINK_BW`` / line rate (the GPU spec's figures)."""
 
-Ampere: 234.9 GB/s (the 16 GiB all-reduce busbw of 8x A100 SXM4 in stas00/ml-engineering
-``network/README.md``, copied to ``tests/data/nccl_tests_a100_8gpu.csv``) over 12 x 25 GB/s = 300 GB/s,
-i.e. 0.783 instead of NCCL's own model figure 20/25 = 0.80 (``SM80_NVLINK_BW``). [FITTED to that one
-row]; NCCL <= 2.12's tuning.cc had the same number as a cap (``busBw = min(busBw, 235)`` on Ampere).
-Other generations use NCCL's ``SMxx_NVLINK_BW`` / line rate (the GPU spec's figures)."""
-
-HOST_LAUNCH_PER_GPU_S = 41.3e-6 / 8
+HOST_LAUNCH_PER_GPU_S = _calibration.host_launch_per_gpu_s()
 """Host time to enqueue one NCCL collective on one GPU when one thread drives several GPUs (s): the
-41.3 µs intercept of ``t = 41.3 µs + 2.5 µs x nChannels`` over 8 GPUs. [FITTED] to the 32 KiB .. 1 MiB
-rows of ``tests/data/nccl_tests_a100_8gpu.csv`` (nccl-tests ``-g 8``, one thread, A100), where the
-measured time is flat in size and linear in NCCL's channel count (1, 2, 4, 8, 16, 24): the host, not
-the GPU, is the bottleneck (fit within 2 % on all six rows)."""
+41.3 µs intercept of ``t = 41.3 µs + 2.5 µs x nChannels`` over 8 GPUs, FITTED to 8x A100 ``-g 8``
+nccl-tests rows (``[nccl] host_launch_s`` in ``hwmodel/data/calibration.toml``)."""
 
-HOST_PER_CHANNEL_PER_GPU_S = 2.5e-6 / 8
+HOST_PER_CHANNEL_PER_GPU_S = _calibration.host_per_channel_per_gpu_s()
 """Host time per channel per GPU to enqueue one collective (s): the 2.5 µs/channel slope of the same
-fit over 8 GPUs (NCCL prepares one work element per channel, ``src/enqueue.cc``). [FITTED] as
-:data:`HOST_LAUNCH_PER_GPU_S`."""
+fit over 8 GPUs (NCCL prepares one work element per channel, ``src/enqueue.cc``; ``[nccl]
+host_per_channel_s``)."""
 
 
 @dataclass(slots=True)
@@ -137,19 +98,6 @@ class Plan:
     name: str = ""
     peer_channels: int = 0
     info: dict = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class Flow:
-    """One edge of a collective: payload from GPU ``src`` to ``dst`` over ``path``.
-
-    ``frac`` is the edge's bytes per byte of collective progress (1/rails for a rail ring).
-    """
-
-    src: str
-    dst: str
-    path: tuple[Resource, ...]
-    frac: float
 
 
 class NcclEngine:
@@ -263,7 +211,8 @@ class NcclEngine:
             # The tuner's bandwidth assumes every channel; small messages run on fewer.
             full = _tuner.nccl_channels(ch.algorithm, ch.protocol, 1 << 40, ct)[0]
             scale = ch.n_channels / full if full else 1.0
-            bound = _bus_rate(coll.op, ch.algorithm, bw, n) * scale if bw else None
+            rate = _algorithms.get(ch.algorithm).progress_rate_Bps(coll.op, bw, n)
+            bound = rate * scale if bw else None
             p = Plan(coll.op, coll.size_bytes, gpus, ch.algorithm, ch.protocol, ch.n_channels,
                      ch.latency_s, ch.predicted_time_s, bound, coll.root, coll.name,
                      info={"decided_by": ch.decided_by})
@@ -361,22 +310,7 @@ class NcclEngine:
     # -- flow fidelity: one activity per collective --------------------------------------------
     def _work(self, plan: Plan) -> float:
         """Bytes each edge of weight 1 carries over the whole collective (progress units)."""
-        n = len(plan.gpus)
-        S = float(plan.size_bytes)
-        op, algo = plan.op, plan.algorithm
-        if op == "p2p":
-            return S
-        if op == "all_to_all":
-            return S / n
-        if algo == "ring":
-            if op == "all_reduce":
-                return S * 2 * (n - 1) / n
-            if op in ("all_gather", "reduce_scatter"):
-                return S * (n - 1) / n
-            return S  # broadcast / reduce: the whole buffer flows along the chain, pipelined
-        if algo == "nvls" and op in ("all_gather", "reduce_scatter"):
-            return S * (n - 1) / n
-        return S  # tree, nvls all-reduce: every edge carries the whole per-rank buffer (each way)
+        return _algorithms.get(plan.algorithm).work_bytes(plan.op, float(plan.size_bytes), len(plan.gpus))
 
     def _flow(self, plan: Plan) -> tuple[float, dict[Resource, float], dict[Resource, float]]:
         """Work (payload bytes per member per edge) and link/HBM weights of a planned collective."""
@@ -415,129 +349,34 @@ class NcclEngine:
             return _tuner.NET_APP_EFFICIENCY
         return 1.0
 
-    def _path(self, a: str, b: str) -> tuple[Resource, ...]:
+    # -- what an algorithm asks to lay out its flows (algorithms.base.FlowContext) -------------
+    @property
+    def topology(self) -> Topology:
+        """The cluster's topology."""
+        return self.cluster.topology
+
+    def path(self, a: str, b: str) -> tuple[Resource, ...]:
+        """The routed links from ``a`` to ``b``."""
         return tuple(self.cluster.path(a, b)[0])
 
-    def _rails(self, ppn: int) -> int:
+    def rails(self, ppn: int) -> int:
+        """Rails (one ring or tree per NIC) a communicator with ``ppn`` GPUs per node uses."""
         return max(1, min(ppn, self.cluster.topology.nics_per_node or 1))
 
-    def _edge_flows(self, plan: Plan) -> list[Flow]:
-        gpus = list(plan.gpus)
-        n = len(gpus)
-        op = plan.op
-        P = self._path
-        if op == "p2p":
-            return [Flow(gpus[0], gpus[1], P(gpus[0], gpus[1]), 1.0)]
-        if op == "all_to_all":
-            return [Flow(a, b, P(a, b), 1.0) for a in gpus for b in gpus if a != b]
+    def nodes_of(self, gpus: tuple[str, ...]) -> dict[int, list[str]]:
+        """``gpus`` grouped by node, nodes and GPUs in communicator order."""
         by_node: dict[int, list[str]] = {}
         for g in gpus:
             by_node.setdefault(self._node_of[g], []).append(g)
-        nodes = list(by_node)
-        if plan.algorithm == "nvls":
-            topo = self.cluster.topology
-            up = 1.0 / (n - 1) if op == "all_gather" else 1.0
-            down = 1.0 / (n - 1) if op == "reduce_scatter" else 1.0
-            flows = []
-            for g in gpus:
-                sw = topo.nvswitch_of(g)
-                flows.append(Flow(g, g, P(g, sw), up))
-                flows.append(Flow(g, g, P(sw, g), down))
-            return flows
-        if plan.algorithm == "tree":
-            return self._tree_flows(by_node, nodes)
-        if plan.algorithm == "nvls_tree":
-            return self._nvls_tree_flows(plan, by_node, nodes)
-        # Ring (and ring-pipelined broadcast/reduce).
-        chain = op in ("broadcast", "reduce")
-        if len(nodes) == 1:
-            order = _rotate(gpus, plan.root) if chain else gpus
-            edges = [(order[i], order[(i + 1) % n]) for i in range(n - (1 if chain else 0))]
-            return [Flow(a, b, P(a, b), 1.0) for a, b in edges]
-        rails = self._rails(max(len(v) for v in by_node.values()))
-        flows = []
-        frac = 1.0 / rails
-        for c in range(rails):
-            for k, node in enumerate(nodes):
-                local = _rotate(by_node[node], c)
-                for i in range(len(local) - 1):
-                    flows.append(Flow(local[i], local[i + 1], P(local[i], local[i + 1]), frac))
-                if chain and k == len(nodes) - 1:
-                    continue
-                nxt = _rotate(by_node[nodes[(k + 1) % len(nodes)]], c)
-                # PXN: the last GPU of the node's part hands over to the rail-c GPU over NVLink,
-                # which sends through its own NIC.
-                path = (P(local[-1], local[0]) if len(local) > 1 else ()) + P(local[0], nxt[0])
-                flows.append(Flow(local[-1], nxt[0], path, frac))
-        return flows
+        return by_node
 
-    def _tree_flows(self, by_node: dict[int, list[str]], nodes: list[int]) -> list[Flow]:
-        P = self._path
-        flows = []
-        rails = self._rails(max(len(v) for v in by_node.values())) if len(nodes) > 1 else 1
-        frac = 1.0 / rails
-        trees = _double_binary_tree(len(nodes)) if len(nodes) > 1 else []
-        for c in range(rails):
-            heads = []
-            for node in nodes:
-                # Intra-node chain from the rail-c GPU, up and down (each direction carries it once).
-                local = _rotate(by_node[node], c)
-                heads.append(local[0])
-                for i in range(len(local) - 1):
-                    flows.append(Flow(local[i + 1], local[i], P(local[i + 1], local[i]), frac))
-                    flows.append(Flow(local[i], local[i + 1], P(local[i], local[i + 1]), frac))
-            for tree in trees:
-                for child, parent in tree:
-                    a, b = heads[child], heads[parent]
-                    flows.append(Flow(a, b, P(a, b), 0.5 * frac))
-                    flows.append(Flow(b, a, P(b, a), 0.5 * frac))
-        return flows
-
-    def _nvls_heads(self, gpus: list[str]) -> list[str]:
-        """One NVLS head per NIC among ``gpus`` (one node), in local order: the first GPU of the
-        communicator on each NIC, as NCCL's NVLS search makes each NIC's local GPU a head."""
-        topo = self.cluster.topology
-        heads, seen = [], set()
-        for g in sorted(gpus, key=topo.local_index):
-            nic = topo.nic_of(g)
-            if nic not in seen:
-                seen.add(nic)
-                heads.append(g)
-        return heads
-
-    def _nvls_tree_flows(self, plan: Plan, by_node: dict[int, list[str]], nodes: list[int]) -> list[Flow]:
-        """NVLSTree edges (see the module docstring): NVLink up/down for every GPU, and per head index
-        the two binary trees over the nodes' head GPUs, each edge carrying ``1/(2H)`` each way."""
-        topo = self.cluster.topology
-        P = self._path
-        heads = [self._nvls_heads(by_node[node]) for node in nodes]
-        n_heads = min(len(h) for h in heads)
-        ct = self.comm_topology(plan.gpus)
-        if ct.nvls_heads:
-            n_heads = min(n_heads, ct.nvls_heads)
-        share = 1.0 / n_heads
-        flows = []
-        for node, node_heads in zip(nodes, heads, strict=True):
-            head_set = set(node_heads[:n_heads])
-            for g in by_node[node]:
-                sw = topo.nvswitch_of(g)
-                w = 1.0 + (share if g in head_set else 0.0)
-                flows.append(Flow(g, g, P(g, sw), w))
-                flows.append(Flow(g, g, P(sw, g), w))
-        for h in range(n_heads):
-            for tree in _double_binary_tree(len(nodes)):
-                for child, parent in tree:
-                    a, b = heads[child][h], heads[parent][h]
-                    flows.append(Flow(a, b, P(a, b), 0.5 * share))
-                    flows.append(Flow(b, a, P(b, a), 0.5 * share))
-        return flows
+    def _edge_flows(self, plan: Plan) -> list[Flow]:
+        return _algorithms.get(plan.algorithm).flows(self, plan.op, plan.gpus, plan.root)
 
     # -- step fidelity ---------------------------------------------------------------------------
     def n_steps(self, plan: Plan) -> int:
         """Synchronised steps of ``plan`` in step fidelity (see the module docstring)."""
-        if plan.algorithm == "ring":
-            return _tuner.ring_steps(plan.op, len(plan.gpus))
-        return 1
+        return _algorithms.get(plan.algorithm).step_count(plan.op, len(plan.gpus))
 
     def _run_steps(self, plan: Plan):
         """Every algorithm step as a synchronised set of per-edge transfers (a barrier per step).
@@ -662,41 +501,3 @@ def _nvswitch_generation(topo) -> int:
         digits = "".join(ch for ch in spec.rsplit("gen", 1)[-1] if ch.isdigit())
         return int(digits) if "gen" in spec and digits else 0
     return 0
-
-
-def _rotate(xs: list[str], k: int) -> list[str]:
-    k %= len(xs)
-    return xs[k:] + xs[:k]
-
-
-def _bus_rate(op: str, algo: str, algbw_Bps: float, n: int) -> float:
-    """Convert NCCL's algorithm bandwidth into this engine's progress rate (bytes per edge per s)."""
-    if algo == "ring":
-        if op == "all_reduce":
-            return algbw_Bps * 2 * (n - 1) / n
-        if op in ("all_gather", "reduce_scatter"):
-            return algbw_Bps * (n - 1) / n
-    if algo == "nvls" and op in ("all_gather", "reduce_scatter"):
-        return algbw_Bps * (n - 1) / n
-    return algbw_Bps  # tree, nvls and nvls_tree all-reduce: progress is the per-rank buffer
-
-
-def _binary_tree(n: int) -> list[tuple[int, int]]:
-    """NCCL's tree 0 over ``n`` nodes as (child, parent) pairs (``ncclGetBtree``, trees.cc)."""
-    pairs = []
-    for rank in range(1, n):
-        bit = 1
-        while not rank & bit:
-            bit <<= 1
-        up = (rank ^ bit) | (bit << 1)
-        if up >= n:
-            up = rank ^ bit
-        pairs.append((rank, up))
-    return pairs
-
-
-def _double_binary_tree(n: int) -> list[list[tuple[int, int]]]:
-    """Tree 0 and tree 1 (mirror when n is even, shifted by one when odd) (``ncclGetDtree``)."""
-    t0 = _binary_tree(n)
-    t1 = [(n - 1 - c, n - 1 - p) for c, p in t0] if n % 2 == 0 else [((c + 1) % n, (p + 1) % n) for c, p in t0]
-    return [t0, t1]

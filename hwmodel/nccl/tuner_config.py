@@ -21,10 +21,11 @@ replay it. Semantics follow the plugin's ``pluginGetCollInfo``:
   matching; we follow its documented meaning, "-1 to keep NCCL's default".)
 * no matching rule: NCCL's own model decides.
 
-Algorithms NCCL knows but trainsim does not model (``collnet_direct``, ``collnet_chain``, ``pat``) are
-accepted in the file and treated as unavailable, as on a system without the hardware for them.
-``nvls_tree`` (NVLink SHARP in the node, trees between nodes) is modelled: a rule naming it applies to
-multi-node all-reduces on NVSwitch gen3+ (Hopper/Blackwell) clusters and is skipped elsewhere.
+Algorithms NCCL knows but trainsim does not model (``collnet_direct``, ``collnet_chain``) are accepted in
+the file and treated as unavailable, as on a system without the hardware for them. A rule naming a
+modelled algorithm (the registry, :mod:`hwmodel.nccl.algorithms`) applies where that algorithm is
+available and is skipped elsewhere: ``nvls_tree`` on multi-node all-reduces on NVSwitch gen3+
+(Hopper/Blackwell) clusters, ``pat`` on all-gather/reduce-scatter with one GPU per node.
 Unlike the C plugin, which silently skips malformed lines, a malformed line raises
 :class:`TunerConfigError` naming the line and the field.
 
@@ -36,6 +37,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+
+from hwmodel.nccl.algorithms import ALGORITHMS
 
 __all__ = ["COLLECTIVE_NAMES", "TunerConfig", "TunerConfigError", "TunerRule", "load_tuner_config",
            "parse_tuner_config"]
@@ -50,8 +53,8 @@ ALGORITHM_NAMES: tuple[str, ...] = ("tree", "ring", "collnet_direct", "collnet_c
                                     "pat")
 """Algorithms the plugin's file may name (``parseAlgorithm``), in ``NCCL_ALGO_*`` order."""
 
-MODELLED_ALGORITHMS: frozenset[str] = frozenset({"tree", "ring", "nvls", "nvls_tree"})
-"""The subset trainsim simulates; rules naming the others never apply."""
+MODELLED_ALGORITHMS: frozenset[str] = frozenset(ALGORITHMS)
+"""The subset trainsim simulates (the registry); rules naming the others never apply."""
 
 PROTOCOL_NAMES: tuple[str, ...] = ("ll", "ll128", "simple")
 """Protocols the file may name (``parseProtocol``)."""
