@@ -34,13 +34,13 @@ from scenarios.analysis import (
 )
 from scenarios.hierarchical import macro_programs
 from scenarios.scenario import MAX_NODES, Scenario
+from scenarios.user_code import load_factory
 from workload.custom import MODULE_KEYS, CustomModel
 from workload.memory import memory_per_gpu
 from workload.parallel.builder import BuildResult, build_programs
 from workload.parallel.config import ParallelConfig
 from workload.parallel.placement import Layout
 from workload.parallel.rank_trace import trace_rank
-from workload.trace import load_factory
 from workload.zoo import get_model_config
 from workload.zoo import with_overrides as model_overrides
 from workload.zoo.config import ResNetConfig, TransformerConfig

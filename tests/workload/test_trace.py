@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 from hwmodel.ir import KERNEL_KINDS, Compute
-from workload.trace import FactoryError, OpGraph, TraceError, load_factory, trace_model
+from scenarios.user_code import FactoryError, load_factory
+from workload.trace import OpGraph, TraceError, trace_model
 from workload.zoo import build_model
 
 # Narayanan et al. SC'21 (arXiv:2104.04473) Table 1: (name, hidden h, layers l); V = 51200, s = 2048.
