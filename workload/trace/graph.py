@@ -57,10 +57,13 @@ class OpRecord:
     """Attention only: causal mask (the useful work is about half of ``kernel_flops``)."""
 
     def to_compute(self, *, causal_discount: bool = True) -> Compute:
-        """This op as a :class:`hwmodel.ir.Compute` kernel (FLOPs = executed kernel FLOPs)."""
+        """This op as a :class:`hwmodel.ir.Compute` kernel, marked :attr:`~hwmodel.ir.Compute.causal` for
+        causal attention. FLOPs are the executed kernel FLOPs: ``kernel_flops``, halved for causal
+        attention unless ``causal_discount`` is false (then the registry's full count)."""
         flops = self.kernel_flops * (0.5 if causal_discount and self.causal else 1.0)
         return Compute(name=self.name, kind=self.kind, flops=flops, bytes_accessed=self.bytes_accessed,
-                       dtype=self.dtype, shape=self.shape, layer=self.layer, phase=self.phase)
+                       dtype=self.dtype, shape=self.shape, layer=self.layer, phase=self.phase,
+                       causal=self.causal)
 
 
 @dataclass

@@ -8,10 +8,10 @@ from typing import Any
 
 import torch
 
-_DTYPE_NAMES = {
-    torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64",
-    torch.float8_e4m3fn: "fp8", torch.float8_e5m2: "fp8",
-}
+from hwmodel.dtypes import MATH_DTYPES
+
+_DTYPE_NAMES = {getattr(torch, t): m.name for m in MATH_DTYPES.values() for t in m.torch_names}
+"""torch dtype -> IR name, from :data:`hwmodel.dtypes.MATH_DTYPES`."""
 
 
 def dtype_name(dtype: torch.dtype) -> str:
