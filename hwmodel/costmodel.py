@@ -35,11 +35,10 @@ FLOP/s, more HBM bandwidth), with efficiencies calibrated against measurements
 count the full ``seq_q x seq_kv`` score matrix, causal or not: ``4*b*h*sq*skv*d`` forward, 2.5x that
 backward. FlashAttention-2 skips the masked blocks and its published causal TFLOP/s (kernels.csv) divide
 *half* those FLOPs by the time. This model prices the work a kernel actually executes, from its shape:
-all key blocks, or for causal kernels only the blocks on and below the diagonal (about half). The task's
-``flops`` only tell whether it is causal: the IR has no causal flag, so a kernel is causal when its name
-contains ``"causal"`` or its ``flops`` are about half the full count for its shape -- the convention of
-``workload.trace`` (executed FLOPs, halved for causal); see :func:`is_causal`. A causal kernel whose
-name does not say so and whose ``flops`` carry the full count is priced as non-causal (2x too slow).
+all key blocks, or for causal kernels (:attr:`hwmodel.ir.Compute.causal`, which ``workload.trace``
+sets from the attention op's ``is_causal``) only the blocks on and below the diagonal (about half). A
+shaped attention task's ``flops`` do not enter its price (``workload.trace`` hands over the executed
+count, the full count halved for causal); only a shapeless one is priced by its ``flops``.
 
 **Measured overrides.** :class:`ProfileOverrides` reads a PyTorch profiler (Kineto) Chrome trace and
 replaces the modelled duration of matching ops by the measured one (``KernelCostModel.with_profile``):
@@ -60,6 +59,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hwmodel.dtypes import ELEMENT_BYTES
 from hwmodel.ir import Compute
 
 if sys.version_info >= (3, 11):
@@ -70,8 +70,8 @@ else:  # pragma: no cover
 DEFAULT_CALIBRATION_PATH = Path(__file__).with_name("data") / "calibration.toml"
 """The calibration shipped with trainsim."""
 
-DTYPE_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
-"""Bytes per element of each math dtype (tf32 is stored as fp32)."""
+DTYPE_BYTES = ELEMENT_BYTES
+"""Bytes per element of each math dtype (:data:`hwmodel.dtypes.ELEMENT_BYTES`; tf32 is stored as fp32)."""
 
 MEMORY_BOUND_KINDS = frozenset(
     {"elementwise", "norm", "softmax", "embedding", "loss", "optimizer", "copy", "reduction", "other"})
@@ -87,23 +87,6 @@ def normalise_dtype(dtype: str) -> str:
     aliases = {"float32": "fp32", "float": "fp32", "float16": "fp16", "half": "fp16",
                "bfloat16": "bf16", "e4m3": "fp8", "e5m2": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8"}
     return aliases.get(d, d)
-
-
-def is_causal(task: Compute) -> bool:
-    """Whether an attention kernel is causal.
-
-    The IR's :class:`~hwmodel.ir.Compute` has no causal flag, so either signal counts:
-
-    - its ``name`` contains ``"causal"`` (``flash_attn_fwd_causal``), or
-    - its ``flops`` are at most 3/4 of the full count for its shape and pass (``workload.trace`` hands
-      over the executed FLOPs, i.e. the full count halved for causal attention).
-    """
-    if "causal" in task.name.lower():
-        return True
-    if task.flops > 0 and len(task.shape) == 5:
-        full = attention_flops(*(int(x) for x in task.shape), backward=_is_backward(task))
-        return task.flops <= 0.75 * full
-    return False
 
 
 def _is_backward(task: Compute) -> bool:
@@ -560,7 +543,7 @@ class KernelCostModel:
         peak = self._peak(dtype)
         launch = self.cal.launch_overhead_s
         backward = _is_backward(task)
-        causal = is_causal(task)
+        causal = task.causal
         if not task.shape:
             eff_f, eff_b, _ = self.cal.attention_params(128)
             eff = eff_b if backward else eff_f

@@ -56,6 +56,11 @@ class Compute:
     pass_profile_s: tuple[float, ...] = ()
     """Macro tasks only: ``(time, compute, exposed communication, hidden communication)`` in seconds
     of the layer pass it stands for, so that reports can split it (``scenarios.hierarchical``)."""
+    causal: bool = False
+    """Attention only: the kernel applies a causal mask, so it runs only the key blocks on and below the
+    diagonal, about half of the full ``seq_q x seq_kv`` work (FlashAttention-2; Dao 2023,
+    arXiv:2307.08691 §3.1); the cost model prices those blocks from ``shape`` when this is set. ``flops``
+    keep the executed count (the tracer halves the full count) and price only a shapeless task."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from hwmodel.dtypes import TRAINING_DTYPES
 from hwmodel.events import KernelInfo, MacroInfo, TraceEvent
 
 COMM_PREFIXES = ("nccl:", "send", "recv", "memcpy")
@@ -169,7 +170,7 @@ def mfu_peak_dtype(dtype: str) -> str:
     (tensor-core math of fp32 training), and ``bf16`` for fp8. FP8 training runs only the Linear
     GEMMs in FP8 (:mod:`workload.fp8`); MFU against the bf16 peak keeps bf16 and fp8 runs of one model
     comparable (the ratio of their MFUs is the speed-up) where the fp8 peak would halve it."""
-    return {"fp32": "tf32", "fp8": "bf16"}.get(dtype, dtype)
+    return TRAINING_DTYPES[dtype].mfu_peak_key if dtype in TRAINING_DTYPES else dtype
 
 
 def megatron_flops_per_iteration(*, batch: int, seq: int, layers: int, hidden: int, vocab: int,

@@ -35,12 +35,12 @@ from scenarios.hierarchical import macro_programs
 from scenarios.metrics import peak_dtype_for as peak_dtype_for  # re-exported, as scenario_path
 from scenarios.metrics import run_metrics
 from scenarios.scenario import MAX_NODES, Scenario
+from scenarios.user_code import load_factory
 from workload.custom import MODULE_KEYS, CustomModel
 from workload.parallel.builder import BuildResult, build_programs
 from workload.parallel.config import ParallelConfig
 from workload.parallel.placement import Layout
 from workload.parallel.rank_trace import trace_rank
-from workload.trace import load_factory
 from workload.zoo import family_of, get_model_config
 from workload.zoo import with_overrides as model_overrides
 from workload.zoo.config import ResNetConfig, TransformerConfig

@@ -27,6 +27,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+from hwmodel.dtypes import TRAINING_DTYPES
 from workload.parallel.config import ParallelConfig
 
 SYSTEM_KEYS = {
@@ -44,8 +45,9 @@ largest published training cluster (Llama 3 405B on 16,384 H100). Building and s
 grows with the node count (4,096 nodes: ~96,000 topology vertices, seconds to build); far larger
 counts would exhaust memory and time."""
 MODES = ("auto", "full", "symmetric", "hierarchical")
-DTYPES = ("bf16", "fp16", "fp32", "fp8")
-"""Training dtypes; fp8 is bf16 mixed precision with Transformer Engine FP8 Linear GEMMs (H100 and later)."""
+DTYPES = tuple(TRAINING_DTYPES)
+"""Training dtypes (:data:`hwmodel.dtypes.TRAINING_DTYPES`); fp8 is bf16 mixed precision with Transformer
+Engine FP8 Linear GEMMs (H100 and later)."""
 PARALLEL_KEYS = {f.name for f in dataclasses.fields(ParallelConfig)} - {"micro_batch_size", "global_batch_size"}
 SECTIONS = ("system", "model", "parallel", "training", "simulation", "name", "description")
 

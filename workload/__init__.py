@@ -11,7 +11,7 @@ from typing import Any
 
 _EXPORTS = {
     "OpGraph": "workload.trace", "OpRecord": "workload.trace", "TraceError": "workload.trace",
-    "FactoryError": "workload.trace", "trace_model": "workload.trace", "load_factory": "workload.trace",
+    "FactoryError": "scenarios.user_code", "trace_model": "workload.trace", "load_factory": "scenarios.user_code",
     "build_model": "workload.zoo", "get_model_config": "workload.zoo", "known_models": "workload.zoo",
     "UnknownModelError": "workload.zoo", "validate_tensor_parallel": "workload.zoo",
 }

@@ -44,6 +44,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from hwmodel.dtypes import TRAINING_DTYPES
 from workload.memory import MemoryBreakdown
 from workload.parallel.builder import ELEM_BYTES, ModelTrace
 from workload.parallel.config import ParallelConfig
@@ -55,7 +56,7 @@ INPUT_DTYPES = ("float", "int64")
 MODULE_KEYS = ("factory", "factory_args", "input_shape", "input_dtype", "blocks")
 """``[model]`` keys for a factory that returns an ``nn.Module``."""
 
-_TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+_TORCH_DTYPES = {n: getattr(torch, d.torch_name) for n, d in TRAINING_DTYPES.items() if d.traced_as == n}
 _NEEDS_MEGATRON = (
     ("tensor_model_parallel_size", "tp", "tensor parallelism splits the zoo's Megatron column/row-parallel layers"),
     ("context_parallel_size", "cp", "context parallelism needs the zoo's ring attention"),

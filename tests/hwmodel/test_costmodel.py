@@ -183,9 +183,10 @@ def test_flash_attention2_fwd_bwd_a100_within_10_percent(row, a100):
     batch, heads = 16384 // s, 2048 // d  # kernels.csv: batch = 16k/seqlen, hidden 2048
     name = "flash_attn_causal" if causal else "flash_attn"
     shape = (batch, heads, s, s, d)
-    fwd = Compute(f"{name}_fwd", "attention", attention_flops(*shape), 0.0, "bf16", shape, phase="fwd")
+    fwd = Compute(f"{name}_fwd", "attention", attention_flops(*shape), 0.0, "bf16", shape, phase="fwd",
+                  causal=causal)
     bwd = Compute(f"{name}_bwd", "attention", attention_flops(*shape, backward=True), 0.0, "bf16", shape,
-                  phase="bwd")
+                  phase="bwd", causal=causal)
     t = a100.cost(fwd).solo_time_s + a100.cost(bwd).solo_time_s
     # kernels.csv convention: FLOPs = 4*s^2*d*heads*batch fwd, x3.5 fwd+bwd, halved when causal
     flops = 3.5 * attention_flops(*shape, causal=causal)
@@ -196,22 +197,26 @@ def test_causal_attention_executes_about_half_the_work(a100):
     shape = (1, 16, 16384, 16384, 128)
     f = attention_flops(*shape)
     full = a100.cost(Compute("flash_attn_fwd", "attention", f, 0, "bf16", shape))
-    causal = a100.cost(Compute("flash_attn_fwd_causal", "attention", f, 0, "bf16", shape))
+    causal = a100.cost(Compute("flash_attn_fwd", "attention", f, 0, "bf16", shape, causal=True))
     assert causal.solo_time_s / full.solo_time_s == pytest.approx(0.5, abs=0.02)
     assert causal.detail["executed_flops"] == attention_flops(*shape) / 2
 
 
-def test_causal_recognised_from_halved_flops(a100):
-    """workload.trace's convention: aten name, executed FLOPs (full count halved for causal)."""
+def test_causal_comes_from_the_flag_not_the_flops(a100):
+    """The cost model reads Compute.causal; a task's flops (full or halved) and name do not decide."""
     shape = (2, 16, 4096, 4096, 128)
     name = "aten._scaled_dot_product_flash_attention_backward"
-    marked = a100.cost(Compute("flash_attn_bwd_causal", "attention", 0, 0, "bf16", shape, phase="bwd"))
-    halved = a100.cost(Compute(name, "attention", attention_flops(*shape, backward=True, causal=True), 0, "bf16",
-                               shape, phase="bwd"))
-    full = a100.cost(Compute(name, "attention", attention_flops(*shape, backward=True), 0, "bf16", shape,
-                             phase="bwd"))
-    assert halved == marked and halved.detail["causal"] == 1.0
-    assert full.detail["causal"] == 0.0 and full.solo_time_s > 1.8 * halved.solo_time_s
+    halved = attention_flops(*shape, backward=True, causal=True)
+    full = attention_flops(*shape, backward=True)
+    flagged = a100.cost(Compute(name, "attention", halved, 0, "bf16", shape, phase="bwd", causal=True))
+    flagged_full = a100.cost(Compute(name, "attention", full, 0, "bf16", shape, phase="bwd", causal=True))
+    unflagged = a100.cost(Compute(name, "attention", halved, 0, "bf16", shape, phase="bwd"))
+    named = a100.cost(Compute("flash_attn_bwd_causal", "attention", 0, 0, "bf16", shape, phase="bwd"))
+    assert flagged.solo_time_s == flagged_full.solo_time_s and flagged.detail["causal"] == 1.0
+    assert unflagged.detail["causal"] == 0.0 and named.detail["causal"] == 0.0
+    # 32 query blocks of 128: causal runs 32*33/2 = 528 of the 1024 key-block iterations (+ prologues)
+    assert unflagged.solo_time_s > 1.8 * flagged.solo_time_s
+    assert flagged.detail["executed_flops"] == halved
 
 
 def test_attention_backward_is_slower_than_forward(a100):

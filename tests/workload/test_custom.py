@@ -18,10 +18,11 @@ from hwmodel.runtime import Runtime
 from hwmodel.topology import build_system
 from scenarios.runner import memory_for, prepare, run_scenario
 from scenarios.scenario import parse_scenario
+from scenarios.user_code import FactoryError, load_factory
 from workload.custom import CustomModel, find_blocks, sum_loss
 from workload.parallel.builder import build_programs
 from workload.parallel.config import ParallelConfig
-from workload.trace import FactoryError, load_factory, trace_model
+from workload.trace import trace_model
 
 MODELS = Path(__file__).parent / "custom_models.py"
 EXAMPLE = Path(__file__).parents[2] / "examples" / "vit.py"

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from hwmodel.ir import KERNEL_KINDS, Compute
-from workload.trace import FactoryError, OpGraph, TraceError, load_factory, trace_model
+from workload.trace import OpGraph, TraceError, trace_model
 from workload.zoo import build_model
 
 # Narayanan et al. SC'21 (arXiv:2104.04473) Table 1: (name, hidden h, layers l); V = 51200, s = 2048.
@@ -122,6 +122,17 @@ def test_to_compute_tasks(tiny_gpt: OpGraph) -> None:
     assert tasks[i].flops == 0.5 * tiny_gpt.ops[i].kernel_flops  # causal: half the blocks computed
     assert tiny_gpt.to_compute_tasks(causal_discount=False)[i].flops == tiny_gpt.ops[i].kernel_flops
     assert tasks[i].shape == tiny_gpt.ops[i].shape and tasks[i].layer == "layers.0.attn"
+    # the explicit flag: every causal attention kernel, fwd and bwd, and nothing else
+    assert [t.causal for t in tasks] == [o.kind == "attention" for o in tiny_gpt.ops]
+    assert tiny_gpt.to_compute_tasks(causal_discount=False)[i].causal
+
+
+def test_non_causal_attention_is_not_flagged() -> None:
+    enc = nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True)
+    g = trace_model(enc, (torch.empty(2, 16, 64, dtype=torch.bfloat16, device="meta"),), optimizer=False)
+    att = [t for t in g.to_compute_tasks() if t.kind == "attention"]
+    assert len(att) == 2 and not any(t.causal for t in att)
+    assert [t.flops for t in att] == [o.kernel_flops for o in g.ops if o.kind == "attention"]
 
 
 def test_optimizer_ops_per_parameter(tiny_gpt: OpGraph) -> None:
@@ -188,18 +199,6 @@ def test_user_module_on_cpu_is_moved_to_meta() -> None:
     mms = [o for o in g.select("fwd") if o.kind == "gemm"]
     assert [o.shape for o in mms] == [(1, 5, 32, 16), (1, 5, 4, 32)] and mms[0].dtype == "fp32"
     assert [o.layer for o in mms] == ["0", "2"]
-
-
-def test_load_factory() -> None:
-    assert load_factory("workload.zoo:build_model") is build_model
-    with pytest.raises(FactoryError, match="expected 'package.module:factory'"):
-        load_factory("workload.zoo.build_model")
-    with pytest.raises(FactoryError, match="cannot import module 'no_such_pkg.mod'"):
-        load_factory("no_such_pkg.mod:make")
-    with pytest.raises(FactoryError, match="has no attribute 'nope'"):
-        load_factory("workload.zoo:nope")
-    with pytest.raises(FactoryError, match="not callable"):
-        load_factory("workload.trace:__all__")
 
 
 class _EncoderSDPA(nn.Module):

@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+from hwmodel.dtypes import ELEMENT_BYTES, TRAINING_DTYPES
 from hwmodel.ir import Collective, Compute, Program, SendRecv
 from workload.fp8 import CAST_TRANSPOSE_BYTES, CAST_WEIGHT_NAME
 from workload.parallel.config import ParallelConfig
@@ -50,11 +51,12 @@ projections (those are GEMMs of ``.attn.qkv`` / ``.attn.proj``)."""
 TRACED_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 """Ops of :mod:`workload.parallel.tp` that are communication, not kernels."""
 
-ELEM_BYTES = {"fp64": 8, "fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
-GRAD_REDUCE_BYTES = {"bf16": 4, "fp16": 2, "fp32": 4}
+ELEM_BYTES = dict(ELEMENT_BYTES)
+"""Bytes per element of each math dtype (:data:`hwmodel.dtypes.ELEMENT_BYTES`)."""
+GRAD_REDUCE_BYTES = {n: d.grad_reduce_bytes for n, d in TRAINING_DTYPES.items()}
 """Bytes per gradient element in the data-parallel reduction, by training dtype: Megatron-LM reduces
 bf16 runs' gradients in fp32 (it forces ``accumulate_allreduce_grads_in_fp32`` for bf16) and fp16
-runs' in fp16 (the flag's default)."""
+runs' in fp16 (the flag's default); see :mod:`hwmodel.dtypes`."""
 
 
 @dataclass

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from hwmodel.dtypes import TRAINING_DTYPES as _DTYPE_TABLE
+from hwmodel.dtypes import training_dtype
 from workload.fp8 import fp8_modules, to_fp8
 from workload.parallel.builder import ModelTrace
 from workload.parallel.config import ParallelConfig
@@ -19,9 +21,9 @@ from workload.trace import trace_model
 from workload.zoo.family import ModelFamily
 from workload.zoo.registry import family_of
 
-TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+TORCH_DTYPES = {n: getattr(torch, d.torch_name) for n, d in _DTYPE_TABLE.items() if d.traced_as == n}
 """Training dtypes traced as such."""
-TRAINING_DTYPES = (*TORCH_DTYPES, "fp8")
+TRAINING_DTYPES = tuple(_DTYPE_TABLE)
 """Allowed training dtypes; ``fp8`` is bf16 training with FP8 Linear GEMMs (:mod:`workload.fp8`)."""
 
 
@@ -35,8 +37,7 @@ def trace_rank(model_cfg, config: ParallelConfig, *, dtype: str = "bf16") -> Mod
         ValueError: the parallel sizes do not divide the model (naming the fields and numbers), an
             unknown dtype, or ``fp8`` for a model without transformer blocks.
     """
-    if dtype not in TRAINING_DTYPES:
-        raise ValueError(f"dtype: unknown {dtype!r}; allowed: {', '.join(TRAINING_DTYPES)}")
+    traced_as = training_dtype(dtype).traced_as
     config.validate_model(model_cfg)
     family = family_of(model_cfg)
     own = family.own_trace(model_cfg, config, dtype)  # a user's own nn.Module traces itself
@@ -51,7 +52,7 @@ def trace_rank(model_cfg, config: ParallelConfig, *, dtype: str = "bf16") -> Mod
     with torch.device("meta"):
         model = family.build(traced_cfg, tp=tp, ep=config.ep)
     graph = trace_model(model, micro_batch_size=config.micro_batch_size, block_attr=family.block_attr,
-                        dtype=TORCH_DTYPES["bf16" if dtype == "fp8" else dtype])
+                        dtype=TORCH_DTYPES[traced_as])
     pre, block, post, expert = _param_counts(model, graph, family)
     fp8_params = 0
     if dtype == "fp8":

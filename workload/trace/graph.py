@@ -1,0 +1,148 @@
+"""The op graph of a traced training step: :class:`OpRecord` (one aten op) and :class:`OpGraph`.
+
+**FLOP convention.** :attr:`OpRecord.flops` are *model* FLOPs, the count of Megatron-LM's formula
+(Narayanan et al., SC'21, arXiv:2104.04473, eq. 3): 2 FLOPs per multiply-accumulate, the backward
+pass twice the forward, attention counted over the full ``s × s`` score matrix (causality ignored).
+:attr:`OpRecord.kernel_flops` is what the kernel executes: FlashAttention's backward recomputes
+``QKᵀ`` (2.5× its forward, the registry's count). :meth:`OpGraph.to_compute_tasks` hands the kernel
+count to the hardware model, halved for causal attention (FlashAttention-2 skips the masked blocks),
+and marks causal attention kernels with :attr:`hwmodel.ir.Compute.causal`, which the cost model prices.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from hwmodel.ir import Compute
+
+Part = Literal["pre", "block", "post"]
+
+
+@dataclass(frozen=True, slots=True)
+class OpRecord:
+    """One aten op of a traced training step (one GPU kernel, unfused)."""
+
+    index: int
+    """Position in :attr:`OpGraph.ops` (issue order)."""
+    name: str
+    """aten op, e.g. ``aten.mm`` or ``aten._scaled_dot_product_flash_attention``."""
+    kind: str
+    """Kernel kind, one of :data:`hwmodel.ir.KERNEL_KINDS`."""
+    phase: str
+    """``fwd``, ``bwd`` or ``opt``."""
+    layer: str
+    """Module path that issued it, e.g. ``layers.3.attn.qkv``; ``""`` for the top-level module."""
+    part: str
+    """``pre`` (the part before the repeated blocks: embedding), ``block`` or ``post`` (final norm, head,
+    loss) -- by model structure, so the bwd of the head is ``post`` though it is issued first."""
+    block: int | None
+    """Index of the repeated block (``layers.<i>``) it belongs to; ``None`` outside the blocks."""
+    flops: float
+    """Model FLOPs (FLOP), Megatron's convention (see the module docstring)."""
+    kernel_flops: float
+    """FLOPs the kernel executes (FLOP), causality ignored; differs from ``flops`` for attention bwd."""
+    bytes_accessed: float
+    """Bytes read + written (B), unfused; stride-0 (broadcast) dims counted once."""
+    dtype: str
+    """Math dtype: fp32, bf16, fp16, ... (first floating input)."""
+    shape: tuple[int, ...]
+    """gemm: (batch, m, n, k); attention: (batch, heads, seq_q, seq_kv, head_dim); else ()."""
+    in_shapes: tuple[tuple[int, ...], ...]
+    out_shapes: tuple[tuple[int, ...], ...]
+    deps: tuple[int, ...]
+    """Indices of the ops that produced this op's inputs."""
+    causal: bool = False
+    """Attention only: causal mask (the useful work is about half of ``kernel_flops``)."""
+
+    def to_compute(self, *, causal_discount: bool = True) -> Compute:
+        """This op as a :class:`hwmodel.ir.Compute` kernel, marked :attr:`~hwmodel.ir.Compute.causal` for
+        causal attention. FLOPs are the executed kernel FLOPs: ``kernel_flops``, halved for causal
+        attention unless ``causal_discount`` is false (then the registry's full count)."""
+        flops = self.kernel_flops * (0.5 if causal_discount and self.causal else 1.0)
+        return Compute(name=self.name, kind=self.kind, flops=flops, bytes_accessed=self.bytes_accessed,
+                       dtype=self.dtype, shape=self.shape, layer=self.layer, phase=self.phase,
+                       causal=self.causal)
+
+
+@dataclass
+class OpGraph:
+    """The ops of one training step for one micro-batch, in issue order, with dependency edges."""
+
+    ops: list[OpRecord]
+    num_blocks: int = 0
+    """Number of repeated blocks (``len(model.layers)``); 0 when the model has none."""
+    block_attr: str = "layers"
+    """Attribute of the model holding the repeated blocks."""
+    info: dict[str, Any] = field(default_factory=dict)
+    """Free-form facts about the trace (model class, micro-batch shape, dedup used, ...)."""
+    _index: dict[tuple[Any, str], list[OpRecord]] | None = field(default=None, init=False, repr=False,
+                                                                  compare=False)
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+    def select(self, phase: str | None = None) -> list[OpRecord]:
+        """Ops of one phase (``fwd``/``bwd``/``opt``), or all."""
+        return [o for o in self.ops if phase is None or o.phase == phase]
+
+    def total_flops(self, phase: str | None = None, *, kernel: bool = False) -> float:
+        """Model FLOPs (or executed kernel FLOPs) of one phase, or of the whole step (FLOP)."""
+        return float(sum(o.kernel_flops if kernel else o.flops for o in self.select(phase)))
+
+    def total_bytes(self, phase: str | None = None) -> float:
+        """Unfused bytes read + written (B)."""
+        return float(sum(o.bytes_accessed for o in self.select(phase)))
+
+    def by_layer(self, phase: str | None = None) -> dict[str, list[OpRecord]]:
+        """Ops grouped by module path, in first-issue order."""
+        out: dict[str, list[OpRecord]] = defaultdict(list)
+        for o in self.select(phase):
+            out[o.layer].append(o)
+        return dict(out)
+
+    def _lookup(self, key: Any, phase: str) -> list[OpRecord]:
+        if self._index is None:
+            idx: dict[tuple[Any, str], list[OpRecord]] = defaultdict(list)
+            for o in self.ops:
+                k = o.block if o.part == "block" else o.part
+                idx[(k, o.phase)].append(o)
+                idx[(k, "*")].append(o)
+            self._index = dict(idx)
+        return list(self._index.get((key, phase or "*"), []))
+
+    def block_ops(self, i: int, phase: str | None = None) -> list[OpRecord]:
+        """Ops of repeated block ``i`` (``layers.i``), e.g. ``block_ops(3, "bwd")``."""
+        if not 0 <= i < self.num_blocks:
+            raise IndexError(f"block {i} out of range: the graph has {self.num_blocks} blocks")
+        return self._lookup(i, phase or "*")
+
+    def pre_ops(self, phase: str | None = None) -> list[OpRecord]:
+        """Ops of the part before the blocks: the embedding (in ``bwd``: its backward, issued last)."""
+        return self._lookup("pre", phase or "*")
+
+    def post_ops(self, phase: str | None = None) -> list[OpRecord]:
+        """Ops of the part after the blocks: final norm, output head, loss (in ``bwd``: issued first)."""
+        return self._lookup("post", phase or "*")
+
+    def recompute_flops(self, granularity: Literal["full", "selective"] = "full") -> float:
+        """Extra model FLOPs of activation recomputation for one micro-batch (FLOP).
+
+        ``full`` re-runs every block's forward before its backward (Megatron ``--recompute-granularity
+        full``): fwd+bwd+recompute of a GPT then equals Megatron's ``96·B·s·l·h²·(1 + s/6h +
+        V/16lh)`` (SC'21 eq. 3; the logit layer is not recomputed). ``selective`` re-runs only the
+        attention core (Korthikanti et al. 2022, arXiv:2205.05198).
+        """
+        fwd = [o for o in self.ops if o.phase == "fwd" and o.part == "block"]
+        if not fwd and self.num_blocks == 0:
+            fwd = self.select("fwd")
+        if granularity == "full":
+            return float(sum(o.flops for o in fwd))
+        if granularity == "selective":
+            return float(sum(o.flops for o in fwd if o.kind == "attention"))
+        raise ValueError(f"granularity must be 'full' or 'selective', got {granularity!r}")
+
+    def to_compute_tasks(self, phase: str | None = None, *, causal_discount: bool = True) -> list[Compute]:
+        """The ops as :class:`hwmodel.ir.Compute` kernels (see :meth:`OpRecord.to_compute`)."""
+        return [o.to_compute(causal_discount=causal_discount) for o in self.select(phase)]
