@@ -2,15 +2,15 @@
 clock.
 
 Every contended thing in the machine -- a directed link, a GPU's HBM bandwidth, its pool of SMs -- is
-a :class:`Resource` with a capacity per second. Everything that uses them -- a network transfer, a
-collective, a kernel -- is an :class:`Activity`: an amount of work and, per resource, a weight (the
-resource units it consumes per unit of work progress). Units are the caller's, consistently: for a
-link, work in bytes, capacity in bytes/s, weight in bytes on the link per byte of progress; for a
-kernel (``hwmodel/gpu.py``), work in solo seconds, weights in SMs and HBM bytes/s, bound 1. Active
-activities share resources by weighted **max-min fairness**; the allocation, and the progressive
-filling (SimGrid's ``maxmin_solve``) that computes it, are in :mod:`hwmodel.maxmin`. This module keeps
-the clock: who is active, how far each activity got, when it completes, and which rates a change can
-move.
+a :class:`~hwmodel.maxmin.Resource` (re-exported here) with a capacity per second. Everything that
+uses them -- a network transfer, a collective, a kernel -- is an :class:`Activity`: an amount of work
+and, per resource, a weight (the resource units it consumes per unit of work progress). Units are the
+caller's, consistently: for a link, work in bytes, capacity in bytes/s, weight in bytes on the link
+per byte of progress; for a kernel (``hwmodel/gpu.py``), work in solo seconds, weights in SMs and HBM
+bytes/s, bound 1. Active activities share resources by weighted **max-min fairness**; the allocation,
+and the progressive filling (SimGrid's ``maxmin_solve``) that computes it, are in
+:mod:`hwmodel.maxmin`. This module keeps the clock: who is active, how far each activity got, when it
+completes, and which rates a change can move.
 
 An activity first pays its latency -- during which it loads nothing (SimGrid: "the latency is paid
 beforehand") -- then joins the solver and drains at its current rate; ``done`` fires when its work is
@@ -48,7 +48,8 @@ plans the next completion among its members on one heap; one SimPy timeout, for 
 engine.
 
 Invariants kept between events: ``Resource.load`` is the sum of ``w x rate`` over its constrained
-users (exactly 0 without users) and ``Resource.side_load`` that over its side users;
+users (updated incrementally, so up to rounding; exactly 0 without users) and ``Resource.side_load``
+that over its side users;
 ``Resource.carried`` is the time integral of ``load + side_load`` up to the last change;
 ``Activity.remaining`` is the work left at the activity's last settlement.
 """
@@ -61,7 +62,7 @@ from collections.abc import Iterable, Mapping
 
 import simpy
 
-from hwmodel.maxmin import EPS, fill_one, maxmin, solve_closure
+from hwmodel.maxmin import EPS, Resource, fill_one, keeps_bound_rate, lowest_movable_rate, maxmin, solve_closure
 
 __all__ = ["Activity", "FluidSystem", "RateClass", "Resource", "maxmin"]
 
@@ -71,67 +72,6 @@ _SPARE_CLASSES_MAX = 4096
 """Ended classes kept for reuse (fewer allocations); the store is emptied when it reaches this."""
 _REWEIGH_EVERY = 16
 """Departures after which a class's summed weights are recomputed exactly (not by subtraction)."""
-
-
-class Resource:
-    """A shared capacity: the linear constraint ``sum(w_i * x_i) <= capacity`` per second.
-
-    Keeps a unit counter (bytes for a link) and, when the system records, a step function of its load
-    over time.
-
-    Raises:
-        ValueError: a negative, NaN or infinite capacity.
-    """
-
-    __slots__ = ("name", "capacity", "nominal_capacity", "users", "side_users", "load", "side_load",
-                 "carried", "_accounted_at_s", "timeline", "meta", "index", "bottleneck", "classes",
-                 "side_classes")
-
-    def __init__(self, name: str, capacity: float, meta: object = None) -> None:
-        if not capacity >= 0 or math.isinf(capacity):
-            raise ValueError(f"resource {name!r}: capacity must be finite and >= 0, got {capacity!r}")
-        self.name = name
-        """Human-readable name, e.g. ``n0.gpu0->nvswitch0``."""
-        self.capacity = float(capacity)
-        """Units per second available now (after holds such as NCCL's SMs)."""
-        self.nominal_capacity = float(capacity)
-        """Capacity as built, before any :meth:`FluidSystem.set_capacity`."""
-        self.users: dict[Activity, float] = {}
-        """Active (post-latency) activities constrained by this resource, with their weights."""
-        self.side_users: dict[Activity, float] = {}
-        """Active activities side-loading this resource, with their weights."""
-        self.load = 0.0
-        """Units per second consumed now by constrained activities."""
-        self.side_load = 0.0
-        """Units per second consumed now by side loads (taken off the capacity)."""
-        self.carried = 0.0
-        """Total units consumed so far (bytes for a link), side loads included."""
-        self._accounted_at_s = 0.0  # when ``carried`` was last brought up to date
-        self.timeline: list[tuple[float, float]] = []
-        """``(time_s, units_per_s)`` whenever the total load changes (if the system records)."""
-        self.meta = meta
-        """Free slot for the owner (e.g. the topology edge)."""
-        self.index = -1
-        """Position in :attr:`FluidSystem.resources` (a stable tie-break for the solver)."""
-        self.bottleneck = False
-        """Whether the last solve that touched this resource saturated it as some activity's
-        bottleneck (progressive filling fixed activities at its fair share)."""
-        self.classes: dict[RateClass, float] = {}
-        """The rate classes constrained by this resource, with their summed weights."""
-        self.side_classes: dict[RateClass, float] = {}
-        """The rate classes side-loading this resource, with their summed side-load weights."""
-
-    def available(self) -> float:
-        """Capacity left for constrained activities once side loads are served (units/s, >= 0)."""
-        return max(self.capacity - self.side_load, 0.0)
-
-    def utilisation(self) -> list[tuple[float, float]]:
-        """The recorded load as a fraction of nominal capacity: ``[(time_s, fraction), ...]``."""
-        cap = self.nominal_capacity or 1.0
-        return [(t, u / cap) for t, u in self.timeline]
-
-    def __repr__(self) -> str:
-        return f"Resource({self.name!r}, capacity={self.capacity:g})"
 
 
 class Activity:
@@ -387,7 +327,7 @@ class FluidSystem:
             t = act._finish_at_s = now + (left if left > 0 else 0.0) / x
             if t < c.next_finish_s:
                 self._schedule_class(c, t)
-        if act.weights and c not in self._dirty_classes and not self._fits_at_bound(c):
+        if act.weights and c not in self._dirty_classes and not keeps_bound_rate(c):
             self._dirty_classes[c] = None
             self._floor_rate = 0.0
             self._request_solve()
@@ -432,20 +372,6 @@ class FluidSystem:
                 self._request_solve()
                 return
         self._solo(c, now)
-
-    @staticmethod
-    def _fits_at_bound(c: RateClass) -> bool:
-        """Whether a class at its rate bound (no bottleneck among its resources) keeps it: its
-        resources still fit the load at the current rates, so nothing else moves either."""
-        for r in c.weights:
-            if r.bottleneck:
-                return False
-            load = 0.0
-            for other, w in r.classes.items():
-                load += w * other.rate
-            if load > r.capacity - r.side_load:
-                return False
-        return True
 
     def _solo(self, c: RateClass, now: float) -> None:
         """Rate a class that is alone on its resources: the tightest of its bound and what each
@@ -560,22 +486,11 @@ class FluidSystem:
         if self._deferred_side is not None:  # a solve is applying its rates: judge when it is done
             self._deferred_side[r] = None
             return
-        if not r.bottleneck:
-            load = 0.0
-            for c, w in r.classes.items():
-                load += w * c.rate
-            if load <= r.available():  # still fits and is no one's bottleneck: rates stand
-                return
-            self._floor_rate = 0.0
-        elif rose:  # a bottleneck got room: the fill below its level is unchanged
-            top = 0.0
-            for c in r.classes:
-                if c.rate > top:
-                    top = c.rate
-            if top < self._floor_rate:
-                self._floor_rate = top
-        else:
-            self._floor_rate = 0.0
+        floor = lowest_movable_rate(r, rose)
+        if floor is None:
+            return
+        if floor < self._floor_rate:
+            self._floor_rate = floor
         self._dirty_resources[r] = None
         self._request_solve()
 

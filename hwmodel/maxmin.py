@@ -19,7 +19,7 @@ solve for R resources and W weights.
 
 **Invariants** (what the tests hold the engine to). The allocation is feasible; every activity is at
 its bound or has a *bottleneck*: a saturated resource on which no user runs faster. That
-characterisation makes the allocation unique (Bertsekas & Gallager, *Data Networks*, 2nd ed.,
+characterisation makes the allocation unique (Bertsekas & Gallager, *Data Networks*,
 §6.5.2; the weights change nothing in the proof), so a fill restricted to the activities a change
 can reach -- :func:`solve_closure` -- gives the allocation a fill of the whole connected component
 gives, up to floating-point rounding order.
@@ -27,9 +27,11 @@ gives, up to floating-point rounding order.
 Two views of the same solver: :func:`maxmin` fills activities from scratch (the reference the
 property tests compare against); :func:`fill` and :func:`solve_closure` fill *rate classes* (the
 engine's activities with the same constrained resources and bound, which progressive filling always
-fixes together) while the classes outside the fill are held at their current rates. These functions
-read the engine's state (:class:`~hwmodel.fluid.Resource`, :class:`~hwmodel.fluid.RateClass`) and
-never change it.
+fixes together) while the classes outside the fill are held at their current rates. The
+:class:`Resource` (a constraint) is defined here; the engine (:mod:`hwmodel.fluid`) makes resources,
+keeps their loads and classes (:class:`~hwmodel.fluid.RateClass`) up to date and applies the rates.
+The functions here read that state and never change it, and :func:`lowest_movable_rate` and
+:func:`keeps_bound_rate` tell the engine when a change can move no rate at all.
 """
 
 from __future__ import annotations
@@ -40,13 +42,75 @@ from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
-    from hwmodel.fluid import Activity, RateClass, Resource
+    from hwmodel.fluid import Activity, RateClass
 
 EPS = 1e-12
 """Weights and works at or below this are treated as zero."""
 _INF = math.inf
 _STALE = 1 + 1e-12
 """A heap entry whose share grew by more than this factor is re-pushed (refreshed) instead of used."""
+
+
+class Resource:
+    """A shared capacity: the linear constraint ``sum(w_i * x_i) <= capacity`` per second.
+
+    The solver reads its capacity, loads, users and classes; the engine (:mod:`hwmodel.fluid`), which
+    makes and updates resources, also keeps on it a unit counter (bytes for a link) and, when the
+    system records, a step function of its load over time.
+
+    Raises:
+        ValueError: a negative, NaN or infinite capacity.
+    """
+
+    __slots__ = ("name", "capacity", "nominal_capacity", "users", "side_users", "load", "side_load",
+                 "carried", "_accounted_at_s", "timeline", "meta", "index", "bottleneck", "classes",
+                 "side_classes")
+
+    def __init__(self, name: str, capacity: float, meta: object = None) -> None:
+        if not capacity >= 0 or math.isinf(capacity):
+            raise ValueError(f"resource {name!r}: capacity must be finite and >= 0, got {capacity!r}")
+        self.name = name
+        """Human-readable name, e.g. ``n0.gpu0->nvswitch0``."""
+        self.capacity = float(capacity)
+        """Units per second available now (after holds such as NCCL's SMs)."""
+        self.nominal_capacity = float(capacity)
+        """Capacity as built, before any :meth:`FluidSystem.set_capacity`."""
+        self.users: dict[Activity, float] = {}
+        """Active (post-latency) activities constrained by this resource, with their weights."""
+        self.side_users: dict[Activity, float] = {}
+        """Active activities side-loading this resource, with their weights."""
+        self.load = 0.0
+        """Units per second consumed now by constrained activities."""
+        self.side_load = 0.0
+        """Units per second consumed now by side loads (taken off the capacity)."""
+        self.carried = 0.0
+        """Total units consumed so far (bytes for a link), side loads included."""
+        self._accounted_at_s = 0.0  # when ``carried`` was last brought up to date (by the engine)
+        self.timeline: list[tuple[float, float]] = []
+        """``(time_s, units_per_s)`` whenever the total load changes (if the system records)."""
+        self.meta = meta
+        """Free slot for the owner (e.g. the topology edge)."""
+        self.index = -1
+        """Position in :attr:`FluidSystem.resources` (a stable tie-break for the solver)."""
+        self.bottleneck = False
+        """Whether the last solve that touched this resource saturated it as some activity's
+        bottleneck (progressive filling fixed activities at its fair share)."""
+        self.classes: dict[RateClass, float] = {}
+        """The rate classes constrained by this resource, with their summed weights."""
+        self.side_classes: dict[RateClass, float] = {}
+        """The rate classes side-loading this resource, with their summed side-load weights."""
+
+    def available(self) -> float:
+        """Capacity left for constrained activities once side loads are served (units/s, >= 0)."""
+        return max(self.capacity - self.side_load, 0.0)
+
+    def utilisation(self) -> list[tuple[float, float]]:
+        """The recorded load as a fraction of nominal capacity: ``[(time_s, fraction), ...]``."""
+        cap = self.nominal_capacity or 1.0
+        return [(t, u / cap) for t, u in self.timeline]
+
+    def __repr__(self) -> str:
+        return f"Resource({self.name!r}, capacity={self.capacity:g})"
 
 
 def maxmin(acts: list[Activity], resources: Iterable[Resource]) -> dict[Activity, float]:
@@ -438,3 +502,33 @@ def _overloaded_by_speedups(classes: dict[RateClass, None], rates: dict[RateClas
                 if r not in applied:
                     extra[r] = extra.get(r, 0.0) + w * d
     return [r for r, x in extra.items() if r.load + x > r.capacity - r.side_load]
+
+
+def load_at_rates(r: Resource) -> float:
+    """The load (units/s) the classes constrained by ``r`` put on it at their current rates, summed
+    in class order (what ``r.load`` tracks incrementally)."""
+    load = 0.0
+    for c, w in r.classes.items():
+        load += w * c.rate
+    return load
+
+
+def keeps_bound_rate(c: RateClass) -> bool:
+    """Whether class ``c``, with no bottleneck among its resources (at its rate bound), keeps its rate
+    after gaining load: its resources still fit the load at the current rates, so nothing moves."""
+    return not any(r.bottleneck or load_at_rates(r) > r.capacity - r.side_load for r in c.weights)
+
+
+def lowest_movable_rate(r: Resource, rose: bool) -> float | None:
+    """After ``r.available()`` changed (``rose``: it grew), the lowest rate the change can move:
+    ``None`` when none can (``r`` is no one's bottleneck and its load still fits); the fastest rate on
+    ``r`` when ``r`` is a bottleneck that got room (the fill below its level is unchanged); else 0."""
+    if not r.bottleneck:
+        return None if load_at_rates(r) <= r.available() else 0.0
+    if rose:
+        top = 0.0
+        for c in r.classes:
+            if c.rate > top:
+                top = c.rate
+        return top
+    return 0.0
