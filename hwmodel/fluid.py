@@ -514,13 +514,13 @@ class FluidSystem:
         solution = solve_closure(dirty_resources, dirty_classes, floor_rate)
         if solution is None:
             return
-        classes, rates, saturated = solution.classes, solution.rates, solution.saturated
-        self.solves += solution.fills
+        classes, applied, rates, saturated, fills = solution
+        self.solves += fills
         n = 0
         for c in classes:
             n += len(c.members)
         self.solved_activities += n
-        for r in solution.applied:
+        for r in applied:
             r.bottleneck = r in saturated
         # Side loads move with the new rates; whether that matters is judged once all are applied.
         self._deferred_side = self._deferred_buffer
@@ -561,8 +561,23 @@ class FluidSystem:
             m._finish_at_s = t
         delta = new - old
         record = self.record
+        # _account_load(r, w * delta, r.side_load, now, record), inlined: the hottest loop of the engine
         for r, w in c.weights.items():
-            _account_load(r, w * delta, r.side_load, now, record)
+            load = r.load
+            side = r.side_load
+            total_old = load + side
+            r.carried += total_old * (now - r._accounted_at_s)
+            r._accounted_at_s = now
+            load += w * delta
+            if load <= 0 or not r.users:
+                load = 0.0
+            r.load = load
+            if record and load + side != total_old:
+                timeline = r.timeline
+                if timeline and timeline[-1][0] == now:
+                    timeline[-1] = (now, load + side)
+                else:
+                    timeline.append((now, load + side))
         for r in c.side_weights:
             self._refresh_side_load(r, now)
         self._schedule_class(c, first_finish_s)

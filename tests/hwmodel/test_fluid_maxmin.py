@@ -114,10 +114,10 @@ def test_solve_closure_re_rates_only_what_a_change_reaches():
     l0.bottleneck = l1.bottleneck = True
     l0.capacity = 4.0
     assert lowest_movable_rate(l0, rose=True) == 1.0  # a bottleneck got room: the fill below 1 stands
-    solution = solve_closure([l0], [], None)
-    assert set(solution.classes) == {c0, c1} and solution.fills == 1
-    assert solution.rates == {c0: 2.0, c1: 2.0}
-    assert solution.saturated == {l0: 2.0}
+    classes, applied, rates, saturated, fills = solve_closure([l0], [], None)
+    assert set(classes) == {c0, c1} and list(applied) == [l0] and fills == 1
+    assert rates == {c0: 2.0, c1: 2.0}
+    assert saturated == {l0: 2.0}
     # a link that is no one's bottleneck and still fits its load: no rate can move
     l1.bottleneck = False
     l1.capacity = 9.0
