@@ -386,7 +386,9 @@ class FluidSystem:
             return
         self._deferred_side = self._deferred_buffer
         self._set_class_rate(c, best, now)
-        self._judge_deferred_side_loads()
+        self._deferred_side = None
+        if self._deferred_buffer:
+            self._judge_deferred_side_loads()
 
     def _reweigh(self, c: RateClass) -> None:
         """Recompute a class's summed weights from its members (exact, in member order)."""
@@ -528,17 +530,16 @@ class FluidSystem:
             new = rates[c]
             if new != c.rate:
                 self._set_class_rate(c, new, now)
-        self._judge_deferred_side_loads()
+        self._deferred_side = None
+        if self._deferred_buffer:
+            self._judge_deferred_side_loads()
 
     def _judge_deferred_side_loads(self) -> None:
-        """End a solve's apply phase: the resources whose side load it moved may need a solve now."""
-        deferred = self._deferred_side
-        self._deferred_side = None
-        if deferred:
-            changed = list(deferred)
-            deferred.clear()
-            for r in changed:
-                self._available_changed(r)
+        """After a solve's apply phase: the resources whose side load it moved may need a solve now."""
+        changed = list(self._deferred_buffer)
+        self._deferred_buffer.clear()
+        for r in changed:
+            self._available_changed(r)
 
     def _set_class_rate(self, c: RateClass, new: float, now: float) -> None:
         """Change class ``c``'s rate now: settle each member's progress, update the loads the class
@@ -608,8 +609,8 @@ class FluidSystem:
             self.env.timeout(t - self.env.now).callbacks.append(lambda _ev: self._wake(gen))
 
     def _wake(self, gen: int) -> None:
-        """A planned completion time: finish every member due now (to a relative 1e-12), re-plan their
-        classes, request a solve if a bottleneck lost load, and plan the next wake-up."""
+        """A planned completion time: finish every member due now (within 1e-12 s, relative past 1 s),
+        re-plan their classes, request a solve if a bottleneck lost load, plan the next wake-up."""
         if gen != self._wake_gen:
             return
         now = self.env.now
@@ -625,8 +626,20 @@ class FluidSystem:
             if t > limit:
                 break
             heapq.heappop(heap)
-            if self._finish_due(c, limit):
-                solve = True
+            due = self._due_buffer
+            for m in c.members:
+                if m._finish_at_s <= limit:
+                    due.append(m)
+            for m in due:
+                if self._finish(m):
+                    solve = True
+            due.clear()
+            if c.alive:  # re-plan the class
+                first_finish_s = _INF
+                for m in c.members:
+                    if m._finish_at_s < first_finish_s:
+                        first_finish_s = m._finish_at_s
+                self._schedule_class(c, first_finish_s)
         if solve:
             self._request_solve()
         if heap and heap[0][0] < self._wake_at_s:  # (re-planned classes above may have set a later wake)
@@ -635,26 +648,6 @@ class FluidSystem:
             self._wake_gen += 1
             gen = self._wake_gen
             self.env.timeout(max(t - now, 0.0)).callbacks.append(lambda _ev: self._wake(gen))
-
-    def _finish_due(self, c: RateClass, limit: float) -> bool:
-        """Finish the members of ``c`` planned by ``limit`` (s) and re-plan the class; returns whether
-        a solve is needed."""
-        due = self._due_buffer
-        for m in c.members:
-            if m._finish_at_s <= limit:
-                due.append(m)
-        solve = False
-        for m in due:
-            if self._finish(m):
-                solve = True
-        due.clear()
-        if c.alive:
-            first_finish_s = _INF
-            for m in c.members:
-                if m._finish_at_s < first_finish_s:
-                    first_finish_s = m._finish_at_s
-            self._schedule_class(c, first_finish_s)
-        return solve
 
 
 def _account_load(r: Resource, load_delta: float, side_load: float, now: float, record: bool) -> None:

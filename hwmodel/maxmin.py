@@ -263,7 +263,16 @@ def fill(classes: dict[RateClass, None], complete: dict[Resource, None], applied
                 continue
             if r in lazy:  # the exact offer: the outsiders' load, then what has been fixed so far
                 del lazy[r]
-                offer_left[r] = _exact_offer(r, classes, rates)
+                offer = r.capacity - r.side_load
+                fixed = 0.0
+                for c, w in r.classes.items():
+                    if c not in classes:
+                        offer -= w * c.rate
+                    elif c in rates:
+                        fixed += w * rates[c]
+                if offer < 0:
+                    offer = 0.0
+                offer_left[r] = offer - fixed
             current = offer_left[r] / unfixed_weight[r]
             if current > key * _STALE + 1e-300:
                 heapq.heapreplace(heap, (current, idx, r))
@@ -323,21 +332,6 @@ def _weights_on(classes: dict[RateClass, None], applied: dict[Resource, None]
             unfixed_weight[r] = u
             unfixed_users[r] = n
     return unfixed_weight, unfixed_users, weights_applied
-
-
-def _exact_offer(r: Resource, classes: dict[RateClass, None], rates: dict[RateClass, float]) -> float:
-    """What ``r`` offers the unfixed classes of ``classes``: ``available()`` less the load of the
-    classes outside at their rates (>= 0), less what the classes fixed so far take."""
-    offer = r.capacity - r.side_load
-    fixed = 0.0
-    for c, w in r.classes.items():
-        if c not in classes:
-            offer -= w * c.rate
-        elif c in rates:
-            fixed += w * rates[c]
-    if offer < 0:
-        offer = 0.0
-    return offer - fixed
 
 
 def bottleneck_closure(classes: dict[RateClass, None], complete: dict[Resource, None],
@@ -497,7 +491,11 @@ def _overloaded_by_speedups(classes: dict[RateClass, None], rates: dict[RateClas
             for r, w in c.weights.items():
                 if r not in applied:
                     extra[r] = extra.get(r, 0.0) + w * d
-    return [r for r, x in extra.items() if r.load + x > r.capacity - r.side_load]
+    overloaded = []
+    for r, x in extra.items():
+        if r.load + x > r.capacity - r.side_load:
+            overloaded.append(r)
+    return overloaded
 
 
 def load_at_rates(r: Resource) -> float:
