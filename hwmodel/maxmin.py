@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Container, Iterable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -181,12 +181,12 @@ def maxmin(acts: list[Activity], resources: Iterable[Resource]) -> dict[Activity
     return rates
 
 
-def fill_one(c: RateClass, complete: Iterable[Resource] | dict, applied: Iterable[Resource] | dict
+def fill_one(c: RateClass, complete: Container[Resource], applied: Container[Resource]
              ) -> tuple[float, Resource | None]:
     """The rate of a class filled alone: the tightest of its bound and what each resource of
-    ``applied`` it uses offers it (``available()`` less the load of the other classes, unless the
-    resource is in ``complete``, where ``c`` is its only user being filled). Ties between resources go
-    to the lower :attr:`~hwmodel.fluid.Resource.index`.
+    ``applied`` it uses offers it (``available()`` less the load of the other classes at their rates;
+    on a resource in ``complete`` no other load is taken off, as every user there is being filled).
+    Ties between resources go to the lower :attr:`Resource.index`.
 
     Returns:
         (rate in work units/s, the resource that sets it, or ``None`` when the bound does).
