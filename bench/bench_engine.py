@@ -2,12 +2,13 @@
 
 * Fabric: transfers between random GPU pairs of a 128-GPU (16 x DGX A100) rail-optimised fat tree,
   ``N`` kept in flight (each completion starts a new one), for N = 10, 100, 1000; the pairs and sizes
-  are drawn before the clock starts. An *event* is an activity start or finish; each triggers an
+  are drawn before the clock starts. An *event* is an activity start or finish; each may trigger an
   incremental max-min re-solve of the activities it can affect ("activities per solve": how many a
   solve re-rates on average).
 * Kernels: 8 CUDA streams on one GPU, each 5,000 small kernels, no host launch overhead.
 
-Run: ``python bench/bench_engine.py``. Not a test: figures depend on the machine.
+Run (from the repository root, so that this checkout is what gets imported): ``PYTHONPATH=. python
+bench/bench_engine.py``. Not a test: figures depend on the machine (and its load; run it twice).
 """
 
 from __future__ import annotations

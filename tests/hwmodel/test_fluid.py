@@ -7,7 +7,8 @@ import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hwmodel.fluid import FluidSystem, maxmin
+from hwmodel.fluid import FluidSystem
+from hwmodel.maxmin import maxmin
 
 
 def _run_transfer(env, fs, work, weights, latency_s=0.0, **kw):

@@ -2,7 +2,7 @@
 
 The engine re-solves only the activities reachable from a change through bottleneck resources, groups
 activities of identical resources and bound into one class, and skips changes that cannot move a rate.
-These tests hold it to :func:`hwmodel.fluid.maxmin` (progressive filling from scratch) at random
+These tests hold it to :func:`hwmodel.maxmin.maxmin` (progressive filling from scratch) at random
 instants, and check the closed forms of the cases the shortcuts are built on.
 """
 
@@ -11,7 +11,8 @@ import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hwmodel.fluid import FluidSystem, maxmin
+from hwmodel.fluid import FluidSystem
+from hwmodel.maxmin import maxmin
 
 
 def test_tie_saturated_resource_that_is_no_bottleneck_still_binds_a_newcomer(env):
