@@ -70,6 +70,7 @@ _MIN_INT = {"gpus_per_node": 1, "nvswitch_count": 0, "nics_per_node": 0, "pcie_s
             "pcie_generation": 1, "cpus": 1, "su_size": 1}
 _KEYS = tuple(f.name for f in dataclasses.fields(SystemSpec) if f.name != "name")
 _SYSTEMS: dict[str, SystemSpec] = {}
+_LOADED = False
 
 
 def _check_value(where: str, key: str, value: Any) -> None:
@@ -104,11 +105,13 @@ def system_from_table(name: str, table: dict[str, Any], where: str = "systems.to
 
 
 def _ensure_loaded() -> None:
-    if _SYSTEMS:
+    global _LOADED
+    if _LOADED:
         return
     text = resources.files("hwmodel").joinpath("data", "systems.toml").read_text(encoding="utf-8")
     for name, table in tomllib.loads(text).items():
         _SYSTEMS[name] = system_from_table(name, table)
+    _LOADED = True
 
 
 def known_systems() -> list[str]:

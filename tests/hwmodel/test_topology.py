@@ -272,13 +272,14 @@ def test_systems_toml_figures_reach_the_topology():
 def test_a_new_system_is_one_table(monkeypatch):
     table = dict(_A100_TABLE, gpu="H100-SXM5", gpus_per_node=4, nvswitch="NVSwitch-gen3", nvswitch_count=2,
                  nics_per_node=2, pcie_switches=2, pcie_generation=5, cpus=1, description="a 4-GPU box")
+    before = known_systems()
     monkeypatch.setitem(systems._SYSTEMS, "box-4", systems.system_from_table("box-4", table))
     t = build_system("box-4", 3, fabric="fat_tree")
     assert t.name == "box-4" and t.num_gpus == 12 and t.gpus_per_node == 4 and t.nics_per_node == 2
     assert t.nic_of("n0.gpu3") == "n0.nic1" and t.graph.nodes["n0.nvswitch"]["count"] == 2
     assert t.bottleneck_Bps(t.route("n0.gpu0", "n0.gpu3")) == pytest.approx(18 * 25e9)
     assert t.bottleneck_Bps(t.route("n0.gpu0", "n1.gpu0")) == pytest.approx(25e9)  # HDR ports of QM8700
-    assert "box-4" in known_systems()
+    assert known_systems() == [*before, "box-4"]
 
 
 def test_system_table_errors_name_the_key():
