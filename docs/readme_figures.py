@@ -220,6 +220,9 @@ def drift(text: str, figures: tuple[Figure, ...] = FIGURES) -> list[str]:
         if fig.name not in found:
             problems.append(f"README figure {fig.name!r} is missing (no <!-- figure: {fig.name} --> block)")
             continue
+        if fig.inline and re.search(rf"^<!-- figure: {fig.name} -->", text, re.MULTILINE):
+            problems.append(f"README figure {fig.name!r} is inline but its marker starts a line "
+                            "(Markdown would take the line for raw HTML)")
         want, have = body(fig), found[fig.name]
         if fig.inline:  # a sentence may wrap anywhere in the README's source
             want, have = " ".join(want.split()), " ".join(have.split())
