@@ -2,8 +2,8 @@
 
 The figures live in ``hwmodel/data/gpus.toml`` and ``hwmodel/data/network.toml``, each with a source
 string (and a confidence tag: [SRC], [2ND], [DERIVED], [UNCERTAIN]). Those files store human units
-(MHz, TFLOPS, GB, GB/s, Gb/s, us, ns) with the unit in the key name; this module converts them to SI in
-exactly one place, the ``_*_KEYS`` tables below. In code everything is SI: FLOP/s, bytes, bytes/s, Hz,
+(MHz, TFLOPS, GB, GB/s, Gb/s, us, ns) with the unit in the key name; they are converted to SI in exactly
+one place, the ``*_KEYS`` tables of :mod:`hwmodel.spec_units`. In code everything is SI: FLOP/s, bytes, bytes/s, Hz,
 seconds. Bandwidths are *per direction* (NVIDIA quotes NVLink as the bidirectional sum).
 
 Lookup is by name, case-insensitive and tolerant of spaces, ``-`` and ``_`` and of an ``NVIDIA``
@@ -20,21 +20,29 @@ What-if devices: :func:`load_gpu_file` reads a TOML file that defines a GPU in f
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from hwmodel.spec_units import (
+    GPU_KEYS,
+    GPU_TABLE_SCALE,
+    NIC_KEYS,
+    SWITCH_KEYS,
+    TENSOR_DTYPES,
+    Conv,
+    check_number,
+    convert,
+    parse_compute_capability,
+)
+
 try:  # Python >= 3.11
     import tomllib
 except ModuleNotFoundError:  # pragma: no cover - Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
-
-TENSOR_DTYPES: tuple[str, ...] = ("fp16", "bf16", "tf32", "fp8", "fp4")
-"""Tensor-core math dtypes a :attr:`GPUSpec.tensor_flops` table may list."""
 
 SWITCH_KINDS: tuple[str, ...] = ("ib", "pcie", "nvswitch")
 """Allowed :attr:`SwitchSpec.kind` values."""
@@ -68,42 +76,6 @@ class UnknownNameError(KeyError):
 
 # ----------------------------------------------------------------------------------------------------
 # Dataclasses
-
-
-def _check_number(owner: str, fname: str, value: Any, *, positive: bool = True,
-                  integer: bool = False) -> None:
-    """Raise ValueError naming ``fname`` unless ``value`` is a finite (positive / non-negative) number."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{owner}: field {fname!r} must be a number, got {value!r}")
-    if not math.isfinite(value):
-        raise ValueError(f"{owner}: field {fname!r} must be finite, got {value!r}")
-    if integer and value != int(value):
-        raise ValueError(f"{owner}: field {fname!r} must be an integer, got {value!r}")
-    if positive and value <= 0:
-        raise ValueError(f"{owner}: field {fname!r} must be > 0, got {value!r}")
-    if not positive and value < 0:
-        raise ValueError(f"{owner}: field {fname!r} must be >= 0, got {value!r}")
-
-
-def _parse_cc(owner: str, value: Any) -> tuple[int, int]:
-    """Compute capability from ``"8.0"``, ``8.0``, ``(8, 0)`` or ``[8, 0]`` to ``(8, 0)``."""
-    try:
-        if isinstance(value, str):
-            major, minor = value.strip().split(".")
-            cc = (int(major), int(minor))
-        elif isinstance(value, float):
-            major, minor = f"{value:.1f}".split(".")
-            cc = (int(major), int(minor))
-        else:
-            major, minor = value
-            cc = (int(major), int(minor))
-    except (TypeError, ValueError):
-        raise ValueError(
-            f"{owner}: field 'compute_capability' must look like '8.0' or (8, 0), got {value!r}"
-        ) from None
-    if cc[0] < 0 or cc[1] < 0:
-        raise ValueError(f"{owner}: field 'compute_capability' must be non-negative, got {value!r}")
-    return cc
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -156,15 +128,15 @@ class GPUSpec:
         owner = f"GPUSpec {self.name!r}"
         if not isinstance(self.name, str) or not self.name.strip():
             raise ValueError(f"GPUSpec: field 'name' must be a non-empty string, got {self.name!r}")
-        object.__setattr__(self, "compute_capability", _parse_cc(owner, self.compute_capability))
+        object.__setattr__(self, "compute_capability", parse_compute_capability(owner, self.compute_capability))
         for fname in ("sm_count", "hbm_capacity_bytes", "l2_bytes", "pcie_generation"):
-            _check_number(owner, fname, getattr(self, fname), integer=True)
+            check_number(owner, fname, getattr(self, fname), integer=True)
         for fname in ("nvlink_generation", "nvlink_links", "copy_engines"):
-            _check_number(owner, fname, getattr(self, fname), positive=False, integer=True)
+            check_number(owner, fname, getattr(self, fname), positive=False, integer=True)
         for fname in ("boost_clock_hz", "fp32_flops", "hbm_bandwidth_Bps", "pcie_bandwidth_Bps"):
-            _check_number(owner, fname, getattr(self, fname))
+            check_number(owner, fname, getattr(self, fname))
         for fname in ("nvlink_bandwidth_per_link_Bps", "nccl_nvlink_bandwidth_per_link_Bps"):
-            _check_number(owner, fname, getattr(self, fname), positive=self.nvlink_links > 0)
+            check_number(owner, fname, getattr(self, fname), positive=self.nvlink_links > 0)
         for fname in ("sm_count", "hbm_capacity_bytes", "l2_bytes", "pcie_generation",
                       "nvlink_generation", "nvlink_links", "copy_engines"):
             object.__setattr__(self, fname, int(getattr(self, fname)))
@@ -174,7 +146,7 @@ class GPUSpec:
             if dtype not in TENSOR_DTYPES:
                 raise ValueError(f"{owner}: field 'tensor_flops' has unknown dtype {dtype!r}; "
                                  f"allowed: {', '.join(TENSOR_DTYPES)}")
-            _check_number(owner, f"tensor_flops[{dtype!r}]", value)
+            check_number(owner, f"tensor_flops[{dtype!r}]", value)
         object.__setattr__(self, "tensor_flops", {k: float(v) for k, v in self.tensor_flops.items()})
         object.__setattr__(self, "sources", dict(self.sources))
 
@@ -257,9 +229,9 @@ class NICSpec:
         owner = f"NICSpec {self.name!r}"
         if not isinstance(self.name, str) or not self.name.strip():
             raise ValueError(f"NICSpec: field 'name' must be a non-empty string, got {self.name!r}")
-        _check_number(owner, "bandwidth_Bps", self.bandwidth_Bps)
-        _check_number(owner, "latency_s", self.latency_s, positive=False)
-        _check_number(owner, "pcie_generation", self.pcie_generation, integer=True)
+        check_number(owner, "bandwidth_Bps", self.bandwidth_Bps)
+        check_number(owner, "latency_s", self.latency_s, positive=False)
+        check_number(owner, "pcie_generation", self.pcie_generation, integer=True)
         object.__setattr__(self, "pcie_generation", int(self.pcie_generation))
         object.__setattr__(self, "sources", dict(self.sources))
 
@@ -304,9 +276,9 @@ class SwitchSpec:
         if self.kind not in SWITCH_KINDS:
             raise ValueError(f"{owner}: field 'kind' must be one of {', '.join(SWITCH_KINDS)}, "
                              f"got {self.kind!r}")
-        _check_number(owner, "radix", self.radix, integer=True)
-        _check_number(owner, "hop_latency_s", self.hop_latency_s, positive=False)
-        _check_number(owner, "port_bandwidth_Bps", self.port_bandwidth_Bps)
+        check_number(owner, "radix", self.radix, integer=True)
+        check_number(owner, "hop_latency_s", self.hop_latency_s, positive=False)
+        check_number(owner, "port_bandwidth_Bps", self.port_bandwidth_Bps)
         object.__setattr__(self, "radix", int(self.radix))
         object.__setattr__(self, "sources", dict(self.sources))
 
@@ -345,127 +317,24 @@ def _from_si_dict(cls: type, d: Mapping[str, Any]) -> Any:
 
 
 # ----------------------------------------------------------------------------------------------------
-# Unit conversion: the ONE place where file keys (human units) become SI fields.
+# File keys (human units) -> SI fields: the tables and checks are in hwmodel.spec_units.
 
-_Conv = tuple[str, Callable[[Any], Any]]
-
-
-def _scale(k: float) -> Callable[[Any], Any]:
-    return lambda v: v * k
-
-
-def _ident(v: Any) -> Any:
-    return v
-
-
-_GPU_KEYS: dict[str, _Conv] = {
-    "name": ("name", _ident),
-    "architecture": ("architecture", _ident),
-    "compute_capability": ("compute_capability", _ident),
-    "sm_count": ("sm_count", _ident),
-    "boost_clock_MHz": ("boost_clock_hz", _scale(1e6)),
-    "tensor_TFLOPS": ("tensor_flops", _ident),  # table; each value scaled by 1e12 in _convert
-    "fp32_TFLOPS": ("fp32_flops", _scale(1e12)),
-    "hbm_capacity_GB": ("hbm_capacity_bytes", _scale(1e9)),
-    "hbm_bandwidth_GBps": ("hbm_bandwidth_Bps", _scale(1e9)),
-    "l2_MiB": ("l2_bytes", _scale(2**20)),
-    "nvlink_generation": ("nvlink_generation", _ident),
-    "nvlink_links": ("nvlink_links", _ident),
-    "nvlink_bandwidth_per_link_GBps": ("nvlink_bandwidth_per_link_Bps", _scale(1e9)),
-    "nccl_nvlink_bandwidth_per_link_GBps": ("nccl_nvlink_bandwidth_per_link_Bps", _scale(1e9)),
-    "pcie_generation": ("pcie_generation", _ident),
-    "pcie_bandwidth_GBps": ("pcie_bandwidth_Bps", _scale(1e9)),
-    "copy_engines": ("copy_engines", _ident),
-}
-_GPU_TABLE_SCALE = {"tensor_TFLOPS": 1e12}
-
-_NIC_KEYS: dict[str, _Conv] = {
-    "name": ("name", _ident),
-    "bandwidth_Gbps": ("bandwidth_Bps", _scale(1e9 / 8)),
-    "bandwidth_GBps": ("bandwidth_Bps", _scale(1e9)),
-    "latency_us": ("latency_s", _scale(1e-6)),
-    "pcie_generation": ("pcie_generation", _ident),
-}
-
-_SWITCH_KEYS: dict[str, _Conv] = {
-    "name": ("name", _ident),
-    "kind": ("kind", _ident),
-    "radix": ("radix", _ident),
-    "hop_latency_ns": ("hop_latency_s", _scale(1e-9)),
-    "port_bandwidth_Gbps": ("port_bandwidth_Bps", _scale(1e9 / 8)),
-    "port_bandwidth_GBps": ("port_bandwidth_Bps", _scale(1e9)),
-}
-
-_INT_FIELDS = {"sm_count", "hbm_capacity_bytes", "l2_bytes", "nvlink_generation", "nvlink_links",
-               "pcie_generation", "copy_engines", "radix"}
-
-
-def _keys_for(cls: type) -> tuple[dict[str, _Conv], dict[str, float]]:
+def _keys_for(cls: type) -> tuple[dict[str, Conv], dict[str, float]]:
     if cls is GPUSpec:
-        return _GPU_KEYS, _GPU_TABLE_SCALE
+        return GPU_KEYS, GPU_TABLE_SCALE
     if cls is NICSpec:
-        return _NIC_KEYS, {}
+        return NIC_KEYS, {}
     if cls is SwitchSpec:
-        return _SWITCH_KEYS, {}
+        return SWITCH_KEYS, {}
     raise TypeError(f"not a spec class: {cls!r}")
 
 
-def _convert(cls: type, table: Mapping[str, Any], where: str) -> tuple[dict[str, Any], dict[str, str]]:  # noqa: C901
-    """File keys (human units, or SI field names) -> (SI fields, sources keyed by SI field name).
-
-    Unknown keys and non-numbers raise ValueError naming the key and listing the allowed keys;
-    negative numbers raise ValueError naming the key.
-    """
+def _convert(cls: type, table: Mapping[str, Any], where: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """File keys (human units, or ``cls``'s SI field names) -> (SI fields, sources keyed by SI field
+    name); ValueError naming the key as :func:`hwmodel.spec_units.convert`."""
     keys, table_scale = _keys_for(cls)
     si_names = [f.name for f in dataclasses.fields(cls) if f.name != "sources"]
-    conv: dict[str, _Conv] = {n: (n, _ident) for n in si_names}
-    conv.update(keys)
-    allowed = sorted(conv) + ["sources"]
-    fields: dict[str, Any] = {}
-    given_as: dict[str, str] = {}
-    sources: dict[str, str] = {}
-    for key, value in table.items():
-        if key == "sources":
-            if not isinstance(value, Mapping):
-                raise ValueError(f"{where}: 'sources' must be a table of key = \"source\"")
-            for skey, src in value.items():
-                if skey not in conv:
-                    raise ValueError(f"{where}: sources has unknown key {skey!r}; allowed keys: "
-                                     f"{', '.join(sorted(conv))}")
-                sources[conv[skey][0]] = str(src)
-            continue
-        if key not in conv:
-            raise ValueError(f"{where}: unknown key {key!r}; allowed keys: {', '.join(allowed)}")
-        fname, fn = conv[key]
-        if fname in fields:
-            raise ValueError(f"{where}: {fname!r} given twice (as {given_as[fname]!r} and {key!r})")
-        is_table = fname == "tensor_flops"
-        if is_table != isinstance(value, Mapping):
-            if is_table:
-                dtypes = ", ".join(TENSOR_DTYPES)
-                raise ValueError(f"{where}: key {key!r} must be a table of dtype -> peak ({dtypes}), e.g. "
-                                 f"{{ bf16 = 400 }}, got {value!r}")
-            raise ValueError(f"{where}: key {key!r} must be a single value, not a table, got {dict(value)!r}")
-        if is_table:
-            scale = table_scale.get(key, 1.0)
-            out = {}
-            for sub, v in value.items():
-                _check_number(where, f"{key}.{sub}", v)
-                out[sub] = v * scale
-            value = out
-        elif fname in ("name", "architecture", "kind"):
-            if not isinstance(value, str) or not value.strip():
-                raise ValueError(f"{where}: key {key!r} must be a non-empty string, got {value!r}")
-        elif fname != "compute_capability":
-            _check_number(where, key, value, positive=False)
-            value = fn(value)
-            if fname in _INT_FIELDS:
-                if abs(value - round(value)) > 1e-6 * max(1.0, abs(value)):
-                    raise ValueError(f"{where}: key {key!r} must give a whole number, got {table[key]!r}")
-                value = int(round(value))
-        fields[fname] = value
-        given_as[fname] = key
-    return fields, sources
+    return convert(keys, table_scale, si_names, table, where)
 
 
 def _build(cls: type, table: Mapping[str, Any], where: str, *, default_source: str | None = None) -> Any:

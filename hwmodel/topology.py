@@ -27,6 +27,10 @@ Modelling choices (see also ``docs/DESIGN.md``):
   hops (ECMP) the choice is a stable CRC32 hash of (source, destination, current node). GPUs,
   NICs and CPUs never forward other nodes' traffic; inter-node GPU traffic goes GPU -> PCIe switch ->
   its own NIC -> fabric -> NIC -> PCIe switch -> GPU.
+
+The builders live beside this module and are re-exported here: :mod:`hwmodel.node` (:class:`NodeSpec`,
+:func:`generic_node`), :mod:`hwmodel.fabric` (:data:`FABRICS`, :func:`build_cluster` and the fabrics),
+:mod:`hwmodel.systems` (the named systems of ``data/systems.toml``, :func:`build_system`, cluster files).
 """
 
 from __future__ import annotations
@@ -36,35 +40,18 @@ import json
 import math
 import zlib
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import networkx as nx
 
-from hwmodel.specs import (
-    GPUSpec,
-    NICSpec,
-    SwitchSpec,
-    UnknownNameError,
-    get_gpu,
-    get_nic,
-    get_pcie_switch,
-    get_switch,
-    known_switches,
-    load_gpu_file,
-    pcie_link_bandwidth_Bps,
-)
-
-try:  # Python >= 3.11
-    import tomllib
-except ModuleNotFoundError:  # pragma: no cover - Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
+# Re-exported: the builders live in their own modules (they import Topology only where they build one).
+from hwmodel.fabric import FABRICS, build_cluster, fat_tree, rail_optimized, single_switch
+from hwmodel.node import NodeSpec, generic_node
+from hwmodel.specs import GPUSpec, NICSpec, get_gpu, get_nic
+from hwmodel.systems import SystemSpec, build_system, dgx_a100, dgx_h100, get_system, known_systems, load_cluster_file
 
 Edge = tuple[str, str]
-
-FABRICS: tuple[str, ...] = ("rail_optimized", "fat_tree", "single_switch", "none")
-"""Multi-node fabric kinds :func:`build_cluster` understands."""
 
 ROUTE_COST: dict[str, float] = {"pcie": 1.5}
 """Routing cost per edge ``kind`` (default 1 per hop); an edge attribute ``route_cost`` overrides."""
@@ -442,376 +429,15 @@ class _NoPath(Exception):
     pass
 
 
-# ----------------------------------------------------------------------------------------------------
-# Builders
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class NodeSpec:
-    """One server: GPUs on an NVSwitch plane, GPUs and NICs under PCIe switches, switches under CPUs."""
-
-    gpu: GPUSpec
-    """GPU model."""
-    gpus_per_node: int = 8
-    """GPUs in the server."""
-    nvlink_links: int = 0
-    """NVLink links per GPU into the NVSwitch plane (0: no NVLink; GPUs talk over PCIe)."""
-    nvlink_bandwidth_per_link_Bps: float = 0.0
-    """Per-link NVLink bandwidth per direction (bytes/s)."""
-    nvswitch: SwitchSpec | None = None
-    """NVSwitch chip model (its hop latency is used)."""
-    nvswitch_count: int = 0
-    """Physical NVSwitch chips, recorded on the aggregated NVSwitch node."""
-    nics_per_node: int = 8
-    """Compute NICs (one port each)."""
-    nic: NICSpec | None = None
-    """Compute NIC model."""
-    pcie_switch: SwitchSpec
-    """PCIe switch model (its generation's bandwidth and hop latency)."""
-    pcie_switches: int = 4
-    """PCIe switches; GPUs and NICs are spread over them in order."""
-    pcie_generation: int = 4
-    """PCIe generation of the GPU links and switch uplinks."""
-    cpus: int = 2
-    """CPU sockets; PCIe switches are spread over them in order (no inter-socket link modelled)."""
-
-    def __post_init__(self) -> None:
-        for fname in ("gpus_per_node", "pcie_switches", "cpus"):
-            if int(getattr(self, fname)) < 1:
-                raise ValueError(f"NodeSpec: field {fname!r} must be >= 1, got {getattr(self, fname)!r}")
-        for fname in ("nvlink_links", "nics_per_node", "nvswitch_count"):
-            if int(getattr(self, fname)) < 0:
-                raise ValueError(f"NodeSpec: field {fname!r} must be >= 0, got {getattr(self, fname)!r}")
-        if self.nvlink_links > 0 and not self.nvlink_bandwidth_per_link_Bps > 0:
-            raise ValueError("NodeSpec: field 'nvlink_bandwidth_per_link_Bps' must be > 0 with NVLink")
-        if self.nics_per_node > 0 and self.nic is None:
-            raise ValueError("NodeSpec: field 'nic' is required when nics_per_node > 0")
-
-    @property
-    def nvlink_bandwidth_Bps(self) -> float:
-        """Per-GPU NVLink bandwidth into the NVSwitch plane per direction (bytes/s)."""
-        return self.nvlink_links * self.nvlink_bandwidth_per_link_Bps
-
-
-def generic_node(gpu: str | GPUSpec, *, gpus_per_node: int = 8, nvlink_links: int | None = None,
-                 nvlink_bandwidth_per_link_Bps: float | None = None, nvswitch: str | SwitchSpec | None = None,
-                 nvswitch_count: int = 0, nics_per_node: int = 8, nic: str | NICSpec | None = None,
-                 pcie_switches: int = 4, pcie_generation: int | None = None, cpus: int = 2) -> NodeSpec:
-    """Describe a server. NVLink links and per-link speed default to the GPU's; PCIe generation to the
-    GPU's; ``nvswitch`` defaults to the NVSwitch generation matching the GPU's NVLink (gen3 -> NVSwitch
-    gen2, gen4 -> gen3, gen5 -> gen4). Names are looked up in :mod:`hwmodel.specs`."""
-    g = get_gpu(gpu)
-    links = g.nvlink_links if nvlink_links is None else nvlink_links
-    per_link = (g.nvlink_bandwidth_per_link_Bps if nvlink_bandwidth_per_link_Bps is None
-                else nvlink_bandwidth_per_link_Bps)
-    sw = None
-    if links > 0:
-        default_sw = {2: "NVSwitch-gen2", 3: "NVSwitch-gen2", 4: "NVSwitch-gen3", 5: "NVSwitch-gen4"}
-        sw = get_switch(nvswitch if nvswitch is not None
-                        else default_sw.get(g.nvlink_generation, "NVSwitch-gen3"))
-        if sw.kind != "nvswitch":
-            raise ValueError(f"nvswitch {sw.name!r} is a {sw.kind} switch, not an NVSwitch")
-    gen = g.pcie_generation if pcie_generation is None else pcie_generation
-    return NodeSpec(gpu=g, gpus_per_node=gpus_per_node, nvlink_links=links,
-                    nvlink_bandwidth_per_link_Bps=per_link, nvswitch=sw, nvswitch_count=nvswitch_count,
-                    nics_per_node=nics_per_node, nic=None if nic is None else get_nic(nic),
-                    pcie_switch=get_pcie_switch(gen), pcie_switches=pcie_switches, pcie_generation=gen,
-                    cpus=cpus)
-
-
-def _add_link(g: nx.DiGraph, u: str, v: str, bandwidth_Bps: float, kind: str, lat_uv: float,
-              lat_vu: float | None = None) -> None:
-    """A full-duplex link: two directed edges of ``bandwidth_Bps`` each."""
-    g.add_edge(u, v, bandwidth_Bps=float(bandwidth_Bps), latency_s=float(lat_uv), kind=kind)
-    g.add_edge(v, u, bandwidth_Bps=float(bandwidth_Bps),
-               latency_s=float(lat_uv if lat_vu is None else lat_vu), kind=kind)
-
-
-def _add_node(g: nx.DiGraph, spec: NodeSpec, i: int, rank0: int) -> list[str]:
-    """Add server ``i``'s devices and internal links; return its NIC names in order."""
-    p = f"n{i}."
-    pcie_hop = spec.pcie_switch.hop_latency_s
-    pcie_bw = pcie_link_bandwidth_Bps(spec.pcie_generation)
-    for s in range(spec.cpus):
-        g.add_node(f"{p}cpu{s}", kind="cpu", node=i, index=s)
-    for k in range(spec.pcie_switches):
-        sw = f"{p}pcie{k}"
-        g.add_node(sw, kind="pcie_switch", node=i, index=k, spec=spec.pcie_switch.name)
-        _add_link(g, sw, f"{p}cpu{k * spec.cpus // spec.pcie_switches}", pcie_bw, "pcie", pcie_hop, 0.0)
-    if spec.nvlink_links > 0:
-        assert spec.nvswitch is not None
-        g.add_node(f"{p}nvswitch", kind="nvswitch", node=i, index=0, spec=spec.nvswitch.name,
-                   count=spec.nvswitch_count, aggregated=True)
-    nics = []
-    for j in range(spec.nics_per_node):
-        assert spec.nic is not None
-        nic = f"{p}nic{j}"
-        nics.append(nic)
-        g.add_node(nic, kind="nic", node=i, index=j, spec=spec.nic.name)
-        nic_bw = pcie_link_bandwidth_Bps(min(spec.nic.pcie_generation, spec.pcie_generation))
-        _add_link(g, nic, f"{p}pcie{j * spec.pcie_switches // spec.nics_per_node}", nic_bw, "pcie",
-                  0.0, pcie_hop)
-    for j in range(spec.gpus_per_node):
-        gpu = f"{p}gpu{j}"
-        nic = nics[j * spec.nics_per_node // spec.gpus_per_node] if nics else None
-        g.add_node(gpu, kind="gpu", node=i, index=j, rank=rank0 + j, nic=nic, spec=spec.gpu.name)
-        _add_link(g, gpu, f"{p}pcie{j * spec.pcie_switches // spec.gpus_per_node}", pcie_bw, "pcie", 0.0,
-                  pcie_hop)
-        if spec.nvlink_links > 0:
-            assert spec.nvswitch is not None
-            _add_link(g, gpu, f"{p}nvswitch", spec.nvlink_bandwidth_Bps, "nvlink", 0.0,
-                      spec.nvswitch.hop_latency_s)
-    return nics
-
-
-def _spines_for(num_leaves: int, uplink_ports: float, radix: int) -> int:
-    """Spine count: enough ports for every leaf's uplinks, at most one per uplink port (>= 1)."""
-    return max(1, min(math.floor(uplink_ports), math.ceil(num_leaves * math.ceil(uplink_ports) / radix)))
-
-
-def _fabric_link(g: nx.DiGraph, nic: str, sw: str, nic_spec: NICSpec, swspec: SwitchSpec) -> None:
-    bw = min(nic_spec.bandwidth_Bps, swspec.port_bandwidth_Bps)
-    half = nic_spec.latency_s / 2
-    _add_link(g, nic, sw, bw, "ib", half, half + swspec.hop_latency_s)
-
-
-def _add_tree(g: nx.DiGraph, leaves: dict[str, list[str]], leaf_uplink_Bps: float, uplink_ports: float,
-              swspec: SwitchSpec, num_spines: int | None) -> None:
-    """Spines above ``leaves``: each leaf joins every spine by ONE edge of uplink capacity / spines."""
-    spines = num_spines if num_spines is not None else _spines_for(len(leaves), uplink_ports, swspec.radix)
-    if spines < 1:
-        raise ValueError(f"num_spines must be >= 1, got {spines}")
-    if len(leaves) < 2 and num_spines is None:
-        return
-    for s in range(spines):
-        g.add_node(f"spine{s}", kind="ib_switch", tier="spine", index=s, spec=swspec.name)
-    for leaf in leaves:
-        for s in range(spines):
-            _add_link(g, leaf, f"spine{s}", leaf_uplink_Bps / spines, "ib", swspec.hop_latency_s)
-
-
-def _check_oversub(oversubscription: float) -> float:
-    if isinstance(oversubscription, bool) or not isinstance(oversubscription, (int, float)) \
-            or not math.isfinite(oversubscription) or oversubscription < 1:
-        raise ValueError(f"oversubscription must be a number >= 1 (k for k:1), got {oversubscription!r}")
-    return float(oversubscription)
-
-
-def rail_optimized(g: nx.DiGraph, node_nics: Sequence[Sequence[str]], *, nic: NICSpec, switch: SwitchSpec,
-                   su_size: int, oversubscription: float = 1.0, num_spines: int | None = None) -> None:
-    """Add a rail-optimised two-level fat tree (DGX SuperPOD RA): NIC *r* of every node of scalable
-    unit *u* -> leaf ``su{u}.leaf{r}``; every leaf -> every spine. Leaf uplink capacity is
-    ``su_size x NIC bandwidth / oversubscription`` (the SU's full cabling, so a partly filled SU is not
-    throttled); the spine count fills the uplink ports at the switch radix (H100 RA: 1 SU = 8 leaves,
-    4 spines)."""
-    k = _check_oversub(oversubscription)
-    if su_size < 1:
-        raise ValueError(f"su_size must be >= 1, got {su_size}")
-    leaves: dict[str, list[str]] = {}
-    for i, nics in enumerate(node_nics):
-        u = i // su_size
-        for r, n in enumerate(nics):
-            leaf = f"su{u}.leaf{r}"
-            if leaf not in g:
-                g.add_node(leaf, kind="ib_switch", tier="leaf", su=u, rail=r, spec=switch.name)
-                leaves[leaf] = []
-            leaves[leaf].append(n)
-            _fabric_link(g, n, leaf, nic, switch)
-    port = min(nic.bandwidth_Bps, switch.port_bandwidth_Bps)
-    _add_tree(g, leaves, su_size * port / k, su_size / k, switch, num_spines)
-
-
-def fat_tree(g: nx.DiGraph, node_nics: Sequence[Sequence[str]], *, nic: NICSpec, switch: SwitchSpec,
-             nodes_per_leaf: int | None = None, oversubscription: float = 1.0,
-             num_spines: int | None = None) -> None:
-    """Add a plain two-level fat tree: leaves take whole nodes in blocks of ``nodes_per_leaf`` (default:
-    as many as fit in the leaf's downlink ports, ``radix x k/(k+1)``), spines above."""
-    k = _check_oversub(oversubscription)
-    nics_per_node = max((len(n) for n in node_nics), default=1) or 1
-    if nodes_per_leaf is None:
-        nodes_per_leaf = max(1, int(switch.radix * k / (k + 1)) // nics_per_node)
-    if nodes_per_leaf < 1:
-        raise ValueError(f"nodes_per_leaf must be >= 1, got {nodes_per_leaf}")
-    leaves: dict[str, list[str]] = {}
-    for i, nics in enumerate(node_nics):
-        leaf = f"leaf{i // nodes_per_leaf}"
-        if leaf not in g:
-            g.add_node(leaf, kind="ib_switch", tier="leaf", index=i // nodes_per_leaf, spec=switch.name)
-            leaves[leaf] = []
-        for n in nics:
-            leaves[leaf].append(n)
-            _fabric_link(g, n, leaf, nic, switch)
-    port = min(nic.bandwidth_Bps, switch.port_bandwidth_Bps)
-    down = nodes_per_leaf * nics_per_node
-    _add_tree(g, leaves, down * port / k, down / k, switch, num_spines)
-
-
-def single_switch(g: nx.DiGraph, node_nics: Sequence[Sequence[str]], *, nic: NICSpec,
-                  switch: SwitchSpec) -> None:
-    """Add one switch ``switch0`` joining every NIC (non-blocking; the radix is not enforced)."""
-    g.add_node("switch0", kind="ib_switch", tier="leaf", index=0, spec=switch.name)
-    for nics in node_nics:
-        for n in nics:
-            _fabric_link(g, n, "switch0", nic, switch)
-
-
-def build_cluster(node: NodeSpec, num_nodes: int = 1, *, fabric: str = "rail_optimized",
-                  oversubscription: float = 1.0, fabric_switch: str | SwitchSpec = "QM9700",
-                  su_size: int = 32, nodes_per_leaf: int | None = None, num_spines: int | None = None,
-                  name: str = "custom") -> Topology:
-    """``num_nodes`` identical servers joined by ``fabric`` (one of :data:`FABRICS`).
-
-    ``oversubscription`` k means k:1 (leaf uplink capacity = downlink capacity / k); ``su_size`` is
-    the rail-optimised scalable unit in nodes; ``num_spines`` overrides the spine count.
-    """
-    if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
-        raise ValueError(f"num_nodes must be an integer >= 1, got {num_nodes!r}")
-    if fabric not in FABRICS:
-        raise ValueError(f"fabric must be one of {', '.join(FABRICS)}, got {fabric!r}")
-    sw = get_switch(fabric_switch)
-    if sw.kind != "ib":
-        raise ValueError(f"fabric_switch {sw.name!r} is a {sw.kind} switch; "
-                         f"known IB switches: {', '.join(known_switches('ib'))}")
-    g = nx.DiGraph(name=name, num_nodes=num_nodes, gpus_per_node=node.gpus_per_node, fabric=fabric,
-                   oversubscription=float(oversubscription), su_size=su_size, fabric_switch=sw.name)
-    node_nics = [_add_node(g, node, i, i * node.gpus_per_node) for i in range(num_nodes)]
-    if fabric != "none" and node.nics_per_node > 0:
-        assert node.nic is not None
-        if fabric == "rail_optimized":
-            rail_optimized(g, node_nics, nic=node.nic, switch=sw, su_size=su_size,
-                           oversubscription=oversubscription, num_spines=num_spines)
-        elif fabric == "fat_tree":
-            fat_tree(g, node_nics, nic=node.nic, switch=sw, nodes_per_leaf=nodes_per_leaf,
-                     oversubscription=oversubscription, num_spines=num_spines)
-        else:
-            if oversubscription != 1:
-                raise ValueError("oversubscription applies to tree fabrics, not to 'single_switch'")
-            single_switch(g, node_nics, nic=node.nic, switch=sw)
-    return Topology(g, node.gpu, node.nic)
-
-
-def dgx_a100(num_nodes: int = 1, *, fabric: str = "rail_optimized", oversubscription: float = 1.0,
-             su_size: int = 20, gpu: str | GPUSpec = "A100-SXM4-80GB", nic: str | NICSpec = "ConnectX-6-HDR",
-             fabric_switch: str | SwitchSpec = "QM8700", num_spines: int | None = None) -> Topology:
-    """DGX A100 servers: 8 A100-SXM4-80GB, 6 NVSwitch gen2 (aggregated; 12 x 25 GB/s = 300 GB/s per
-    GPU per direction), 4 PCIe Gen4 switches each with 2 GPUs and 2 HDR ConnectX-6 NICs (one per GPU),
-    2 CPUs; HDR Quantum QM8700 fabric, scalable unit 20 nodes (SuperPOD A100 RA, [UNCERTAIN])."""
-    node = generic_node(gpu, nvswitch="NVSwitch-gen2", nvswitch_count=6, nic=nic, pcie_switches=4,
-                        pcie_generation=4)
-    return build_cluster(node, num_nodes, fabric=fabric, oversubscription=oversubscription,
-                         fabric_switch=fabric_switch, su_size=su_size, num_spines=num_spines, name="dgx-a100")
-
-
-def dgx_h100(num_nodes: int = 1, *, fabric: str = "rail_optimized", oversubscription: float = 1.0,
-             su_size: int = 32, gpu: str | GPUSpec = "H100-SXM5", nic: str | NICSpec = "ConnectX-7-NDR",
-             fabric_switch: str | SwitchSpec = "QM9700", num_spines: int | None = None) -> Topology:
-    """DGX H100 servers: 8 H100-SXM5, 4 NVSwitch gen3 (aggregated; 18 x 25 GB/s = 450 GB/s per GPU per
-    direction), 8 NDR ConnectX-7 NICs (one per GPU) under 4 PCIe Gen5 switches, 2 CPUs; NDR Quantum-2
-    QM9700 fabric, scalable unit 32 nodes (SuperPOD H100 RA)."""
-    node = generic_node(gpu, nvswitch="NVSwitch-gen3", nvswitch_count=4, nic=nic, pcie_switches=4,
-                        pcie_generation=5)
-    return build_cluster(node, num_nodes, fabric=fabric, oversubscription=oversubscription,
-                         fabric_switch=fabric_switch, su_size=su_size, num_spines=num_spines, name="dgx-h100")
-
-
-# ----------------------------------------------------------------------------------------------------
-# System registry
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class _System:
-    gpu: str
-    nic: str
-    nvswitch: str
-    nvswitch_count: int
-    pcie_generation: int
-    fabric_switch: str
-    su_size: int
-    doc: str
-
-
-_SYSTEMS: dict[str, _System] = {
-    "dgx-a100": _System(gpu="A100-SXM4-80GB", nic="ConnectX-6-HDR", nvswitch="NVSwitch-gen2",
-                        nvswitch_count=6, pcie_generation=4, fabric_switch="QM8700", su_size=20,
-                        doc="DGX A100 80GB, HDR fabric (SuperPOD A100 RA; SU of 20 [UNCERTAIN])"),
-    "dgx-a100-40gb": _System(gpu="A100-SXM4-40GB", nic="ConnectX-6-HDR", nvswitch="NVSwitch-gen2",
-                             nvswitch_count=6, pcie_generation=4, fabric_switch="QM8700", su_size=20,
-                             doc="DGX A100 40GB, HDR fabric"),
-    "dgx-h100": _System(gpu="H100-SXM5", nic="ConnectX-7-NDR", nvswitch="NVSwitch-gen3", nvswitch_count=4,
-                        pcie_generation=5, fabric_switch="QM9700", su_size=32,
-                        doc="DGX H100, NDR fabric (SuperPOD H100 RA: SU of 32)"),
-    "hgx-h200": _System(gpu="H200-SXM", nic="ConnectX-7-NDR", nvswitch="NVSwitch-gen3", nvswitch_count=4,
-                        pcie_generation=5, fabric_switch="QM9700", su_size=32,
-                        doc="HGX H200 laid out as a DGX H100, NDR fabric"),
-    "dgx-b200": _System(gpu="B200-HGX", nic="ConnectX-7-NDR", nvswitch="NVSwitch-gen4", nvswitch_count=2,
-                        pcie_generation=5, fabric_switch="QM9700", su_size=32,
-                        doc="DGX B200 [UNCERTAIN node layout: as DGX H100 with NVLink5], NDR fabric, "
-                            "SU of 32 (SuperPOD B200 RA)"),
-}
-
-
-def known_systems() -> list[str]:
-    """Names :func:`build_system` accepts."""
-    return list(_SYSTEMS)
-
-
-def build_system(name: str, num_nodes: int = 1, fabric: str = "rail_optimized", oversubscription: float = 1.0,
-                 gpu_override: str | GPUSpec | None = None, nic_override: str | NICSpec | None = None, *,
-                 su_size: int | None = None, num_spines: int | None = None,
-                 nodes_per_leaf: int | None = None, fabric_switch: str | None = None) -> Topology:
-    """Build a named system (:func:`known_systems`: dgx-a100, dgx-a100-40gb, dgx-h100, hgx-h200,
-    dgx-b200) of ``num_nodes`` servers. ``gpu_override`` / ``nic_override`` swap in another (e.g.
-    what-if) GPU or NIC, by name or spec, ``fabric_switch`` the InfiniBand switch (a NIC link runs at
-    the slower of NIC and switch port, so a faster NIC needs a faster switch); the node layout stays.
-    Unknown names raise
-    :class:`~hwmodel.specs.UnknownNameError`."""
-    key = str(name).strip().lower().replace("_", "-")
-    if key not in _SYSTEMS:
-        raise UnknownNameError("system", name, _SYSTEMS)
-    s = _SYSTEMS[key]
-    gpu = get_gpu(gpu_override if gpu_override is not None else s.gpu)
-    node = generic_node(gpu, nvswitch=s.nvswitch, nvswitch_count=s.nvswitch_count,
-                        nic=nic_override if nic_override is not None else s.nic,
-                        pcie_generation=s.pcie_generation)
-    return build_cluster(node, num_nodes, fabric=fabric, oversubscription=oversubscription,
-                         fabric_switch=fabric_switch or s.fabric_switch,
-                         su_size=s.su_size if su_size is None else su_size,
-                         nodes_per_leaf=nodes_per_leaf, num_spines=num_spines, name=key)
-
-
-_CLUSTER_KEYS = ("system", "num_nodes", "fabric", "oversubscription", "gpu", "gpu_file", "nic", "su_size",
-                 "num_spines", "nodes_per_leaf")
-
-
-def load_cluster_file(path: str | Path) -> Topology:
-    """Build a cluster from a TOML file: ``system`` (see :func:`known_systems`), ``num_nodes``, and
-    optionally ``fabric``, ``oversubscription``, ``su_size``, ``num_spines``, ``nodes_per_leaf``,
-    ``gpu`` (a GPU name), ``gpu_file`` (a what-if GPU file, relative to this file) and ``nic``.
-    The keys may sit in a ``[cluster]`` table. Unknown keys raise ValueError listing the allowed ones."""
-    path = Path(path)
-    with path.open("rb") as fh:
-        data = tomllib.load(fh)
-    if set(data) == {"cluster"}:
-        data = data["cluster"]
-    unknown = sorted(set(data) - set(_CLUSTER_KEYS))
-    if unknown:
-        raise ValueError(f"cluster file {path.name}: unknown keys {unknown}; "
-                         f"allowed keys: {', '.join(_CLUSTER_KEYS)}")
-    if "system" not in data:
-        raise ValueError(f"cluster file {path.name}: key 'system' is required; known: {', '.join(_SYSTEMS)}")
-    if "gpu" in data and "gpu_file" in data:
-        raise ValueError(f"cluster file {path.name}: give 'gpu' or 'gpu_file', not both")
-    gpu: str | GPUSpec | None = data.get("gpu")
-    if "gpu_file" in data:
-        gpu = load_gpu_file(path.parent / data["gpu_file"])
-    return build_system(data["system"], data.get("num_nodes", 1), fabric=data.get("fabric", "rail_optimized"),
-                        oversubscription=data.get("oversubscription", 1.0), gpu_override=gpu,
-                        nic_override=data.get("nic"), su_size=data.get("su_size"),
-                        num_spines=data.get("num_spines"), nodes_per_leaf=data.get("nodes_per_leaf"))
-
-
 def iter_links(topo: Topology, kind: str | None = None) -> Iterable[tuple[str, str, dict[str, Any]]]:
     """Directed links ``(u, v, attrs)`` of ``topo``, optionally only one ``kind`` (nvlink, pcie, ib)."""
     for u, v, d in topo.graph.edges(data=True):
         if kind is None or d.get("kind") == kind:
             yield u, v, d
+
+
+__all__ = [
+    "FABRICS", "ROUTE_COST", "Edge", "NodeSpec", "SystemSpec", "Topology", "build_cluster", "build_system",
+    "dgx_a100", "dgx_h100", "fat_tree", "generic_node", "get_system", "iter_links", "known_systems",
+    "load_cluster_file", "rail_optimized", "single_switch",
+]

@@ -239,3 +239,20 @@ def test_direct_construction_validates():
         specs.SwitchSpec(name="S", kind="eth", radix=4, hop_latency_s=0, port_bandwidth_Bps=1)
     with pytest.raises(ValueError, match="field 'latency_s' must be >= 0"):
         NICSpec(name="N", bandwidth_Bps=1e9, latency_s=-1, pcie_generation=4)
+
+
+def test_spec_units_convert_human_units_to_si_in_one_place():
+    from hwmodel.spec_units import NIC_KEYS, SWITCH_KEYS, convert
+
+    fields, sources = convert(NIC_KEYS, {}, ["name", "bandwidth_Bps", "latency_s", "pcie_generation"],
+                              {"name": "x", "bandwidth_Gbps": 400, "latency_us": 1.5,
+                               "sources": {"bandwidth_Gbps": "[SRC] s"}}, "t")
+    assert fields == {"name": "x", "bandwidth_Bps": 50e9, "latency_s": pytest.approx(1.5e-6)}
+    assert sources == {"bandwidth_Bps": "[SRC] s"}
+    fields, _ = convert(SWITCH_KEYS, {}, ["radix"], {"radix": 64.0, "hop_latency_ns": 150}, "t")
+    assert fields["radix"] == 64 and isinstance(fields["radix"], int)
+    assert fields["hop_latency_s"] == pytest.approx(150e-9)
+    with pytest.raises(ValueError, match=r"t: key 'radix' must give a whole number, got 64.5"):
+        convert(SWITCH_KEYS, {}, [], {"radix": 64.5}, "t")
+    with pytest.raises(ValueError, match=r"'bandwidth_Bps' given twice \(as 'bandwidth_Gbps' and 'bandwidth_GBps'\)"):
+        convert(NIC_KEYS, {}, [], {"bandwidth_Gbps": 400, "bandwidth_GBps": 50}, "t")

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from hwmodel import systems
 from hwmodel.specs import UnknownNameError, get_gpu, get_nic, get_switch, load_gpu_file
 from hwmodel.topology import (
     Topology,
@@ -13,6 +14,7 @@ from hwmodel.topology import (
     dgx_a100,
     dgx_h100,
     generic_node,
+    get_system,
     known_systems,
     load_cluster_file,
 )
@@ -236,3 +238,66 @@ def test_cluster_file_errors(tmp_path):
     p.write_text("num_nodes = 2\n")
     with pytest.raises(ValueError, match="key 'system' is required"):
         load_cluster_file(p)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Named systems as data (hwmodel/data/systems.toml)
+
+_A100_TABLE = {"gpu": "A100-SXM4-80GB", "gpus_per_node": 8, "nvswitch": "NVSwitch-gen2", "nvswitch_count": 6,
+               "nic": "ConnectX-6-HDR", "nics_per_node": 8, "pcie_switches": 4, "pcie_generation": 4, "cpus": 2,
+               "fabric_switch": "QM8700", "su_size": 20}
+
+
+def test_every_system_figure_has_a_source_and_names_known_parts():
+    figures = set(_A100_TABLE)
+    for name in known_systems():
+        s = get_system(name)
+        assert set(s.sources) == figures, name
+        assert all(src.startswith(("[SRC]", "[2ND]", "[DERIVED]", "[UNCERTAIN]")) for src in s.sources.values())
+        assert get_gpu(s.gpu).name == s.gpu and get_nic(s.nic).name == s.nic
+        assert get_switch(s.nvswitch).kind == "nvswitch" and get_switch(s.fabric_switch).kind == "ib"
+
+
+def test_systems_toml_figures_reach_the_topology():
+    t = build_system("dgx-h100", 2)
+    assert t.graph.nodes["n0.nvswitch"]["count"] == 4 and t.graph.nodes["n0.nvswitch"]["spec"] == "NVSwitch-gen3"
+    assert t.graph.graph["fabric_switch"] == "QM9700" and t.graph.graph["su_size"] == 32
+    assert t.gpus_per_node == 8 and t.nics_per_node == 8
+    assert len(t.nodes_of_kind("pcie_switch", node=0)) == 4 and len(t.nodes_of_kind("cpu", node=0)) == 2
+    assert t.link("n0.gpu0", "n0.pcie0")["bandwidth_Bps"] == pytest.approx(64e9)  # PCIe Gen5 x16 per direction
+    a = build_system("dgx-a100", 1)
+    assert a.graph.nodes["n0.nvswitch"]["count"] == 6 and a.graph.graph["su_size"] == 20
+
+
+def test_a_new_system_is_one_table(monkeypatch):
+    table = dict(_A100_TABLE, gpu="H100-SXM5", gpus_per_node=4, nvswitch="NVSwitch-gen3", nvswitch_count=2,
+                 nics_per_node=2, pcie_switches=2, pcie_generation=5, cpus=1, description="a 4-GPU box")
+    before = known_systems()
+    monkeypatch.setitem(systems._SYSTEMS, "box-4", systems.system_from_table("box-4", table))
+    t = build_system("box-4", 3, fabric="fat_tree")
+    assert t.name == "box-4" and t.num_gpus == 12 and t.gpus_per_node == 4 and t.nics_per_node == 2
+    assert t.nic_of("n0.gpu3") == "n0.nic1" and t.graph.nodes["n0.nvswitch"]["count"] == 2
+    assert t.bottleneck_Bps(t.route("n0.gpu0", "n0.gpu3")) == pytest.approx(18 * 25e9)
+    assert t.bottleneck_Bps(t.route("n0.gpu0", "n1.gpu0")) == pytest.approx(25e9)  # HDR ports of QM8700
+    assert known_systems() == [*before, "box-4"]
+
+
+def test_system_table_errors_name_the_key():
+    with pytest.raises(ValueError, match=r"\[x\]: unknown keys \['gpus'\]; allowed keys: description, gpu, "):
+        systems.system_from_table("x", {**_A100_TABLE, "gpus": 8})
+    with pytest.raises(ValueError, match=r"\[x\]: missing keys \['su_size'\]"):
+        systems.system_from_table("x", {k: v for k, v in _A100_TABLE.items() if k != "su_size"})
+    with pytest.raises(ValueError, match=r"\[x\]: key 'gpus_per_node' must be an integer >= 1, got 0"):
+        systems.system_from_table("x", {**_A100_TABLE, "gpus_per_node": 0})
+    with pytest.raises(ValueError, match=r"\[x\]: key 'nic' must be a non-empty string, got 8"):
+        systems.system_from_table("x", {**_A100_TABLE, "nic": 8})
+    with pytest.raises(ValueError, match=r"sources has unknown keys \['gpu_count'\]"):
+        systems.system_from_table("x", {**_A100_TABLE, "sources": {"gpu_count": "[SRC] x"}})
+
+
+def test_builders_are_re_exported_from_topology():
+    from hwmodel import fabric, node, topology
+
+    assert topology.build_system is systems.build_system and topology.build_cluster is fabric.build_cluster
+    assert topology.NodeSpec is node.NodeSpec and topology.FABRICS == ("rail_optimized", "fat_tree",
+                                                                        "single_switch", "none")

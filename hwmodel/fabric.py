@@ -1,0 +1,154 @@
+"""Multi-node fabrics: the InfiniBand switches joining the nodes' NICs, and :func:`build_cluster`.
+
+Rail-optimised (NIC *i* of every node -> leaf *i* of its scalable unit, as the DGX SuperPOD reference
+architectures), plain two-level fat tree, or a single switch. The parallel cables between a leaf and a
+spine are ONE edge with their summed bandwidth, and every leaf connects to every spine, so the flow
+solver stays small. Each NIC<->switch edge runs at the slower of NIC and switch port and pays half the
+NIC's base latency (~1 us NIC to NIC, perftest issue 131); an edge leaving a switch adds its hop latency.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import networkx as nx
+
+from hwmodel.node import NodeSpec, add_link, add_node
+from hwmodel.specs import NICSpec, SwitchSpec, get_switch, known_switches
+
+if TYPE_CHECKING:
+    from hwmodel.topology import Topology
+
+FABRICS: tuple[str, ...] = ("rail_optimized", "fat_tree", "single_switch", "none")
+"""Multi-node fabric kinds :func:`build_cluster` understands."""
+
+
+def _spines_for(num_leaves: int, uplink_ports: float, radix: int) -> int:
+    """Spine count: enough ports for every leaf's uplinks, at most one per uplink port (>= 1)."""
+    return max(1, min(math.floor(uplink_ports), math.ceil(num_leaves * math.ceil(uplink_ports) / radix)))
+
+
+def _fabric_link(g: nx.DiGraph, nic: str, sw: str, nic_spec: NICSpec, swspec: SwitchSpec) -> None:
+    bw = min(nic_spec.bandwidth_Bps, swspec.port_bandwidth_Bps)
+    half = nic_spec.latency_s / 2
+    add_link(g, nic, sw, bw, "ib", half, half + swspec.hop_latency_s)
+
+
+def _add_tree(g: nx.DiGraph, leaves: dict[str, list[str]], leaf_uplink_Bps: float, uplink_ports: float,
+              swspec: SwitchSpec, num_spines: int | None) -> None:
+    """Spines above ``leaves``: each leaf joins every spine by ONE edge of uplink capacity / spines."""
+    spines = num_spines if num_spines is not None else _spines_for(len(leaves), uplink_ports, swspec.radix)
+    if spines < 1:
+        raise ValueError(f"num_spines must be >= 1, got {spines}")
+    if len(leaves) < 2 and num_spines is None:
+        return
+    for s in range(spines):
+        g.add_node(f"spine{s}", kind="ib_switch", tier="spine", index=s, spec=swspec.name)
+    for leaf in leaves:
+        for s in range(spines):
+            add_link(g, leaf, f"spine{s}", leaf_uplink_Bps / spines, "ib", swspec.hop_latency_s)
+
+
+def _check_oversub(oversubscription: float) -> float:
+    if isinstance(oversubscription, bool) or not isinstance(oversubscription, (int, float)) \
+            or not math.isfinite(oversubscription) or oversubscription < 1:
+        raise ValueError(f"oversubscription must be a number >= 1 (k for k:1), got {oversubscription!r}")
+    return float(oversubscription)
+
+
+def rail_optimized(g: nx.DiGraph, node_nics: Sequence[Sequence[str]], *, nic: NICSpec, switch: SwitchSpec,
+                   su_size: int, oversubscription: float = 1.0, num_spines: int | None = None) -> None:
+    """Add a rail-optimised two-level fat tree (DGX SuperPOD RA): NIC *r* of every node of scalable
+    unit *u* -> leaf ``su{u}.leaf{r}``; every leaf -> every spine. Leaf uplink capacity is
+    ``su_size x NIC bandwidth / oversubscription`` (the SU's full cabling, so a partly filled SU is not
+    throttled); the spine count fills the uplink ports at the switch radix (H100 RA: 1 SU = 8 leaves,
+    4 spines)."""
+    k = _check_oversub(oversubscription)
+    if su_size < 1:
+        raise ValueError(f"su_size must be >= 1, got {su_size}")
+    leaves: dict[str, list[str]] = {}
+    for i, nics in enumerate(node_nics):
+        u = i // su_size
+        for r, n in enumerate(nics):
+            leaf = f"su{u}.leaf{r}"
+            if leaf not in g:
+                g.add_node(leaf, kind="ib_switch", tier="leaf", su=u, rail=r, spec=switch.name)
+                leaves[leaf] = []
+            leaves[leaf].append(n)
+            _fabric_link(g, n, leaf, nic, switch)
+    port = min(nic.bandwidth_Bps, switch.port_bandwidth_Bps)
+    _add_tree(g, leaves, su_size * port / k, su_size / k, switch, num_spines)
+
+
+def fat_tree(g: nx.DiGraph, node_nics: Sequence[Sequence[str]], *, nic: NICSpec, switch: SwitchSpec,
+             nodes_per_leaf: int | None = None, oversubscription: float = 1.0,
+             num_spines: int | None = None) -> None:
+    """Add a plain two-level fat tree: leaves take whole nodes in blocks of ``nodes_per_leaf`` (default:
+    as many as fit in the leaf's downlink ports, ``radix x k/(k+1)``), spines above."""
+    k = _check_oversub(oversubscription)
+    nics_per_node = max((len(n) for n in node_nics), default=1) or 1
+    if nodes_per_leaf is None:
+        nodes_per_leaf = max(1, int(switch.radix * k / (k + 1)) // nics_per_node)
+    if nodes_per_leaf < 1:
+        raise ValueError(f"nodes_per_leaf must be >= 1, got {nodes_per_leaf}")
+    leaves: dict[str, list[str]] = {}
+    for i, nics in enumerate(node_nics):
+        leaf = f"leaf{i // nodes_per_leaf}"
+        if leaf not in g:
+            g.add_node(leaf, kind="ib_switch", tier="leaf", index=i // nodes_per_leaf, spec=switch.name)
+            leaves[leaf] = []
+        for n in nics:
+            leaves[leaf].append(n)
+            _fabric_link(g, n, leaf, nic, switch)
+    port = min(nic.bandwidth_Bps, switch.port_bandwidth_Bps)
+    down = nodes_per_leaf * nics_per_node
+    _add_tree(g, leaves, down * port / k, down / k, switch, num_spines)
+
+
+def single_switch(g: nx.DiGraph, node_nics: Sequence[Sequence[str]], *, nic: NICSpec,
+                  switch: SwitchSpec) -> None:
+    """Add one switch ``switch0`` joining every NIC (non-blocking; the radix is not enforced)."""
+    g.add_node("switch0", kind="ib_switch", tier="leaf", index=0, spec=switch.name)
+    for nics in node_nics:
+        for n in nics:
+            _fabric_link(g, n, "switch0", nic, switch)
+
+
+def build_cluster(node: NodeSpec, num_nodes: int = 1, *, fabric: str = "rail_optimized",
+                  oversubscription: float = 1.0, fabric_switch: str | SwitchSpec = "QM9700",
+                  su_size: int = 32, nodes_per_leaf: int | None = None, num_spines: int | None = None,
+                  name: str = "custom") -> Topology:
+    """``num_nodes`` identical servers joined by ``fabric`` (one of :data:`FABRICS`).
+
+    ``oversubscription`` k means k:1 (leaf uplink capacity = downlink capacity / k); ``su_size`` is
+    the rail-optimised scalable unit in nodes; ``num_spines`` overrides the spine count. Bad values
+    raise ValueError naming the argument; an unknown switch raises UnknownNameError.
+    """
+    from hwmodel.topology import Topology  # here, not at the top: hwmodel.topology re-exports this module
+
+    if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
+        raise ValueError(f"num_nodes must be an integer >= 1, got {num_nodes!r}")
+    if fabric not in FABRICS:
+        raise ValueError(f"fabric must be one of {', '.join(FABRICS)}, got {fabric!r}")
+    sw = get_switch(fabric_switch)
+    if sw.kind != "ib":
+        raise ValueError(f"fabric_switch {sw.name!r} is a {sw.kind} switch; "
+                         f"known IB switches: {', '.join(known_switches('ib'))}")
+    g = nx.DiGraph(name=name, num_nodes=num_nodes, gpus_per_node=node.gpus_per_node, fabric=fabric,
+                   oversubscription=float(oversubscription), su_size=su_size, fabric_switch=sw.name)
+    node_nics = [add_node(g, node, i, i * node.gpus_per_node) for i in range(num_nodes)]
+    if fabric != "none" and node.nics_per_node > 0:
+        assert node.nic is not None
+        if fabric == "rail_optimized":
+            rail_optimized(g, node_nics, nic=node.nic, switch=sw, su_size=su_size,
+                           oversubscription=oversubscription, num_spines=num_spines)
+        elif fabric == "fat_tree":
+            fat_tree(g, node_nics, nic=node.nic, switch=sw, nodes_per_leaf=nodes_per_leaf,
+                     oversubscription=oversubscription, num_spines=num_spines)
+        else:
+            if oversubscription != 1:
+                raise ValueError("oversubscription applies to tree fabrics, not to 'single_switch'")
+            single_switch(g, node_nics, nic=node.nic, switch=sw)
+    return Topology(g, node.gpu, node.nic)

@@ -1,0 +1,205 @@
+"""Named systems (``hwmodel/data/systems.toml``), :func:`build_system`, and cluster files.
+
+A system is one server layout (GPU, GPUs per node, NVSwitch chips, compute NICs, PCIe switches and
+generation, CPU sockets) plus its default fabric (InfiniBand switch, scalable-unit size), each figure
+with a source in ``systems.toml``. Adding a system is one table in that file. GPU, NIC and switch names
+refer to ``gpus.toml`` / ``network.toml`` (:mod:`hwmodel.specs`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hwmodel.fabric import build_cluster
+from hwmodel.node import generic_node
+from hwmodel.specs import GPUSpec, NICSpec, SwitchSpec, UnknownNameError, get_gpu, load_gpu_file
+
+if TYPE_CHECKING:
+    from hwmodel.topology import Topology
+
+try:  # Python >= 3.11
+    import tomllib
+except ModuleNotFoundError:  # pragma: no cover - Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SystemSpec:
+    """One named system, as a ``systems.toml`` table (see that file's header for each key).
+
+    Names of GPUs, NICs and switches are resolved when the system is built, so a what-if GPU or NIC
+    may replace them. ``sources`` maps each key to the source of its figure.
+    """
+
+    name: str
+    """System name, e.g. ``"dgx-a100"``."""
+    description: str = ""
+    """One line for humans."""
+    gpu: str
+    """GPU name (``gpus.toml``)."""
+    gpus_per_node: int
+    """GPUs per server."""
+    nvswitch: str
+    """NVSwitch chip name (``network.toml``)."""
+    nvswitch_count: int
+    """NVSwitch chips per node (aggregated into one switch node; recorded on it)."""
+    nic: str
+    """Compute NIC name (``network.toml``)."""
+    nics_per_node: int
+    """Compute NICs per node (one port each)."""
+    pcie_switches: int
+    """PCIe switches per node."""
+    pcie_generation: int
+    """PCIe generation of the GPU links and switch uplinks."""
+    cpus: int
+    """CPU sockets per node."""
+    fabric_switch: str
+    """InfiniBand switch name (``network.toml``) of the leaves and spines."""
+    su_size: int
+    """Nodes per scalable unit of the rail-optimised fabric."""
+    sources: dict[str, str] = field(default_factory=dict)
+    """Key -> source of the figure."""
+
+
+_STR_KEYS = ("description", "gpu", "nvswitch", "nic", "fabric_switch")
+_MIN_INT = {"gpus_per_node": 1, "nvswitch_count": 0, "nics_per_node": 0, "pcie_switches": 1,
+            "pcie_generation": 1, "cpus": 1, "su_size": 1}
+_KEYS = tuple(f.name for f in dataclasses.fields(SystemSpec) if f.name != "name")
+_SYSTEMS: dict[str, SystemSpec] = {}
+_LOADED = False
+
+
+def _check_value(where: str, key: str, value: Any) -> None:
+    """Raise ValueError naming ``key`` unless ``value`` has the key's type and range."""
+    if key in _STR_KEYS:
+        if not isinstance(value, str) or (key != "description" and not value.strip()):
+            raise ValueError(f"{where}: key {key!r} must be a non-empty string, got {value!r}")
+    elif key in _MIN_INT:
+        if isinstance(value, bool) or not isinstance(value, int) or value < _MIN_INT[key]:
+            raise ValueError(f"{where}: key {key!r} must be an integer >= {_MIN_INT[key]}, got {value!r}")
+    elif key == "sources":
+        if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+            raise ValueError(f"{where}: 'sources' must be a table of key = \"source\"")
+        unknown = sorted(set(value) - set(_KEYS))
+        if unknown:
+            raise ValueError(f"{where}: sources has unknown keys {unknown}; allowed keys: {', '.join(_KEYS)}")
+
+
+def system_from_table(name: str, table: dict[str, Any], where: str = "systems.toml") -> SystemSpec:
+    """A :class:`SystemSpec` from one ``systems.toml`` table. Unknown or missing keys and values of the
+    wrong type raise ValueError naming the key (and listing the allowed keys)."""
+    where = f"{where} [{name}]"
+    unknown = sorted(set(table) - set(_KEYS))
+    if unknown:
+        raise ValueError(f"{where}: unknown keys {unknown}; allowed keys: {', '.join(_KEYS)}")
+    missing = [k for k in _KEYS if k not in table and k not in ("description", "sources")]
+    if missing:
+        raise ValueError(f"{where}: missing keys {missing}")
+    for key, value in table.items():
+        _check_value(where, key, value)
+    return SystemSpec(name=name, **table)
+
+
+def _ensure_loaded() -> None:
+    global _LOADED
+    if _LOADED:
+        return
+    text = resources.files("hwmodel").joinpath("data", "systems.toml").read_text(encoding="utf-8")
+    for name, table in tomllib.loads(text).items():
+        _SYSTEMS[name] = system_from_table(name, table)
+    _LOADED = True
+
+
+def known_systems() -> list[str]:
+    """Names :func:`build_system` accepts, in ``systems.toml`` order."""
+    _ensure_loaded()
+    return list(_SYSTEMS)
+
+
+def get_system(name: str) -> SystemSpec:
+    """The system called ``name`` (case-insensitive, ``_`` as ``-``). Raises UnknownNameError."""
+    _ensure_loaded()
+    key = str(name).strip().lower().replace("_", "-")
+    if key not in _SYSTEMS:
+        raise UnknownNameError("system", name, _SYSTEMS)
+    return _SYSTEMS[key]
+
+
+def build_system(name: str, num_nodes: int = 1, fabric: str = "rail_optimized", oversubscription: float = 1.0,
+                 gpu_override: str | GPUSpec | None = None, nic_override: str | NICSpec | None = None, *,
+                 su_size: int | None = None, num_spines: int | None = None,
+                 nodes_per_leaf: int | None = None, fabric_switch: str | SwitchSpec | None = None) -> Topology:
+    """Build a named system (:func:`known_systems`: dgx-a100, dgx-a100-40gb, dgx-h100, hgx-h200,
+    dgx-b200) of ``num_nodes`` servers. ``gpu_override`` / ``nic_override`` swap in another (e.g.
+    what-if) GPU or NIC, by name or spec, ``fabric_switch`` the InfiniBand switch (a NIC link runs at
+    the slower of NIC and switch port, so a faster NIC needs a faster switch); the node layout stays.
+    Unknown names raise :class:`~hwmodel.specs.UnknownNameError`; bad fabric arguments ValueError
+    (:func:`~hwmodel.fabric.build_cluster`)."""
+    s = get_system(name)
+    gpu = get_gpu(gpu_override if gpu_override is not None else s.gpu)
+    node = generic_node(gpu, gpus_per_node=s.gpus_per_node, nvswitch=s.nvswitch,
+                        nvswitch_count=s.nvswitch_count, nics_per_node=s.nics_per_node,
+                        nic=nic_override if nic_override is not None else s.nic,
+                        pcie_switches=s.pcie_switches, pcie_generation=s.pcie_generation, cpus=s.cpus)
+    return build_cluster(node, num_nodes, fabric=fabric, oversubscription=oversubscription,
+                         fabric_switch=fabric_switch or s.fabric_switch,
+                         su_size=s.su_size if su_size is None else su_size,
+                         nodes_per_leaf=nodes_per_leaf, num_spines=num_spines, name=s.name)
+
+
+def dgx_a100(num_nodes: int = 1, *, fabric: str = "rail_optimized", oversubscription: float = 1.0,
+             su_size: int | None = None, gpu: str | GPUSpec | None = None, nic: str | NICSpec | None = None,
+             fabric_switch: str | SwitchSpec | None = None, num_spines: int | None = None) -> Topology:
+    """``build_system("dgx-a100", ...)``: 8 A100-SXM4-80GB, 6 NVSwitch gen2 (aggregated; 12 x 25 GB/s =
+    300 GB/s per GPU per direction), 4 PCIe Gen4 switches each with 2 GPUs and 2 HDR ConnectX-6 NICs
+    (one per GPU), 2 CPUs; HDR Quantum QM8700 fabric, scalable unit 20 nodes. Defaults (None) and
+    sources: ``systems.toml``."""
+    return build_system("dgx-a100", num_nodes, fabric, oversubscription, gpu, nic, su_size=su_size,
+                        num_spines=num_spines, fabric_switch=fabric_switch)
+
+
+def dgx_h100(num_nodes: int = 1, *, fabric: str = "rail_optimized", oversubscription: float = 1.0,
+             su_size: int | None = None, gpu: str | GPUSpec | None = None, nic: str | NICSpec | None = None,
+             fabric_switch: str | SwitchSpec | None = None, num_spines: int | None = None) -> Topology:
+    """``build_system("dgx-h100", ...)``: 8 H100-SXM5, 4 NVSwitch gen3 (aggregated; 18 x 25 GB/s =
+    450 GB/s per GPU per direction), 8 NDR ConnectX-7 NICs (one per GPU) under 4 PCIe Gen5 switches,
+    2 CPUs; NDR Quantum-2 QM9700 fabric, scalable unit 32 nodes. Defaults (None) and sources:
+    ``systems.toml``."""
+    return build_system("dgx-h100", num_nodes, fabric, oversubscription, gpu, nic, su_size=su_size,
+                        num_spines=num_spines, fabric_switch=fabric_switch)
+
+
+_CLUSTER_KEYS = ("system", "num_nodes", "fabric", "oversubscription", "gpu", "gpu_file", "nic", "su_size",
+                 "num_spines", "nodes_per_leaf")
+
+
+def load_cluster_file(path: str | Path) -> Topology:
+    """Build a cluster from a TOML file: ``system`` (see :func:`known_systems`), ``num_nodes``, and
+    optionally ``fabric``, ``oversubscription``, ``su_size``, ``num_spines``, ``nodes_per_leaf``,
+    ``gpu`` (a GPU name), ``gpu_file`` (a what-if GPU file, relative to this file) and ``nic``.
+    The keys may sit in a ``[cluster]`` table. Unknown keys raise ValueError listing the allowed ones."""
+    path = Path(path)
+    with path.open("rb") as fh:
+        data = tomllib.load(fh)
+    if set(data) == {"cluster"}:
+        data = data["cluster"]
+    unknown = sorted(set(data) - set(_CLUSTER_KEYS))
+    if unknown:
+        raise ValueError(f"cluster file {path.name}: unknown keys {unknown}; "
+                         f"allowed keys: {', '.join(_CLUSTER_KEYS)}")
+    if "system" not in data:
+        raise ValueError(f"cluster file {path.name}: key 'system' is required; "
+                         f"known: {', '.join(known_systems())}")
+    if "gpu" in data and "gpu_file" in data:
+        raise ValueError(f"cluster file {path.name}: give 'gpu' or 'gpu_file', not both")
+    gpu: str | GPUSpec | None = data.get("gpu")
+    if "gpu_file" in data:
+        gpu = load_gpu_file(path.parent / data["gpu_file"])
+    return build_system(data["system"], data.get("num_nodes", 1), fabric=data.get("fabric", "rail_optimized"),
+                        oversubscription=data.get("oversubscription", 1.0), gpu_override=gpu,
+                        nic_override=data.get("nic"), su_size=data.get("su_size"),
+                        num_spines=data.get("num_spines"), nodes_per_leaf=data.get("nodes_per_leaf"))
