@@ -426,7 +426,7 @@ class FluidSystem:
     def _detach(self, a: Activity, now: float) -> bool:
         """Take ``a`` out of its class and off its resources now (its progress is not settled);
         returns whether a bottleneck lost load (a solve is needed)."""
-        c: RateClass = a.rate_class  # type: ignore[assignment]
+        c: RateClass = a.rate_class  # type: ignore[assignment]  # only active ones detach: class set
         x = c.rate
         del c.members[a]
         a.rate_class = None

@@ -284,13 +284,13 @@ def fill(classes: dict[RateClass, None], complete: dict[Resource, None], applied
             next_bounded += 1
         if next_bounded < n_bounded and bounded[next_bounded].bound <= share:
             c = bounded[next_bounded]
-            fix = (c,)
+            fix: tuple[RateClass, ...] | list[RateClass] = (c,)
             value = c.bound
         elif heap:
             r = heapq.heappop(heap)[2]
             value = share if share > 0 else 0.0
             saturated[r] = value
-            fix = [c for c in r.classes if c not in rates and c in classes]  # type: ignore[assignment]
+            fix = [c for c in r.classes if c not in rates and c in classes]
         else:  # cannot happen: every class has a resource in applied
             for c in classes:
                 if c not in rates:
