@@ -10,6 +10,7 @@ run: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/python -m pytest
 
 lint: $(VENV)/.installed

@@ -59,6 +59,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Iterable, Mapping
+from typing import cast
 
 import simpy
 
@@ -338,7 +339,7 @@ class FluidSystem:
         key = act._class_key
         c = self._spare_classes.pop(key, None)
         if c is None:
-            c = RateClass(key, key[-1])
+            c = RateClass(key, cast(float, key[-1]))  # the key ends with the bound (see Activity)
             c.weights = dict(act.weights)
         else:  # an ended class of the same resources and bound: reuse its containers
             c.alive = True
@@ -425,7 +426,7 @@ class FluidSystem:
     def _detach(self, a: Activity, now: float) -> bool:
         """Take ``a`` out of its class and off its resources now (its progress is not settled);
         returns whether a bottleneck lost load (a solve is needed)."""
-        c: RateClass = a.rate_class  # type: ignore[assignment]
+        c: RateClass = a.rate_class  # type: ignore[assignment]  # only active ones detach: class set
         x = c.rate
         del c.members[a]
         a.rate_class = None

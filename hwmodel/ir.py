@@ -13,7 +13,7 @@ frozen dataclass so programs can be shared between ranks and hashed.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 KernelKind = Literal[
     "gemm", "attention", "elementwise", "norm", "softmax", "embedding", "loss", "optimizer",
@@ -21,10 +21,10 @@ KernelKind = Literal[
 ]
 """What a compute kernel does; the kernel cost model prices each kind differently."""
 
-KERNEL_KINDS: tuple[str, ...] = KernelKind.__args__  # type: ignore[attr-defined]
+KERNEL_KINDS: tuple[str, ...] = get_args(KernelKind)
 
 CollectiveOp = Literal["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all"]
-COLLECTIVE_OPS: tuple[str, ...] = CollectiveOp.__args__  # type: ignore[attr-defined]
+COLLECTIVE_OPS: tuple[str, ...] = get_args(CollectiveOp)
 
 Phase = Literal["fwd", "bwd", "opt", "other"]
 

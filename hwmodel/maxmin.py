@@ -140,7 +140,8 @@ def maxmin(acts: list[Activity], resources: Iterable[Resource]) -> dict[Activity
     heapq.heapify(heap)
     seq = len(unfixed_weight)  # past every index above: entries never tie on (share, seq)
     rates: dict[Activity, float] = {}
-    bounded = sorted((a for a in acts if a.rate_bound is not None), key=lambda a: a.rate_bound)
+    # (bound, activity) of the bounded activities, lowest bound first (stable: ties keep ``acts`` order)
+    bounded = sorted(((a.rate_bound, a) for a in acts if a.rate_bound is not None), key=lambda ba: ba[0])
     next_bounded = 0
     left = len(acts)
     while left:
@@ -158,11 +159,11 @@ def maxmin(acts: list[Activity], resources: Iterable[Resource]) -> dict[Activity
                 continue
             share = current
             break
-        while next_bounded < len(bounded) and bounded[next_bounded] in rates:
+        while next_bounded < len(bounded) and bounded[next_bounded][1] in rates:
             next_bounded += 1
-        if next_bounded < len(bounded) and bounded[next_bounded].rate_bound <= share:  # type: ignore[operator]
-            fix = [bounded[next_bounded]]
-            value = bounded[next_bounded].rate_bound
+        if next_bounded < len(bounded) and bounded[next_bounded][0] <= share:
+            value, lowest = bounded[next_bounded]
+            fix = [lowest]
         elif heap:
             r = heapq.heappop(heap)[2]
             fix = [a for a in r.users if a not in rates]
@@ -173,10 +174,10 @@ def maxmin(acts: list[Activity], resources: Iterable[Resource]) -> dict[Activity
                     rates[a] = a.rate_bound or 0.0
             break
         for a in fix:
-            rates[a] = value  # type: ignore[assignment]
+            rates[a] = value
             left -= 1
             for r2, w in a.weights:
-                offer_left[r2] -= w * value  # type: ignore[operator]
+                offer_left[r2] -= w * value
                 unfixed_weight[r2] -= w
     return rates
 
@@ -283,13 +284,13 @@ def fill(classes: dict[RateClass, None], complete: dict[Resource, None], applied
             next_bounded += 1
         if next_bounded < n_bounded and bounded[next_bounded].bound <= share:
             c = bounded[next_bounded]
-            fix = (c,)
+            fix: tuple[RateClass, ...] | list[RateClass] = (c,)
             value = c.bound
         elif heap:
             r = heapq.heappop(heap)[2]
             value = share if share > 0 else 0.0
             saturated[r] = value
-            fix = [c for c in r.classes if c not in rates and c in classes]  # type: ignore[assignment]
+            fix = [c for c in r.classes if c not in rates and c in classes]
         else:  # cannot happen: every class has a resource in applied
             for c in classes:
                 if c not in rates:

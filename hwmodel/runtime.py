@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import simpy
 
@@ -35,6 +36,9 @@ from hwmodel.events import (  # re-exported: the trace's record types belong to 
     TraceEvent,
 )
 from hwmodel.ir import Collective, Compute, Memcpy, Program, SendRecv, Task
+
+if TYPE_CHECKING:
+    from hwmodel.nccl.engine import NcclEngine, Plan
 
 __all__ = [
     "DEFAULT_HOST_LAUNCH_OVERHEAD_S", "PROGRESS_EVERY_TASKS", "CollectiveInfo", "CollectiveMismatchError",
@@ -76,12 +80,12 @@ class RunResult:
 class _Rendezvous:
     __slots__ = ("op", "arrived", "started", "done", "plan", "task_desc", "start_time")
 
-    def __init__(self, op: Collective, env: simpy.Environment) -> None:
+    def __init__(self, op: Collective, env: simpy.Environment, plan: Plan) -> None:
         self.op = op
         self.arrived: dict[int, float] = {}
         self.started = False
         self.done: simpy.Event = env.event()
-        self.plan = None
+        self.plan = plan
         self.task_desc: dict[int, str] = {}
         self.start_time = 0.0
 
@@ -109,8 +113,8 @@ class Runtime:
 
     def __init__(self, cluster: Cluster, programs: Mapping[int, Program] | Iterable[Program], *,
                  placement: Mapping[int, str] | None = None,
-                 host_launch_overhead_s: float = DEFAULT_HOST_LAUNCH_OVERHEAD_S, nccl=None,
-                 mirror=None) -> None:
+                 host_launch_overhead_s: float = DEFAULT_HOST_LAUNCH_OVERHEAD_S, nccl: NcclEngine | None = None,
+                 mirror: Callable[[tuple[int, ...]], Iterable[tuple[int, ...]]] | None = None) -> None:
         self.cluster = cluster
         self.env = cluster.env
         progs = dict(programs) if isinstance(programs, Mapping) else {p.rank: p for p in programs}
@@ -147,11 +151,11 @@ class Runtime:
         self._rank_end: dict[int, float] = dict.fromkeys(self.programs, 0.0)
         self._copy_engines: dict[str, simpy.Resource] = {}
         self.mirror = mirror
-        self._mirror_cache: dict[tuple[int, ...], list[tuple[tuple[int, ...], tuple[str, ...]]]] = {}
+        self._mirror_cache: dict[tuple[int, ...], list[tuple[str, ...]]] = {}
         topo = cluster.topology
         self._sim_nodes = {topo.node_of(self.placement[r]) for r in self.programs}
         self.mirrored_activities = 0
-        self._mirror_plans: dict[tuple, list] = {}
+        self._mirror_plans: dict[tuple, list[Plan]] = {}
         self._tasks_done = 0
         self._tasks_total = 0
         self._progress: Callable[[int, int], None] | None = None
@@ -247,8 +251,7 @@ class Runtime:
                 dup = sorted({r for r in group if group.count(r) > 1})
                 raise ValueError(f"collective {op.op} ({op.name or 'unnamed'}): duplicate ranks {dup} "
                                  f"in group {group}")
-            rdv = _Rendezvous(op, self.env)
-            rdv.plan = self.nccl.plan(op, tuple(self.placement[r] for r in group))
+            rdv = _Rendezvous(op, self.env, self.nccl.plan(op, tuple(self.placement[r] for r in group)))
             self._rdv[key] = rdv
         elif (rdv.op.op, rdv.op.size_bytes, rdv.op.dtype, rdv.op.root) != (op.op, op.size_bytes, op.dtype,
                                                                            op.root):
@@ -273,7 +276,10 @@ class Runtime:
                 mirrors = self._mirror_plans[mkey] = [self.nccl.plan(op, gpus) for gpus in self._mirrors(group)]
             self.mirrored_activities += len(mirrors)
             done = self.nccl.start_together([rdv.plan, *mirrors])
-            done.callbacks.append(lambda ev, rdv=rdv: rdv.done.succeed())
+            def release_members(_ev: simpy.Event) -> None:  # every member's wait ends with the activity
+                rdv.done.succeed()
+
+            done.callbacks.append(release_members)
         yield rdv.done
         gpu.release_sms(channels)
         p = rdv.plan
@@ -307,7 +313,7 @@ class Runtime:
                 mirrors = self._mirror_plans[mkey] = [self.nccl.plan_p2p(src, dst, op.size_bytes)
                                                       for src, dst in self._mirrors(pair[:2])]
             self.mirrored_activities += len(mirrors)
-            self.nccl.start_together([plan, *mirrors]).callbacks.append(lambda ev, d=done: d.succeed(now))
+            self.nccl.start_together([plan, *mirrors]).callbacks.append(lambda _ev: done.succeed(now))
         else:
             done = self.env.event()
             mine[pair].append((op, done))

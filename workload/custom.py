@@ -150,7 +150,7 @@ class CustomModel:
         Raises:
             ValueError: a malformed return value or key, naming the factory or the key.
         """
-        example = None
+        example: tuple[tuple, dict] | None = None
         module = result
         if isinstance(result, tuple):
             if len(result) != 2 or not isinstance(result[0], nn.Module):
@@ -194,7 +194,9 @@ class CustomModel:
 
     @property
     def container(self) -> nn.Module:
-        return _submodule(self.module, self.blocks)
+        found = _submodule(self.module, self.blocks)
+        assert found is not None  # from_factory checked ``blocks`` (or found it)
+        return found
 
     @property
     def summary(self) -> str:
@@ -232,7 +234,9 @@ class CustomModel:
                 raise ValueError(
                     f"[parallel] pipeline_model_parallel_size = {cfg.pp} splits a model by its repeated blocks; "
                     f"{self.name} has no nn.ModuleList/nn.Sequential of identical blocks ({hint} use 1)")
-            n = len(self.container)
+            blocks = self.container
+            assert isinstance(blocks, (nn.ModuleList, nn.Sequential))  # what ``repeated`` blocks are in
+            n = len(blocks)
             try:
                 cfg.stage_layers(n)
             except ValueError as exc:
@@ -260,9 +264,9 @@ class CustomModel:
             else:
                 x = torch.empty((micro_batch_size, *self.input_shape), dtype=tdtype, device="meta")
             return (x,), {}
-        elif hasattr(self.module, "example_inputs"):
+        elif (module_inputs := getattr(self.module, "example_inputs", None)) is not None:
             with torch.device("meta"):
-                got = self.module.example_inputs(micro_batch_size)
+                got = module_inputs(micro_batch_size)
             args, kwargs = ((), dict(got)) if isinstance(got, Mapping) else (
                 (got,) if isinstance(got, torch.Tensor) else tuple(got), {})
         else:
@@ -364,6 +368,7 @@ class CustomModel:
             ValueError: see :meth:`trace`.
         """
         t = self.trace(cfg, dtype)
+        assert isinstance(t.graph, OpGraph)  # ModelTrace.graph is typed ``object``; ours is the traced graph
         saved = t.graph.info["saved_bytes"]
         n = t.num_layers
         per_vstage = cfg.stage_layers(n)

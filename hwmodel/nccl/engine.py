@@ -47,7 +47,7 @@ from hwmodel.nccl import calibration as _calibration
 from hwmodel.nccl import nccltests as _nt
 from hwmodel.nccl import tuner as _tuner
 from hwmodel.nccl.algorithms.base import Flow
-from hwmodel.nccl.channels import p2p_plan
+from hwmodel.nccl.channels import P2PPlan, p2p_plan
 from hwmodel.nccl.tuner_config import TunerConfig
 
 if TYPE_CHECKING:
@@ -141,8 +141,8 @@ class NcclEngine:
         self.nvlink_efficiency = nvlink_efficiency or 1.0
         """Achieved / line rate of NVLink for NCCL traffic."""
         self._node_of = {g: topo.node_of(g) for g in topo.gpus()}
-        self._comm_topo_cache: dict[tuple[str, ...], object] = {}
-        self._p2p_cache: dict[tuple, object] = {}
+        self._comm_topo_cache: dict[tuple[int, int, int], _tuner.CommTopology] = {}
+        self._p2p_cache: dict[tuple[bool, int], P2PPlan] = {}
         self._merged_cache: dict[tuple, tuple[dict[Resource, float], dict[Resource, float]]] = {}
         self._plan_cache: dict[tuple, Plan] = {}
         self._weights_cache: dict[tuple, tuple[dict[Resource, float], dict[Resource, float]]] = {}
@@ -150,9 +150,9 @@ class NcclEngine:
         self._eff_cache: dict[Resource, float] = {}
 
     # -- planning ------------------------------------------------------------------------------
-    def comm_topology(self, gpus: tuple[str, ...]):
+    def comm_topology(self, gpus: tuple[str, ...]) -> _tuner.CommTopology:
         """NCCL's view of a communicator on these GPUs (see :class:`tuner.CommTopology`)."""
-        nodes: dict[str, int] = {}
+        nodes: dict[int, int] = {}  # node index -> GPUs of the group on it
         for g in gpus:
             n = self._node_of[g]
             nodes[n] = nodes.get(n, 0) + 1
@@ -269,7 +269,7 @@ class NcclEngine:
             if p.algorithm == "none":
                 continue
             groups.setdefault((self._work(p), p.latency_s, p.rate_bound_Bps), []).append(p)
-        done = None
+        first_done: simpy.Event | None = None
         for (work, lat, bound), members in groups.items():
             key = tuple((p.op, p.algorithm, p.protocol, p.gpus, p.root) for p in members)
             hit = self._merged_cache.get(key)
@@ -292,8 +292,8 @@ class NcclEngine:
             act = self.cluster.fs.start(work, hit[0], latency_s=lat, rate_bound=bound, side_loads=hit[1],
                                         name=first.name or first.op)
             if first in members:
-                done = act.done
-        return done if done is not None else self.start(first)
+                first_done = act.done
+        return first_done if first_done is not None else self.start(first)
 
     def run(self, coll: Collective, gpus: Sequence[str]) -> simpy.Event:
         """Plan and start ``coll`` on ``gpus`` now (standalone use, e.g. nccl-tests)."""
@@ -463,7 +463,7 @@ def simulate_nccl_tests(topology: Topology, collective: str, sizes: Iterable[int
         t0 = env.now
         if coll == "sendrecv":
             plans = [eng.plan_p2p(gpus[i], gpus[(i + 1) % n], s_bytes) for i in range(n)] if n > 1 else []
-            done = simpy.AllOf(env, [eng.start(p) for p in plans])
+            done: simpy.Event = simpy.AllOf(env, [eng.start(p) for p in plans])
             algo = "p2p"
             proto = plans[0].protocol if plans else "simple"
             nch = plans[0].n_channels if plans else 0

@@ -385,7 +385,7 @@ def format_table(
 def rows_to_json(rows: Iterable[NcclTestsRow]) -> list[dict]:
     """JSON-ready records (pass to ``json.dumps``): ``size_bytes``, ``time_us``, ``algbw_GBps``,
     ``busbw_GBps``, ``algorithm``, ``protocol``, plus ``collective``, ``count``, ``type``, ``redop``,
-    ``root`` and ``n_ranks``. GB = 1e9 B as nccl-tests."""
+    ``root`` and ``n_ranks``; a time or bandwidth that is not finite is ``None``. GB = 1e9 B as nccl-tests."""
     out = []
     for r in rows:
         out.append({
@@ -396,14 +396,15 @@ def rows_to_json(rows: Iterable[NcclTestsRow]) -> list[dict]:
             "redop": r.redop,
             "root": int(r.root),
             "n_ranks": int(r.n_ranks),
-            "time_us": r.time_s * 1e6,
-            "algbw_GBps": r.algbw_Bps / GB,
-            "busbw_GBps": r.busbw_Bps / GB,
+            "time_us": _finite_or_none(r.time_s * 1e6),
+            "algbw_GBps": _finite_or_none(r.algbw_Bps / GB),
+            "busbw_GBps": _finite_or_none(r.busbw_Bps / GB),
             "algorithm": r.algorithm,
             "protocol": r.protocol,
         })
-    for rec in out:
-        for k in ("time_us", "algbw_GBps", "busbw_GBps"):
-            if not math.isfinite(rec[k]):
-                rec[k] = None
     return out
+
+
+def _finite_or_none(x: float) -> float | None:
+    """``x``, or ``None`` (JSON ``null``) for an infinite or NaN value, which JSON cannot hold."""
+    return x if math.isfinite(x) else None

@@ -462,12 +462,6 @@ def _resolve(value: str | Iterable[str] | None, default: frozenset[str] | None, 
     return parsed if parsed is not None else default
 
 
-def _resolve(value: str | Iterable[str] | None, default: frozenset[str] | None, allowed: tuple[str, ...],
-             what: str) -> frozenset[str] | None:
-    parsed = _parse_list(value, allowed, what)
-    return parsed if parsed is not None else default
-
-
 def enabled_pairs(
     coll: str, topo: CommTopology, algo: str | Iterable[str] | None = None,
     proto: str | Iterable[str] | None = None,

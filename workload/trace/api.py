@@ -77,7 +77,9 @@ class _BlockHooks:
 
     def install(self, traced: nn.Module, container: nn.Module | None, dedup: bool, block_attr: str) -> None:
         if dedup:
-            first = submodule(traced, block_attr)[0]
+            blocks = submodule(traced, block_attr)
+            assert isinstance(blocks, (nn.ModuleList, nn.Sequential))  # dedup: repeated_blocks found it
+            first = blocks[0]
             self.handles.append(first.register_forward_pre_hook(self._note_block_input, with_kwargs=True))
             self.handles.append(first.register_forward_pre_hook(self._note_call("0"), with_kwargs=True))
         elif container is not None:
@@ -117,9 +119,10 @@ def _call_args(model: nn.Module, inputs: Sequence[Any] | dict[str, Any] | None,
                micro_batch_size: int) -> tuple[tuple, dict]:
     """(args, kwargs) of the model call (``inputs``, or the model's ``example_inputs``)."""
     if inputs is None:
-        if not hasattr(model, "example_inputs"):
+        example_inputs = getattr(model, "example_inputs", None)  # a method of the user's model, if any
+        if example_inputs is None:
             raise TraceError(f"{type(model).__name__} has no example_inputs(); pass inputs=")
-        inputs = model.example_inputs(micro_batch_size)
+        inputs = example_inputs(micro_batch_size)
     return ((), dict(inputs)) if isinstance(inputs, dict) else (tuple(inputs), {})
 
 
@@ -216,6 +219,7 @@ def trace_model(
     finally:
         hooks.remove()
     if dedup:
+        assert blocks is not None  # dedup implies repeated blocks
         num_blocks = len(blocks)
         graph = assemble(rec.ops, num_blocks, block_attr, hooks.block_inputs)
         names = [str(i) for i in range(num_blocks)]

@@ -156,6 +156,7 @@ def assemble(raw: list[dict], num_blocks: int, attr: str, block_inputs: set[int]
         else:
             deps = _clone_deps(o["deps"], c, lay, new_index, num_blocks, block_inputs)
             if part == "block":
+                assert c is not None  # a block op always carries its block (the clone, or _annotate's)
                 rest = layer[len(prefix):] if in_block(layer, prefix) else ""
                 layer = f"{block_path(attr, c)}{rest}"
             new_index[(t, c)] = n

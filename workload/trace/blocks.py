@@ -33,7 +33,7 @@ def block_path(attr: str, name: str | int) -> str:
     return f"{attr}.{name}" if attr else str(name)
 
 
-def repeated_blocks(model: nn.Module, attr: str) -> nn.Module | None:
+def repeated_blocks(model: nn.Module, attr: str) -> nn.ModuleList | nn.Sequential | None:
     """The container at ``attr`` if it is an ``nn.ModuleList``/``nn.Sequential`` of identical blocks named
     ``0, 1, ...`` (what layer dedup can clone), else ``None``."""
     blocks = submodule(model, attr)
@@ -54,7 +54,9 @@ def one_block_copy(model: nn.Module, attr: str) -> nn.Module:
             reduced._modules = {"0": mod._modules["0"]}
             return reduced
         reduced._modules = dict(mod._modules)
-        reduced._modules[parts[0]] = replaced(mod._modules[parts[0]], parts[1:])
+        child = mod._modules[parts[0]]
+        assert child is not None  # ``attr`` names a path of modules (repeated_blocks found it)
+        reduced._modules[parts[0]] = replaced(child, parts[1:])
         return reduced
 
     return replaced(model, attr.split(".") if attr else [])

@@ -67,7 +67,8 @@ class Recorder(TorchDispatchMode):
             return ""
         return path.removeprefix(self.root + ".")
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __torch_dispatch__(self, func: torch._ops.OpOverload, types: tuple[type, ...], args: tuple = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
         if self._paused:
             return func(*args, **kwargs)

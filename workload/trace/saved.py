@@ -43,7 +43,8 @@ def saved_by_part(saved: list[tuple[str, float]], attr: str, names: list[str], i
     """Saved bytes per part: before the blocks, per block, after (an entry outside the blocks between
     two block entries goes to the block before it, as :func:`workload.trace.assemble._annotate` does with ops)."""
     index = {n: i for i, n in enumerate(names)}
-    where = [index.get(child_name(layer, attr)) for layer, _ in saved]
+    children = [child_name(layer, attr) for layer, _ in saved]
+    where = [index.get(child) if child is not None else None for child in children]
     known = [j for j, b in enumerate(where) if b is not None]
     pre = post = 0.0
     per_block = [0.0] * len(names)
@@ -55,6 +56,7 @@ def saved_by_part(saved: list[tuple[str, float]], attr: str, names: list[str], i
             post += nbytes
         else:
             last = b if b is not None else last
+            assert last is not None  # j >= known[0], whose block is known
             per_block[last] += nbytes
     inputs = [input_bytes.get(n, 0.0) for n in names]
     if dedup:  # one block traced: every clone saves the same

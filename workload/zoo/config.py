@@ -1,6 +1,11 @@
 """Model configurations, with Megatron-LM's field names (``megatron/core/transformer/transformer_config.py``).
 
 Frozen, keyword-only dataclasses; ``__post_init__`` checks raise ``ValueError`` naming the field.
+
+A field derived from another when left out (:data:`DERIVED_FIELDS`: ``num_query_groups``,
+``ffn_hidden_size``, ``max_position_embeddings``) is annotated with the type every built config holds
+(``int``) and defaults to ``None``, which only ever reaches ``__post_init__``: it replaces it by the
+derived value before anyone else can read the field.
 """
 
 from __future__ import annotations
@@ -30,16 +35,17 @@ class TransformerConfig:
     """Model width, h."""
     num_attention_heads: int
     """Query heads, a; must divide ``hidden_size``."""
-    num_query_groups: int | None = None
-    """Key/value heads for grouped-query attention; ``None`` means ``num_attention_heads`` (MHA)."""
-    ffn_hidden_size: int | None = None
-    """MLP inner width; ``None`` means ``4 * hidden_size``."""
+    # The three ``= None  # type: ignore[assignment]`` defaults: see the module docstring.
+    num_query_groups: int = None  # type: ignore[assignment]
+    """Key/value heads for grouped-query attention; left out (``None``): ``num_attention_heads`` (MHA)."""
+    ffn_hidden_size: int = None  # type: ignore[assignment]
+    """MLP inner width; left out (``None``): ``4 * hidden_size``."""
     seq_length: int = 2048
     """Training sequence length, s (tokens per sample)."""
     vocab_size: int = 51200
     """Vocabulary size, V (Megatron's padded size where the paper states it)."""
-    max_position_embeddings: int | None = None
-    """Rows of the learned position table; ``None`` means ``seq_length``."""
+    max_position_embeddings: int = None  # type: ignore[assignment]
+    """Rows of the learned position table; left out (``None``): ``seq_length``."""
     normalization: Literal["LayerNorm", "RMSNorm"] = "LayerNorm"
     activation: Literal["gelu", "swiglu"] = "gelu"
     position_embedding_type: Literal["learned_absolute", "rope"] = "learned_absolute"
@@ -59,6 +65,7 @@ class TransformerConfig:
     moe_capacity_factor: float = 1.0
     """Tokens per expert = ceil(capacity_factor · tokens · topk / experts) (uniform routing assumed)."""
     num_tokentypes: int = 0
+    """BERT segment (token-type) embeddings; 0 for decoders."""
     attention_backend: Literal["flash", "unfused"] = "flash"
     """``flash``: FlashAttention kernels (one fwd, one bwd). ``unfused``: Megatron-LM's 2021-22 path --
     QK^T batched GEMM, fused scale-mask-softmax, attention dropout, attention x V -- whose s x s
@@ -67,7 +74,6 @@ class TransformerConfig:
     """Dropout after the attention and MLP blocks (GPT-3 / Megatron: 0.1)."""
     attention_dropout: float = 0.0
     """Dropout on the attention probabilities (unfused backend only; GPT-3 / Megatron: 0.1)."""
-    """BERT segment (token-type) embeddings; 0 for decoders."""
     published_params: float | None = None
     """Parameter count the source states, in billions (a cross-check, not used for computation)."""
     source: str = ""
@@ -176,7 +182,8 @@ def _type_ok(tp: Any, value: Any) -> bool:
 
 def check_field_types(cls: type, values: dict[str, Any], owner: str) -> None:
     """Check ``values`` against the field types of the config dataclass ``cls`` (``bool`` is not an
-    ``int``; an ``int`` is accepted where a ``float`` is), and sizes (:data:`POSITIVE_FIELDS`) for > 0.
+    ``int``; an ``int`` is accepted where a ``float`` is; ``None`` is, for a field of
+    :data:`DERIVED_FIELDS`: "derive it"), and sizes (:data:`POSITIVE_FIELDS`) for > 0.
 
     Raises:
         ValueError: one line naming the field, what it must be and the value given.
@@ -184,7 +191,7 @@ def check_field_types(cls: type, values: dict[str, Any], owner: str) -> None:
     hints = typing.get_type_hints(cls)
     for name, value in values.items():
         tp = hints.get(name)
-        if tp is None:
+        if tp is None or (value is None and name in DERIVED_FIELDS):
             continue
         positive = name in POSITIVE_FIELDS
         if not _type_ok(tp, value):
@@ -203,6 +210,8 @@ def check_field_types(cls: type, values: dict[str, Any], owner: str) -> None:
 # Fields whose ``None`` default is derived from another field: (field, source field, factor).
 _DERIVED = (("num_query_groups", "num_attention_heads", 1), ("ffn_hidden_size", "hidden_size", 4),
             ("max_position_embeddings", "seq_length", 1))
+DERIVED_FIELDS = frozenset(f for f, _, _ in _DERIVED)
+"""Fields that may be given as ``None`` (or left out) and are then derived in ``__post_init__``."""
 
 
 def with_overrides(config: ModelConfig, **overrides) -> ModelConfig:

@@ -10,6 +10,8 @@ Shapes: B micro-batch, T sequence, C hidden, F ffn_hidden_size, V vocabulary.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -107,7 +109,7 @@ class LlamaFamily(ModelFamily):
 
     name = "llama"
     config_type = TransformerConfig
-    hf_model_types = ("llama", "mistral", "mixtral")
+    hf_model_types: ClassVar[tuple[str, ...]] = ("llama", "mistral", "mixtral")
 
     def build(self, cfg: TransformerConfig, *, tp: TPContext | None = None, ep: int = 1) -> nn.Module:
         self.check_sizes(cfg, ep=ep)
@@ -123,7 +125,7 @@ class LlamaFamily(ModelFamily):
             num_attention_heads=d["num_attention_heads"],
             num_query_groups=d.get("num_key_value_heads") or d["num_attention_heads"],
             ffn_hidden_size=d["intermediate_size"], seq_length=seq, vocab_size=d["vocab_size"],
-            max_position_embeddings=d.get("max_position_embeddings"), normalization="RMSNorm",
+            max_position_embeddings=d.get("max_position_embeddings", seq), normalization="RMSNorm",
             activation="swiglu", position_embedding_type="rope", rotary_base=d.get("rope_theta", 1e4),
             untie_embeddings_and_output_weights=not d.get("tie_word_embeddings", False),
             add_bias_linear=False, norm_epsilon=d.get("rms_norm_eps", 1e-5), num_moe_experts=experts,

@@ -39,7 +39,9 @@ class Qwen3MoEConfig(TransformerConfig):
     """A Qwen3-MoE decoder: :class:`TransformerConfig` (Megatron names; ``ffn_hidden_size`` is the
     per-expert width) plus the head width and QK-norm."""
 
-    architecture: Literal["qwen3_moe"] = "qwen3_moe"
+    # A field's Literal is what a user may give for that class (check_field_types validates input
+    # against it), so a family subclass names only itself: outside the base set by design.
+    architecture: Literal["qwen3_moe"] = "qwen3_moe"  # type: ignore[assignment]
     head_dim: int = 128
     """Channels per attention head (Megatron ``kv_channels``), independent of hidden / heads."""
     qk_norm: bool = True
@@ -152,12 +154,12 @@ class Qwen3MoEFamily(ModelFamily):
             raise ValueError(f"Hugging Face config for {name!r}: decoder_sparse_step / mlp_only_layers (dense "
                              f"layers among the MoE ones) are not supported; every layer must be sparse")
         heads = d["num_attention_heads"]
+        seq = seq_length or min(d.get("max_position_embeddings", 4096), 8192)
         return Qwen3MoEConfig(
             name=name, num_layers=d["num_hidden_layers"], hidden_size=d["hidden_size"],
             num_attention_heads=heads, num_query_groups=d.get("num_key_value_heads") or heads,
             head_dim=d.get("head_dim") or d["hidden_size"] // heads, ffn_hidden_size=d["moe_intermediate_size"],
-            seq_length=seq_length or min(d.get("max_position_embeddings", 4096), 8192),
-            max_position_embeddings=d.get("max_position_embeddings"), vocab_size=d["vocab_size"],
+            seq_length=seq, max_position_embeddings=d.get("max_position_embeddings", seq), vocab_size=d["vocab_size"],
             normalization="RMSNorm", activation="swiglu", position_embedding_type="rope",
             rotary_base=d.get("rope_theta", 1e6), untie_embeddings_and_output_weights=not d.get(
                 "tie_word_embeddings", False), add_bias_linear=False, norm_epsilon=d.get("rms_norm_eps", 1e-6),

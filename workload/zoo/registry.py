@@ -69,11 +69,10 @@ def family_of(cfg: Any) -> ModelFamily:
     """
     _loaded()
     arch = getattr(cfg, "architecture", None)
-    try:
-        return _FAMILIES[arch]
-    except (KeyError, TypeError):
+    if not isinstance(arch, str) or arch not in _FAMILIES:
         raise ValueError(f"{getattr(cfg, 'name', 'model')}: architecture {arch!r} is no model family; "
-                         f"families: {', '.join(_FAMILIES)}") from None
+                         f"families: {', '.join(_FAMILIES)}")
+    return _FAMILIES[arch]
 
 
 def hf_family(model_type: str) -> ModelFamily | None:
