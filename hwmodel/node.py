@@ -142,8 +142,8 @@ def add_node(g: nx.DiGraph, spec: NodeSpec, i: int, rank0: int) -> list[str]:
                  0.0, pcie_hop)
     for j in range(spec.gpus_per_node):
         gpu = f"{p}gpu{j}"
-        nic = nics[j * spec.nics_per_node // spec.gpus_per_node] if nics else None
-        g.add_node(gpu, kind="gpu", node=i, index=j, rank=rank0 + j, nic=nic, spec=spec.gpu.name)
+        gpu_nic = nics[j * spec.nics_per_node // spec.gpus_per_node] if nics else None
+        g.add_node(gpu, kind="gpu", node=i, index=j, rank=rank0 + j, nic=gpu_nic, spec=spec.gpu.name)
         add_link(g, gpu, f"{p}pcie{j * spec.pcie_switches // spec.gpus_per_node}", pcie_bw, "pcie", 0.0,
                  pcie_hop)
         if spec.nvlink_links > 0:

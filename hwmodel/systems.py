@@ -9,6 +9,7 @@ refer to ``gpus.toml`` / ``network.toml`` (:mod:`hwmodel.specs`).
 from __future__ import annotations
 
 import dataclasses
+import sys
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -21,10 +22,10 @@ from hwmodel.specs import GPUSpec, NICSpec, SwitchSpec, UnknownNameError, get_gp
 if TYPE_CHECKING:
     from hwmodel.topology import Topology
 
-try:  # Python >= 3.11
+if sys.version_info >= (3, 11):
     import tomllib
-except ModuleNotFoundError:  # pragma: no cover - Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -108,7 +109,7 @@ def _ensure_loaded() -> None:
     global _LOADED
     if _LOADED:
         return
-    text = resources.files("hwmodel").joinpath("data", "systems.toml").read_text(encoding="utf-8")
+    text = resources.files("hwmodel").joinpath("data").joinpath("systems.toml").read_text(encoding="utf-8")
     for name, table in tomllib.loads(text).items():
         _SYSTEMS[name] = system_from_table(name, table)
     _LOADED = True
