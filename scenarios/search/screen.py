@@ -333,16 +333,15 @@ class ScreenContext:
         return None
 
     def _optimizer_s(self, params: float) -> float:
-        """Megatron's optimizer step over ``params`` elements (the builder's kernels: grad norm,
-        fp16 unscale, fused Adam, copy to model params, zero the grad buffers)."""
-        n = int(params)
-        hit = self._opt.get(n)
+        """Megatron's optimizer step over one unit's ``params`` elements (the builder's kernels, one
+        each per unit: grad norm, fp16 unscale, fused Adam, copy to model params, zero the grad buffers)."""
+        hit = self._opt.get(params)
         if hit is None:
             per = [4, 6, 4] + ([8] if self.dtype == "fp16" else [])
-            ks = [Compute("opt", "optimizer", 0.0, float(b * n), dtype="fp32", phase="opt") for b in per]
-            ks.append(Compute("fused_adam", "optimizer", ADAM_FLOPS_PER_PARAM * n, ADAM_BYTES_PER_PARAM * n,
+            ks = [Compute("opt", "optimizer", 0.0, b * params, dtype="fp32", phase="opt") for b in per]
+            ks.append(Compute("fused_adam", "optimizer", ADAM_FLOPS_PER_PARAM * params, ADAM_BYTES_PER_PARAM * params,
                               dtype="fp32", phase="opt"))
-            hit = self._opt[n] = sum(self.cost_model.cost(k).solo_time_s for k in ks) if n > 0 else 0.0
+            hit = self._opt[params] = sum(self.cost_model.cost(k).solo_time_s for k in ks) if params > 0 else 0.0
         return hit
 
     def estimate(self, c: Candidate) -> Estimate:
@@ -457,9 +456,12 @@ class _StageTimes:
     def tail(self, Ls: int, *, first: bool, last: bool, t_fwd: float, t_bwd: float) -> tuple[float, float]:
         """(exposed data-parallel communication + optimizer, optimizer) after the last backward."""
         ctx, c, g = self.ctx, self.c, self.g
-        params = Ls * self.sc.params["block"] + (self.sc.params["pre"] if first else 0) + (
-            self.part_params("post") if last else 0)
-        opt = ctx._optimizer_s(params / c.dp if c.zero >= 1 else params)
+        scale = 1.0 / c.dp if c.zero >= 1 else 1.0
+        opt = Ls * ctx._optimizer_s(self.sc.params["block"] * scale)
+        if first:
+            opt += ctx._optimizer_s(self.sc.params["pre"] * scale)
+        if last:
+            opt += ctx._optimizer_s(self.part_params("post") * scale)
         if c.zero == 3 or g["dp"].n == 1:
             return opt, opt
         red_total, red_last, ag_total, ag_last = self._dp_comm(Ls, first, last)
