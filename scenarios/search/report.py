@@ -4,6 +4,7 @@ scenario file, and the ``--json`` document."""
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -63,7 +64,8 @@ def format_rejections(res: SearchResult) -> str:
     by_term: dict[str, list] = {}
     for e in res.estimates:
         if not e.fits:
-            term = e.oom_reason.split("largest term ", 1)[-1].split(" ")[0]
+            found = re.search(r"largest term (.+?) [\d.]+ GB", e.oom_reason)
+            term = found.group(1) if found else "?"
             by_term.setdefault(term, []).append(e)
     for term, es in sorted(by_term.items(), key=lambda kv: -len(kv[1])):
         close = min(es, key=lambda e: e.memory_bytes)

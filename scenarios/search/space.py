@@ -52,8 +52,9 @@ KNOBS: dict[str, str] = {
 
 BOOL_KNOBS = ("sp", "overlap_grad_reduce", "overlap_param_gather")
 INT_KNOBS = ("tp", "cp", "ep", "pp", "vpp", "zero", "mbs")
-MAX_VPP = 4
-"""Deepest interleaving in the default space (Megatron-LM's published runs use 2-6 chunks per stage)."""
+VPP_DEPTHS = (1, 2, 4)
+"""Model chunks per stage in the default space: plain 1F1B, and interleaving 2 or 4 deep (Megatron-LM's
+published runs use 2-6 chunks per stage; ``--space`` opens others)."""
 MICRO_BATCH_SIZES = (1, 2, 4)
 
 
@@ -196,7 +197,7 @@ def default_values(f: ModelFacts) -> dict[str, list[Any]]:
         "cp": [c for c in cps if c <= f.world_size],
         "ep": [e for e in _powers_of_two(f.num_experts) if f.num_experts % e == 0] if f.num_experts > 1 else [1],
         "pp": [p for p in _powers_of_two(f.num_layers) if p <= f.world_size],
-        "vpp": [v for v in range(1, MAX_VPP + 1) if v in (1, 2, 4)],
+        "vpp": list(VPP_DEPTHS),
         "zero": [0, 1, 2, 3],
         "recompute": list(RECOMPUTE),
         "overlap_grad_reduce": [False, True],
