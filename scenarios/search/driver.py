@@ -184,8 +184,11 @@ def run_search(scenario: Scenario, *, fix: Sequence[str] = (), space: Sequence[s
     t1 = time.perf_counter()
     simulated = simulate_plans(scenario, chosen, executor=executor, cache=cache, progress=progress)
     sim_s = time.perf_counter() - t1
-    extras = [ctx.estimate(c) for c in (base, given) if c is not None and c not in {e.candidate for e in fit}]
-    return SearchResult(scenario, fit + extras + unfit, rejections, simulated, base, kind, given, rate, screen_s,
+    known = set(cands)
+    extras = [ctx.estimate(c) for c in dict.fromkeys((base, given)) if c is not None and c not in known]
+    ordered = sorted(fit + [e for e in extras if e.fits], key=lambda e: (e.iteration_time_s, e.candidate)) + \
+        unfit + [e for e in extras if not e.fits]
+    return SearchResult(scenario, ordered, rejections, simulated, base, kind, given, rate, screen_s,
                         ctx.traces, trace_s, sim_s, float(ctx.gpu.hbm_capacity_bytes), ctx.world,
                         info={"candidates": len(cands), "fitting": len(fit), "top_k": top_k})
 

@@ -107,8 +107,8 @@ def agreement(res: SearchResult) -> dict[str, Any]:
     pairs = [(res.estimate_of(c).iteration_time_s, r["iteration_time_s"]) for c, r in res.ranked]
     if not pairs:
         return {}
-    best = res.best[0]
-    screen_rank = [e.candidate for e in res.estimates].index(best) + 1
+    t_best = res.estimate_of(res.best[0]).iteration_time_s
+    screen_rank = 1 + sum(1 for e in res.estimates if e.fits and e.iteration_time_s < t_best)
     return {"kendall_tau": kendall_tau([p[0] for p in pairs], [p[1] for p in pairs]), "simulated_plans": len(pairs),
             "best_screen_rank": screen_rank, "best_in_screen_top10": screen_rank <= 10}
 

@@ -321,7 +321,7 @@ class ScreenContext:
         terms = {"parameters": mem.parameters, "gradients": mem.gradients, "optimizer states": mem.optimizer_states,
                  "activations": mem.activations, "recompute workspace": mem.workspace, "fp8 weights": mem.fp8_weights}
         name, value = max(terms.items(), key=lambda kv: kv[1])
-        return (f"OOM by {(mem.total - cap) / 1e9:.1f} GB: needs {mem.total / 1e9:.1f} GB > {cap / 1e9:.1f} GB HBM; "
+        return (f"OOM by {(mem.total - cap) / 1e9:.2f} GB: needs {mem.total / 1e9:.2f} GB > {cap / 1e9:.1f} GB HBM; "
                 f"largest term {name} {value / 1e9:.1f} GB (stage {mem.stage})")
 
     # -- time ------------------------------------------------------------------------------------------
