@@ -177,9 +177,9 @@ class ScreenContext:
         self._shards: dict[tuple, ShardCosts] = {}
         self._memory: dict[tuple, MemoryBreakdown] = {}
         self._groups: dict[tuple, dict[str, tuple[str, ...]]] = {}
-        self._coll: dict[tuple, float] = {}
+        self._coll: dict[tuple, tuple[float, int]] = {}
         self._opt: dict[int, float] = {}
-        self._dp: dict[tuple, tuple[float, float, float, float]] = {}
+        self._dp: dict[tuple, tuple[float, float, float, float, int, int]] = {}
         self.traces = 0
         self.model_flops = self._megatron_flops()
 
@@ -262,18 +262,29 @@ class ScreenContext:
 
     def coll_s(self, op: str, size_bytes: float, group: Group) -> float:
         """NCCL's predicted time of one collective on ``group`` (0 on one rank or no bytes)."""
+        return self.coll(op, size_bytes, group)[0]
+
+    def coll(self, op: str, size_bytes: float, group: Group) -> tuple[float, int]:
+        """(NCCL's predicted time, channels = SMs it holds) of one collective on ``group``."""
         if group.n <= 1 or size_bytes <= 0:
-            return 0.0
+            return 0.0, 0
         key = (op, int(size_bytes), group.key)
         hit = self._coll.get(key)
         if hit is None:
             if op in ("all_to_all", "p2p"):
-                hit = self._p2p_s(op, int(size_bytes), group.ct, group.n)
+                hit = self._p2p_s(op, int(size_bytes), group.ct, group.n), 0
             else:
-                hit = nccl_tuner.choose(op, int(size_bytes), group.ct, self.engine.algorithm, self.engine.protocol,
-                                        tuner=self.tuner_rules).predicted_time_s
+                ch = nccl_tuner.choose(op, int(size_bytes), group.ct, self.engine.algorithm, self.engine.protocol,
+                                       tuner=self.tuner_rules)
+                hit = ch.predicted_time_s, ch.n_channels
             self._coll[key] = hit
         return hit
+
+    def sm_tax(self, overlapped_s: float, channels: int) -> float:
+        """Extra compute time while a collective holding ``channels`` SMs overlaps ``overlapped_s`` of
+        kernels: they run on the SMs left (as the runtime holds a collective's SMs from launch)."""
+        sm = self.gpu.sm_count
+        return overlapped_s * channels / (sm - channels) if 0 < channels < sm else 0.0
 
     def _p2p_s(self, op: str, size: int, ct, n: int) -> float:
         """Send/recv and all-to-all: NCCL's p2p latency plus the bytes a rank sends over the slower of
@@ -387,20 +398,56 @@ class _StageTimes:
     def __init__(self, ctx: ScreenContext, sc: ShardCosts, c: Candidate, g: dict[str, Group]) -> None:
         self.ctx, self.sc, self.c, self.g = ctx, sc, c, g
         comp, co = sc.compute, sc.colls
-        self.blk_cf, self.blk_cb = comp[("block", "fwd")], comp[("block", "bwd")]
+        self.slow = self._ring_sm_slowdown()
+        self.blk_cf, self.blk_cb = comp[("block", "fwd")] * self.slow, comp[("block", "bwd")] * self.slow
         self.blk_f = self.blk_cf + ctx._colls_s(co[("block", "fwd")], g)
         self.blk_b = self.blk_cb + ctx._colls_s(co[("block", "bwd")], g)
-        rc = {"none": 0.0, "selective": sc.selective_s, "full": self.blk_f}[c.recompute]
-        self.rc_compute = {"none": 0.0, "selective": sc.selective_s, "full": self.blk_cf}[c.recompute]
+        rc = {"none": 0.0, "selective": sc.selective_s * self.slow, "full": self.blk_f}[c.recompute]
+        self.rc_compute = {"none": 0.0, "selective": sc.selective_s * self.slow, "full": self.blk_cf}[c.recompute]
         self.blk_b += rc
         self.blk_f += self._ring_exposed("fwd")
         self.blk_b += self._ring_exposed("bwd") * (2 if c.recompute == "full" else 1)
         eb = ctx.eb
-        self.layer_ag = ctx.coll_s("all_gather", sc.params["block"] * eb, g["dp"]) if c.zero == 3 else 0.0
-        self.layer_rs = ctx.coll_s("reduce_scatter", sc.params["block"] * ctx.grad_bytes, g["dp"]) \
-            if c.zero == 3 else 0.0
+        self.eb = eb
         # without SP the received 1/tp activation slices are all-gathered over TP before use
         self.recv_ag = ctx.coll_s("all_gather", sc.act_bytes * c.tp, g["tp"]) if c.pp > 1 and not c.sp else 0.0
+
+    def _fsdp_pass(self, Ls: int, phase: str) -> float:
+        """FSDP's extra time in one pass over the units (pre, the layers, post; backward reversed; one
+        stage, as FSDP has no pipeline): each unit's all-gather is prefetched behind the previous unit's
+        compute (the first is exposed), in backward beside the previous unit's reduce-scatter, and the
+        last reduce-scatter is exposed; overlapped kernels pay the SMs the collectives hold."""
+        ctx, sc, g, pr = self.ctx, self.sc, self.g, self.sc.params
+        blk = self.blk_f if phase == "fwd" else self.blk_b
+        pre_s = sc.compute[("pre", phase)] * self.slow
+        post_s = sc.compute[("post", phase)] * self.slow
+        units = [(pr["pre"], pr["pre"], pre_s)] + [(pr["block"], pr["block"], blk)] * Ls + [
+            (pr["post"] + pr["tied"], pr["post"], post_s)]
+        if phase == "bwd":
+            units.reverse()
+        ag = [ctx.coll("all_gather", n * self.eb, g["dp"]) for n, _, _ in units]
+        rs = [ctx.coll("reduce_scatter", n * ctx.grad_bytes, g["dp"]) if phase == "bwd" else (0.0, 0)
+              for _, n, _ in units]
+        extra = ag[0][0] + rs[-1][0]
+        for k in range(1, len(units)):
+            comm = ag[k][0] + rs[k - 1][0]
+            comp = units[k - 1][2]
+            extra += max(0.0, comm - comp)
+            extra += ctx.sm_tax(min(comm, comp), max(ag[k][1], rs[k - 1][1]))
+        return extra
+
+    def _ring_sm_slowdown(self) -> float:
+        """Kernel slowdown under context parallelism: the runtime launches a ring-attention receive as
+        soon as its stream reaches it, and the receive holds its channels' SMs until the data arrives
+        (hwmodel.runtime), so through the passes one receive is pending and kernels run on the SMs it
+        leaves: ``sm / (sm - channels)`` (many-wave kernels; 132 / 116 = 1.14 on H100 with 16 p2p
+        channels, as simulated)."""
+        if self.c.cp == 1 or "fwd" not in self.sc.attn:
+            return 1.0
+        grp = self.g["cp"]
+        nch, _ = nccl_tuner.p2p_channels_and_latency(int(self.sc.attn["fwd"][1]), grp.ct, same_node=grp.ct.n_nodes == 1)
+        sm = self.ctx.gpu.sm_count
+        return sm / (sm - nch) if 0 < nch < sm else 1.0
 
     def _ring_exposed(self, phase: str) -> float:
         if self.c.cp == 1 or phase not in self.sc.attn:
@@ -423,15 +470,14 @@ class _StageTimes:
         for part, here in (("pre", first), ("post", last)):
             if not here:
                 continue
-            pf = sc.compute[(part, "fwd")]
-            pb = sc.compute[(part, "bwd")]
+            pf = sc.compute[(part, "fwd")] * self.slow
+            pb = sc.compute[(part, "bwd")] * self.slow
             f += pf + ctx._colls_s(sc.colls[(part, "fwd")], g)
             b += pb + ctx._colls_s(sc.colls[(part, "bwd")], g)
             cf, cb = cf + pf, cb + pb
-        if self.c.zero == 3:  # FSDP: gathers prefetched one unit ahead; the first of each pass is exposed
-            ag, rs = self.layer_ag, self.layer_rs
-            f += ag + (Ls - 1) * max(0.0, ag - self.blk_f)
-            b += ag + (Ls - 1) * max(0.0, ag + rs - self.blk_b) + rs
+        if self.c.zero == 3:
+            f += self._fsdp_pass(Ls, "fwd")
+            b += self._fsdp_pass(Ls, "bwd")
         if not (first and last):
             f += self.recv_ag * (0 if first else 1)
             b += self.recv_ag * (0 if last else 1)
@@ -464,27 +510,34 @@ class _StageTimes:
             opt += ctx._optimizer_s(self.part_params("post") * scale)
         if c.zero == 3 or g["dp"].n == 1:
             return opt, opt
-        red_total, red_last, ag_total, ag_last = self._dp_comm(Ls, first, last)
+        red_total, red_last, ag_total, ag_last, red_ch, ag_ch = self._dp_comm(Ls, first, last)
         exposed = max(red_last, red_total - t_bwd) if c.overlap_grad_reduce else red_total
         ag_exposed = 0.0
         if c.zero in (1, 2):
             ag_exposed = max(ag_last, ag_total - t_fwd) if c.overlap_param_gather else ag_total
-        return exposed + opt + ag_exposed, opt
+        # what overlaps compute slows it: the collectives hold their SMs
+        tax = ctx.sm_tax(red_total - exposed, red_ch) + ctx.sm_tax(ag_total - ag_exposed, ag_ch)
+        return exposed + opt + ag_exposed + tax, opt
 
-    def _dp_comm(self, Ls: int, first: bool, last: bool) -> tuple[float, float, float, float]:
-        """(all bucket reductions, the last one, all parameter all-gathers, the first one) in seconds."""
+    def _dp_comm(self, Ls: int, first: bool, last: bool) -> tuple[float, float, float, float, int, int]:
+        """(all bucket reductions, the last one, all parameter all-gathers, the first one) in seconds,
+        and the most channels a reduction and a gather hold."""
         ctx, c, g = self.ctx, self.c, self.g
         op = "reduce_scatter" if c.zero in (1, 2) else "all_reduce"
         key = (op, Ls, first, last, self.ctx.shard_key(c), g["dp"].key, g["edp"].key)
         hit = ctx._dp.get(key)
         if hit is None:
             buckets = self._buckets(Ls, first, last)
-            red = [ctx.coll_s(op, d, g["dp"]) + ctx.coll_s(op, e, g["edp"]) for d, e in buckets]
             eb, gbytes = ctx.eb, ctx.grad_bytes
-            ags = [] if op == "all_reduce" else [
-                ctx.coll_s("all_gather", d // gbytes * eb, g["dp"])
-                + ctx.coll_s("all_gather", e // gbytes * eb, g["edp"]) for d, e in buckets]
-            hit = ctx._dp[key] = (sum(red), red[-1] if red else 0.0, sum(ags), ags[-1] if ags else 0.0)
+            reds = [(ctx.coll(op, d, g["dp"]), ctx.coll(op, e, g["edp"])) for d, e in buckets]
+            gathers = [] if op == "all_reduce" else [
+                (ctx.coll("all_gather", d // gbytes * eb, g["dp"]), ctx.coll("all_gather", e // gbytes * eb, g["edp"]))
+                for d, e in buckets]
+            red = [a[0] + b[0] for a, b in reds]
+            ags = [a[0] + b[0] for a, b in gathers]
+            hit = ctx._dp[key] = (sum(red), red[-1] if red else 0.0, sum(ags), ags[-1] if ags else 0.0,
+                                  max((max(a[1], b[1]) for a, b in reds), default=0),
+                                  max((max(a[1], b[1]) for a, b in gathers), default=0))
         return hit
 
     def fp8_casts(self, Ls: int) -> float:
