@@ -13,7 +13,7 @@ import importlib
 import re
 import sys
 
-COMMANDS = ("run", "sweep", "validate", "list", "nccl_tests", "synth")
+COMMANDS = ("run", "sweep", "validate", "list", "nccl_tests", "synth", "search")
 """Sub-command modules, ``scenarios.cmd_<name>``."""
 
 

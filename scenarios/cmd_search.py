@@ -1,0 +1,98 @@
+"""``trainsim search``: the best parallel plan for a scenario's model on its cluster, under memory limits.
+
+    trainsim search llama3-8b-tp2-dgx-h100
+    trainsim search sc21-gpt-18b --fix parallel.recompute_granularity=full --top-k 10 --workers 2
+    trainsim search my.toml --space parallel.tensor_model_parallel_size=4,8 --emit-scenario best.toml
+
+The scenario gives the model, the system and the training (global batch, sequence, dtype); its own
+``[parallel]`` plan is simulated beside the search's for comparison. Every plan of the space -- TP
+(+SP), CP, EP (MoE), PP (1F1B or interleaved, with its depth), DP with ZeRO 0-3 (3 = FSDP), micro-batch
+size, recomputation, gradient-reduce and parameter-gather overlap -- is checked (invalid plans are
+reported by reason) and estimated by an analytic screen (memory model, kernel cost model, NCCL's tuner,
+the pipeline-bubble closed form); the fastest ``--top-k`` that fit, the baseline (plain DP or FSDP if it
+fits, else Megatron-LM's recipe) and the scenario's plan are then co-simulated in parallel, and ranked.
+
+``--fix section.key=value`` pins a knob, ``--space section.key=v1,v2`` restricts one (keys:
+parallel.tensor_model_parallel_size, parallel.sequence_parallel, parallel.context_parallel_size,
+parallel.expert_model_parallel_size, parallel.pipeline_model_parallel_size,
+parallel.virtual_pipeline_model_parallel_size, parallel.zero_stage, parallel.recompute_granularity,
+parallel.overlap_grad_reduce, parallel.overlap_param_gather, training.micro_batch_size).
+
+Exit status: 0 with a recommended plan; 2 for bad input (one line on stderr); 3 when no plan fits in
+GPU memory (stderr names the closest plan and what it lacks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from scenarios.cli import UserError
+
+EXIT_NO_PLAN = 3
+"""Exit status when no plan of the space fits (or none is valid)."""
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "search", help="find the fastest parallel plan that fits in memory (screen, then simulate the best)",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("scenario", help="scenario TOML file or catalog name (model, system, training)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override a key of the scenario first (repeatable), e.g. --set system.nodes=4")
+    p.add_argument("--fix", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="pin one knob of the plan (repeatable)")
+    p.add_argument("--space", action="append", default=[], metavar="SECTION.KEY=V1,V2",
+                   help="restrict one knob to these values (repeatable)")
+    p.add_argument("--top-k", type=int, default=20, metavar="K", help="plans to co-simulate (default 20)")
+    p.add_argument("--workers", type=int, default=2, metavar="N", help="local worker processes (default 2)")
+    p.add_argument("--executor", default=None, metavar="SPEC",
+                   help="'process' (default: a local pool of --workers) or dask://HOST:PORT (needs trainsim[dask])")
+    p.add_argument("--cache", metavar="PATH", default=None,
+                   help="JSONL cache of simulated plans: an interrupted search resumes from it")
+    p.add_argument("--json", metavar="PATH", default=None, help="write every plan's estimate (and simulation)")
+    p.add_argument("--plot", metavar="PATH", default=None, help="PNG: time vs memory of the plans, Pareto front")
+    p.add_argument("--emit-scenario", metavar="PATH", default=None, help="write the best plan as a scenario file")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    # deferred: the search imports the runner, hence torch
+    from scenarios.cmd_run import load
+    from scenarios.report import write_json
+    from scenarios.search.driver import NoFeasiblePlan, run_search
+    from scenarios.search.report import emit_scenario, format_search, plot_pareto, search_json
+    from scenarios.search.simulate import make_executor
+    from scenarios.search.space import parse_knobs
+
+    if args.top_k < 1:
+        raise UserError(f"--top-k must be >= 1, got {args.top_k}")
+    if args.workers < 1:
+        raise UserError(f"--workers must be >= 1, got {args.workers}")
+    parse_knobs(args.fix, args.space)  # bad keys and values fail before any tracing
+    scenario = load(args.scenario, args.overrides)
+    executor, close = (None, None) if args.executor is None and args.workers == 1 else make_executor(
+        args.executor, args.workers)
+    try:
+        res = run_search(scenario, fix=args.fix, space=args.space, top_k=args.top_k, executor=executor,
+                         cache=args.cache, progress=sys.stderr.isatty())
+    except NoFeasiblePlan as exc:
+        print(f"trainsim search: no feasible plan: {exc}", file=sys.stderr)
+        return EXIT_NO_PLAN
+    finally:
+        if close is not None:
+            close()
+    print(format_search(res))
+    written = []
+    if args.json:
+        written.append(write_json(args.json, search_json(res)))
+    if args.plot:
+        written.append(plot_pareto(res, args.plot))
+    if args.emit_scenario:
+        written.append(emit_scenario(res, args.emit_scenario))
+    if written:
+        print("\nWrote " + ", ".join(str(p) for p in written))
+    if res.best is None:
+        print("trainsim search: no simulated plan ran; see the errors above", file=sys.stderr)
+        return EXIT_NO_PLAN
+    return 0

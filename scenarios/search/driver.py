@@ -1,0 +1,215 @@
+"""The search end to end: enumerate, screen, pick the top K, simulate them, rank.
+
+:func:`run_search` returns a :class:`SearchResult`; :mod:`scenarios.search.report` formats it.
+The recommended plan is the fastest *simulated* plan among the screen's top K, the baseline and the
+scenario's own plan, all of which fit by the memory model -- so it is never OOM by that model and never
+slower than the baseline printed beside it.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from scenarios.scenario import Scenario
+from scenarios.search.screen import Estimate, ScreenContext
+from scenarios.search.simulate import simulate_plans
+from scenarios.search.space import Candidate, Rejection, check_plan, enumerate_space, normalise, parse_knobs
+from workload.parallel.config import ParallelConfig
+
+DEFAULT_TOP_K = 20
+
+
+class NoFeasiblePlan(Exception):
+    """No plan fits: the message names the closest one and what it lacks."""
+
+
+@dataclass
+class SearchResult:
+    """Everything a search found (times in seconds, memory in bytes)."""
+
+    scenario: Scenario
+    estimates: list[Estimate]
+    """Every valid plan's estimate, fastest first (plans that do not fit last, by memory)."""
+    rejections: list[Rejection]
+    simulated: dict[Candidate, dict[str, Any]]
+    baseline: Candidate | None
+    baseline_kind: str
+    given: Candidate | None
+    """The scenario's own plan, when it is a valid one."""
+    screen_rate_per_s: float
+    screen_wall_s: float
+    traces: int
+    trace_wall_s: float
+    simulate_wall_s: float
+    hbm_bytes: float
+    world_size: int
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def estimate_of(self, c: Candidate) -> Estimate | None:
+        return self._by_plan.get(c)
+
+    def __post_init__(self) -> None:
+        self._by_plan = {e.candidate: e for e in self.estimates}
+
+    @property
+    def ranked(self) -> list[tuple[Candidate, dict[str, Any]]]:
+        """Simulated plans that ran and fit, fastest first."""
+        ok = [(c, r) for c, r in self.simulated.items() if not r.get("error") and not r.get("oom")]
+        return sorted(ok, key=lambda cr: (cr[1]["iteration_time_s"], cr[0]))
+
+    @property
+    def best(self) -> tuple[Candidate, dict[str, Any]] | None:
+        r = self.ranked
+        return r[0] if r else None
+
+
+def given_plan(scenario: Scenario, world: int) -> Candidate | None:
+    """The scenario's own ``[parallel]`` plan as a :class:`Candidate` (``None`` if it is not valid)."""
+    kw = dict(scenario.parallel)
+    kw["micro_batch_size"] = scenario.training.get("micro_batch_size", 1)
+    if "global_batch_size" in scenario.training:
+        kw["global_batch_size"] = scenario.training["global_batch_size"]
+    try:
+        cfg = ParallelConfig(**kw).resolve(world)
+    except (ValueError, TypeError):
+        return None
+    if cfg.num_layers_in_first_pipeline_stage or cfg.num_layers_in_last_pipeline_stage:
+        return None  # uneven stages are outside the search space
+    return Candidate(tp=cfg.tp, cp=cfg.cp, ep=cfg.ep, pp=cfg.pp, vpp=cfg.vpp, dp=cfg.dp, sp=cfg.sequence_parallel,
+                     zero=cfg.effective_zero_stage, mbs=cfg.micro_batch_size, recompute=cfg.recompute_granularity,
+                     overlap_grad_reduce=cfg.overlap_grad_reduce, overlap_param_gather=cfg.overlap_param_gather)
+
+
+def baseline_plans(ctx: ScreenContext) -> list[tuple[str, Candidate]]:
+    """Baselines in order of preference: plain data parallelism (DDP), FSDP, FSDP with full
+    recomputation, then Megatron-LM's documented recipe (Narayanan et al. SC'21 §3.3, takeaway #1:
+    tensor parallelism up to the GPUs of a node, pipeline parallelism across nodes; with sequence
+    parallelism, selective recomputation and the distributed optimizer, Korthikanti et al. 2022) with
+    the fewest pipeline stages."""
+    f = ctx.facts
+    dp = f.world_size
+    out = [("plain DP (DDP)", Candidate(dp=dp, overlap_grad_reduce=dp > 1)),
+           ("FSDP", Candidate(dp=dp, zero=3 if dp > 1 else 0)),
+           ("FSDP + full recompute", Candidate(dp=dp, zero=3 if dp > 1 else 0, recompute="full"))]
+    tp = min(f.gpus_per_node, f.world_size)
+    pp = 1
+    while pp <= min(f.num_layers, f.world_size // tp):
+        d = f.world_size // (tp * pp)
+        out.append((f"Megatron-LM recipe (TP {tp} in the node, PP {pp})",
+                    Candidate(tp=tp, sp=tp > 1, pp=pp, dp=d, zero=1 if d > 1 else 0, recompute="selective",
+                              overlap_grad_reduce=d > 1, overlap_param_gather=d > 1)))
+        pp *= 2
+    return out
+
+
+def pick_baseline(ctx: ScreenContext) -> tuple[str, Candidate | None, Estimate | None]:
+    """The first baseline that is valid and fits (``("", None, None)`` if none)."""
+    for kind, c in baseline_plans(ctx):
+        c = normalise(c)
+        if check_plan(c, ctx.facts, ctx.model_cfg, ctx.base_parallel) is None:
+            est = ctx.estimate(c)
+            if est.fits:
+                return kind, c, est
+    return "", None, None
+
+
+def _bar(progress: bool, total: int, desc: str, unit: str):
+    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, disable=not progress, leave=False,
+                dynamic_ncols=True, mininterval=0.2)
+
+
+def screen_all(ctx: ScreenContext, cands: Sequence[Candidate], progress: bool) -> tuple[list[Estimate], float, float]:
+    """Estimates of ``cands`` (memory first; the fitting plans' shards traced before the timed pass),
+    the screen's rate (plans/s, traces excluded) and the tracing wall time."""
+    t0 = time.perf_counter()
+    fitting = {ctx.shard_key(c): c for c in cands if not ctx.oom_reason(ctx.memory(c))}
+    with _bar(progress, len(fitting), "tracing shards", "shard") as bar:
+        for c in fitting.values():
+            ctx.shard(c)
+            bar.update()
+    trace_s = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    with _bar(progress, len(cands), "screening plans", "plan") as bar:
+        out = []
+        for i, c in enumerate(cands):
+            out.append(ctx.estimate(c))
+            if i % 256 == 255:
+                bar.update(256)
+        bar.update(len(cands) - bar.n)
+    dt = time.perf_counter() - t1
+    return out, (len(cands) / dt if dt > 0 else math.inf), trace_s
+
+
+def run_search(scenario: Scenario, *, fix: Sequence[str] = (), space: Sequence[str] = (), top_k: int = DEFAULT_TOP_K,
+               executor: Executor | None = None, cache: str | Path | None = None, progress: bool = False,
+               context: ScreenContext | None = None) -> SearchResult:
+    """Search the parallel plans of ``scenario`` (its ``[parallel]`` is the plan to beat, not a constraint).
+
+    Raises:
+        ValueError: bad ``fix``/``space`` (one line naming the key or value), or a scenario field at fault.
+        NoFeasiblePlan: no valid plan fits in memory (the message names the closest and what it lacks).
+    """
+    knobs = parse_knobs(fix, space)
+    ctx = context or ScreenContext(scenario)
+    cands, rejections = enumerate_space(ctx.facts, ctx.model_cfg, knobs, ctx.base_parallel)
+    if not cands:
+        why = rejections[0].reason if rejections else "the space is empty"
+        raise NoFeasiblePlan(f"no valid plan in the space ({sum(r.count for r in rejections)} rejected); "
+                             f"the most common reason: {why}")
+    t0 = time.perf_counter()
+    estimates, rate, trace_s = screen_all(ctx, cands, progress)
+    screen_s = time.perf_counter() - t0
+    fit = sorted((e for e in estimates if e.fits), key=lambda e: (e.iteration_time_s, e.candidate))
+    if not fit:
+        close = min(estimates, key=lambda e: (e.memory_bytes, e.candidate))
+        raise NoFeasiblePlan(f"no plan fits in {close.hbm_bytes / 1e9:.1f} GB per GPU; closest: "
+                             f"{close.candidate.megatron_flags()} -- {close.oom_reason}; it lacks "
+                             f"{-close.headroom_bytes / 1e9:.1f} GB of HBM per GPU")
+    unfit = sorted((e for e in estimates if not e.fits), key=lambda e: (e.memory_bytes, e.candidate))
+    kind, base, _ = pick_baseline(ctx)
+    given = given_plan(scenario, ctx.world)
+    chosen = [e.candidate for e in fit[:top_k]]
+    for extra in (base, given):
+        if extra is not None and extra not in chosen and ctx.estimate(extra).fits:
+            chosen.append(extra)
+    t1 = time.perf_counter()
+    simulated = simulate_plans(scenario, chosen, executor=executor, cache=cache, progress=progress)
+    sim_s = time.perf_counter() - t1
+    known = set(cands)
+    extras = [ctx.estimate(c) for c in dict.fromkeys((base, given)) if c is not None and c not in known]
+    ordered = sorted(fit + [e for e in extras if e.fits], key=lambda e: (e.iteration_time_s, e.candidate)) + \
+        unfit + [e for e in extras if not e.fits]
+    return SearchResult(scenario, ordered, rejections, simulated, base, kind, given, rate, screen_s,
+                        ctx.traces, trace_s, sim_s, float(ctx.gpu.hbm_capacity_bytes), ctx.world,
+                        info={"candidates": len(cands), "fitting": len(fit), "top_k": top_k})
+
+
+def kendall_tau(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """Kendall's tau-b between two sequences (ties counted as neither concordant nor discordant);
+    ``nan`` with fewer than two pairs."""
+    n = len(xs)
+    conc = disc = tx = ty = 0
+    for i in range(n):
+        for j in range(i + 1, n):
+            dx, dy = xs[i] - xs[j], ys[i] - ys[j]
+            if dx == 0 and dy == 0:
+                continue
+            if dx == 0:
+                tx += 1
+            elif dy == 0:
+                ty += 1
+            elif (dx > 0) == (dy > 0):
+                conc += 1
+            else:
+                disc += 1
+    denom = math.sqrt((conc + disc + tx) * (conc + disc + ty))
+    return (conc - disc) / denom if denom else math.nan

@@ -1,0 +1,243 @@
+"""A search's output: the ranked table, the rejections, the speed-ups, the Pareto plot, the winner as a
+scenario file, and the ``--json`` document."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from scenarios.search.driver import SearchResult, kendall_tau
+from scenarios.search.simulate import candidate_data
+
+MAX_REJECTION_LINES = 12
+
+
+def _ms(s: float | None) -> str:
+    return "-" if s is None or (isinstance(s, float) and math.isnan(s)) else f"{s * 1e3:,.0f}"
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.0f}%"
+
+
+def _mark(res: SearchResult, c) -> str:
+    tags = []
+    if c == res.baseline:
+        tags.append("baseline")
+    if c == res.given:
+        tags.append("scenario's plan")
+    return f" [{', '.join(tags)}]" if tags else ""
+
+
+def format_table(res: SearchResult) -> str:
+    """The simulated plans, fastest first, one line each."""
+    head = (f"{'#':>3} {'iter ms':>9} {'screen ms':>9} {'tok/s/GPU':>10} {'MFU':>5} {'mem GB':>7} {'free GB':>7} "
+            f"{'bubble':>6} {'comm':>5}  plan (Megatron-LM flags)")
+    lines = [head]
+    for i, (c, r) in enumerate(res.ranked, 1):
+        e = res.estimate_of(c)
+        T = r["iteration_time_s"]
+        tok = (r.get("tokens_per_s") or 0.0) / res.world_size
+        mem = e.memory_bytes if e else float("nan")
+        lines.append(f"{i:>3} {_ms(T):>9} {_ms(e.iteration_time_s if e else None):>9} {tok:>10,.0f} "
+                     f"{_pct(r['mfu']):>5} {mem / 1e9:>7.1f} {(res.hbm_bytes - mem) / 1e9:>7.1f} "
+                     f"{_pct(r['bubble_s'] / T if T else None):>6} {_pct(r['exposed_comm_s'] / T if T else None):>5}  "
+                     f"{c.megatron_flags()}{_mark(res, c)}")
+    failed = [(c, r) for c, r in res.simulated.items() if r.get("error") or r.get("oom")]
+    for c, r in failed:
+        lines.append(f"  - {c.megatron_flags()}: {r.get('error') or 'OOM in the simulation'}")
+    return "\n".join(lines)
+
+
+def format_rejections(res: SearchResult) -> str:
+    """One line per rejected family: invalid plans by reason, then plans that do not fit by the memory
+    term that breaks them (with the closest)."""
+    lines = []
+    for r in res.rejections[:MAX_REJECTION_LINES]:
+        lines.append(f"  {r.count:>6} plans: {r.reason}")
+    if len(res.rejections) > MAX_REJECTION_LINES:
+        rest = res.rejections[MAX_REJECTION_LINES:]
+        lines.append(f"  {sum(r.count for r in rest):>6} plans: {len(rest)} more reasons (see --json)")
+    by_term: dict[str, list] = {}
+    for e in res.estimates:
+        if not e.fits:
+            found = re.search(r"largest term (.+?) [\d.]+ GB", e.oom_reason)
+            term = found.group(1) if found else "?"
+            by_term.setdefault(term, []).append(e)
+    for term, es in sorted(by_term.items(), key=lambda kv: -len(kv[1])):
+        close = min(es, key=lambda e: e.memory_bytes)
+        lines.append(f"  {len(es):>6} plans: OOM, largest term {term}; closest {close.candidate.short()}: "
+                     f"{close.oom_reason}")
+    return "\n".join(lines) if lines else "  none"
+
+
+def speedups(res: SearchResult) -> dict[str, Any]:
+    """The best simulated plan against the worst simulated, the worst screened, and the baseline."""
+    best = res.best
+    if best is None:
+        return {}
+    T = best[1]["iteration_time_s"]
+    ranked = res.ranked
+    out: dict[str, Any] = {"best_iteration_time_s": T,
+                           "worst_simulated_iteration_time_s": ranked[-1][1]["iteration_time_s"]}
+    out["speedup_over_worst_simulated"] = out["worst_simulated_iteration_time_s"] / T
+    fitting = [e for e in res.estimates if e.fits]
+    if fitting:
+        worst = max(fitting, key=lambda e: e.iteration_time_s)
+        out["worst_screened_plan"] = worst.candidate.megatron_flags()
+        out["speedup_over_worst_screened"] = worst.iteration_time_s / (res.estimate_of(best[0]).iteration_time_s)
+    b = res.simulated.get(res.baseline) if res.baseline is not None else None
+    if b and not b.get("error"):
+        out["baseline"] = res.baseline_kind
+        out["baseline_iteration_time_s"] = b["iteration_time_s"]
+        out["speedup_over_baseline"] = b["iteration_time_s"] / T
+    g = res.simulated.get(res.given) if res.given is not None else None
+    if g and not g.get("error"):
+        out["scenario_plan_iteration_time_s"] = g["iteration_time_s"]
+        out["speedup_over_scenario_plan"] = g["iteration_time_s"] / T
+    return out
+
+
+def agreement(res: SearchResult) -> dict[str, Any]:
+    """Screen vs simulation over the simulated plans: Kendall tau, and whether the simulated best is
+    among the screen's top 10."""
+    pairs = [(res.estimate_of(c).iteration_time_s, r["iteration_time_s"]) for c, r in res.ranked]
+    if not pairs:
+        return {}
+    t_best = res.estimate_of(res.best[0]).iteration_time_s
+    screen_rank = 1 + sum(1 for e in res.estimates if e.fits and e.iteration_time_s < t_best)
+    return {"kendall_tau": kendall_tau([p[0] for p in pairs], [p[1] for p in pairs]), "simulated_plans": len(pairs),
+            "best_screen_rank": screen_rank, "best_in_screen_top10": screen_rank <= 10}
+
+
+def format_search(res: SearchResult) -> str:
+    """The whole text report."""
+    sc = res.scenario
+    n_fit = res.info["fitting"]
+    lines = [f"trainsim search {sc.name}: {res.info['candidates']:,} valid plans on {res.world_size} GPUs, "
+             f"{n_fit:,} fit in {res.hbm_bytes / 1e9:.0f} GB; {sum(r.count for r in res.rejections):,} invalid",
+             f"screen: {res.screen_rate_per_s:,.0f} plans/s after {res.traces} shard traces "
+             f"({res.trace_wall_s:.1f} s); simulated {len(res.simulated)} plans in {res.simulate_wall_s:.1f} s", ""]
+    lines.append(format_table(res))
+    sp = speedups(res)
+    if sp:
+        lines.append("")
+        best = res.best[0]
+        lines.append(f"best: {best.megatron_flags()}")
+        lines.append(f"  {sp['speedup_over_worst_simulated']:.2f}x over the slowest simulated plan, "
+                     f"{sp.get('speedup_over_worst_screened', float('nan')):.2f}x over the slowest plan that fits "
+                     f"(screen estimate)")
+        if "speedup_over_baseline" in sp:
+            lines.append(f"  {sp['speedup_over_baseline']:.2f}x over the baseline, {sp['baseline']} "
+                         f"({_ms(sp['baseline_iteration_time_s'])} ms)")
+        if "speedup_over_scenario_plan" in sp:
+            lines.append(f"  {sp['speedup_over_scenario_plan']:.2f}x over the scenario's own plan "
+                         f"({_ms(sp['scenario_plan_iteration_time_s'])} ms)")
+    ag = agreement(res)
+    if ag:
+        lines.append(f"screen vs simulation: Kendall tau {ag['kendall_tau']:.2f} over {ag['simulated_plans']} plans; "
+                     f"the simulated best is #{ag['best_screen_rank']} by the screen")
+    lines += ["", "rejected:", format_rejections(res)]
+    return "\n".join(lines)
+
+
+def search_json(res: SearchResult) -> dict[str, Any]:
+    """The ``--json`` document: every plan's estimate (and simulation, where run), rejections, summary."""
+    plans = []
+    for e in res.estimates:
+        d = e.to_dict()
+        r = res.simulated.get(e.candidate)
+        if r is not None:
+            d["simulated"] = r
+        plans.append(d)
+    return {"scenario": res.scenario.name, "gpus": res.world_size, "hbm_bytes": res.hbm_bytes,
+            "screen_rate_per_s": res.screen_rate_per_s, "screen_wall_s": res.screen_wall_s, "traces": res.traces,
+            "trace_wall_s": res.trace_wall_s, "simulate_wall_s": res.simulate_wall_s, **res.info,
+            "best": res.best[0].to_dict() if res.best else None, "speedups": speedups(res), "agreement": agreement(res),
+            "rejections": [{"reason": r.reason, "count": r.count, "example": r.example.to_dict()}
+                           for r in res.rejections],
+            "plans": plans}
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[int]:
+    """Indices of the points (time, memory) no other point beats in both, by time."""
+    order = sorted(range(len(points)), key=lambda i: points[i])
+    front, best_mem = [], math.inf
+    for i in order:
+        if points[i][1] < best_mem:
+            front.append(i)
+            best_mem = points[i][1]
+    return front
+
+
+def plot_pareto(res: SearchResult, path: str | Path) -> Path:
+    """PNG: every fitting plan's screen time against its memory, the Pareto front, the simulated plans."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fit = [e for e in res.estimates if e.fits]
+    pts = [(e.iteration_time_s, e.memory_bytes / 1e9) for e in fit]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=6, c="0.7", label="screened (estimate)")
+    front = [pts[i] for i in pareto_front(pts)]
+    ax.plot([p[0] for p in front], [p[1] for p in front], "-o", ms=3, c="tab:blue", label="Pareto front (screen)")
+    sim = [(r["iteration_time_s"], res.estimate_of(c).memory_bytes / 1e9) for c, r in res.ranked]
+    ax.scatter([p[0] for p in sim], [p[1] for p in sim], s=24, c="tab:red", marker="x", label="simulated")
+    ax.axhline(res.hbm_bytes / 1e9, ls="--", c="k", lw=0.8, label="HBM")
+    ax.set_xlabel("iteration time (s)")
+    ax.set_ylabel("memory per GPU (GB)")
+    ax.set_title(f"{res.scenario.name}: plans, time vs memory")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    out = Path(path)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, Mapping):
+        return "{ " + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items()) + " }"
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def to_toml(data: Mapping[str, Any]) -> str:
+    """A scenario dict as TOML (scalars, inline tables and arrays: all a scenario holds)."""
+    lines = [f"{k} = {_toml_value(data[k])}" for k in ("name", "description") if data.get(k)]
+    for sec in ("system", "model", "parallel", "training", "simulation"):
+        table = data.get(sec) or {}
+        if not table and sec == "simulation":
+            continue
+        lines += ["", f"[{sec}]"] + [f"{k} = {_toml_value(v)}" for k, v in table.items()]
+    return "\n".join(lines) + "\n"
+
+
+def emit_scenario(res: SearchResult, path: str | Path) -> Path:
+    """Write the best simulated plan as a runnable scenario file.
+
+    Raises:
+        ValueError: nothing was simulated successfully.
+    """
+    if res.best is None:
+        raise ValueError("--emit-scenario: no simulated plan to write")
+    data = candidate_data(res.scenario, res.best[0])
+    src = Path(res.scenario.source) if res.scenario.source else None
+    if src is not None and src.is_file() and not src.parent.samefile(Path(path).resolve().parent):
+        for sec, key in (("system", "gpu_file"), ("simulation", "nccl_tuner_config"), ("model", "hf_config")):
+            v = data.get(sec, {}).get(key)
+            if isinstance(v, str) and not Path(v).is_absolute() and (src.parent / v).exists():
+                data[sec][key] = str((src.parent / v).resolve())  # relative paths: from the new file's folder
+    out = Path(path)
+    out.write_text(to_toml(data), encoding="utf-8")
+    return out

@@ -1,0 +1,575 @@
+"""Tier 1 of the search: an analytic estimate of a plan's iteration time and memory, no SimPy.
+
+Built from the same pieces as a simulation, composed in closed form instead of simulated:
+
+* the traced model (:func:`workload.parallel.rank_trace.trace_rank`), traced once per distinct shard
+  -- (TP, SP, CP, EP, micro-batch) -- with one layer (the zoo's layers are identical, the tracer would
+  clone the first anyway) and reused for every plan with that shard;
+* the kernel cost model (:class:`hwmodel.costmodel.KernelCostModel`, sustained clock, as
+  :class:`hwmodel.cluster.Cluster` prices kernels), each kernel at its solo time;
+* NCCL 2.30.7's tuner (:func:`hwmodel.nccl.tuner.choose`) for every collective, on the communicator
+  the plan's :class:`workload.parallel.placement.Layout` gives rank 0 (all-to-all and pipeline p2p:
+  the p2p latency plus bytes over the NVLink or NIC bandwidth);
+* the pipeline bubble closed form, ``(p - 1) / v`` stage-micro-batch times (SC'21 §2.2);
+* the memory model (:func:`workload.memory.memory_per_gpu`), exactly as ``trainsim run`` calls it.
+
+Composition (times per micro-batch of the slowest stage ``t_mb``, ``m`` micro-batches, ``p`` stages of
+``v`` chunks): ``T = m t_mb + (p-1)/v t_mb + 2 (p v - 1) t_p2p + max over stages (exposed gradient
+reduction + optimizer + exposed parameter all-gather)``. TP/EP collectives are on the compute stream
+(synchronous, as in Megatron); a ring-attention K/V step is exposed beyond its attention chunk; FSDP
+gathers (prefetched one unit ahead) are exposed beyond the unit's compute; with ``overlap_grad_reduce``
+the buckets hide behind one micro-batch's backward of the stage (the last bucket never hides). Not
+modelled: contention between overlapped communication and compute, and link sharing between
+concurrent collectives -- the simulation (tier 2) has both.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from hwmodel.cluster import Cluster
+from hwmodel.costmodel import KernelCostModel
+from hwmodel.ir import Compute
+from hwmodel.nccl import tuner as nccl_tuner
+from hwmodel.nccl.engine import NcclEngine
+from hwmodel.nccl.tuner_config import TunerConfigError, load_tuner_config
+from scenarios.analysis import megatron_flops_per_iteration
+from scenarios.metrics import peak_dtype_for
+from scenarios.runner import build_model_config, build_topology, check_dtype, system_gpu
+from scenarios.scenario import Scenario
+from scenarios.search.space import Candidate, ModelFacts
+from workload.custom import CustomModel
+from workload.fp8 import CAST_TRANSPOSE_BYTES
+from workload.memory import MemoryBreakdown, memory_per_gpu
+from workload.parallel.builder import (
+    ADAM_BYTES_PER_PARAM,
+    ADAM_FLOPS_PER_PARAM,
+    ELEM_BYTES,
+    GRAD_REDUCE_BYTES,
+    SELECTIVE_KINDS,
+    TracedCollective,
+    TracedOps,
+)
+from workload.parallel.config import ParallelConfig
+from workload.parallel.placement import Layout
+from workload.parallel.rank_trace import trace_rank
+
+DEFAULT_BUCKET_BYTES = ParallelConfig().grad_bucket_size_bytes
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The screen's verdict on one plan (seconds, bytes; ``nan`` times for a plan that does not fit)."""
+
+    candidate: Candidate
+    iteration_time_s: float
+    compute_s: float
+    bubble_s: float
+    exposed_comm_s: float
+    memory_bytes: float
+    hbm_bytes: float
+    oom_reason: str = ""
+    """Empty when the plan fits; else one line: by how much, and the largest term."""
+    tokens_per_s_per_gpu: float = math.nan
+    mfu: float = math.nan
+    memory: MemoryBreakdown | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def fits(self) -> bool:
+        return not self.oom_reason
+
+    @property
+    def headroom_bytes(self) -> float:
+        return self.hbm_bytes - self.memory_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        c = self.candidate
+        return {"plan": c.to_dict(), "megatron_flags": c.megatron_flags(), "label": c.short(),
+                "screen_iteration_time_s": _num(self.iteration_time_s), "screen_compute_s": _num(self.compute_s),
+                "screen_bubble_s": _num(self.bubble_s), "screen_exposed_comm_s": _num(self.exposed_comm_s),
+                "memory_bytes": self.memory_bytes, "headroom_bytes": self.headroom_bytes,
+                "fits": self.fits, "oom_reason": self.oom_reason,
+                "screen_tokens_per_s_per_gpu": _num(self.tokens_per_s_per_gpu), "screen_mfu": _num(self.mfu)}
+
+
+def _num(x: float) -> float | None:
+    return None if x is None or math.isnan(x) else x
+
+
+@dataclass(frozen=True)
+class Group:
+    """A communicator as NCCL's model sees it: ranks, its :class:`CommTopology`, and the key (nodes,
+    ranks per node, ranks) that is all the model depends on."""
+
+    n: int
+    ct: Any
+    key: tuple[int, int, int]
+
+
+@dataclass
+class ShardCosts:
+    """One traced shard's per-micro-batch costs (seconds of solo kernel time; collectives unpriced)."""
+
+    compute: dict[tuple[str, str], float]
+    """(part, phase) -> kernel time; part ``pre``, ``block`` (one layer), ``post``."""
+    colls: dict[tuple[str, str], list[TracedCollective]]
+    selective_s: float
+    """One layer's attention core, re-run by selective recomputation."""
+    attn: dict[str, tuple[float, float]]
+    """phase -> (one attention kernel's time, its K/V block bytes) for ring attention."""
+    flops: dict[str, float]
+    """part -> model FLOPs of fwd + bwd for one micro-batch; ``attention`` for the CP correction."""
+    params: dict[str, int]
+    act_bytes: int
+    dtype: str
+
+
+class ScreenContext:
+    """A scenario's cluster, model and pricing, built once; :meth:`estimate` prices one plan.
+
+    Raises:
+        ValueError: the model is not a zoo transformer (the screen needs its layers and shapes), or a
+            field of the scenario is at fault (the runner's one-line messages).
+    """
+
+    def __init__(self, scenario: Scenario) -> None:
+        self.scenario = scenario
+        src = Path(scenario.source) if scenario.source else None
+        base_dir = src.parent if src is not None and src.is_file() else None
+        system, tr = scenario.system, scenario.training
+        gpu = system_gpu(system, base_dir)
+        self.topology = build_topology(system, base_dir, gpu=gpu)
+        self.gpu = self.topology.gpu_spec
+        self.dtype = tr.get("dtype", "bf16")
+        check_dtype(self.dtype, self.gpu)
+        self.model_cfg = build_model_config(scenario.model, tr, base_dir)
+        if isinstance(self.model_cfg, CustomModel) or not hasattr(self.model_cfg, "num_attention_heads"):
+            raise ValueError(f"[model] trainsim search plans transformer models of the zoo (their layers, heads and "
+                             f"shapes bound the plans); {getattr(self.model_cfg, 'name', 'this model')} is not one")
+        self.gpus = self.topology.gpus()
+        self.world = len(self.gpus)
+        mc = self.model_cfg
+        self.global_batch_size = int(tr.get("global_batch_size", self.world))
+        self.facts = ModelFacts(num_layers=mc.num_layers, num_attention_heads=mc.num_attention_heads,
+                                seq_length=mc.seq_length, num_experts=getattr(mc, "num_moe_experts", None) or 0,
+                                world_size=self.world, gpus_per_node=self.topology.gpus_per_node,
+                                global_batch_size=self.global_batch_size)
+        sim = scenario.simulation
+        tuner_rules = None
+        if sim.get("nccl_tuner_config"):
+            try:
+                tuner_rules = load_tuner_config(sim["nccl_tuner_config"])
+            except TunerConfigError as exc:
+                raise ValueError(f"simulation.nccl_tuner_config: {exc}") from None
+        self.engine = NcclEngine(Cluster(self.topology, record=False), algorithm=sim.get("nccl_algo"),
+                                 protocol=sim.get("nccl_proto"), tuner_config=tuner_rules)
+        self.tuner_rules = tuner_rules
+        self.cost_model = KernelCostModel(self.gpu, sustained=True)
+        self.peak_flops = float(self.gpu.peak_flops(peak_dtype_for(self.dtype)))
+        self.grad_bytes = GRAD_REDUCE_BYTES.get("bf16" if self.dtype == "fp8" else self.dtype, 4)
+        self.eb = ELEM_BYTES.get("bf16" if self.dtype == "fp8" else self.dtype, 2)
+        self.bucket_bytes = int(scenario.parallel.get("grad_bucket_size_bytes", DEFAULT_BUCKET_BYTES))
+        self.base_parallel = dict(scenario.parallel)
+        self._shards: dict[tuple, ShardCosts] = {}
+        self._memory: dict[tuple, MemoryBreakdown] = {}
+        self._groups: dict[tuple, dict[str, tuple[str, ...]]] = {}
+        self._coll: dict[tuple, tuple[float, int]] = {}
+        self._opt: dict[int, float] = {}
+        self._dp: dict[tuple, tuple[float, float, float, float, int, int]] = {}
+        self.traces = 0
+        self.model_flops = self._megatron_flops()
+
+    # -- shards ------------------------------------------------------------------------------------
+    @staticmethod
+    def shard_key(c: Candidate) -> tuple:
+        return (c.tp, c.sp, c.cp, c.ep, c.mbs)
+
+    def shard(self, c: Candidate) -> ShardCosts:
+        """The traced costs of ``c``'s shard (traced on first use)."""
+        key = self.shard_key(c)
+        hit = self._shards.get(key)
+        if hit is None:
+            hit = self._shards[key] = self._trace(c)
+        return hit
+
+    def _trace(self, c: Candidate) -> ShardCosts:
+        one_layer = replace(self.model_cfg, num_layers=1)
+        cfg = ParallelConfig(tensor_model_parallel_size=c.tp, sequence_parallel=c.sp, context_parallel_size=c.cp,
+                             expert_model_parallel_size=c.ep, micro_batch_size=c.mbs).resolve(c.tp * c.cp * c.ep)
+        trace = trace_rank(one_layer, cfg, dtype=self.dtype)
+        self.traces += 1
+        ops = TracedOps(trace)
+        compute: dict[tuple[str, str], float] = {}
+        colls: dict[tuple[str, str], list[TracedCollective]] = {}
+        attn: dict[str, tuple[float, float]] = {}
+        for part in ("pre", "block", "post"):
+            for phase in ("fwd", "bwd"):
+                items = ops.get(part, phase, 0 if part == "block" else None)
+                kernels = [it for it in items if isinstance(it, Compute)]
+                colls[(part, phase)] = [it for it in items if isinstance(it, TracedCollective)]
+                t = 0.0
+                for k in kernels:
+                    s = self.cost_model.cost(k).solo_time_s
+                    if k.kind == "attention" and c.cp > 1:  # ring attention: cp steps of the chunk
+                        b, h, _, skv, d = k.shape if len(k.shape) == 5 else (1, 1, 1, 1, 1)
+                        kv = 2 * b * h * skv * d * ELEM_BYTES.get(k.dtype, 2) * (2 if phase == "bwd" else 1)
+                        attn[phase] = (s, kv)
+                        s *= c.cp
+                    t += s
+                compute[(part, phase)] = t
+        sel = [k for k in ops.get("block", "fwd", 0) if isinstance(k, Compute) and k.kind in SELECTIVE_KINDS
+               and k.layer.endswith(".attn")]
+        selective = sum(self.cost_model.cost(k).solo_time_s * (c.cp if k.kind == "attention" else 1) for k in sel)
+        g = trace.graph
+        flops = {"pre": sum(o.flops for o in g.pre_ops() if o.phase != "opt"),
+                 "block": sum(o.flops for o in g.block_ops(0) if o.phase != "opt"),
+                 "post": sum(o.flops for o in g.post_ops() if o.phase != "opt"),
+                 "attention": sum(o.flops for o in g.block_ops(0) if o.kind == "attention" and o.phase != "opt")}
+        params = {"pre": trace.params_pre, "block": trace.params_block, "post": trace.params_post,
+                  "expert": trace.params_block_expert, "tied": trace.params_post_tied,
+                  "fp8_block": trace.fp8_params_block}
+        act = trace.micro_batch_size * trace.seq_length * trace.hidden_size * ELEM_BYTES.get(trace.dtype, 2) // c.tp
+        return ShardCosts(compute, colls, selective, attn, flops, params, act, trace.dtype)
+
+    # -- communication -------------------------------------------------------------------------------
+    def groups(self, c: Candidate) -> dict[str, Group]:
+        """Rank 0's communicators (tp, cp, dp = dp x cp, edp, ep) and its pipeline peer pair."""
+        key = (c.tp, c.cp, c.ep, c.pp, c.dp)
+        hit = self._groups.get(key)
+        if hit is None:
+            cfg = ParallelConfig(tensor_model_parallel_size=c.tp, context_parallel_size=c.cp,
+                                 expert_model_parallel_size=c.ep, pipeline_model_parallel_size=c.pp,
+                                 data_parallel_size=c.dp,
+                                 rank_order=self.base_parallel.get("rank_order", "tp-cp-ep-dp-pp"))
+            lay = Layout(cfg)
+            names = {"tp": "tp", "cp": "cp", "ep": "ep", "dp": ("dp", "cp"), "edp": ("edp", "cp")}
+            gpus = {k: tuple(self.gpus[r] for r in lay.group(0, ax)) for k, ax in names.items()}
+            gpus["cp"] = gpus["cp"][:2]  # ring attention: a send to the next CP rank
+            gpus["pp"] = (self.gpus[0], self.gpus[lay.rank(pp=1)]) if c.pp > 1 else (self.gpus[0],)
+            hit = {k: self._group(v) for k, v in gpus.items()}
+            self._groups[key] = hit
+        return hit
+
+    def _group(self, gpus: tuple[str, ...]) -> Group:
+        if len(gpus) == 1:
+            return Group(1, None, (1, 1, 1))
+        ct = self.engine.comm_topology(gpus)
+        return Group(len(gpus), ct, (ct.n_nodes, max(1, round(ct.ppn)), len(gpus)))
+
+    def coll_s(self, op: str, size_bytes: float, group: Group) -> float:
+        """NCCL's predicted time of one collective on ``group`` (0 on one rank or no bytes)."""
+        return self.coll(op, size_bytes, group)[0]
+
+    def coll(self, op: str, size_bytes: float, group: Group) -> tuple[float, int]:
+        """(NCCL's predicted time, channels = SMs it holds) of one collective on ``group``."""
+        if group.n <= 1 or size_bytes <= 0:
+            return 0.0, 0
+        key = (op, int(size_bytes), group.key)
+        hit = self._coll.get(key)
+        if hit is None:
+            if op in ("all_to_all", "p2p"):
+                hit = self._p2p_s(op, int(size_bytes), group.ct, group.n), 0
+            else:
+                ch = nccl_tuner.choose(op, int(size_bytes), group.ct, self.engine.algorithm, self.engine.protocol,
+                                       tuner=self.tuner_rules)
+                hit = ch.predicted_time_s, ch.n_channels
+            self._coll[key] = hit
+        return hit
+
+    def sm_tax(self, overlapped_s: float, channels: int) -> float:
+        """Extra compute time while a collective holding ``channels`` SMs overlaps ``overlapped_s`` of
+        kernels: they run on the SMs left (as the runtime holds a collective's SMs from launch)."""
+        sm = self.gpu.sm_count
+        return overlapped_s * channels / (sm - channels) if 0 < channels < sm else 0.0
+
+    def _p2p_s(self, op: str, size: int, ct, n: int) -> float:
+        """Send/recv and all-to-all: NCCL's p2p latency plus the bytes a rank sends over the slower of
+        its NVLink (one node) or NIC (several nodes) bandwidths."""
+        same_node = ct.n_nodes == 1
+        per_peer = size // n if op == "all_to_all" else size
+        _, lat = nccl_tuner.p2p_channels_and_latency(per_peer, ct, same_node=same_node)
+        sent = size * (n - 1) / n if op == "all_to_all" else size
+        bw = self.gpu.nccl_nvlink_bandwidth_Bps if same_node else self.topology.nic_spec.bandwidth_Bps
+        return lat + sent / bw
+
+    def _colls_s(self, items: Iterable[TracedCollective], groups: dict[str, Group]) -> float:
+        return sum(self.coll_s(it.op, it.size_bytes, groups[it.axis]) for it in items)
+
+    # -- memory ----------------------------------------------------------------------------------------
+    def memory(self, c: Candidate) -> MemoryBreakdown:
+        """Peak memory per GPU (:func:`workload.memory.memory_per_gpu`, as the runner calls it). Only
+        the first and last stages are evaluated: a middle stage holds no embedding or head and fewer
+        micro-batches in flight, so it never exceeds the first."""
+        m = self.global_batch_size // (c.mbs * c.dp)
+        key = (c.tp, c.cp, c.ep, c.pp, c.vpp, c.dp, c.sp, c.zero, c.mbs, c.recompute, m)
+        hit = self._memory.get(key)
+        if hit is None:
+            mc = self.model_cfg
+            L = mc.num_layers
+            flash = getattr(mc, "attention_backend", "flash") == "flash"
+
+            def stage(s: int) -> MemoryBreakdown:
+                return memory_per_gpu(
+                    mc, tp=c.tp, pp=c.pp, dp=c.dp, cp=c.cp, ep=c.ep, micro_batch_size=c.mbs, num_microbatches=m,
+                    virtual_pipeline_size=c.vpp, sequence_parallel=c.sp, recompute=c.recompute, zero_stage=c.zero,
+                    param_bytes=4 if self.dtype == "fp32" else 2, grad_bytes=2 if self.dtype == "fp16" else 4,
+                    flash_attention=flash, fp8=self.dtype == "fp8", stage=s,
+                    stage_layers=[L // (c.pp * c.vpp)] * (c.pp * c.vpp))
+
+            hit = max((stage(s) for s in {0, c.pp - 1}), key=lambda r: (r.total, -r.stage))
+            self._memory[key] = hit
+        return hit
+
+    def oom_reason(self, mem: MemoryBreakdown) -> str:
+        """'' if ``mem`` fits the GPU's HBM, else by how much it does not and its largest term."""
+        cap = float(self.gpu.hbm_capacity_bytes)
+        if mem.total <= cap:
+            return ""
+        terms = {"parameters": mem.parameters, "gradients": mem.gradients, "optimizer states": mem.optimizer_states,
+                 "activations": mem.activations, "recompute workspace": mem.workspace, "fp8 weights": mem.fp8_weights}
+        name, value = max(terms.items(), key=lambda kv: kv[1])
+        return (f"OOM by {(mem.total - cap) / 1e9:.2f} GB: needs {mem.total / 1e9:.2f} GB > {cap / 1e9:.1f} GB HBM; "
+                f"largest term {name} {value / 1e9:.1f} GB (stage {mem.stage})")
+
+    # -- time ------------------------------------------------------------------------------------------
+    def _megatron_flops(self) -> float | None:
+        mc = self.model_cfg
+        if getattr(mc, "architecture", "") == "gpt" and mc.ffn_hidden_size == 4 * mc.hidden_size:
+            return megatron_flops_per_iteration(batch=self.global_batch_size, seq=mc.seq_length, layers=mc.num_layers,
+                                                hidden=mc.hidden_size, vocab=mc.vocab_size, full_recompute=False)
+        return None
+
+    def _optimizer_s(self, params: float) -> float:
+        """Megatron's optimizer step over one unit's ``params`` elements (the builder's kernels, one
+        each per unit: grad norm, fp16 unscale, fused Adam, copy to model params, zero the grad buffers)."""
+        hit = self._opt.get(params)
+        if hit is None:
+            per = [4, 6, 4] + ([8] if self.dtype == "fp16" else [])
+            ks = [Compute("opt", "optimizer", 0.0, b * params, dtype="fp32", phase="opt") for b in per]
+            ks.append(Compute("fused_adam", "optimizer", ADAM_FLOPS_PER_PARAM * params, ADAM_BYTES_PER_PARAM * params,
+                              dtype="fp32", phase="opt"))
+            hit = self._opt[params] = sum(self.cost_model.cost(k).solo_time_s for k in ks) if params > 0 else 0.0
+        return hit
+
+    def estimate(self, c: Candidate) -> Estimate:
+        """The screen's estimate of one plan (memory first: a plan that does not fit is not timed)."""
+        mem = self.memory(c)
+        cap = float(self.gpu.hbm_capacity_bytes)
+        why = self.oom_reason(mem)
+        if why:
+            nan = math.nan
+            return Estimate(c, nan, nan, nan, nan, mem.total, cap, why, memory=mem)
+        return self._timed(c, mem, cap)
+
+    def _timed(self, c: Candidate, mem: MemoryBreakdown, cap: float) -> Estimate:
+        sc = self.shard(c)
+        g = self.groups(c)
+        L = self.model_cfg.num_layers
+        p, v = c.pp, c.vpp
+        m = self.global_batch_size // (c.mbs * c.dp)
+        Ls = L // p
+        stage = _StageTimes(self, sc, c, g)
+        f0, b0, cf0, cb0 = stage.pass_times(Ls, first=True, last=p == 1)
+        fl, bl, cfl, cbl = stage.pass_times(Ls, first=p == 1, last=True) if p > 1 else (f0, b0, cf0, cb0)
+        t_mb = max(f0 + b0, fl + bl)
+        compute_mb = max(cf0 + cb0, cfl + cbl)
+        bubble = (p - 1) / v * t_mb
+        p2p = 2 * (p * v - 1) * self.coll_s("p2p", sc.act_bytes, g["pp"]) if p > 1 else 0.0
+        tail, opt = max(stage.tail(Ls, first=True, last=p == 1, t_fwd=f0, t_bwd=b0),
+                        stage.tail(Ls, first=p == 1, last=True, t_fwd=fl, t_bwd=bl))
+        T = m * t_mb + bubble + p2p + tail + stage.fp8_casts(Ls)
+        compute = m * compute_mb + opt
+        tokens = self.global_batch_size * self.model_cfg.seq_length
+        flops = self.model_flops
+        if flops is None:
+            per_mb = sc.flops["pre"] + L * sc.flops["block"] + sc.flops["post"] + (c.cp - 1) * L * sc.flops["attention"]
+            flops = per_mb * c.tp * c.cp * m * c.dp
+        return Estimate(c, T, compute, bubble, max(T - compute - bubble, 0.0), mem.total, cap, "",
+                        tokens / T / self.world, flops / T / self.world / self.peak_flops, memory=mem)
+
+
+class _StageTimes:
+    """Per-stage pieces of one plan's time (see the module docstring's composition)."""
+
+    def __init__(self, ctx: ScreenContext, sc: ShardCosts, c: Candidate, g: dict[str, Group]) -> None:
+        self.ctx, self.sc, self.c, self.g = ctx, sc, c, g
+        comp, co = sc.compute, sc.colls
+        self.slow = self._ring_sm_slowdown()
+        self.blk_cf, self.blk_cb = comp[("block", "fwd")] * self.slow, comp[("block", "bwd")] * self.slow
+        self.blk_f = self.blk_cf + ctx._colls_s(co[("block", "fwd")], g)
+        self.blk_b = self.blk_cb + ctx._colls_s(co[("block", "bwd")], g)
+        rc = {"none": 0.0, "selective": sc.selective_s * self.slow, "full": self.blk_f}[c.recompute]
+        self.rc_compute = {"none": 0.0, "selective": sc.selective_s * self.slow, "full": self.blk_cf}[c.recompute]
+        self.blk_b += rc
+        self.blk_f += self._ring_exposed("fwd")
+        self.blk_b += self._ring_exposed("bwd") * (2 if c.recompute == "full" else 1)
+        eb = ctx.eb
+        self.eb = eb
+        # without SP the received 1/tp activation slices are all-gathered over TP before use
+        self.recv_ag = ctx.coll_s("all_gather", sc.act_bytes * c.tp, g["tp"]) if c.pp > 1 and not c.sp else 0.0
+
+    def _fsdp_pass(self, Ls: int, phase: str) -> float:
+        """FSDP's extra time in one pass over the units (pre, the layers, post; backward reversed; one
+        stage, as FSDP has no pipeline): each unit's all-gather is prefetched behind the previous unit's
+        compute (the first is exposed), in backward beside the previous unit's reduce-scatter, and the
+        last reduce-scatter is exposed; overlapped kernels pay the SMs the collectives hold."""
+        ctx, sc, g, pr = self.ctx, self.sc, self.g, self.sc.params
+        blk = self.blk_f if phase == "fwd" else self.blk_b
+        pre_s = sc.compute[("pre", phase)] * self.slow
+        post_s = sc.compute[("post", phase)] * self.slow
+        units = [(pr["pre"], pr["pre"], pre_s)] + [(pr["block"], pr["block"], blk)] * Ls + [
+            (pr["post"] + pr["tied"], pr["post"], post_s)]
+        if phase == "bwd":
+            units.reverse()
+        ag = [ctx.coll("all_gather", n * self.eb, g["dp"]) for n, _, _ in units]
+        rs = [ctx.coll("reduce_scatter", n * ctx.grad_bytes, g["dp"]) if phase == "bwd" else (0.0, 0)
+              for _, n, _ in units]
+        extra = ag[0][0] + rs[-1][0]
+        for k in range(1, len(units)):
+            comm = ag[k][0] + rs[k - 1][0]
+            comp = units[k - 1][2]
+            extra += max(0.0, comm - comp)
+            extra += ctx.sm_tax(min(comm, comp), max(ag[k][1], rs[k - 1][1]))
+        return extra
+
+    def _ring_sm_slowdown(self) -> float:
+        """Kernel slowdown under context parallelism: the runtime launches a ring-attention receive as
+        soon as its stream reaches it, and the receive holds its channels' SMs until the data arrives
+        (hwmodel.runtime), so through the passes one receive is pending and kernels run on the SMs it
+        leaves: ``sm / (sm - channels)`` (many-wave kernels; 132 / 116 = 1.14 on H100 with 16 p2p
+        channels, as simulated)."""
+        if self.c.cp == 1 or "fwd" not in self.sc.attn:
+            return 1.0
+        grp = self.g["cp"]
+        nch, _ = nccl_tuner.p2p_channels_and_latency(int(self.sc.attn["fwd"][1]), grp.ct, same_node=grp.ct.n_nodes == 1)
+        sm = self.ctx.gpu.sm_count
+        return sm / (sm - nch) if 0 < nch < sm else 1.0
+
+    def _ring_exposed(self, phase: str) -> float:
+        if self.c.cp == 1 or phase not in self.sc.attn:
+            return 0.0
+        t_attn, kv = self.sc.attn[phase]
+        step = self.ctx.coll_s("p2p", kv, self.g["cp"])
+        return (self.c.cp - 1) * max(0.0, step - t_attn)
+
+    def part_params(self, part: str) -> int:
+        pr = self.sc.params
+        if part == "post":
+            return pr["post"] + (pr["pre"] if pr["tied"] and self.c.pp > 1 else 0)
+        return pr[part]
+
+    def pass_times(self, Ls: int, *, first: bool, last: bool) -> tuple[float, float, float, float]:
+        """(forward, backward, forward compute, backward compute) of one micro-batch on a stage."""
+        ctx, sc, g = self.ctx, self.sc, self.g
+        f, b = Ls * self.blk_f, Ls * self.blk_b
+        cf, cb = Ls * self.blk_cf, Ls * (self.blk_cb + self.rc_compute)
+        for part, here in (("pre", first), ("post", last)):
+            if not here:
+                continue
+            pf = sc.compute[(part, "fwd")] * self.slow
+            pb = sc.compute[(part, "bwd")] * self.slow
+            f += pf + ctx._colls_s(sc.colls[(part, "fwd")], g)
+            b += pb + ctx._colls_s(sc.colls[(part, "bwd")], g)
+            cf, cb = cf + pf, cb + pb
+        if self.c.zero == 3:
+            f += self._fsdp_pass(Ls, "fwd")
+            b += self._fsdp_pass(Ls, "bwd")
+        if not (first and last):
+            f += self.recv_ag * (0 if first else 1)
+            b += self.recv_ag * (0 if last else 1)
+        return f, b, cf, cb
+
+    def _buckets(self, Ls: int, first: bool, last: bool) -> list[tuple[int, int]]:
+        """Gradient buckets in backward order, (dense bytes, expert bytes), as the builder forms them."""
+        gb, cap, pr = self.ctx.grad_bytes, self.ctx.bucket_bytes, self.sc.params
+        order = ([(self.part_params("post"), 0)] if last else []) + [(pr["block"], pr["expert"])] * Ls + (
+            [(pr["pre"], 0)] if first else [])
+        out, dense, expert = [], 0, 0
+        for n, ne in order:
+            dense += (n - ne) * gb
+            expert += ne * gb
+            if dense + expert >= cap:
+                out.append((dense, expert))
+                dense = expert = 0
+        if dense + expert:
+            out.append((dense, expert))
+        return out
+
+    def tail(self, Ls: int, *, first: bool, last: bool, t_fwd: float, t_bwd: float) -> tuple[float, float]:
+        """(exposed data-parallel communication + optimizer, optimizer) after the last backward."""
+        ctx, c, g = self.ctx, self.c, self.g
+        scale = 1.0 / c.dp if c.zero >= 1 else 1.0
+        opt = Ls * ctx._optimizer_s(self.sc.params["block"] * scale)
+        if first:
+            opt += ctx._optimizer_s(self.sc.params["pre"] * scale)
+        if last:
+            opt += ctx._optimizer_s(self.part_params("post") * scale)
+        if c.zero == 3 or g["dp"].n == 1:
+            return opt, opt
+        red_total, red_last, ag_total, ag_last, red_ch, ag_ch = self._dp_comm(Ls, first, last)
+        exposed = max(red_last, red_total - t_bwd) if c.overlap_grad_reduce else red_total
+        ag_exposed = 0.0
+        if c.zero in (1, 2):
+            ag_exposed = max(ag_last, ag_total - t_fwd) if c.overlap_param_gather else ag_total
+        # what overlaps compute slows it: the collectives hold their SMs
+        tax = ctx.sm_tax(red_total - exposed, red_ch) + ctx.sm_tax(ag_total - ag_exposed, ag_ch)
+        return exposed + opt + ag_exposed + tax, opt
+
+    def _dp_comm(self, Ls: int, first: bool, last: bool) -> tuple[float, float, float, float, int, int]:
+        """(all bucket reductions, the last one, all parameter all-gathers, the first one) in seconds,
+        and the most channels a reduction and a gather hold."""
+        ctx, c, g = self.ctx, self.c, self.g
+        op = "reduce_scatter" if c.zero in (1, 2) else "all_reduce"
+        key = (op, Ls, first, last, self.ctx.shard_key(c), g["dp"].key, g["edp"].key)
+        hit = ctx._dp.get(key)
+        if hit is None:
+            buckets = self._buckets(Ls, first, last)
+            eb, gbytes = ctx.eb, ctx.grad_bytes
+            reds = [(ctx.coll(op, d, g["dp"]), ctx.coll(op, e, g["edp"])) for d, e in buckets]
+            gathers = [] if op == "all_reduce" else [
+                (ctx.coll("all_gather", d // gbytes * eb, g["dp"]), ctx.coll("all_gather", e // gbytes * eb, g["edp"]))
+                for d, e in buckets]
+            red = [a[0] + b[0] for a, b in reds]
+            ags = [a[0] + b[0] for a, b in gathers]
+            hit = ctx._dp[key] = (sum(red), red[-1] if red else 0.0, sum(ags), ags[-1] if ags else 0.0,
+                                  max((max(a[1], b[1]) for a, b in reds), default=0),
+                                  max((max(a[1], b[1]) for a, b in gathers), default=0))
+        return hit
+
+    def fp8_casts(self, Ls: int) -> float:
+        """FP8 weight casts: once per layer per iteration (every pass under FSDP, counted in the passes
+        as a cast per layer)."""
+        n = self.sc.params["fp8_block"]
+        if not n:
+            return 0.0
+        k = Compute("te.cast_transpose_fp8_weights", "elementwise", 0.0, float(CAST_TRANSPOSE_BYTES * n), dtype="bf16")
+        per = self.ctx.cost_model.cost(k).solo_time_s
+        m = self.ctx.global_batch_size // (self.c.mbs * self.c.dp)
+        return Ls * per * (2 * m if self.c.zero == 3 else 1)
+
+
+def screen(scenario: Scenario | ScreenContext, candidates: Sequence[Candidate], *, progress=None) -> list[Estimate]:
+    """The analytic screen of ``candidates`` for ``scenario``: one :class:`Estimate` each, in order.
+
+    A public entry point for other search loops (Optuna, ...): build the
+    :class:`ScreenContext` once and pass it instead of the scenario to reuse its traces.
+
+    Args:
+        scenario: the scenario (model, system, training) or a context built from it.
+        candidates: plans from :func:`scenarios.search.space.enumerate_space` (or built by hand).
+        progress: optional callable ``progress(n)`` called after each estimate (a tqdm ``update``).
+
+    Raises:
+        ValueError: the model is not a zoo transformer, or a plan does not fit the model (tracing).
+    """
+    ctx = scenario if isinstance(scenario, ScreenContext) else ScreenContext(scenario)
+    out = []
+    for c in candidates:
+        out.append(ctx.estimate(c))
+        if progress is not None:
+            progress(1)
+    return out

@@ -1,0 +1,142 @@
+"""Tier 2 of the search: co-simulate chosen plans (``scenarios.runner.run_scenario``) through any
+``concurrent.futures.Executor``, with a resumable cache.
+
+The executor is a local :class:`~concurrent.futures.ProcessPoolExecutor` by default, or a
+``dask.distributed`` cluster's (``dask://host:port``; dask is the optional extra ``trainsim[dask]``,
+imported only then). Start a local scheduler and two workers with::
+
+    dask scheduler --port 8786 & dask worker tcp://127.0.0.1:8786 --nworkers 2 --nthreads 1 &
+
+(each worker must import this package: run them from the repository root or install trainsim).
+
+Each result is appended to a JSONL file as soon as it arrives, keyed by :func:`scenario_key` -- the
+SHA-256 of the candidate scenario's canonical JSON (sorted keys; the sections that define the run, not
+its name) -- so an interrupted search re-simulates only what is missing.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from scenarios.scenario import Scenario, parse_scenario
+from scenarios.search.space import Candidate
+
+RUN_SECTIONS = ("system", "model", "parallel", "training", "simulation")
+
+
+def candidate_data(base: Scenario, c: Candidate) -> dict[str, Any]:
+    """The scenario dict (as TOML would give it) of plan ``c`` on ``base``'s model, system and training."""
+    data = copy.deepcopy(base.to_dict())
+    data["name"] = f"{base.name}-{c.short().replace(' ', '-').lower()}"
+    data["description"] = f"{base.name} with {c.megatron_flags()} (found by trainsim search)"
+    data["parallel"] = c.parallel_section(base.parallel)
+    data["training"]["micro_batch_size"] = c.mbs
+    return data
+
+
+def scenario_key(data: Mapping[str, Any]) -> str:
+    """SHA-256 of the canonical JSON of the sections that define a run (not its name or description)."""
+    doc = {k: data.get(k, {}) for k in RUN_SECTIONS}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def simulate_plan(data: Mapping[str, Any], source: str = "") -> dict[str, Any]:
+    """Simulate one scenario dict; the metrics the search reports, or ``{"error": ...}`` (never raises
+    for a bad plan). Module level so that worker processes can run it."""
+    import time
+
+    from scenarios.runner import run_scenario
+
+    data = copy.deepcopy(dict(data))
+    data.setdefault("simulation", {}).setdefault("record_links", False)  # no link timelines: faster
+    t0 = time.perf_counter()
+    try:
+        rep = run_scenario(parse_scenario(data, source))
+    except (ValueError, KeyError) as exc:
+        return {"error": str(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc)}
+    m = rep.metrics
+    b = m.get("breakdown", {})
+    return {"iteration_time_s": m["iteration_time_s"], "tokens_per_s": m["tokens_per_s"], "mfu": m["mfu"],
+            "tflops_per_gpu": m["tflops_per_gpu"], "peak_memory_bytes": m["peak_memory_bytes"], "oom": m["oom"],
+            "bubble_s": b.get("bubble_s", 0.0), "exposed_comm_s": b.get("exposed_comm_s", 0.0),
+            "compute_s": b.get("compute_s", 0.0), "mode": m["simulation"]["mode"],
+            "wall_s": time.perf_counter() - t0}
+
+
+def load_cache(path: str | Path | None) -> dict[str, dict[str, Any]]:
+    """key -> result of a JSONL cache (missing file: empty; a torn last line, from an interrupted
+    write, is ignored)."""
+    out: dict[str, dict[str, Any]] = {}
+    if path is None or not Path(path).exists():
+        return out
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict) and "key" in rec and "result" in rec:
+            out[rec["key"]] = rec["result"]
+    return out
+
+
+def make_executor(spec: str | None, workers: int) -> tuple[Executor, Callable[[], None]]:
+    """``(executor, close)`` for ``--executor``: ``None`` or ``process`` a local process pool of
+    ``workers``; ``dask://host:port`` a dask.distributed cluster.
+
+    Raises:
+        ValueError: an unknown spec, or dask not installed (one line with the install command).
+    """
+    if spec in (None, "", "process"):
+        pool = ProcessPoolExecutor(max_workers=workers)
+        return pool, lambda: pool.shutdown(cancel_futures=True)
+    if spec.startswith("dask://"):
+        try:
+            from distributed import Client  # the optional extra
+        except ImportError:
+            raise ValueError(f"--executor {spec}: dask.distributed is not installed; "
+                             f"pip install 'trainsim[dask]'") from None
+        client = Client("tcp://" + spec[len("dask://"):])
+        return client.get_executor(pure=False), client.close
+    raise ValueError(f"--executor {spec!r}: unknown; allowed: process, dask://HOST:PORT")
+
+
+def simulate_plans(base: Scenario, cands: Iterable[Candidate], *, executor: Executor | None = None,
+                   cache: str | Path | None = None, progress: bool = False) -> dict[Candidate, dict[str, Any]]:
+    """Simulate every plan of ``cands`` (those in ``cache`` are read back, not re-run); results by plan.
+
+    ``executor`` None runs them here, one after the other (tests, one worker)."""
+    cands = list(dict.fromkeys(cands))
+    done = load_cache(cache)
+    keyed = {c: scenario_key(candidate_data(base, c)) for c in cands}
+    out = {c: done[k] for c, k in keyed.items() if k in done}
+    todo = [c for c in cands if c not in out]
+    bar = tqdm(total=len(cands), initial=len(out), desc="simulating plans", unit="plan", file=sys.stderr,
+               disable=not progress, leave=False, dynamic_ncols=True)
+
+    def record(c: Candidate, result: dict[str, Any]) -> None:
+        out[c] = result
+        if cache is not None:  # one line per result, written as it arrives: an interruption loses none
+            with Path(cache).open("a", encoding="utf-8") as fh:
+                fh.write(json.dumps({"key": keyed[c], "plan": c.to_dict(), "result": result}, sort_keys=True) + "\n")
+        bar.update()
+
+    try:
+        if executor is None:
+            for c in todo:
+                record(c, simulate_plan(candidate_data(base, c), base.source))
+        else:
+            futures = {executor.submit(simulate_plan, candidate_data(base, c), base.source): c for c in todo}
+            for fut in as_completed(futures):
+                record(futures[fut], fut.result())
+    finally:
+        bar.close()
+    return out

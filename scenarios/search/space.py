@@ -1,0 +1,326 @@
+"""The search space: parallel plans (candidates) for one model on one cluster, and why some are invalid.
+
+A :class:`Candidate` is one parallel plan in Megatron-LM's terms. :func:`enumerate_space` walks the
+cartesian product of the knob values (defaults from the model and the cluster, restricted by
+``--space`` and pinned by ``--fix``), normalises knobs that have no effect in a plan (overlap of a
+parameter gather without a distributed optimizer, ...) so each distinct plan appears once, and checks
+each plan with :class:`workload.parallel.config.ParallelConfig` itself (``resolve`` and
+``validate_model``): a rejected plan carries the config's own one-line reason (heads, layers, batch or
+sequence not divisible, EP on a dense model, ...). Memory is not checked here (the screen does).
+
+Knobs, named as scenario keys (``section.key``):
+
+=============================================  ===============================================
+``parallel.tensor_model_parallel_size``        TP: powers of two up to the GPUs of one node
+``parallel.sequence_parallel``                 SP with TP > 1: true, false
+``parallel.context_parallel_size``             CP: 1, 2, 4 (seq_length >= 8k: up to 8)
+``parallel.expert_model_parallel_size``        EP (MoE only): powers of two dividing the experts
+``parallel.pipeline_model_parallel_size``      PP: powers of two up to the layers
+``parallel.virtual_pipeline_model_parallel_size``  interleaved depth: 1 (plain 1F1B), 2, 4
+``parallel.zero_stage``                        0 (DDP), 1 (distributed optimizer), 2, 3 (FSDP)
+``parallel.recompute_granularity``             none, selective, full
+``parallel.overlap_grad_reduce``               true, false
+``parallel.overlap_param_gather``              true, false (ZeRO 1/2 only)
+``training.micro_batch_size``                  1, 2, 4
+=============================================  ===============================================
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from workload.parallel.config import RECOMPUTE, ParallelConfig
+
+KNOBS: dict[str, str] = {
+    "parallel.tensor_model_parallel_size": "tp",
+    "parallel.sequence_parallel": "sp",
+    "parallel.context_parallel_size": "cp",
+    "parallel.expert_model_parallel_size": "ep",
+    "parallel.pipeline_model_parallel_size": "pp",
+    "parallel.virtual_pipeline_model_parallel_size": "vpp",
+    "parallel.zero_stage": "zero",
+    "parallel.recompute_granularity": "recompute",
+    "parallel.overlap_grad_reduce": "overlap_grad_reduce",
+    "parallel.overlap_param_gather": "overlap_param_gather",
+    "training.micro_batch_size": "mbs",
+}
+"""``--fix``/``--space`` key -> :class:`Candidate` field."""
+
+BOOL_KNOBS = ("sp", "overlap_grad_reduce", "overlap_param_gather")
+INT_KNOBS = ("tp", "cp", "ep", "pp", "vpp", "zero", "mbs")
+VPP_DEPTHS = (1, 2, 4)
+"""Model chunks per stage in the default space: plain 1F1B, and interleaving 2 or 4 deep (Megatron-LM's
+published runs use 2-6 chunks per stage; ``--space`` opens others)."""
+MICRO_BATCH_SIZES = (1, 2, 4)
+
+
+@dataclass(frozen=True, order=True)
+class Candidate:
+    """One parallel plan. ``dp`` is derived: world / (tp x cp x pp)."""
+
+    tp: int = 1
+    cp: int = 1
+    ep: int = 1
+    pp: int = 1
+    vpp: int = 1
+    dp: int = 1
+    sp: bool = False
+    zero: int = 0
+    """0 DDP, 1 distributed optimizer, 2 + sharded gradients, 3 FSDP (ZeRO-3)."""
+    mbs: int = 1
+    recompute: str = "none"
+    overlap_grad_reduce: bool = False
+    overlap_param_gather: bool = False
+
+    @property
+    def schedule(self) -> str:
+        return "interleaved_1f1b" if self.vpp > 1 else "1f1b"
+
+    def parallel_section(self, base: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The scenario's ``[parallel]`` table for this plan; ``base``'s keys the search does not vary
+        (rank_order, grad_bucket_size_bytes, moe_tokens_per_expert) are kept."""
+        keep = ("rank_order", "grad_bucket_size_bytes", "moe_tokens_per_expert")
+        out: dict[str, Any] = {k: v for k, v in (base or {}).items() if k in keep}
+        out.update(tensor_model_parallel_size=self.tp, pipeline_model_parallel_size=self.pp)
+        if self.cp > 1:
+            out["context_parallel_size"] = self.cp
+        if self.ep > 1:
+            out["expert_model_parallel_size"] = self.ep
+        if self.vpp > 1:
+            out["virtual_pipeline_model_parallel_size"] = self.vpp
+        if self.sp:
+            out["sequence_parallel"] = True
+        if self.zero == 1:
+            out["use_distributed_optimizer"] = True
+        elif self.zero == 3:
+            out["fsdp"] = True
+        elif self.zero:
+            out["zero_stage"] = self.zero
+        if self.recompute != "none":
+            out["recompute_granularity"] = self.recompute
+        if self.overlap_grad_reduce:
+            out["overlap_grad_reduce"] = True
+        if self.overlap_param_gather:
+            out["overlap_param_gather"] = True
+        return out
+
+    def config(self, global_batch_size: int, base: Mapping[str, Any] | None = None) -> ParallelConfig:
+        """The resolved :class:`ParallelConfig` (raises its ``ValueError`` when the plan is invalid)."""
+        kw = self.parallel_section(base)
+        return ParallelConfig(**kw, micro_batch_size=self.mbs, global_batch_size=global_batch_size).resolve(
+            self.tp * self.cp * self.pp * self.dp)
+
+    def megatron_flags(self) -> str:
+        """The plan as Megatron-LM command-line flags (``--use-torch-fsdp2`` for ZeRO-3)."""
+        f = [f"--tensor-model-parallel-size {self.tp}", f"--pipeline-model-parallel-size {self.pp}"]
+        if self.vpp > 1:
+            f.append(f"--virtual-pipeline-model-parallel-size {self.vpp}")
+        if self.cp > 1:
+            f.append(f"--context-parallel-size {self.cp}")
+        if self.ep > 1:
+            f.append(f"--expert-model-parallel-size {self.ep}")
+        if self.sp:
+            f.append("--sequence-parallel")
+        f.append(f"--micro-batch-size {self.mbs}")
+        if self.zero == 1:
+            f.append("--use-distributed-optimizer")
+        elif self.zero == 2:
+            f.append("--zero-stage 2")
+        elif self.zero == 3:
+            f.append("--use-torch-fsdp2")
+        if self.recompute != "none":
+            f.append(f"--recompute-granularity {self.recompute}")
+        if self.overlap_grad_reduce:
+            f.append("--overlap-grad-reduce")
+        if self.overlap_param_gather:
+            f.append("--overlap-param-gather")
+        return " ".join(f)
+
+    def short(self) -> str:
+        """Compact label, e.g. ``TP8 SP PP4x2 DP2 Z1 mbs1 sel ogr``."""
+        parts = [f"TP{self.tp}" + (" SP" if self.sp else "")]
+        if self.cp > 1:
+            parts.append(f"CP{self.cp}")
+        if self.ep > 1:
+            parts.append(f"EP{self.ep}")
+        parts.append(f"PP{self.pp}" + (f"x{self.vpp}" if self.vpp > 1 else ""))
+        parts.append(f"DP{self.dp}")
+        parts.append("FSDP" if self.zero == 3 else f"Z{self.zero}")
+        parts.append(f"mbs{self.mbs}")
+        parts.append({"none": "norc", "selective": "sel", "full": "full"}[self.recompute])
+        if self.overlap_grad_reduce:
+            parts.append("ogr")
+        if self.overlap_param_gather:
+            parts.append("opg")
+        return " ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A family of invalid plans: the reason (one line, naming the fields) and how many plans."""
+
+    reason: str
+    count: int
+    example: Candidate
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the space needs to know about the model and the cluster."""
+
+    num_layers: int
+    num_attention_heads: int
+    seq_length: int
+    num_experts: int
+    world_size: int
+    gpus_per_node: int
+    global_batch_size: int
+
+
+def _powers_of_two(upto: int) -> list[int]:
+    return [1 << i for i in range(int(math.log2(max(upto, 1))) + 1)]
+
+
+def default_values(f: ModelFacts) -> dict[str, list[Any]]:
+    """The default value list of every knob for this model and cluster."""
+    cps = [c for c in (1, 2, 4, 8) if c <= (8 if f.seq_length >= 8192 else 4)]
+    return {
+        "tp": [t for t in _powers_of_two(f.gpus_per_node) if t <= f.world_size],
+        "sp": [False, True],
+        "cp": [c for c in cps if c <= f.world_size],
+        "ep": [e for e in _powers_of_two(f.num_experts) if f.num_experts % e == 0] if f.num_experts > 1 else [1],
+        "pp": [p for p in _powers_of_two(f.num_layers) if p <= f.world_size],
+        "vpp": list(VPP_DEPTHS),
+        "zero": [0, 1, 2, 3],
+        "recompute": list(RECOMPUTE),
+        "overlap_grad_reduce": [False, True],
+        "overlap_param_gather": [False, True],
+        "mbs": list(MICRO_BATCH_SIZES),
+    }
+
+
+def _parse_value(field: str, raw: str, key: str) -> Any:
+    raw = raw.strip()
+    if field in BOOL_KNOBS:
+        if raw.lower() not in ("true", "false"):
+            raise ValueError(f"{key}: {raw!r} is not a boolean; allowed: true, false")
+        return raw.lower() == "true"
+    if field in INT_KNOBS:
+        try:
+            v = int(raw)
+        except ValueError:
+            raise ValueError(f"{key}: {raw!r} is not an integer") from None
+        if field == "zero" and v not in (0, 1, 2, 3):
+            raise ValueError(f"{key}: {v} is not a ZeRO stage; allowed: 0, 1, 2, 3")
+        if v < 1 and field != "zero":
+            raise ValueError(f"{key}: {v} must be a positive integer")
+        return v
+    if raw not in RECOMPUTE:
+        raise ValueError(f"{key}: unknown value {raw!r}; allowed: {', '.join(RECOMPUTE)}")
+    return raw
+
+
+def parse_knobs(fix: Sequence[str] = (), space: Sequence[str] = ()) -> dict[str, list[Any]]:
+    """``--fix section.key=value`` and ``--space section.key=v1,v2`` as ``{field: [values]}``.
+
+    Raises:
+        ValueError: one line naming an unknown key (with the allowed ones) or a bad value.
+    """
+    out: dict[str, list[Any]] = {}
+    for flag, items in (("--fix", fix), ("--space", space)):
+        for item in items:
+            if "=" not in item:
+                raise ValueError(f"{flag} {item!r}: expected section.key=value")
+            key, raw = (s.strip() for s in item.split("=", 1))
+            if key not in KNOBS:
+                raise ValueError(f"{flag} {key}: unknown key; allowed: {', '.join(KNOBS)}")
+            field = KNOBS[key]
+            parts = [raw] if flag == "--fix" else [p for p in raw.split(",") if p.strip()]
+            if not parts:
+                raise ValueError(f"{flag} {key}: no values given")
+            values = [_parse_value(field, p, key) for p in parts]
+            out[field] = list(dict.fromkeys(values))
+    return out
+
+
+def normalise(c: Candidate) -> Candidate:
+    """Knobs without effect in this plan set to their neutral value, so equal plans compare equal."""
+    if c.tp == 1 and c.sp:
+        return c  # left for the config's reason (sequence_parallel needs TP > 1)
+    if c.dp * c.cp == 1 and (c.overlap_grad_reduce or c.zero):  # no data-parallel group to reduce over
+        c = replace(c, overlap_grad_reduce=False, zero=0)
+    if c.zero not in (1, 2) and c.overlap_param_gather:
+        c = replace(c, overlap_param_gather=False)
+    if c.zero == 3 and c.overlap_grad_reduce:  # FSDP reduce-scatters each unit as its backward ends
+        c = replace(c, overlap_grad_reduce=False)
+    return c
+
+
+def enumerate_space(facts: ModelFacts, model_cfg: Any, knobs: Mapping[str, list[Any]] | None = None,
+                    base_parallel: Mapping[str, Any] | None = None,
+                    ) -> tuple[list[Candidate], list[Rejection]]:
+    """Every distinct valid plan, and the invalid ones grouped by reason (most plans first).
+
+    ``knobs`` replaces the default value list of the fields it names (:func:`parse_knobs`).
+    """
+    values = default_values(facts)
+    values.update(knobs or {})
+    if facts.num_experts <= 1 and "ep" not in (knobs or {}):
+        values["ep"] = [1]
+    order = ("tp", "sp", "cp", "ep", "pp", "vpp", "zero", "mbs", "recompute", "overlap_grad_reduce",
+             "overlap_param_gather")
+    seen: set[Candidate] = set()
+    valid: list[Candidate] = []
+    reasons: dict[str, list[Any]] = {}
+    check_cache: dict[tuple, str | None] = {}
+
+    def asked(field: str) -> bool:
+        return field in (knobs or {})
+
+    for combo in itertools.product(*(values[k] for k in order)):
+        kw = dict(zip(order, combo, strict=True))
+        model_par = kw["tp"] * kw["cp"] * kw["pp"]
+        if facts.world_size % model_par:
+            continue  # not a factorisation of the cluster: no plan at all
+        if not asked("sp") and kw["tp"] == 1 and kw["sp"] or not asked("vpp") and kw["pp"] == 1 and kw["vpp"] > 1:
+            continue  # a TP (PP) knob without TP (PP): not a plan of its own unless asked for
+        c = normalise(Candidate(dp=facts.world_size // model_par, **kw))
+        if c in seen:
+            continue
+        seen.add(c)
+        key = (c.tp, c.sp, c.cp, c.ep, c.pp, c.vpp, c.dp, c.zero, c.mbs, c.overlap_param_gather)
+        if key not in check_cache:
+            check_cache[key] = check_plan(c, facts, model_cfg, base_parallel)
+        why = check_cache[key]
+        if why is None:
+            valid.append(c)
+        else:
+            reasons.setdefault(why, [0, c])[0] += 1
+    rejections = sorted((Rejection(r, n, ex) for r, (n, ex) in reasons.items()), key=lambda r: (-r.count, r.reason))
+    return valid, rejections
+
+
+def check_plan(c: Candidate, facts: ModelFacts, model_cfg: Any, base_parallel: Mapping[str, Any] | None) -> str | None:
+    """``None`` if the plan is valid, else the one-line reason (the parallel config's own words)."""
+    if c.zero == 3 and c.pp > 1:
+        return "ZeRO-3/FSDP with pipeline_model_parallel_size > 1 is not supported (Megatron-LM and trainsim)"
+    if c.overlap_param_gather and c.zero not in (1, 2):
+        return "overlap_param_gather needs the distributed optimizer (zero_stage 1 or 2)"
+    try:
+        cfg = c.config(facts.global_batch_size, base_parallel)
+        cfg.validate_model(model_cfg)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def families(cands: Iterable[Candidate]) -> int:
+    """Distinct (TP, CP, EP, PP, VPP) shapes among ``cands``."""
+    return len({(c.tp, c.cp, c.ep, c.pp, c.vpp) for c in cands})
