@@ -42,6 +42,7 @@ from workload.parallel.config import ParallelConfig
 from workload.parallel.placement import Layout
 from workload.parallel.schedules import schedule
 from workload.parallel.tp import COLLECTIVE_PREFIX
+from workload.parallel.tp_overlap import Pipelined, emit_pipelined, pair_collectives
 
 SELECTIVE_KINDS = ("attention", "softmax", "elementwise", "gemm")
 """Kernel kinds of the attention core re-run by selective recomputation, among the ops of the core
@@ -241,6 +242,10 @@ class RankBuilder:
         self.grad_bytes = GRAD_REDUCE_BYTES.get(trace.dtype, 4)
         self.grad_dtype = "fp16" if self.grad_bytes == 2 else "fp32"
         self.fp8_cast_chunks: set[int] = set()
+        self.tp_overlap = "userbuffers" if cfg.tp_comm_overlap else "async" if cfg.async_tp else ""
+        """How TP collectives are pipelined with their GEMMs ("": not at all)."""
+        self.overlap_carry: list[int] = []
+        """A pipelined reduce-scatter's last chunk, which the next compute task waits for."""
 
     # -- public ----------------------------------------------------------------------------------
     @property
@@ -254,7 +259,7 @@ class RankBuilder:
         backward preceded by its recomputation (``recompute_granularity``). No pipeline, data-parallel
         or FSDP communication: the pass alone."""
         deps = self.recompute(block or 0, []) if part == "block" and phase == "bwd" else []
-        self.emit(self.ops.get(part, phase, block), deps)
+        self.emit(self.ops.get(part, phase, block), deps, blocks=part == "block")
 
     # -- helpers -------------------------------------------------------------------------------
     def add(self, op, stream="compute", deps=()) -> int:
@@ -264,10 +269,26 @@ class RankBuilder:
             self.last_compute = tid
         return tid
 
-    def emit(self, items: list, deps=(), scale: float = 1.0) -> int | None:
-        """Put kernels and TP/EP collectives on the compute stream; the first waits for ``deps``."""
+    def emit(self, items: list, deps=(), scale: float = 1.0, *, blocks: bool = False) -> int | None:
+        """Put kernels and TP/EP collectives on the compute stream; the first waits for ``deps``.
+
+        With ``tp_comm_overlap`` or ``async_tp`` the TP all-gathers and reduce-scatters of the
+        transformer blocks' ops (``blocks``) next to their GEMMs are pipelined with them
+        (:mod:`workload.parallel.tp_overlap`): TE userbuffers serve TE's layers in the blocks, not the
+        embedding or Megatron-Core's plain ``ColumnParallelLinear`` output layer."""
         first = True
+        if self.tp_overlap:
+            if blocks:
+                items = pair_collectives(items, hidden=self.t.hidden_size, tp=self.cfg.tp, mode=self.tp_overlap)
+            deps, self.overlap_carry = list(deps) + self.overlap_carry, []
         for it in items:
+            if isinstance(it, Pipelined):
+                self.overlap_carry = emit_pipelined(self, it, list(deps) if first else self.overlap_carry,
+                                                    mode=self.tp_overlap)
+                first = False
+                continue
+            if self.overlap_carry:  # what a pipelined reduce-scatter's consumer waits for
+                deps, first, self.overlap_carry = self.overlap_carry, True, []
             if isinstance(it, TracedCollective):
                 task = Collective(it.op, it.size_bytes, self.groups[it.axis], dtype=it.dtype,
                                   name=f"{it.axis}_{it.op}")
@@ -282,6 +303,8 @@ class RankBuilder:
             self.add(task, "compute", deps if first else ())
             first = False
         if first and deps:  # nothing emitted: keep the dependency on the compute stream
+            if self.tp_overlap:
+                self.overlap_carry = list(deps)
             return None
         return self.last_compute
 
@@ -363,7 +386,7 @@ class RankBuilder:
             if cast and self.t.fp8_params_block:
                 self.emit(self.fp8_weight_cast(layer, "fwd"), d)
                 d = []
-            self.emit(self.ops.get("block", "fwd", layer), d)
+            self.emit(self.ops.get("block", "fwd", layer), d, blocks=True)
             prev_prev = before
             deps = []
         if last_v:
@@ -393,7 +416,7 @@ class RankBuilder:
                 d = []
             if not self.macro:
                 d = self.recompute(layer, d)
-            self.emit(self.ops.get("block", "bwd", layer), d)
+            self.emit(self.ops.get("block", "bwd", layer), d, blocks=True)
             prev_prev = before
             deps = []
             done = self.last_compute
@@ -431,7 +454,7 @@ class RankBuilder:
                    if isinstance(o, Compute) and o.kind in SELECTIVE_KINDS and o.layer.endswith(".attn")]
         if not fwd:
             return deps
-        self.emit(fwd, deps)
+        self.emit(fwd, deps, blocks=True)
         return []
 
     # -- data-parallel gradient buckets -----------------------------------------------------------
