@@ -369,18 +369,22 @@ class RankBuilder:
 
     def forward(self, mb: int, chunk: int, first_v: bool, last_v: bool, deps: list) -> int | None:
         zero3 = self.zero == 3
+        first_pass = chunk not in self.fp8_cast_chunks  # the chunk's first forward of the iteration
+        self.fp8_cast_chunks.add(chunk)
+        # ZeRO-3/FSDP gathers before every forward; FSDP with PP once per iteration (kept unsharded)
+        gather = zero3 and (first_pass or not self.cfg.fsdp_keeps_unsharded)
         if first_v:
-            ag = self.fsdp_gather_part("pre", "fwd", None) if zero3 else []
+            ag = self.fsdp_gather_part("pre", "fwd", None) if gather else []
             self.emit(self.ops.get("pre", "fwd"), deps + self.gathered("pre") + ag)
             deps = []
         layers = self.chunk_layers(chunk)
-        # FP8: weights are cast on the chunk's first forward (TE caches them), every pass under ZeRO-3
-        cast = zero3 or chunk not in self.fp8_cast_chunks
-        self.fp8_cast_chunks.add(chunk)
+        # FP8: weights are cast on the chunk's first forward (TE caches them), every pass under
+        # ZeRO-3, whose gathered weights are freed after use
+        cast = gather or first_pass
         prev_prev = None
         for layer in layers:
             d = list(deps) + self.gathered(layer)
-            if zero3:
+            if gather:
                 d.append(self.fsdp_gather(layer, "fwd", prev_prev))
             before = self.last_compute
             if cast and self.t.fp8_params_block:
@@ -390,28 +394,27 @@ class RankBuilder:
             prev_prev = before
             deps = []
         if last_v:
-            ag = self.fsdp_gather_part("post", "fwd", prev_prev) if zero3 else []
+            ag = self.fsdp_gather_part("post", "fwd", prev_prev) if gather else []
             self.emit(self.ops.get("post", "fwd"), list(deps) + ag)
         return self.last_compute
 
     def backward(self, mb: int, chunk: int, first_v: bool, last_v: bool, deps: list, last_mb: bool) -> None:
         zero3 = self.zero == 3
+        once = self.cfg.fsdp_keeps_unsharded  # FSDP with PP: no gathers; one reduce-scatter, last
+        gather = zero3 and not once
         if last_v:
-            ag = self.fsdp_gather_part("post", "bwd", None) if zero3 else []
+            ag = self.fsdp_gather_part("post", "bwd", None) if gather else []
             self.emit(self.ops.get("post", "bwd"), list(deps) + ag)
             deps = []
-            if zero3:
-                self.fsdp_reduce_scatter("post", self.t.params_post, self.last_compute)
-            elif last_mb:
-                self.grad_ready("post", self.last_compute)
+            self._gradients_done("post", self.t.params_post, last_mb)
         layers = list(self.chunk_layers(chunk))
         prev_prev = None
         for layer in reversed(layers):
             d = list(deps)
-            if zero3:
+            if gather:
                 d.append(self.fsdp_gather(layer, "bwd", prev_prev))
             before = self.last_compute
-            if zero3 and self.t.fp8_params_block:
+            if gather and self.t.fp8_params_block:
                 self.emit(self.fp8_weight_cast(layer, "bwd"), d)
                 d = []
             if not self.macro:
@@ -419,18 +422,22 @@ class RankBuilder:
             self.emit(self.ops.get("block", "bwd", layer), d, blocks=True)
             prev_prev = before
             deps = []
-            done = self.last_compute
-            if zero3:
-                self.fsdp_reduce_scatter(layer, self.t.block_params(layer), done)
-            elif last_mb:
-                self.grad_ready(layer, done)
+            self._gradients_done(layer, self.t.block_params(layer), last_mb)
         if first_v:
-            ag = self.fsdp_gather_part("pre", "bwd", prev_prev) if zero3 else []
+            ag = self.fsdp_gather_part("pre", "bwd", prev_prev) if gather else []
             self.emit(self.ops.get("pre", "bwd"), list(deps) + ag)
-            if zero3:  # the tied output layer's gradient is accumulated into the embedding's by now
-                self.fsdp_reduce_scatter("pre", self.t.params_pre, self.last_compute)
-            elif last_mb:
-                self.grad_ready("pre", self.last_compute)
+            # the tied output layer's gradient is accumulated into the embedding's by now
+            self._gradients_done("pre", self.t.params_pre, last_mb)
+
+    def _gradients_done(self, key, n: int, last_mb: bool) -> None:
+        """A unit's backward has just been emitted: ZeRO-3/FSDP reduce-scatters its gradients (FSDP with
+        PP only after the last micro-batch); otherwise its bucket learns it is ready (last micro-batch)."""
+        done = self.last_compute
+        if self.zero == 3:
+            if last_mb or not self.cfg.fsdp_keeps_unsharded:
+                self.fsdp_reduce_scatter(key, n, done)
+        elif last_mb:
+            self.grad_ready(key, done)
 
     def gather_received(self, deps: list) -> list:
         """Scatter/gather: without sequence parallelism the received 1/tp slices are all-gathered

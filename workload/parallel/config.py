@@ -109,6 +109,24 @@ class ParallelConfig:
         return max(self.zero_stage, 1 if self.use_distributed_optimizer else 0)
 
     @property
+    def fsdp_keeps_unsharded(self) -> bool:
+        """FSDP with pipeline stages, as torchtitan runs FSDP2 + PP: ``reshard_after_forward`` is off
+        with PP (torchtitan's "default" policy, ``parallelize.py``: ``reshard_after_forward = not
+        pp_enabled``) and PyTorch's pipeline schedules turn gradient sync and reshard-after-backward off
+        for every micro-batch but the last (``torch.distributed.pipelining``,
+        ``backward_maybe_with_nosync``). So each unit is all-gathered once per step, at its first
+        forward, stays unsharded, and its fp32 gradients accumulate unsharded until one reduce-scatter
+        after its last backward."""
+        return self.fsdp and self.pp > 1
+
+    @property
+    def memory_zero_stage(self) -> int:
+        """The ZeRO stage of what is still sharded at the memory peak: 1 under
+        :attr:`fsdp_keeps_unsharded` (parameters and gradients resident whole, optimizer states
+        sharded), :attr:`effective_zero_stage` otherwise."""
+        return 1 if self.fsdp_keeps_unsharded else self.effective_zero_stage
+
+    @property
     def world_size(self) -> int:
         return self.tp * self.cp * self.dp * self.pp
 
@@ -184,9 +202,6 @@ class ParallelConfig:
         if self.vpp > 1 and self.schedule != "interleaved_1f1b":
             raise ValueError(f"virtual_pipeline_model_parallel_size={self.vpp} needs pipeline_schedule="
                              f"'interleaved_1f1b', got {self.schedule!r}")
-        if self.fsdp and self.pp > 1:
-            raise ValueError("fsdp=True with pipeline_model_parallel_size > 1 is not supported; "
-                             "use zero_stage=1 (distributed optimizer) with pipelining")
 
     # -- resolution against a world and a model ------------------------------------------------
     def resolve(self, world_size: int) -> ParallelConfig:
