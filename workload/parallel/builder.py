@@ -91,6 +91,9 @@ class ModelTrace:
     params_per_block: tuple[int, ...] | None = None
     """Blocks that differ (a custom module's top-level children): elements of each; ``None``: every
     block has ``params_block``."""
+    attention_kernel: str = ""
+    """The attention kernel the model's ``attention_backend`` names (:func:`attention_kernel`), set on
+    every traced attention op (:attr:`hwmodel.ir.Compute.attention_kernel`); ``""``: the default."""
 
     def block_params(self, layer: int) -> int:
         """Parameter elements of block ``layer`` on this rank."""
@@ -106,6 +109,17 @@ class BuildResult:
     config: ParallelConfig
     stage_layers: list[int]
     info: dict = field(default_factory=dict)
+
+
+NAMED_ATTENTION_KERNELS = ("flash2", "flash3", "cudnn", "efficient")
+"""``attention_backend`` values that name one kernel; ``flash`` is the framework's default for the GPU
+generation and ``unfused`` is no attention kernel at all."""
+
+
+def attention_kernel(model_cfg) -> str:
+    """The :attr:`hwmodel.ir.Compute.attention_kernel` of a model config's ``attention_backend``."""
+    backend = getattr(model_cfg, "attention_backend", "flash")
+    return backend if backend in NAMED_ATTENTION_KERNELS else ""
 
 
 class TracedOps:
@@ -124,7 +138,7 @@ class TracedOps:
             g = self.t.graph
             recs = (g.block_ops(block, phase) if part == "block" else
                     g.pre_ops(phase) if part == "pre" else g.post_ops(phase))
-            hit = [_convert(o) for o in recs]
+            hit = [_convert(o, self.t.attention_kernel) for o in recs]
             self._cache[key] = hit
         return hit
 
@@ -147,14 +161,16 @@ TracedItem = Compute | TracedCollective
 """What :class:`TracedOps` gives per op: a kernel, or a collective to place on the rank's group."""
 
 
-def _convert(o) -> TracedItem:
-    """An op record as a Compute, or a :class:`TracedCollective` for a traced collective."""
+def _convert(o, kernel: str = "") -> TracedItem:
+    """An op record as a Compute (an attention op run by ``kernel``, if named), or a
+    :class:`TracedCollective` for a traced collective."""
     op = o.name[len(COLLECTIVE_PREFIX):].split(".")[0] if o.name.startswith(COLLECTIVE_PREFIX) else ""
     if op in TRACED_COLLECTIVES:
         eb = ELEM_BYTES.get(o.dtype, 2)
         size = math.prod(o.out_shapes[0]) * eb if op == "all_gather" else math.prod(o.in_shapes[0]) * eb
         return TracedCollective(op, int(size), "ep" if op == "all_to_all" else "tp", o.dtype)
-    return o.to_compute()
+    c = o.to_compute()
+    return replace(c, attention_kernel=kernel) if kernel and c.kind == "attention" else c
 
 
 def build_programs(trace: ModelTrace, config: ParallelConfig, *, ranks: list[int] | None = None,

@@ -14,7 +14,7 @@ import torch
 from hwmodel.dtypes import TRAINING_DTYPES as _DTYPE_TABLE
 from hwmodel.dtypes import training_dtype
 from workload.fp8 import fp8_modules, to_fp8
-from workload.parallel.builder import ModelTrace
+from workload.parallel.builder import ModelTrace, attention_kernel
 from workload.parallel.config import ParallelConfig
 from workload.parallel.tp import TPContext
 from workload.trace import trace_model
@@ -73,7 +73,8 @@ def trace_rank(model_cfg, config: ParallelConfig, *, dtype: str = "bf16") -> Mod
         seq_length=seq,
         micro_batch_size=config.micro_batch_size,
         params_pre=pre, params_block=block, params_post=post, params_block_expert=expert, params_post_tied=tied,
-        dtype="bf16" if dtype == "fp8" else dtype, fp8_params_block=fp8_params)
+        dtype="bf16" if dtype == "fp8" else dtype, fp8_params_block=fp8_params,
+        attention_kernel=attention_kernel(model_cfg))
 
 
 def _param_counts(model: torch.nn.Module, graph, family: ModelFamily) -> tuple[int, int, int, int]:

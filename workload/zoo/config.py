@@ -12,6 +12,9 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Literal
 
+ATTENTION_BACKENDS = ("flash", "flash2", "flash3", "cudnn", "efficient", "unfused")
+"""``[model] attention_backend`` values: every one but ``unfused`` is one fused kernel per pass."""
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TransformerConfig:
@@ -59,10 +62,13 @@ class TransformerConfig:
     moe_capacity_factor: float = 1.0
     """Tokens per expert = ceil(capacity_factor · tokens · topk / experts) (uniform routing assumed)."""
     num_tokentypes: int = 0
-    attention_backend: Literal["flash", "unfused"] = "flash"
-    """``flash``: FlashAttention kernels (one fwd, one bwd). ``unfused``: Megatron-LM's 2021-22 path --
-    QK^T batched GEMM, fused scale-mask-softmax, attention dropout, attention x V -- whose s x s
-    tensors are what selective recomputation avoids storing (Korthikanti et al. 2022)."""
+    attention_backend: Literal["flash", "flash2", "flash3", "cudnn", "efficient", "unfused"] = "flash"
+    """``flash``: the framework's default fused kernel for the GPU generation (one fwd, one bwd);
+    ``flash2`` / ``flash3`` (FlashAttention-2 / -3), ``cudnn`` (cuDNN fused attention: TE, SDPA's cuDNN
+    backend), ``efficient`` (SDPA's memory-efficient kernel): that kernel, priced by its calibration
+    (:attr:`hwmodel.ir.Compute.attention_kernel`). ``unfused``: Megatron-LM's 2021-22 path -- QK^T
+    batched GEMM, fused scale-mask-softmax, attention dropout, attention x V -- whose s x s tensors are
+    what selective recomputation avoids storing (Korthikanti et al. 2022)."""
     hidden_dropout: float = 0.0
     """Dropout after the attention and MLP blocks (GPT-3 / Megatron: 0.1)."""
     attention_dropout: float = 0.0
@@ -97,9 +103,9 @@ class TransformerConfig:
         for f in ("hidden_dropout", "attention_dropout"):
             if not 0.0 <= getattr(self, f) < 1.0:
                 raise ValueError(f"{self.name}: {f} must be in [0, 1), got {getattr(self, f)}")
-        if self.attention_backend not in ("flash", "unfused"):
-            raise ValueError(f"{self.name}: attention_backend must be 'flash' or 'unfused', "
-                             f"got {self.attention_backend!r}")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"{self.name}: attention_backend: unknown {self.attention_backend!r}; "
+                             f"allowed: {', '.join(ATTENTION_BACKENDS)}")
         if self.moe_capacity_factor < 1.0:
             raise ValueError(f"{self.name}: moe_capacity_factor={self.moe_capacity_factor} must be >= 1")
 

@@ -57,7 +57,7 @@ class SelfAttention(nn.Module):
         v = v.view(B, T, self.n_kv, hs).transpose(1, 2)  # (B, nkv/tp, T, hs)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        if self.backend == "flash":
+        if self.backend != "unfused":  # one fused kernel (which one: the cost model's business)
             y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal,
                                                enable_gqa=self.n_kv != self.n_head)  # (B, nh/tp, T, hs)
         else:
