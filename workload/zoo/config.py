@@ -44,7 +44,9 @@ class TransformerConfig:
     max_position_embeddings: int | None = None
     """Rows of the learned position table; ``None`` means ``seq_length``."""
     normalization: Literal["LayerNorm", "RMSNorm"] = "LayerNorm"
-    activation: Literal["gelu", "swiglu"] = "gelu"
+    activation: Literal["gelu", "swiglu", "squared_relu"] = "gelu"
+    """MLP non-linearity: GELU (GPT, BERT), SwiGLU (the Llama family's gated MLP), or squared ReLU,
+    relu(x)^2 (Nemotron-4, arXiv:2402.16819; Megatron-LM ``--squared-relu``)."""
     position_embedding_type: Literal["learned_absolute", "rope"] = "learned_absolute"
     rotary_base: float = 10000.0
     """RoPE base θ (Llama 2: 1e4, Llama 3: 5e5, Mixtral: 1e6)."""
