@@ -19,6 +19,11 @@ and PyTorch use:
   wraps the root module's remaining parameters as the root unit, DeepSpeed ZeRO-3 and Megatron-FSDP
   shard them too. A tied output layer on a single stage gathers the embedding for "post" as well
   (:attr:`ModelTrace.params_post_tied`); its gradient is reduce-scattered once, with "pre".
+  FSDP with pipeline stages (:attr:`ParallelConfig.fsdp_keeps_unsharded`, torchtitan's FSDP2 + PP)
+  gathers each unit once per iteration, at its first forward, and reduce-scatters it once, after its
+  last backward; ``zero_stage = 3`` with PP gathers and reduces per micro-batch;
+* ``tp_overlap`` / ``tp_async``: with ``tp_comm_overlap`` or ``async_tp``, the chunks of the TP
+  collectives pipelined with their GEMMs (:mod:`workload.parallel.tp_overlap`).
 
 Gradients are reduced in fp32 for bf16 and fp32 training, in fp16 for fp16 training (Megatron-LM);
 parameters are gathered in the training dtype.
