@@ -25,6 +25,9 @@ FLOP/s, more HBM bandwidth), with efficiencies calibrated against measurements
   costs ``(iterations + c)`` block times, where ``c`` (fitted, per head dim) is the per-CTA prologue and
   epilogue (load Q, rescale, write O) -- this is what makes short sequences slow. At long sequences the
   rate tends to ``peak * eff_fwd`` or ``peak * eff_bwd``. The backward pass does 2.5x the forward FLOPs.
+  The efficiencies are per kernel (:attr:`~hwmodel.ir.Compute.attention_kernel`: FlashAttention-2 or -3,
+  cuDNN, PyTorch's memory-efficient kernel) and architecture, by head dim; an unnamed kernel is the
+  framework's default flash kernel for the generation (calibration ``[default.attention]``).
 - **Memory-bound kinds** (elementwise, norm, softmax, embedding, loss, optimizer, copy, reduction, other):
   ``max(bytes / (hbm_bandwidth * eff_hbm), flops / (fp32_flops * eff_vector)) + launch``;
   they spread over every SM unless tiny (one SM per 4 KiB moved, at least one).
@@ -135,6 +138,12 @@ class ArchCalibration:
     """Added to every kernel's solo time (s)."""
     memory_bytes_per_sm: float
     """A memory-bound kernel occupies one SM per this many bytes moved (up to all SMs)."""
+    attention_kernels: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """Attention kernel (:attr:`hwmodel.ir.Compute.attention_kernel`) -> its tables
+    (``fwd_efficiency``, ``bwd_efficiency``, ``cta_overhead_blocks``; missing ones are the default
+    flash kernel's) and ``architectures``, where it runs (absent: everywhere)."""
+    architecture: str = ""
+    """The GPU's architecture (lower case), ``""`` if unknown."""
     sustained_clock_fraction: float = 1.0
     """Tensor-core throughput under sustained training load / in a short benchmark: whole-node
     training holds the GPUs at their power limit, below the boost clock the microbenchmarks of
@@ -147,12 +156,29 @@ class ArchCalibration:
         e = self.gemm_efficiency
         return float(e.get(dtype, e.get("default", 0.8)))
 
-    def attention_params(self, head_dim: int) -> tuple[float, float, float]:
-        """(fwd efficiency, bwd efficiency, CTA overhead) at ``head_dim``, linearly interpolated
-        between calibrated head dims and clamped outside them."""
-        return (_interp(self.attention_fwd_efficiency, head_dim),
-                _interp(self.attention_bwd_efficiency, head_dim),
-                _interp(self.attention_cta_overhead_blocks, head_dim))
+    def attention_params(self, head_dim: int, kernel: str = "") -> tuple[float, float, float]:
+        """(fwd efficiency, bwd efficiency, CTA overhead) of attention ``kernel`` (``""``: the default
+        flash kernel) at ``head_dim``, linearly interpolated between calibrated head dims and clamped
+        outside them.
+
+        Raises:
+            ValueError: an unknown kernel, or one that does not run on this architecture.
+        """
+        tables = {"fwd_efficiency": self.attention_fwd_efficiency, "bwd_efficiency": self.attention_bwd_efficiency,
+                  "cta_overhead_blocks": self.attention_cta_overhead_blocks}
+        if kernel:
+            own = self.attention_kernels.get(kernel)
+            if own is None:
+                raise ValueError(f"attention kernel {kernel!r}: no calibration; known: "
+                                 f"{', '.join(sorted(self.attention_kernels))}")
+            archs = own.get("architectures")
+            if archs is not None and self.architecture not in archs:
+                raise ValueError(f"attention_backend {kernel!r} runs on {', '.join(archs)} GPUs only, "
+                                 f"not {self.architecture or 'this GPU'}")
+            tables = {k: {int(d): float(e) for d, e in own[k].items()} if k in own else v
+                      for k, v in tables.items()}
+        return (_interp(tables["fwd_efficiency"], head_dim), _interp(tables["bwd_efficiency"], head_dim),
+                _interp(tables["cta_overhead_blocks"], head_dim))
 
 
 def _interp(table: Mapping[int, float], x: float) -> float:
@@ -250,6 +276,8 @@ class Calibration:
                 attention_cta_overhead_blocks={int(k): float(v)
                                                for k, v in att["cta_overhead_blocks"].items()},
                 attention_block=int(att["block"]),
+                attention_kernels={str(k): dict(v) for k, v in att.get("kernels", {}).items()},
+                architecture=arch,
                 hbm_efficiency=float(merged["hbm_efficiency"]),
                 vector_efficiency=float(merged["vector_efficiency"]),
                 launch_overhead_s=float(merged["launch_overhead_s"]),
@@ -544,8 +572,9 @@ class KernelCostModel:
         launch = self.cal.launch_overhead_s
         backward = _is_backward(task)
         causal = task.causal
+        kernel = task.attention_kernel
         if not task.shape:
-            eff_f, eff_b, _ = self.cal.attention_params(128)
+            eff_f, eff_b, _ = self.cal.attention_params(128, kernel)
             eff = eff_b if backward else eff_f
             t = max(task.flops / (peak * eff), self._hbm_time(task.bytes_accessed))
             return KernelCost(t + launch, self.sm_count, task.bytes_accessed, {"efficiency": eff})
@@ -554,7 +583,7 @@ class KernelCostModel:
                 f"attention {task.name!r}: shape must be (batch, heads, seq_q, seq_kv, head_dim), "
                 f"got {task.shape}")
         b, h, sq, skv, d = (int(x) for x in task.shape)
-        eff_f, eff_b, overhead = self.cal.attention_params(d)
+        eff_f, eff_b, overhead = self.cal.attention_params(d, kernel)
         eff = eff_b if backward else eff_f
         blk = self.cal.attention_block
         n_q, n_kv = math.ceil(sq / blk), math.ceil(skv / blk)

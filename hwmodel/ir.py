@@ -61,6 +61,10 @@ class Compute:
     diagonal, about half of the full ``seq_q x seq_kv`` work (FlashAttention-2; Dao 2023,
     arXiv:2307.08691 §3.1); the cost model prices those blocks from ``shape`` when this is set. ``flops``
     keep the executed count (the tracer halves the full count) and price only a shapeless task."""
+    attention_kernel: str = ""
+    """Attention only: the library kernel that runs it (``flash2``, ``flash3``, ``cudnn``, ``efficient``:
+    ``[model] attention_backend``), priced from that kernel's calibration; ``""``: the framework's
+    default flash kernel for the GPU generation (:mod:`hwmodel.costmodel`)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -309,7 +309,7 @@ def run_prepared(prep: Prepared, memory: Any, *, progress: bool = False,
     """
     t0 = time.perf_counter() if started_s is None else started_s
     cfg, topo, sim = prep.config, prep.topology, prep.scenario.simulation
-    trace = trace_rank(prep.model_cfg, cfg, dtype=prep.dtype)
+    trace = trace_rank(prep.model_cfg, cfg, dtype=prep.dtype, compile=prep.scenario.training.get("compile", False))
     layout = Layout(cfg)
     mode = _simulation_mode(prep, trace)
     ranks = None if mode == "full" else layout.representatives()

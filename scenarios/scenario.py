@@ -4,7 +4,7 @@
 [system]      # the cluster: name (dgx-a100, dgx-h100, ...), nodes, fabric, oversubscription, ...
 [model]       # a zoo name plus overrides (num_layers, hidden_size, ...), or factory = "pkg.mod:fn"
 [parallel]    # ParallelConfig fields, Megatron names (tensor_model_parallel_size, ...)
-[training]    # global_batch_size, micro_batch_size, dtype (bf16, fp16, fp32, fp8), seq_length
+[training]    # global_batch_size, micro_batch_size, dtype (bf16, fp16, fp32, fp8), seq_length, compile
 [simulation]  # fidelity (flow/step), mode (auto/full/symmetric/hierarchical), nccl_algo, nccl_proto,
               # nccl_tuner_config (a path: NCCL tuner-plugin CSV rules), host_launch_overhead_s, record_links
 ```
@@ -34,7 +34,8 @@ SYSTEM_KEYS = {
     "name": str, "nodes": int, "fabric": str, "oversubscription": (int, float), "su_size": int,
     "gpu": str, "gpu_file": str, "nic": str, "fabric_switch": str, "gpu_overrides": dict,
 }
-TRAINING_KEYS = {"global_batch_size": int, "micro_batch_size": int, "dtype": str, "seq_length": int}
+TRAINING_KEYS = {"global_batch_size": int, "micro_batch_size": int, "dtype": str, "seq_length": int,
+                 "compile": bool}
 SIMULATION_KEYS = {
     "fidelity": str, "mode": str, "host_launch_overhead_s": (int, float), "nccl_algo": str, "nccl_proto": str,
     "record_links": bool, "nccl_tuner_config": str,

@@ -379,7 +379,7 @@ class CustomModel:
         opt_bytes = optimizer_bytes_per_param if optimizer_bytes_per_param is not None else (
             12 if param_bytes < 4 else 8)
         full = cfg.recompute_granularity == "full"
-        zero, shard = cfg.effective_zero_stage, cfg.dp * cfg.cp
+        zero, shard = cfg.memory_zero_stage, cfg.dp * cfg.cp
         in_flight_first = m if cfg.schedule == "gpipe" else max(1, min(p, m))
 
         def one_stage(i: int) -> MemoryBreakdown:

@@ -32,7 +32,8 @@ def one_line_error(capsys, argv) -> str:
     ("model.hidden_size=12288.5", "hidden_size must be a positive integer, got 12288.5"),
     ("model.vocab_size=abc", "vocab_size must be a positive integer, got 'abc'"),
     ("model.ffn_hidden_size=0", "ffn_hidden_size must be positive, got 0"),
-    ('model.attention_backend="fast"', "attention_backend must be one of 'flash', 'unfused', got 'fast'"),
+    ('model.attention_backend="fast"', "attention_backend must be one of 'flash', 'flash2', 'flash3', 'cudnn', "
+                                       "'efficient', 'unfused', got 'fast'"),
     ("model.hidden_dropout=true", "hidden_dropout must be a number, got True"),
     ("system.gpu_overrides.tensor_TFLOPS=5", "[system] gpu_overrides: overrides of GPUSpec 'A100-SXM4-80GB': "
                                              "key 'tensor_TFLOPS' must be a table of dtype -> peak"),

@@ -19,6 +19,11 @@ and PyTorch use:
   wraps the root module's remaining parameters as the root unit, DeepSpeed ZeRO-3 and Megatron-FSDP
   shard them too. A tied output layer on a single stage gathers the embedding for "post" as well
   (:attr:`ModelTrace.params_post_tied`); its gradient is reduce-scattered once, with "pre".
+  FSDP with pipeline stages (:attr:`ParallelConfig.fsdp_keeps_unsharded`, torchtitan's FSDP2 + PP)
+  gathers each unit once per iteration, at its first forward, and reduce-scatters it once, after its
+  last backward; ``zero_stage = 3`` with PP gathers and reduces per micro-batch;
+* ``tp_overlap`` / ``tp_async``: with ``tp_comm_overlap`` or ``async_tp``, the chunks of the TP
+  collectives pipelined with their GEMMs (:mod:`workload.parallel.tp_overlap`).
 
 Gradients are reduced in fp32 for bf16 and fp32 training, in fp16 for fp16 training (Megatron-LM);
 parameters are gathered in the training dtype.
@@ -42,6 +47,7 @@ from workload.parallel.config import ParallelConfig
 from workload.parallel.placement import Layout
 from workload.parallel.schedules import schedule
 from workload.parallel.tp import COLLECTIVE_PREFIX
+from workload.parallel.tp_overlap import Pipelined, emit_pipelined, pair_collectives
 
 SELECTIVE_KINDS = ("attention", "softmax", "elementwise", "gemm")
 """Kernel kinds of the attention core re-run by selective recomputation, among the ops of the core
@@ -90,6 +96,9 @@ class ModelTrace:
     params_per_block: tuple[int, ...] | None = None
     """Blocks that differ (a custom module's top-level children): elements of each; ``None``: every
     block has ``params_block``."""
+    attention_kernel: str = ""
+    """The attention kernel the model's ``attention_backend`` names (:func:`attention_kernel`), set on
+    every traced attention op (:attr:`hwmodel.ir.Compute.attention_kernel`); ``""``: the default."""
 
     def block_params(self, layer: int) -> int:
         """Parameter elements of block ``layer`` on this rank."""
@@ -105,6 +114,17 @@ class BuildResult:
     config: ParallelConfig
     stage_layers: list[int]
     info: dict = field(default_factory=dict)
+
+
+NAMED_ATTENTION_KERNELS = ("flash2", "flash3", "cudnn", "efficient")
+"""``attention_backend`` values that name one kernel; ``flash`` is the framework's default for the GPU
+generation and ``unfused`` is no attention kernel at all."""
+
+
+def attention_kernel(model_cfg) -> str:
+    """The :attr:`hwmodel.ir.Compute.attention_kernel` of a model config's ``attention_backend``."""
+    backend = getattr(model_cfg, "attention_backend", "flash")
+    return backend if backend in NAMED_ATTENTION_KERNELS else ""
 
 
 class TracedOps:
@@ -123,7 +143,7 @@ class TracedOps:
             g = self.t.graph
             recs = (g.block_ops(block, phase) if part == "block" else
                     g.pre_ops(phase) if part == "pre" else g.post_ops(phase))
-            hit = [_convert(o) for o in recs]
+            hit = [_convert(o, self.t.attention_kernel) for o in recs]
             self._cache[key] = hit
         return hit
 
@@ -146,14 +166,16 @@ TracedItem = Compute | TracedCollective
 """What :class:`TracedOps` gives per op: a kernel, or a collective to place on the rank's group."""
 
 
-def _convert(o) -> TracedItem:
-    """An op record as a Compute, or a :class:`TracedCollective` for a traced collective."""
+def _convert(o, kernel: str = "") -> TracedItem:
+    """An op record as a Compute (an attention op run by ``kernel``, if named), or a
+    :class:`TracedCollective` for a traced collective."""
     op = o.name[len(COLLECTIVE_PREFIX):].split(".")[0] if o.name.startswith(COLLECTIVE_PREFIX) else ""
     if op in TRACED_COLLECTIVES:
         eb = ELEM_BYTES.get(o.dtype, 2)
         size = math.prod(o.out_shapes[0]) * eb if op == "all_gather" else math.prod(o.in_shapes[0]) * eb
         return TracedCollective(op, int(size), "ep" if op == "all_to_all" else "tp", o.dtype)
-    return o.to_compute()
+    c = o.to_compute()
+    return replace(c, attention_kernel=kernel) if kernel and c.kind == "attention" else c
 
 
 def build_programs(trace: ModelTrace, config: ParallelConfig, *, ranks: list[int] | None = None,
@@ -241,6 +263,10 @@ class RankBuilder:
         self.grad_bytes = GRAD_REDUCE_BYTES.get(trace.dtype, 4)
         self.grad_dtype = "fp16" if self.grad_bytes == 2 else "fp32"
         self.fp8_cast_chunks: set[int] = set()
+        self.tp_overlap = "userbuffers" if cfg.tp_comm_overlap else "async" if cfg.async_tp else ""
+        """How TP collectives are pipelined with their GEMMs ("": not at all)."""
+        self.overlap_carry: list[int] = []
+        """A pipelined reduce-scatter's last chunk, which the next compute task waits for."""
 
     # -- public ----------------------------------------------------------------------------------
     @property
@@ -254,7 +280,7 @@ class RankBuilder:
         backward preceded by its recomputation (``recompute_granularity``). No pipeline, data-parallel
         or FSDP communication: the pass alone."""
         deps = self.recompute(block or 0, []) if part == "block" and phase == "bwd" else []
-        self.emit(self.ops.get(part, phase, block), deps)
+        self.emit(self.ops.get(part, phase, block), deps, blocks=part == "block")
 
     # -- helpers -------------------------------------------------------------------------------
     def add(self, op, stream="compute", deps=()) -> int:
@@ -264,10 +290,26 @@ class RankBuilder:
             self.last_compute = tid
         return tid
 
-    def emit(self, items: list, deps=(), scale: float = 1.0) -> int | None:
-        """Put kernels and TP/EP collectives on the compute stream; the first waits for ``deps``."""
+    def emit(self, items: list, deps=(), scale: float = 1.0, *, blocks: bool = False) -> int | None:
+        """Put kernels and TP/EP collectives on the compute stream; the first waits for ``deps``.
+
+        With ``tp_comm_overlap`` or ``async_tp`` the TP all-gathers and reduce-scatters of the
+        transformer blocks' ops (``blocks``) next to their GEMMs are pipelined with them
+        (:mod:`workload.parallel.tp_overlap`): TE userbuffers serve TE's layers in the blocks, not the
+        embedding or Megatron-Core's plain ``ColumnParallelLinear`` output layer."""
         first = True
+        if self.tp_overlap:
+            if blocks:
+                items = pair_collectives(items, hidden=self.t.hidden_size, tp=self.cfg.tp, mode=self.tp_overlap)
+            deps, self.overlap_carry = list(deps) + self.overlap_carry, []
         for it in items:
+            if isinstance(it, Pipelined):
+                self.overlap_carry = emit_pipelined(self, it, list(deps) if first else self.overlap_carry,
+                                                    mode=self.tp_overlap)
+                first = False
+                continue
+            if self.overlap_carry:  # what a pipelined reduce-scatter's consumer waits for
+                deps, first, self.overlap_carry = self.overlap_carry, True, []
             if isinstance(it, TracedCollective):
                 task = Collective(it.op, it.size_bytes, self.groups[it.axis], dtype=it.dtype,
                                   name=f"{it.axis}_{it.op}")
@@ -282,6 +324,8 @@ class RankBuilder:
             self.add(task, "compute", deps if first else ())
             first = False
         if first and deps:  # nothing emitted: keep the dependency on the compute stream
+            if self.tp_overlap:
+                self.overlap_carry = list(deps)
             return None
         return self.last_compute
 
@@ -346,68 +390,75 @@ class RankBuilder:
 
     def forward(self, mb: int, chunk: int, first_v: bool, last_v: bool, deps: list) -> int | None:
         zero3 = self.zero == 3
+        first_pass = chunk not in self.fp8_cast_chunks  # the chunk's first forward of the iteration
+        self.fp8_cast_chunks.add(chunk)
+        # ZeRO-3/FSDP gathers before every forward; FSDP with PP once per iteration (kept unsharded)
+        gather = zero3 and (first_pass or not self.cfg.fsdp_keeps_unsharded)
         if first_v:
-            ag = self.fsdp_gather_part("pre", "fwd", None) if zero3 else []
+            ag = self.fsdp_gather_part("pre", "fwd", None) if gather else []
             self.emit(self.ops.get("pre", "fwd"), deps + self.gathered("pre") + ag)
             deps = []
         layers = self.chunk_layers(chunk)
-        # FP8: weights are cast on the chunk's first forward (TE caches them), every pass under ZeRO-3
-        cast = zero3 or chunk not in self.fp8_cast_chunks
-        self.fp8_cast_chunks.add(chunk)
+        # FP8: weights are cast on the chunk's first forward (TE caches them), every pass under
+        # ZeRO-3, whose gathered weights are freed after use
+        cast = gather or first_pass
         prev_prev = None
         for layer in layers:
             d = list(deps) + self.gathered(layer)
-            if zero3:
+            if gather:
                 d.append(self.fsdp_gather(layer, "fwd", prev_prev))
             before = self.last_compute
             if cast and self.t.fp8_params_block:
                 self.emit(self.fp8_weight_cast(layer, "fwd"), d)
                 d = []
-            self.emit(self.ops.get("block", "fwd", layer), d)
+            self.emit(self.ops.get("block", "fwd", layer), d, blocks=True)
             prev_prev = before
             deps = []
         if last_v:
-            ag = self.fsdp_gather_part("post", "fwd", prev_prev) if zero3 else []
+            ag = self.fsdp_gather_part("post", "fwd", prev_prev) if gather else []
             self.emit(self.ops.get("post", "fwd"), list(deps) + ag)
         return self.last_compute
 
     def backward(self, mb: int, chunk: int, first_v: bool, last_v: bool, deps: list, last_mb: bool) -> None:
         zero3 = self.zero == 3
+        once = self.cfg.fsdp_keeps_unsharded  # FSDP with PP: no gathers; one reduce-scatter, last
+        gather = zero3 and not once
         if last_v:
-            ag = self.fsdp_gather_part("post", "bwd", None) if zero3 else []
+            ag = self.fsdp_gather_part("post", "bwd", None) if gather else []
             self.emit(self.ops.get("post", "bwd"), list(deps) + ag)
             deps = []
-            if zero3:
-                self.fsdp_reduce_scatter("post", self.t.params_post, self.last_compute)
-            elif last_mb:
-                self.grad_ready("post", self.last_compute)
+            self._gradients_done("post", self.t.params_post, last_mb)
         layers = list(self.chunk_layers(chunk))
         prev_prev = None
         for layer in reversed(layers):
             d = list(deps)
-            if zero3:
+            if gather:
                 d.append(self.fsdp_gather(layer, "bwd", prev_prev))
             before = self.last_compute
-            if zero3 and self.t.fp8_params_block:
+            if gather and self.t.fp8_params_block:
                 self.emit(self.fp8_weight_cast(layer, "bwd"), d)
                 d = []
             if not self.macro:
                 d = self.recompute(layer, d)
-            self.emit(self.ops.get("block", "bwd", layer), d)
+            self.emit(self.ops.get("block", "bwd", layer), d, blocks=True)
             prev_prev = before
             deps = []
-            done = self.last_compute
-            if zero3:
-                self.fsdp_reduce_scatter(layer, self.t.block_params(layer), done)
-            elif last_mb:
-                self.grad_ready(layer, done)
+            self._gradients_done(layer, self.t.block_params(layer), last_mb)
         if first_v:
-            ag = self.fsdp_gather_part("pre", "bwd", prev_prev) if zero3 else []
+            ag = self.fsdp_gather_part("pre", "bwd", prev_prev) if gather else []
             self.emit(self.ops.get("pre", "bwd"), list(deps) + ag)
-            if zero3:  # the tied output layer's gradient is accumulated into the embedding's by now
-                self.fsdp_reduce_scatter("pre", self.t.params_pre, self.last_compute)
-            elif last_mb:
-                self.grad_ready("pre", self.last_compute)
+            # the tied output layer's gradient is accumulated into the embedding's by now
+            self._gradients_done("pre", self.t.params_pre, last_mb)
+
+    def _gradients_done(self, key, n: int, last_mb: bool) -> None:
+        """A unit's backward has just been emitted: ZeRO-3/FSDP reduce-scatters its gradients (FSDP with
+        PP only after the last micro-batch); otherwise its bucket learns it is ready (last micro-batch)."""
+        done = self.last_compute
+        if self.zero == 3:
+            if last_mb or not self.cfg.fsdp_keeps_unsharded:
+                self.fsdp_reduce_scatter(key, n, done)
+        elif last_mb:
+            self.grad_ready(key, done)
 
     def gather_received(self, deps: list) -> list:
         """Scatter/gather: without sequence parallelism the received 1/tp slices are all-gathered
@@ -431,7 +482,7 @@ class RankBuilder:
                    if isinstance(o, Compute) and o.kind in SELECTIVE_KINDS and o.layer.endswith(".attn")]
         if not fwd:
             return deps
-        self.emit(fwd, deps)
+        self.emit(fwd, deps, blocks=True)
         return []
 
     # -- data-parallel gradient buckets -----------------------------------------------------------

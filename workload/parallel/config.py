@@ -61,6 +61,13 @@ class ParallelConfig:
     """Uneven pipeline: layers on the last stage."""
     moe_tokens_per_expert: str = "uniform"
     """Routing assumption for MoE all-to-all and expert GEMMs (data-dependent on real GPUs)."""
+    tp_comm_overlap: bool = False
+    """Megatron-Core ``--tp-comm-overlap`` (TE userbuffers): the sequence-parallel all-gathers and
+    reduce-scatters run in ``tp`` chunks pipelined with their GEMMs (:mod:`workload.parallel.tp_overlap`).
+    Needs ``sequence_parallel``."""
+    async_tp: bool = False
+    """torchtitan's async (micro-pipelined) TP: the same pipelining with copy-engine peer copies.
+    Needs ``sequence_parallel`` (torchtitan's TP always shards the sequence)."""
 
     # -- derived ---------------------------------------------------------------------------
     @property
@@ -102,6 +109,24 @@ class ParallelConfig:
         return max(self.zero_stage, 1 if self.use_distributed_optimizer else 0)
 
     @property
+    def fsdp_keeps_unsharded(self) -> bool:
+        """FSDP with pipeline stages, as torchtitan runs FSDP2 + PP: ``reshard_after_forward`` is off
+        with PP (torchtitan's "default" policy, ``parallelize.py``: ``reshard_after_forward = not
+        pp_enabled``) and PyTorch's pipeline schedules turn gradient sync and reshard-after-backward off
+        for every micro-batch but the last (``torch.distributed.pipelining``,
+        ``backward_maybe_with_nosync``). So each unit is all-gathered once per step, at its first
+        forward, stays unsharded, and its fp32 gradients accumulate unsharded until one reduce-scatter
+        after its last backward."""
+        return self.fsdp and self.pp > 1
+
+    @property
+    def memory_zero_stage(self) -> int:
+        """The ZeRO stage of what is still sharded at the memory peak: 1 under
+        :attr:`fsdp_keeps_unsharded` (parameters and gradients resident whole, optimizer states
+        sharded), :attr:`effective_zero_stage` otherwise."""
+        return 1 if self.fsdp_keeps_unsharded else self.effective_zero_stage
+
+    @property
     def world_size(self) -> int:
         return self.tp * self.cp * self.dp * self.pp
 
@@ -111,7 +136,12 @@ class ParallelConfig:
         gbs = self.global_batch_size or self.micro_batch_size * self.dp
         return gbs // (self.micro_batch_size * self.dp)
 
-    def __post_init__(self) -> None:  # noqa: C901
+    def __post_init__(self) -> None:
+        self._check_types()
+        self._check_values()
+        self._check_combinations()
+
+    def _check_types(self) -> None:
         for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
                      "expert_model_parallel_size", "micro_batch_size"):
             v = getattr(self, name)
@@ -123,7 +153,7 @@ class ParallelConfig:
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
                 raise ValueError(f"{name} must be a positive integer or unset, got {v!r}")
         for name in ("sequence_parallel", "use_distributed_optimizer", "fsdp", "overlap_grad_reduce",
-                     "overlap_param_gather"):
+                     "overlap_param_gather", "tp_comm_overlap", "async_tp"):
             v = getattr(self, name)
             if not isinstance(v, bool):
                 raise ValueError(f"{name} must be true or false, got {v!r}")
@@ -134,10 +164,8 @@ class ParallelConfig:
             raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
         if not isinstance(self.grad_bucket_size_bytes, int) or isinstance(self.grad_bucket_size_bytes, bool):
             raise ValueError(f"grad_bucket_size_bytes must be an integer, got {self.grad_bucket_size_bytes!r}")
-        if self.fsdp and self.zero_stage not in (0, 3):
-            raise ValueError(f"fsdp=true is ZeRO stage 3; it conflicts with zero_stage={self.zero_stage}")
-        if self.fsdp and self.use_distributed_optimizer:
-            raise ValueError("fsdp=true conflicts with use_distributed_optimizer=true (ZeRO-1); choose one")
+
+    def _check_values(self) -> None:
         if self.recompute_granularity not in RECOMPUTE:
             raise ValueError(f"recompute_granularity: unknown value {self.recompute_granularity!r}; "
                              f"allowed: {', '.join(RECOMPUTE)}")
@@ -151,8 +179,22 @@ class ParallelConfig:
         order = self.rank_order.split("-")
         if sorted(order) != sorted(AXES):
             raise ValueError(f"rank_order {self.rank_order!r} must be a permutation of {'-'.join(AXES)}")
+
+    def _check_combinations(self) -> None:  # noqa: C901 -- a flat list of independent conflict checks
+        if self.fsdp and self.zero_stage not in (0, 3):
+            raise ValueError(f"fsdp=true is ZeRO stage 3; it conflicts with zero_stage={self.zero_stage}")
+        if self.fsdp and self.use_distributed_optimizer:
+            raise ValueError("fsdp=true conflicts with use_distributed_optimizer=true (ZeRO-1); choose one")
         if self.sequence_parallel and self.tp == 1:
             raise ValueError("sequence_parallel=True needs tensor_model_parallel_size > 1")
+        if self.tp_comm_overlap and not self.sequence_parallel:
+            raise ValueError("tp_comm_overlap=true needs sequence_parallel=true (as Megatron-Core's "
+                             "--tp-comm-overlap requires --sequence-parallel)")
+        if self.async_tp and not self.sequence_parallel:
+            raise ValueError("async_tp=true needs sequence_parallel=true (and tensor_model_parallel_size > 1)")
+        if self.async_tp and self.tp_comm_overlap:
+            raise ValueError("async_tp=true (torchtitan) conflicts with tp_comm_overlap=true (Megatron-Core); "
+                             "choose one")
         if self.vpp > 1 and self.pp == 1:
             raise ValueError("virtual_pipeline_model_parallel_size > 1 needs pipeline_model_parallel_size > 1")
         if self.schedule == "interleaved_1f1b" and self.vpp == 1:
@@ -160,9 +202,6 @@ class ParallelConfig:
         if self.vpp > 1 and self.schedule != "interleaved_1f1b":
             raise ValueError(f"virtual_pipeline_model_parallel_size={self.vpp} needs pipeline_schedule="
                              f"'interleaved_1f1b', got {self.schedule!r}")
-        if self.fsdp and self.pp > 1:
-            raise ValueError("fsdp=True with pipeline_model_parallel_size > 1 is not supported; "
-                             "use zero_stage=1 (distributed optimizer) with pipelining")
 
     # -- resolution against a world and a model ------------------------------------------------
     def resolve(self, world_size: int) -> ParallelConfig:

@@ -13,8 +13,9 @@ import torch
 
 from hwmodel.dtypes import TRAINING_DTYPES as _DTYPE_TABLE
 from hwmodel.dtypes import training_dtype
+from workload.compile import fuse_pointwise
 from workload.fp8 import fp8_modules, to_fp8
-from workload.parallel.builder import ModelTrace
+from workload.parallel.builder import ModelTrace, attention_kernel
 from workload.parallel.config import ParallelConfig
 from workload.parallel.tp import TPContext
 from workload.trace import trace_model
@@ -27,11 +28,12 @@ TRAINING_DTYPES = tuple(_DTYPE_TABLE)
 """Allowed training dtypes; ``fp8`` is bf16 training with FP8 Linear GEMMs (:mod:`workload.fp8`)."""
 
 
-def trace_rank(model_cfg, config: ParallelConfig, *, dtype: str = "bf16") -> ModelTrace:
+def trace_rank(model_cfg, config: ParallelConfig, *, dtype: str = "bf16", compile: bool = False) -> ModelTrace:
     """The :class:`ModelTrace` of one tensor/context/expert-parallel rank for ``config``.
 
     ``dtype="fp8"`` traces the bf16 model and hands it to :func:`workload.fp8.to_fp8` (Transformer
-    Engine's hybrid FP8 recipe on the blocks' Linear layers).
+    Engine's hybrid FP8 recipe on the blocks' Linear layers). ``compile``: torch.compile's fusion of
+    pointwise chains (:func:`workload.compile.fuse_pointwise`).
 
     Raises:
         ValueError: the parallel sizes do not divide the model (naming the fields and numbers), an
@@ -58,6 +60,8 @@ def trace_rank(model_cfg, config: ParallelConfig, *, dtype: str = "bf16") -> Mod
     if dtype == "fp8":
         paths, fp8_params = fp8_modules(getattr(model, graph.block_attr)[0])
         graph = to_fp8(graph, paths)
+    if compile:
+        graph = fuse_pointwise(graph)
     tied = 0
     embedding = family.tied_embedding_elements(model, model_cfg)
     if embedding and post < embedding:  # the output layer reuses the input embedding (GPT, BERT)
@@ -73,7 +77,8 @@ def trace_rank(model_cfg, config: ParallelConfig, *, dtype: str = "bf16") -> Mod
         seq_length=seq,
         micro_batch_size=config.micro_batch_size,
         params_pre=pre, params_block=block, params_post=post, params_block_expert=expert, params_post_tied=tied,
-        dtype="bf16" if dtype == "fp8" else dtype, fp8_params_block=fp8_params)
+        dtype="bf16" if dtype == "fp8" else dtype, fp8_params_block=fp8_params,
+        attention_kernel=attention_kernel(model_cfg))
 
 
 def _param_counts(model: torch.nn.Module, graph, family: ModelFamily) -> tuple[int, int, int, int]:

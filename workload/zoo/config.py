@@ -17,6 +17,9 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Literal
 
+ATTENTION_BACKENDS = ("flash", "flash2", "flash3", "cudnn", "efficient", "unfused")
+"""``[model] attention_backend`` values: every one but ``unfused`` is one fused kernel per pass."""
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TransformerConfig:
@@ -47,7 +50,9 @@ class TransformerConfig:
     max_position_embeddings: int = None  # type: ignore[assignment]
     """Rows of the learned position table; left out (``None``): ``seq_length``."""
     normalization: Literal["LayerNorm", "RMSNorm"] = "LayerNorm"
-    activation: Literal["gelu", "swiglu"] = "gelu"
+    activation: Literal["gelu", "swiglu", "squared_relu"] = "gelu"
+    """MLP non-linearity: GELU (GPT, BERT), SwiGLU (the Llama family's gated MLP), or squared ReLU,
+    relu(x)^2 (Nemotron-4, arXiv:2402.16819; Megatron-LM ``--squared-relu``)."""
     position_embedding_type: Literal["learned_absolute", "rope"] = "learned_absolute"
     rotary_base: float = 10000.0
     """RoPE base θ (Llama 2: 1e4, Llama 3: 5e5, Mixtral: 1e6)."""
@@ -66,10 +71,13 @@ class TransformerConfig:
     """Tokens per expert = ceil(capacity_factor · tokens · topk / experts) (uniform routing assumed)."""
     num_tokentypes: int = 0
     """BERT segment (token-type) embeddings; 0 for decoders."""
-    attention_backend: Literal["flash", "unfused"] = "flash"
-    """``flash``: FlashAttention kernels (one fwd, one bwd). ``unfused``: Megatron-LM's 2021-22 path --
-    QK^T batched GEMM, fused scale-mask-softmax, attention dropout, attention x V -- whose s x s
-    tensors are what selective recomputation avoids storing (Korthikanti et al. 2022)."""
+    attention_backend: Literal["flash", "flash2", "flash3", "cudnn", "efficient", "unfused"] = "flash"
+    """``flash``: the framework's default fused kernel for the GPU generation (one fwd, one bwd);
+    ``flash2`` / ``flash3`` (FlashAttention-2 / -3), ``cudnn`` (cuDNN fused attention: TE, SDPA's cuDNN
+    backend), ``efficient`` (SDPA's memory-efficient kernel): that kernel, priced by its calibration
+    (:attr:`hwmodel.ir.Compute.attention_kernel`). ``unfused``: Megatron-LM's 2021-22 path -- QK^T
+    batched GEMM, fused scale-mask-softmax, attention dropout, attention x V -- whose s x s tensors are
+    what selective recomputation avoids storing (Korthikanti et al. 2022)."""
     hidden_dropout: float = 0.0
     """Dropout after the attention and MLP blocks (GPT-3 / Megatron: 0.1)."""
     attention_dropout: float = 0.0
@@ -103,9 +111,9 @@ class TransformerConfig:
         for f in ("hidden_dropout", "attention_dropout"):
             if not 0.0 <= getattr(self, f) < 1.0:
                 raise ValueError(f"{self.name}: {f} must be in [0, 1), got {getattr(self, f)}")
-        if self.attention_backend not in ("flash", "unfused"):
-            raise ValueError(f"{self.name}: attention_backend must be 'flash' or 'unfused', "
-                             f"got {self.attention_backend!r}")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"{self.name}: attention_backend: unknown {self.attention_backend!r}; "
+                             f"allowed: {', '.join(ATTENTION_BACKENDS)}")
         if self.moe_capacity_factor < 1.0:
             raise ValueError(f"{self.name}: moe_capacity_factor={self.moe_capacity_factor} must be >= 1")
 

@@ -205,8 +205,8 @@ def transformer_memory(cfg: Any, parallel: ParallelConfig, dtype: str) -> Memory
     return memory_per_gpu(
         cfg, tp=p.tp, pp=p.pp, dp=p.dp, cp=p.cp, ep=p.ep, micro_batch_size=p.micro_batch_size,
         num_microbatches=p.num_microbatches, virtual_pipeline_size=p.vpp, sequence_parallel=p.sequence_parallel,
-        recompute=p.recompute_granularity, zero_stage=p.effective_zero_stage, param_bytes=param_bytes,
-        grad_bytes=grad_bytes, flash_attention=getattr(cfg, "attention_backend", "flash") == "flash",
+        recompute=p.recompute_granularity, zero_stage=p.memory_zero_stage, param_bytes=param_bytes,
+        grad_bytes=grad_bytes, flash_attention=getattr(cfg, "attention_backend", "flash") != "unfused",
         fp8=dtype == "fp8", stage_layers=p.stage_layers(cfg.num_layers))
 
 

@@ -57,7 +57,7 @@ class SelfAttention(nn.Module):
         v = v.view(B, T, self.n_kv, hs).transpose(1, 2)  # (B, nkv/tp, T, hs)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        if self.backend == "flash":
+        if self.backend != "unfused":  # one fused kernel (which one: the cost model's business)
             y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal,
                                                enable_gqa=self.n_kv != self.n_head)  # (B, nh/tp, T, hs)
         else:
@@ -87,17 +87,22 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class MLP(nn.Module):
-    """h -> ffn/tp -> h with GELU (GPT, BERT); fc1 column-parallel, fc2 row-parallel."""
+    """h -> ffn/tp -> h with GELU (GPT, BERT) or squared ReLU (Nemotron: ``activation =
+    "squared_relu"``, eager ``relu`` then ``pow``, as Megatron-LM's ``squared_relu``); fc1
+    column-parallel, fc2 row-parallel."""
 
     def __init__(self, cfg: TransformerConfig, tp: TPContext = SERIAL) -> None:
         super().__init__()
         self.tp = tp
+        self.squared_relu = cfg.activation == "squared_relu"
         self.fc1 = ColumnParallelLinear(cfg.hidden_size, cfg.ffn_hidden_size, tp, bias=cfg.add_bias_linear)
         self.fc2 = RowParallelLinear(cfg.ffn_hidden_size, cfg.hidden_size, tp, bias=cfg.add_bias_linear)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.tp.enter(x)  # (B, T, C)
-        return self.tp.leave(self.fc2(F.gelu(self.fc1(x))))  # (B, T, ffn/tp) -> (B, T, C)
+        y = self.fc1(x)  # (B, T, ffn/tp)
+        y = torch.pow(F.relu(y), 2) if self.squared_relu else F.gelu(y)
+        return self.tp.leave(self.fc2(y))  # (B, T, C)
 
 
 def dropout(x: torch.Tensor, p: float) -> torch.Tensor:

@@ -1,0 +1,175 @@
+"""TP communication pipelined with its GEMM: Megatron-Core tp_comm_overlap and torchtitan async TP."""
+
+from collections import Counter
+from dataclasses import dataclass
+
+import pytest
+
+from hwmodel.cluster import Cluster
+from hwmodel.ir import Collective, Compute, Memcpy
+from hwmodel.runtime import Runtime
+from hwmodel.topology import build_system
+from workload.parallel.builder import ModelTrace, build_programs
+from workload.parallel.config import ParallelConfig
+from workload.parallel.rank_trace import trace_rank
+from workload.parallel.tp_overlap import UB_RS_SPLITS
+from workload.zoo import get_model_config, with_overrides
+
+TP, TOKENS, HIDDEN = 8, 8192, 8192
+
+
+@dataclass(frozen=True)
+class _Op:
+    """A traced op record: a trainsim collective, or a fixed-duration GEMM of shape (1, m, n, k)."""
+
+    name: str
+    phase: str
+    in_shapes: tuple = ()
+    out_shapes: tuple = ()
+    shape: tuple = ()
+    seconds: float = 0.0
+    dtype: str = "bf16"
+
+    def to_compute(self) -> Compute:
+        return Compute(self.name, "gemm", 2.0 * self.shape[1] * self.shape[2] * self.shape[3], 1.0,
+                       shape=self.shape, layer="layers.0", phase=self.phase, fixed_time_s=self.seconds)
+
+
+class _Graph:
+    """One layer whose forward is [all-gather, GEMM] or [GEMM, reduce-scatter]; nothing else."""
+
+    num_blocks = 1
+
+    def __init__(self, op: str, gemm_s: float) -> None:
+        full, shard = (TOKENS, HIDDEN), (TOKENS // TP, HIDDEN)
+        if op == "all_gather":
+            coll = _Op("trainsim.all_gather.default", "fwd", (shard,), (full,))
+            self.fwd = [coll, _Op("fc1", "fwd", shape=(1, TOKENS, 4096, HIDDEN), seconds=gemm_s)]
+        else:
+            coll = _Op("trainsim.reduce_scatter.default", "fwd", (full,), (shard,))
+            self.fwd = [_Op("fc2", "fwd", shape=(1, TOKENS, HIDDEN, 4096), seconds=gemm_s), coll]
+
+    def block_ops(self, i, phase):
+        return self.fwd if phase == "fwd" else []
+
+    def pre_ops(self, phase):
+        return []
+
+    def post_ops(self, phase):
+        return []
+
+
+def _simulate(op: str, gemm_s: float, **flags):
+    trace = ModelTrace(graph=_Graph(op, gemm_s), num_layers=1, hidden_size=HIDDEN, seq_length=TOKENS // TP,
+                       micro_batch_size=1, params_pre=0, params_block=0, params_post=0)
+    cfg = ParallelConfig(tensor_model_parallel_size=TP, sequence_parallel=True, global_batch_size=1,
+                         **flags).resolve(TP)
+    res = build_programs(trace, cfg)
+    topo = build_system("dgx-h100", 1)
+    gpus = topo.gpus()
+    run = Runtime(Cluster(topo), res.programs, placement={r: gpus[r] for r in range(TP)},
+                  host_launch_overhead_s=0.0).run()
+    events = [e for e in run.events if e.rank == 0]
+    return res.programs[0], events, max(e.end_s for e in events)
+
+
+@pytest.mark.parametrize("flag", ["tp_comm_overlap", "async_tp"])
+@pytest.mark.parametrize("gemm_s", [0.2e-3, 2e-3])
+def test_ring_exchange_all_gather_closed_form(flag, gemm_s):
+    """Ring-exchange all-gather + GEMM (both flags): the local shard's GEMM piece starts at once, piece j
+    waits for copy j. With g = one piece alone and c = one shard copy alone (copy engines hold no SMs,
+    so nothing slows the pieces): T = max(n g, (n - 1) c + g) -- max(GEMM, comm) + one chunk; the
+    overlap hides at most min(g, c) per chunk pair."""
+    prog, events, t = _simulate("all_gather", gemm_s, **{flag: True})
+    copies = [e for e in events if e.category == "memcpy"]
+    pieces = [e for e in events if e.name.startswith("fc1[")]
+    assert len(copies) == TP - 1 and len(pieces) == TP
+    c = copies[0].end_s - copies[0].start_s
+    g = gemm_s / TP
+    assert all(abs((e.end_s - e.start_s) - g) < 1e-12 for e in pieces)
+    assert t == pytest.approx(max(TP * g, (TP - 1) * c + g), rel=1e-6)
+    serial = gemm_s + (TP - 1) * c
+    assert serial - t <= (TP - 1) * min(g, c) * (1 + 1e-9)
+    # without the flag: the whole NCCL all-gather, then the whole GEMM
+    _, ev0, t0 = _simulate("all_gather", gemm_s)
+    ag = next(e for e in ev0 if e.name == "tp_all_gather")
+    assert t0 == pytest.approx((ag.end_s - ag.start_s) + gemm_s, rel=1e-9)
+    assert t < t0
+
+
+def test_userbuffers_reduce_scatter_chunks_hold_sms():
+    """tp_comm_overlap's pipelined reduce-scatter: UB_RS_SPLITS GEMM pieces, each followed by a
+    reduce-scatter chunk of 1/UB_RS_SPLITS of the buffer on its own stream. The chunks are NCCL
+    kernels holding one SM per channel, so a (whole-GPU, fixed-time) GEMM piece beside chunk j - 1
+    runs at (132 - channels) / 132 of its speed while the chunk lasts: piece j takes
+    g + c_{j-1} x channels / 132 (H100: 132 SMs); the first runs alone."""
+    gemm_s = 2e-3
+    prog, events, t = _simulate("reduce_scatter", gemm_s, tp_comm_overlap=True)
+    chunks = [tk.op for tk in prog.tasks if tk.stream == "tp_overlap"]
+    assert len(chunks) == UB_RS_SPLITS
+    assert all(isinstance(c, Collective) and c.op == "reduce_scatter" for c in chunks)
+    assert sum(c.size_bytes for c in chunks) == TOKENS * HIDDEN * 2
+    pieces = sorted((e for e in events if e.name.startswith("fc2[")), key=lambda e: e.start_s)
+    g = gemm_s / UB_RS_SPLITS
+    assert pieces[0].end_s - pieces[0].start_s == pytest.approx(g, rel=1e-9)
+    rs = sorted((e for e in events if e.stream == "tp_overlap"), key=lambda e: e.start_s)
+    for piece, chunk in zip(pieces[1:], rs, strict=False):
+        held = chunk.info.channels / 132
+        assert piece.end_s - piece.start_s == pytest.approx(g + (chunk.end_s - chunk.start_s) * held, rel=1e-6)
+    assert t == pytest.approx(max(e.end_s for e in rs), rel=1e-12)  # the last chunk ends the layer
+    # and the pipelining still beats GEMM then the whole reduce-scatter
+    _, ev0, t0 = _simulate("reduce_scatter", gemm_s)
+    assert t < t0
+
+
+def test_async_tp_reduce_scatter_pushes_partials_and_sums_them():
+    """Async TP's matmul + reduce-scatter: tp GEMM pieces, tp - 1 copy-engine pushes of one shard's
+    partial sum (S / tp bytes each), then one reduction reading tp shards and writing one."""
+    prog, events, _ = _simulate("reduce_scatter", 1e-3, async_tp=True)
+    pushes = [tk.op for tk in prog.tasks if isinstance(tk.op, Memcpy)]
+    shard = TOKENS * HIDDEN * 2 // TP
+    assert [p.size_bytes for p in pushes] == [shard] * (TP - 1)
+    assert sorted(p.peer for p in pushes) == list(range(1, TP))
+    red = [tk.op for tk in prog.tasks if isinstance(tk.op, Compute) and tk.op.name == "tp_async_reduce"]
+    assert len(red) == 1 and red[0].bytes_accessed == (TP + 1) * shard
+    assert not any(isinstance(tk.op, Collective) for tk in prog.tasks)
+
+
+@pytest.mark.parametrize("flag", ["tp_comm_overlap", "async_tp"])
+def test_real_layer_keeps_flops_and_pairs_every_sequence_parallel_collective(flag):
+    """On a traced Llama layer (TP 2 + SP) the pipelining moves work, it does not change it: the same
+    GEMM FLOPs; every layer collective (2 all-gathers, 2 reduce-scatters per pass) is pipelined; the
+    embedding's and output layer's collectives (no adjacent GEMM of the right shape) stay whole."""
+    mc = with_overrides(get_model_config("llama3-8b"), num_layers=2, seq_length=256, vocab_size=1024)
+    base = ParallelConfig(tensor_model_parallel_size=2, sequence_parallel=True, global_batch_size=1)
+    progs = {}
+    for on in (False, True):
+        cfg = ParallelConfig(**{**base.__dict__, flag: on}).resolve(2)
+        progs[on] = build_programs(trace_rank(mc, cfg), cfg, ranks=[0]).programs[0]
+
+    def gemm_flops(prog):
+        return sum(t.op.flops for t in prog.tasks if isinstance(t.op, Compute) and t.op.kind == "gemm")
+
+    assert gemm_flops(progs[True]) == pytest.approx(gemm_flops(progs[False]), rel=1e-12)
+    whole = Counter(t.op.op for t in progs[True].tasks if isinstance(t.op, Collective) and t.stream == "compute")
+    # 2 layers x (fwd + bwd) x 2 of each were pipelined; what stays is the embedding's reduce-scatter
+    # and the output layer's all-gather and their backwards, and the 3 loss all-reduces
+    assert whole == {"all_gather": 2, "reduce_scatter": 2, "all_reduce": 3}
+    copies = sum(isinstance(t.op, Memcpy) for t in progs[True].tasks)
+    pipelined_rs = 0 if flag == "async_tp" else 2 * 2 * 2 * UB_RS_SPLITS
+    assert copies == 2 * 2 * 2 * (2 - 1) * (2 if flag == "async_tp" else 1)
+    assert sum(t.stream == "tp_overlap" for t in progs[True].tasks) == pipelined_rs
+
+
+@pytest.mark.parametrize("flags,msg", [
+    ({"tp_comm_overlap": True, "tensor_model_parallel_size": 2}, "tp_comm_overlap=true needs sequence_parallel"),
+    ({"async_tp": True, "tensor_model_parallel_size": 2}, "async_tp=true needs sequence_parallel"),
+    ({"async_tp": True, "tp_comm_overlap": True, "tensor_model_parallel_size": 2, "sequence_parallel": True},
+     "choose one"),
+    ({"tp_comm_overlap": 1}, "tp_comm_overlap must be true or false"),
+    ({"async_tp": "yes"}, "async_tp must be true or false"),
+])
+def test_overlap_flags_refused_in_one_line(flags, msg):
+    with pytest.raises(ValueError, match=msg) as e:
+        ParallelConfig(**flags)
+    assert "\n" not in str(e.value)

@@ -1,0 +1,167 @@
+"""Tensor-parallel communication pipelined with its GEMM, as program structure.
+
+Two implementations real stacks run, both built from ordinary tasks so that they contend for SMs,
+HBM and NVLink in the simulation like any other kernel and flow:
+
+* ``tp_comm_overlap`` -- Megatron-Core ``--tp-comm-overlap`` (Transformer Engine userbuffers, the
+  methods of TE's default configuration, ``initialize_ub`` in ``transformer_engine/pytorch/module/
+  base.py``): the sequence-parallel all-gather before a column-parallel GEMM is a *ring exchange* --
+  the ``tp`` shards move by copy-engine peer copies (:class:`hwmodel.ir.Memcpy`, no SMs) on
+  :data:`ASYNC_STREAM` while the GEMM runs as ``tp`` pieces, piece ``i`` waiting for shard ``i`` (the
+  local one at once); the reduce-scatter after a row-parallel GEMM is *pipelined* in
+  :data:`UB_RS_SPLITS` chunks, GEMM piece ``i`` then reduce-scatter chunk ``i``, a collective on its own
+  stream (:data:`OVERLAP_STREAM`) holding its channels' SMs like any NCCL kernel (TE's ``num_sm``
+  tuning of that kernel is not modelled: NCCL's channel choice).
+* ``async_tp`` -- torchtitan's micro-pipelined TP (PyTorch ``fused_all_gather_matmul`` /
+  ``fused_matmul_reduce_scatter`` over symmetric memory): the shards move by copy-engine peer copies
+  (:class:`hwmodel.ir.Memcpy`, no SMs held) on :data:`ASYNC_STREAM`; the local shard's GEMM piece
+  starts at once; the reduce-scatter's partial sums are pushed to their owners and summed by one
+  memory-bound reduction kernel (read ``tp`` partials, write one).
+
+A pipelined pair is a :class:`Pipelined` item in the builder's op list (:func:`pair_collectives` finds
+them); :func:`emit_pipelined` adds its tasks. With ``g`` and ``c`` the times of one GEMM piece and one
+shard copy, alone, a ring-exchange all-gather with its GEMM takes ``max(n g, (n - 1) c + g)`` --
+max(GEMM, comm) plus one chunk -- and so hides at most ``min(g, c)`` per chunk pair.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from hwmodel.dtypes import ELEMENT_BYTES
+from hwmodel.ir import Collective, Compute, Memcpy
+
+if TYPE_CHECKING:  # builder imports this module
+    from workload.parallel.builder import TracedCollective
+
+OVERLAP_STREAM = "tp_overlap"
+"""Stream of the userbuffers communication chunks (``tp_comm_overlap``)."""
+ASYNC_STREAM = "tp_async"
+"""Stream of the copy-engine peer copies (ring-exchange all-gather; async TP's reduce-scatter)."""
+UB_RS_SPLITS = 4
+"""Chunks of a userbuffers pipelined reduce-scatter (``num_splits`` of TE's default configuration)."""
+
+
+def n_chunks(op: str, mode: str, tp: int) -> int:
+    """Pieces a pipelined ``op`` (``all_gather``, ``reduce_scatter``) is split into under ``mode``."""
+    return UB_RS_SPLITS if op == "reduce_scatter" and mode == "userbuffers" else tp
+
+
+@dataclass(frozen=True)
+class Pipelined:
+    """A TP collective fused with the GEMM it feeds (all-gather) or drains (reduce-scatter)."""
+
+    collective: TracedCollective
+    """The :class:`workload.parallel.builder.TracedCollective` (``all_gather`` or ``reduce_scatter``)."""
+    gemm: Compute
+    """Its GEMM, shape ``(1, tokens, n, k)``."""
+
+
+def _tokens(coll, hidden: int) -> int | None:
+    """Tokens of the ``[tokens, hidden]`` tensor a sequence-parallel collective moves (full size)."""
+    width = hidden * ELEMENT_BYTES.get(coll.dtype, 2)
+    return coll.size_bytes // width if coll.size_bytes % width == 0 else None
+
+
+def _fits(gemm, tokens: int, hidden: int, n_chunks: int, *, gather: bool) -> bool:
+    """``gemm`` has the tokens as rows and reads (gather) or writes (scatter) a hidden-wide tensor."""
+    if not (isinstance(gemm, Compute) and gemm.kind == "gemm" and len(gemm.shape) == 4):
+        return False
+    b, m, n, k = gemm.shape
+    return b == 1 and m == tokens and m % n_chunks == 0 and (k if gather else n) == hidden
+
+
+def pair_collectives(items: list, *, hidden: int, tp: int, mode: str) -> list:
+    """``items`` with each TP all-gather followed by its GEMM, and each GEMM followed by its TP
+    reduce-scatter, replaced by one :class:`Pipelined`.
+
+    The GEMM is the one in the adjacent run of GEMMs whose rows are the collective's tokens and whose
+    input (all-gather) or output (reduce-scatter) is ``hidden`` wide: the forward GEMM, or the backward's
+    data-gradient GEMM; the weight-gradient GEMM of the same run (tokens as its reduction dimension)
+    needs the whole tensor and stays after the pair. Collectives without such a GEMM stay as they are.
+    """
+    out: list = []
+    i = 0
+    while i < len(items):
+        it = items[i]
+        op, axis = getattr(it, "op", None), getattr(it, "axis", None)
+        tokens = _tokens(it, hidden) if axis == "tp" and op in ("all_gather", "reduce_scatter") else None
+        if tokens is None or op is None:
+            out.append(it)
+            i += 1
+            continue
+        if op == "all_gather":
+            j = i + 1
+            while j < len(items) and isinstance(items[j], Compute) and items[j].kind == "gemm":
+                j += 1
+            run = items[i + 1:j]
+            pick = next((g for g in run if _fits(g, tokens, hidden, tp, gather=True)), None)
+            if pick is None:
+                out.append(it)
+                i += 1
+                continue
+            out.append(Pipelined(it, pick))
+            out += [g for g in run if g is not pick]
+            i = j
+            continue
+        j = len(out)
+        while j > 0 and isinstance(out[j - 1], Compute) and out[j - 1].kind == "gemm":
+            j -= 1
+        run = out[j:]
+        splits = n_chunks(op, mode, tp)
+        pick = next((g for g in reversed(run) if _fits(g, tokens, hidden, splits, gather=False)), None)
+        if pick is None:
+            out.append(it)
+        else:
+            out[j:] = [g for g in run if g is not pick] + [Pipelined(it, pick)]
+        i += 1
+    return out
+
+
+def gemm_piece(gemm: Compute, n_chunks: int, index: int) -> Compute:
+    """Piece ``index`` of ``n_chunks`` of ``gemm`` split along its rows (tokens): 1/n of the FLOPs and of
+    the activation bytes, the whole weight."""
+    b, m, n, k = gemm.shape
+    mc = m // n_chunks
+    full, part = m * k + k * n + m * n, mc * k + k * n + mc * n
+    fixed = None if gemm.fixed_time_s is None else gemm.fixed_time_s / n_chunks
+    return replace(gemm, name=f"{gemm.name}[{index}/{n_chunks}]", shape=(b, mc, n, k), fixed_time_s=fixed,
+                   flops=gemm.flops / n_chunks, bytes_accessed=gemm.bytes_accessed * part / full)
+
+
+def emit_pipelined(rb, item: Pipelined, deps: list, *, mode: str) -> list:
+    """Add ``item``'s tasks to ``rb`` (a :class:`workload.parallel.builder.RankBuilder`); the first
+    task waits for ``deps`` and the previous compute task. Returns what the next compute task must wait
+    for beyond stream order. ``mode``: ``"userbuffers"`` (collective chunks) or ``"async"`` (peer copies).
+    """
+    coll, gemm = item.collective, item.gemm
+    group = rb.groups["tp"]
+    tp = len(group)
+    n = n_chunks(coll.op, mode, tp)
+    chunk_bytes = coll.size_bytes // n
+    me = group.index(rb.rank)
+    if coll.op == "all_gather":  # the local shard at once, the others as their copies arrive
+        start = list(deps) + [rb.last_compute]
+        arrived = [None] + [rb.add(Memcpy("peer", chunk_bytes, group[(me + j) % tp], name="tp_ag_shard"),
+                                   ASYNC_STREAM, start) for j in range(1, n)]
+        for j in range(n):
+            rb.add(gemm_piece(gemm, n, j), "compute", [arrived[j]] if j else list(deps))
+        return []
+    sent = []
+    for j in range(n):
+        rb.add(gemm_piece(gemm, n, j), "compute", list(deps) if j == 0 else [])
+        piece = rb.last_compute
+        if mode == "async":  # push the partial sum of shard j to its owner
+            if j:
+                sent.append(rb.add(Memcpy("peer", chunk_bytes, group[(me + j) % tp], name="tp_rs_partial"),
+                                   ASYNC_STREAM, (piece,)))
+        else:
+            sent.append(rb.add(Collective("reduce_scatter", chunk_bytes, group, dtype=coll.dtype,
+                                          name=f"tp_reduce_scatter[{j}/{n}]"), OVERLAP_STREAM, (piece,)))
+    if mode != "async":
+        return sent[-1:]
+    # the owner sums its n partial sums (read n shards, write one)
+    rb.add(Compute("tp_async_reduce", "elementwise", 0.0, float(chunk_bytes * (n + 1)), dtype=coll.dtype,
+                   layer=gemm.layer, phase=gemm.phase), "compute", sent)
+    return []
