@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from hwmodel.dtypes import ELEMENT_BYTES, TRAINING_DTYPES
 from hwmodel.ir import Collective, Compute, Program, SendRecv
@@ -47,6 +48,9 @@ from workload.parallel.config import ParallelConfig
 from workload.parallel.placement import Layout
 from workload.parallel.schedules import schedule
 from workload.parallel.tp import COLLECTIVE_PREFIX
+
+if TYPE_CHECKING:  # annotation only: the tracer is not needed to build programs
+    from workload.trace.graph import OpGraph
 from workload.parallel.tp_overlap import Pipelined, emit_pipelined, pair_collectives
 
 SELECTIVE_KINDS = ("attention", "softmax", "elementwise", "gemm")
@@ -72,7 +76,7 @@ class ModelTrace:
     Parameter counts are elements of this rank's shard.
     """
 
-    graph: object
+    graph: OpGraph
     """A :class:`workload.trace.OpGraph` (fwd, bwd, opt; blocks deduplicated)."""
     num_layers: int
     hidden_size: int
@@ -141,8 +145,12 @@ class TracedOps:
         hit = self._cache.get(key)
         if hit is None:
             g = self.t.graph
-            recs = (g.block_ops(block, phase) if part == "block" else
-                    g.pre_ops(phase) if part == "pre" else g.post_ops(phase))
+            if part == "block":
+                if block is None:
+                    raise ValueError("part 'block' needs the block (layer) index")
+                recs = g.block_ops(block, phase)
+            else:
+                recs = g.pre_ops(phase) if part == "pre" else g.post_ops(phase)
             hit = [_convert(o, self.t.attention_kernel) for o in recs]
             self._cache[key] = hit
         return hit

@@ -264,7 +264,7 @@ class ParallelConfig:
         if self.ep > 1 and not experts:
             raise ValueError(f"expert_model_parallel_size={self.ep} needs a mixture-of-experts model; "
                              f"{getattr(model, 'name', 'this model')} has no experts (num_moe_experts unset)")
-        if self.ep > 1 and experts % self.ep:
+        if self.ep > 1 and experts and experts % self.ep:
             raise ValueError(f"expert_model_parallel_size={self.ep} must divide num_moe_experts={experts}")
         layers = getattr(model, "num_layers", None)
         if layers:
