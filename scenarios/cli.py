@@ -115,5 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # python -m scenarios.cli: use the importable module, whose UserError commands raise
+    from scenarios.cli import main as _main
+
+    sys.exit(_main())

@@ -99,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_OOM
     rep = run_prepared(prep, mem, progress=sys.stderr.isatty(), started_s=t0, max_tasks=max_tasks)
     print(format_report(rep))
+    if rep.metrics.get("warnings"):  # what-ifs that change nothing (scenarios.notes)
+        print("\nWarnings\n" + "\n".join(f"  {note}" for note in rep.metrics["warnings"]))
     written = []
     if json_path:
         written.append(write_json(json_path, rep.to_json()))

@@ -27,6 +27,7 @@ from hwmodel.cluster import Cluster
 from hwmodel.nccl.engine import NcclEngine
 from hwmodel.nccl.tuner_config import TunerConfigError, load_tuner_config
 from hwmodel.runtime import DEFAULT_HOST_LAUNCH_OVERHEAD_S, RunResult, Runtime
+from hwmodel.spec_ranges import check_gpu_ranges
 from hwmodel.specs import get_gpu, known_gpus, load_gpu_file, with_overrides
 from hwmodel.topology import Topology, build_system
 from scenarios.analysis import RankBreakdown, breakdown
@@ -34,6 +35,7 @@ from scenarios.catalog import scenario_path as scenario_path  # re-exported: run
 from scenarios.hierarchical import macro_programs
 from scenarios.metrics import peak_dtype_for as peak_dtype_for  # re-exported, as scenario_path
 from scenarios.metrics import run_metrics
+from scenarios.notes import what_if_notes
 from scenarios.scenario import MAX_NODES, Scenario
 from scenarios.user_code import check_trusted, load_factory
 from workload.custom import MODULE_KEYS, CustomModel
@@ -103,6 +105,7 @@ def system_gpu(system: dict, base_dir: str | Path | None = None):
         base = gpu or build_system(system["name"], 1).gpu_spec
         try:
             gpu = with_overrides(base, **system["gpu_overrides"])
+            check_gpu_ranges(base, gpu)
         except ValueError as exc:
             raise ValueError(f"[system] gpu_overrides: {exc}") from None
     if gpu is not None and gpu.nvlink_links == 0:
@@ -222,7 +225,7 @@ def _model_overrides(cfg, overrides: dict):
     if isinstance(cfg, TransformerConfig) and cfg.position_embedding_type == "learned_absolute" and \
             "seq_length" in overrides and "max_position_embeddings" not in overrides and \
             isinstance(overrides["seq_length"], int) and overrides["seq_length"] > cfg.max_position_embeddings:
-        raise ValueError(f"seq_length={overrides['seq_length']} exceeds {cfg.name}'s learned position table "
+        raise ValueError(f"[training] seq_length={overrides['seq_length']} exceeds {cfg.name}'s learned position table "
                          f"(max_position_embeddings={cfg.max_position_embeddings}); give [model] "
                          f"max_position_embeddings too to model a longer table")
     try:
@@ -268,6 +271,12 @@ def _from_factory(model: dict, training: dict, base_dir: str | Path | None):
                      f"num_layers=4))")
 
 
+def scenario_dir(scenario: Scenario) -> Path | None:
+    """The folder a scenario's relative paths are taken from: its file's (``None``: not from a file)."""
+    src = Path(scenario.source) if scenario.source else None
+    return src.parent if src is not None and src.is_file() else None
+
+
 def prepare(scenario: Scenario) -> Prepared:
     """Resolve a scenario into a topology, a model configuration and a resolved ParallelConfig.
 
@@ -275,8 +284,7 @@ def prepare(scenario: Scenario) -> Prepared:
         ValueError / UnknownNameError: naming the field at fault.
     """
     tr = scenario.training
-    src = Path(scenario.source) if scenario.source else None
-    base_dir = src.parent if src is not None and src.is_file() else None
+    base_dir = scenario_dir(scenario)
     system = scenario.system
     # The cheap checks first: a mistake in a huge cluster is reported before its fabric is built.
     nodes = check_nodes(system)
@@ -366,7 +374,7 @@ def run_prepared(prep: Prepared, memory: Any, *, progress: bool = False,
         check_task_budget(prep, trace, mode, max_tasks)
     ranks = None if mode == "full" else layout.representatives()
     build = None if mode == "hierarchical" else build_programs(trace, cfg, ranks=ranks)
-    engine = _engine_factory(sim)
+    engine = _engine_factory(sim, scenario_dir(prep.scenario))
     host = float(sim.get("host_launch_overhead_s", DEFAULT_HOST_LAUNCH_OVERHEAD_S))
     if build is None:
         build = macro_programs(trace, cfg, topo, engine, host_launch_overhead_s=host)
@@ -380,6 +388,9 @@ def run_prepared(prep: Prepared, memory: Any, *, progress: bool = False,
     per_rank = breakdown(result.events, result.end_time_s, pipeline=cfg.pp > 1)
     report = RunReport(prep.scenario, prep, result, build, mode, per_rank, memory)
     report.metrics = run_metrics(report, model_flops(prep, trace))
+    notes = what_if_notes(prep.scenario.system, topo, scenario_dir(prep.scenario))
+    if notes:  # only then: the JSON of a scenario without notes keeps its bytes
+        report.metrics["warnings"] = notes
     report.wall_s = time.perf_counter() - t0
     return report
 
@@ -406,16 +417,20 @@ def _simulation_mode(prep: Prepared, trace) -> str:
     return mode
 
 
-def _engine_factory(sim: dict) -> Callable[[Cluster], NcclEngine]:
-    """The NCCL engine of a cluster, as ``[simulation]`` configures it.
+def _engine_factory(sim: dict, base_dir: Path | None = None) -> Callable[[Cluster], NcclEngine]:
+    """The NCCL engine of a cluster, as ``[simulation]`` configures it (``nccl_tuner_config``, relative
+    to ``base_dir``, the scenario file's folder, as every path of a scenario).
 
     Raises:
         ValueError: ``nccl_tuner_config`` cannot be read.
     """
     tuner_rules = None
     if sim.get("nccl_tuner_config"):
+        path = Path(sim["nccl_tuner_config"])
+        if not path.is_absolute() and base_dir is not None:
+            path = base_dir / path
         try:
-            tuner_rules = load_tuner_config(sim["nccl_tuner_config"])
+            tuner_rules = load_tuner_config(path)
         except TunerConfigError as exc:
             raise ValueError(f"simulation.nccl_tuner_config: {exc}") from None
 
