@@ -46,7 +46,7 @@ def _check(fname: str, value: float) -> None:
         if low <= value * factor <= high:
             hint = f"; did you mean {value:g}{suffix}?"
             break
-    shown = f"{value:,}" if isinstance(value, int) else f"{value:g}"
+    shown = str(value) if isinstance(value, int) else f"{value:g}"
     raise ValueError(f"{fname} = {shown}: {unit}; plausible range {low:g} .. {high:g}{hint}")
 
 

@@ -54,7 +54,7 @@ SYMMETRY_THRESHOLD_GPUS = 16
 HIERARCHICAL_THRESHOLD_TASKS = 100_000
 """Above this many tasks on the representative ranks, ``auto`` uses the hierarchical engine."""
 DEFAULT_MAX_TASKS = 2_000_000
-"""Default bound on the estimated tasks of one run (``trainsim run --max-tasks``): four times the
+"""Default bound on the estimated tasks of one run (``trainsim run --max-tasks``): about four times the
 largest catalog scenario (sc21-gpt-1t, about 524,000 tasks in 117 s), i.e. minutes, not hours."""
 TASKS_PER_S = 5_000
 """Rough simulation rate for the time estimate of a refused run, in tasks per wall-clock second: the
