@@ -1,8 +1,9 @@
 """Timeline (Gantt) PNG of a run: one lane per (GPU, stream), GPU 0 on top.
 
 Bars are coloured by what ran: compute kernels in blues (GEMM), greens (attention) and pinks (other
-kinds: a hue far from the GEMM blues), forward light and backward dark; NCCL collectives in oranges and reds; send/recv in purples;
-copies in grey; optimizer kernels olive. Idle time is the pale lane background showing through, so
+kinds: a hue far from the GEMM blues), forward light and backward dark; NCCL collectives in oranges
+and reds; send/recv in purples; copies in grey; optimizer kernels olive. Idle time is the pale lane
+background showing through, so
 pipeline bubbles are gaps, and a collective overlapped with compute shows on its comm lane under
 the compute lane of the same GPU.
 
