@@ -3,9 +3,8 @@
 Bars are coloured by what ran: compute kernels in blues (GEMM), greens (attention) and pinks (other
 kinds: a hue far from the GEMM blues), forward light and backward dark; NCCL collectives in oranges
 and reds; send/recv in purples; copies in grey; optimizer kernels olive. Idle time is the pale lane
-background showing through, so
-pipeline bubbles are gaps, and a collective overlapped with compute shows on its comm lane under
-the compute lane of the same GPU.
+background showing through, so pipeline bubbles are gaps, and a collective overlapped with compute
+shows on its comm lane under the compute lane of the same GPU.
 
 A communication task is drawn solid from when its data started to move (``xfer_start_s``); the time
 before, when it was posted but waited for its peers (a receive posted early, a collective waiting for
