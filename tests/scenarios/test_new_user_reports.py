@@ -70,8 +70,8 @@ def test_factory_from_a_file_does_not_run_without_trust(tmp_path, capsys):
     err = one_line_error(capsys, ["run", str(path)])
     assert "[model] factory = 'os:system' would run function system of module os" in err
     assert "--trust-code" in err and "TRAINSIM_TRUST_CODE=1" in err and not marker.exists()
-    err = one_line_error(capsys, ["run", "--set", 'model.factory="os:system"', "--set", "model.name=1"])
-    assert "would run function system of module os" in err or "give one of name, factory" in err
+    err = one_line_error(capsys, ["run", "custom-vit-b16-dp", "--set", 'model.factory="os:system"'])
+    assert "would run function system of module os" in err  # --set on a shipped (trusted) file: not trusted
     err = one_line_error(capsys, ["sweep", str(path), "--vary", "training.global_batch_size=2,4"])
     assert "would run function system of module os" in err and not marker.exists()
 
