@@ -1,10 +1,10 @@
 """Timeline (Gantt) PNG of a run: one lane per (GPU, stream), GPU 0 on top.
 
-Bars are coloured by what ran: compute kernels in blues (GEMM), greens (attention) and teals (other
-kinds), forward light and backward dark; NCCL collectives in oranges and reds; send/recv in purples;
-copies in grey; optimizer kernels olive. Idle time is the pale lane background showing through, so
-pipeline bubbles are gaps, and a collective overlapped with compute shows on its comm lane under
-the compute lane of the same GPU.
+Bars are coloured by what ran: compute kernels in blues (GEMM), greens (attention) and pinks (other
+kinds: a hue far from the GEMM blues), forward light and backward dark; NCCL collectives in oranges
+and reds; send/recv in purples; copies in grey; optimizer kernels olive. Idle time is the pale lane
+background showing through, so pipeline bubbles are gaps, and a collective overlapped with compute
+shows on its comm lane under the compute lane of the same GPU.
 
 A communication task is drawn solid from when its data started to move (``xfer_start_s``); the time
 before, when it was posted but waited for its peers (a receive posted early, a collective waiting for
@@ -35,7 +35,7 @@ TIME_UNITS = {"s": 1.0, "ms": 1e3, "us": 1e6, "µs": 1e6}
 _SHADES = {  # family -> (fwd, bwd, other phase)
     "gemm": ("#9ecae1", "#2171b5", "#6baed6"),
     "attention": ("#a1d99b", "#238b45", "#74c476"),
-    "other compute": ("#a6dbd8", "#1f7f7a", "#5fb3ae"),
+    "other compute": ("#f1b6da", "#c51b7d", "#de77ae"),  # pinks: teals read as the GEMM blues
 }
 _NCCL = {
     "all_reduce": "#d62728",

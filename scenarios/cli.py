@@ -12,6 +12,7 @@ import argparse
 import importlib
 import re
 import sys
+from pathlib import Path
 
 COMMANDS = ("run", "sweep", "validate", "list", "nccl_tests", "synth", "search")
 """Sub-command modules, ``scenarios.cmd_<name>``."""
@@ -19,6 +20,51 @@ COMMANDS = ("run", "sweep", "validate", "list", "nccl_tests", "synth", "search")
 
 class UserError(Exception):
     """An error caused by the user's input, printed as one line."""
+
+
+def one_line(message: object) -> str:
+    """``message`` as one line: newlines and other control characters (from a section name, a file
+    name, a user's exception) are shown escaped, as Python writes them."""
+    text = str(message)
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def add_trust_code(parser: argparse.ArgumentParser) -> None:
+    """``--trust-code``: let a scenario file's ``[model] factory`` run (:mod:`scenarios.user_code`)."""
+    parser.add_argument("--trust-code", action="store_true",
+                        help="let the scenario's [model] factory import a module or run a Python file (scenario "
+                             "files are data otherwise; also TRAINSIM_TRUST_CODE=1; the shipped catalog is trusted)")
+
+
+def output_file(option: str, value: str) -> Path:
+    """An output file path, checked before any work: its folder must exist (a typo must not become a
+    new tree of folders), and it must not name a folder.
+
+    Raises:
+        UserError: one line naming the option and the missing folder.
+    """
+    path = Path(value)
+    if value.endswith(("/", "\\")) or path.is_dir():
+        raise UserError(f"{option} {value}: is a directory; give a file name")
+    if not path.parent.is_dir():
+        raise UserError(f"{option} {value}: directory {path.parent} does not exist (create it first)")
+    return path
+
+
+def output_dir(option: str, value: str) -> Path:
+    """An output folder: created when missing if its parent exists (as ``mkdir``); missing parents are
+    created only when the path ends in ``/`` (as ``mkdir -p``).
+
+    Raises:
+        UserError: one line naming the option and the missing parent, or a file in the way.
+    """
+    path = Path(value)
+    if path.exists() and not path.is_dir():
+        raise UserError(f"{option} {value}: is a file, not a directory")
+    if not path.exists() and not value.endswith(("/", "\\")) and not path.parent.is_dir():
+        raise UserError(f"{option} {value}: directory {path.parent} does not exist (create it, or end the "
+                        f"path with / to create every missing folder)")
+    return path
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except (UserError, ValueError, KeyError, FileNotFoundError, IsADirectoryError, PermissionError) as exc:
         msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-        print(f"trainsim {args.command}: error: {msg}", file=sys.stderr)
+        print(f"trainsim {args.command}: error: {one_line(msg)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -69,5 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # python -m scenarios.cli: use the importable module, whose UserError commands raise
+    from scenarios.cli import main as _main
+
+    sys.exit(_main())

@@ -11,6 +11,11 @@ NCCL's example tuner plugin (``NCCL_TUNER_CONFIG_FILE``, :mod:`hwmodel.nccl.tune
 is nccl-tests' out-of-place half plus the algorithm and protocol chosen per size
 (:func:`hwmodel.nccl.nccltests.format_table`); times come from
 :func:`hwmodel.nccl.engine.simulate_nccl_tests` (host enqueue cost included for ``-g > 1``).
+
+The cluster is ``--system`` with ``--nodes``, ``--nic``, ``--fabric``, ``--oversubscription`` and
+``--nodes-per-leaf`` (the ``[system]`` keys of a scenario), or ``--scenario``'s ``[system]`` (those
+options, when given, override it), so one collective can be compared across topologies. As nccl-tests,
+a size that leaves a rank no element (``-b 0``) is refused.
 """
 
 from __future__ import annotations
@@ -25,8 +30,8 @@ from hwmodel.nccl.channels import MAXCHANNELS as MAX_CHANNELS_NOTE
 from hwmodel.nccl.engine import FIDELITIES, simulate_nccl_tests
 from hwmodel.nccl.tuner import NCCL_VERSION
 from hwmodel.nccl.tuner_config import TunerConfigError, load_tuner_config
-from hwmodel.topology import build_system, known_systems
-from scenarios.cli import UserError
+from hwmodel.topology import FABRICS, known_systems
+from scenarios.cli import UserError, output_file
 
 
 def register(subparsers) -> None:
@@ -41,8 +46,16 @@ def register(subparsers) -> None:
     p.add_argument("-i", "--stepbytes", default=None, help="add this many bytes per step when -f 1")
     p.add_argument("-g", "--ngpus", type=int, default=1, help="GPUs driven by each process/thread (default 1)")
     p.add_argument("-d", "--datatype", default="float", help="nccl-tests type: float (default), half, bfloat16, ...")
-    p.add_argument("--nodes", type=int, default=1, help="nodes, one process each (default 1)")
-    p.add_argument("--system", default="dgx-a100", help=f"one of {', '.join(known_systems())} (default dgx-a100)")
+    p.add_argument("--nodes", type=int, default=None, help="nodes, one process each (default 1)")
+    p.add_argument("--system", default=None, help=f"one of {', '.join(known_systems())} (default dgx-a100)")
+    p.add_argument("--nic", default=None, help="another NIC (trainsim list nics), as [system] nic")
+    p.add_argument("--fabric", default=None, choices=FABRICS, help="the inter-node fabric, as [system] fabric")
+    p.add_argument("--oversubscription", type=float, default=None, metavar="K",
+                   help="k:1 at the leaf uplinks, as [system] oversubscription")
+    p.add_argument("--nodes-per-leaf", type=int, default=None, metavar="N",
+                   help="nodes under each leaf switch (fat_tree), as [system] nodes_per_leaf")
+    p.add_argument("--scenario", default=None, metavar="SCENARIO",
+                   help="take the cluster from this scenario's [system] (a TOML file or catalog name)")
     p.add_argument("--algo", default=None,
                    help="force NCCL's algorithm: ring, tree, nvls, nvls_tree (NCCL_ALGO; nvls_tree = NVLSTree)")
     p.add_argument("--proto", default=None, help="force NCCL's protocol: simple, ll, ll128 (NCCL_PROTO)")
@@ -55,23 +68,53 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
+def _system(args: argparse.Namespace) -> tuple[dict, Path | None]:
+    """The ``[system]`` section the options describe (from ``--scenario``, then the options), and the
+    folder its relative paths are taken from."""
+    from scenarios.scenario import parse_scenario
+
+    system: dict = {"name": "dgx-a100"}
+    base_dir = None
+    if args.scenario is not None:
+        from scenarios.cmd_run import load
+
+        sc = load(None if args.scenario == "default" and not Path("default").exists() else args.scenario, [])
+        system, base_dir = dict(sc.system), Path(sc.source).parent if Path(sc.source).is_file() else None
+    for key, value in (("name", args.system), ("nodes", args.nodes), ("nic", args.nic), ("fabric", args.fabric),
+                       ("oversubscription", args.oversubscription), ("nodes_per_leaf", args.nodes_per_leaf)):
+        if value is not None:
+            system[key] = value
+    # the scenario schema checks them (finite, >= 1, ...): one set of rules for both commands
+    parse_scenario({"system": system, "model": {"name": "gpt-1.7b"}})
+    return system, base_dir
+
+
 def run(args: argparse.Namespace) -> int:
     coll = N.canonical_collective(args.collective)
+    from scenarios.runner import build_topology
     from scenarios.scenario import MAX_NODES
 
-    if not 1 <= args.nodes <= MAX_NODES:
+    if args.nodes is not None and not 1 <= args.nodes <= MAX_NODES:
         raise UserError(f"--nodes must be in 1..{MAX_NODES} (the largest system trainsim is built to simulate), "
                         f"got {args.nodes}")
     if args.ngpus < 1:
         raise UserError(f"-g must be >= 1, got {args.ngpus}")
-    topo = build_system(args.system, args.nodes)
+    json_path = output_file("--json", args.json) if args.json else None
+    system, base_dir = _system(args)
+    topo = build_topology(system, base_dir)
+    nodes = topo.num_nodes
     per_node = topo.gpus_per_node
     if args.ngpus > per_node:
         raise UserError(f"-g {args.ngpus}: a {topo.name} node has only {per_node} GPUs")
     if args.stepfactor < 1:
         raise UserError(f"-f must be >= 1, got {args.stepfactor}")
     sizes = N.size_sweep(args.minbytes, args.maxbytes, args.stepfactor, args.stepbytes)
-    gpus = [g for node in range(args.nodes) for g in topo.gpus_of_node(node)[:args.ngpus]]
+    ranks = args.ngpus * nodes
+    empty = [s for s in sizes if N.element_count(coll, s, args.datatype, ranks) == 0]
+    if empty:
+        raise UserError(f"{coll} of {empty[0]} bytes: 0 elements of {args.datatype} per rank on {ranks} rank(s); "
+                        f"nccl-tests does not run an empty collective: give -b of at least one element per rank")
+    gpus = [g for node in range(nodes) for g in topo.gpus_of_node(node)[:args.ngpus]]
     rules = None
     if args.tuner_config:
         try:
@@ -86,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     rows = simulate_nccl_tests(topo, coll, sizes, gpus_per_thread=args.ngpus, dtype=args.datatype,
                                algorithm=args.algo, protocol=args.proto, fidelity=args.fidelity,
                                gpus=gpus, tuner_config=rules)
-    print(f"# trainsim nccl-tests: {topo.name}, {args.nodes} node(s) x {args.ngpus} GPU(s), "
+    print(f"# trainsim nccl-tests: {topo.name}, {nodes} node(s) x {args.ngpus} GPU(s), "
           f"fidelity {args.fidelity}, NCCL {NCCL_VERSION} tuning model"
           + (f", NCCL_ALGO={args.algo}" if args.algo else "")
           + (f", NCCL_PROTO={args.proto}" if args.proto else "")
@@ -94,8 +137,8 @@ def run(args: argparse.Namespace) -> int:
     print(N.format_table(rows, n_threads=1, n_gpus=args.ngpus,
                          step_factor=args.stepfactor if args.stepfactor > 1 else None,
                          min_bytes=N.parse_size(args.minbytes), max_bytes=N.parse_size(args.maxbytes)), end="")
-    if args.json:
-        path = Path(args.json)
+    if json_path:
+        path = json_path
         try:
             path.write_text(json.dumps(N.rows_to_json(rows), indent=1) + "\n")
         except OSError as exc:

@@ -10,6 +10,9 @@ per point in order: the varied values, iteration time, TFLOP/s per GPU, MFU and 
 iteration time (PATH) and TFLOP/s per GPU (PATH with ``_tflops`` added), one line per value of the
 second varied key.
 
+A sweep file is data, except for ``[model] factory`` (see ``trainsim run``): it runs only with
+``--trust-code`` (or ``TRAINSIM_TRUST_CODE=1``); the shipped catalog is trusted.
+
 Exit status: 0 when every point ran (points that do not fit in memory included: their rows say OOM);
 2 for bad input, and when some points failed (invalid configurations: the other points still run and
 print, each failed row shows its error, and stderr names the first).
@@ -21,7 +24,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from scenarios.cli import UserError
+from scenarios.cli import UserError, add_trust_code, output_file
 from scenarios.report import write_json
 
 EXIT_BAD_POINT = 2
@@ -42,6 +45,7 @@ def register(subparsers) -> None:
                    help="PNG of iteration time vs the first varied key (and PATH_tflops.png)")
     p.add_argument("--workers", type=int, default=1, metavar="N", help="worker processes (default 1)")
     p.add_argument("--simulate-oom", action="store_true", help="simulate points that do not fit in memory too")
+    add_trust_code(p)
     p.set_defaults(func=run)
 
 
@@ -52,20 +56,30 @@ def run(args: argparse.Namespace) -> int:
 
     if args.workers < 1:
         raise UserError(f"--workers must be >= 1, got {args.workers}")
+    from scenarios.scenario import shipped_and_unchanged
+    from scenarios.user_code import check_trusted
+
+    json_path = output_file("--json", args.json) if args.json else None
+    plot_path = output_file("--plot", args.plot) if args.plot else None
     name = None if args.scenario == "default" and not Path("default").exists() else args.scenario
     sweep = load_sweep(name, args.vary, args.overrides)
-    # Check that the base and every point parse before spending time simulating.
+    trusted = args.trust_code or shipped_and_unchanged(None if name is None else sweep.source,
+                                                       [*args.overrides, *args.vary])
+    base_dir = Path(sweep.source).parent if name is not None else None
+    # Check that the base and every point parse, and may run their code, before spending time simulating.
     for values in sweep.points():
-        point_scenario(sweep.base, values, sweep.source)
+        sc = point_scenario(sweep.base, values, sweep.source)
+        if "factory" in sc.model:
+            check_trusted(sc.model["factory"], trusted, base_dir)
     rows = run_sweep(sweep, workers=args.workers, simulate_oom=args.simulate_oom, progress=sys.stderr.isatty())
     print(format_rows(sweep, rows))
     written = []
-    if args.json:
+    if json_path:
         doc = {"sweep": sweep.name, "source_scenario": sweep.base, "vary": dict(sweep.vary),
                "rows": [r.to_json() for r in rows]}
-        written.append(write_json(args.json, doc))
-    if args.plot:
-        written += plot_rows(sweep, rows, args.plot)
+        written.append(write_json(json_path, doc))
+    if plot_path:
+        written += plot_rows(sweep, rows, plot_path)
     if written:
         print("\nWrote " + ", ".join(str(p) for p in written))
     if rows and all(r.error for r in rows):

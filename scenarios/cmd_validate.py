@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import json
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -157,11 +158,26 @@ def _main(args) -> int:
     if not rs:
         raise ValueError(f"--only {args.only!r} matches no row")
 
-    def show(r: Row) -> None:
-        print(f"  {r.table:22s} {r.name:34s} measured {r.measured:8.3g} {r.unit:8s} predicted "
-              f"{r.predicted:8.3g}  {100 * r.error:+6.1f}%  ({r.wall_s:.1f} s)", flush=True)
+    from tqdm import tqdm
 
-    predict(rs, progress=show)
+    # rows done of all, with an ETA, on a terminal only (as run and sweep); stdout does not change
+    bar = tqdm(total=len(rs), desc="validate", unit="row", file=sys.stderr, leave=False) \
+        if sys.stderr.isatty() else None
+
+    def show(r: Row) -> None:
+        line = (f"  {r.table:22s} {r.name:34s} measured {r.measured:8.3g} {r.unit:8s} predicted "
+                f"{r.predicted:8.3g}  {100 * r.error:+6.1f}%  ({r.wall_s:.1f} s)")
+        if bar is None:
+            print(line, flush=True)
+        else:
+            bar.write(line, file=sys.stdout)
+            bar.update()
+
+    try:
+        predict(rs, progress=show)
+    finally:
+        if bar is not None:
+            bar.close()
     print()
     print(format_table(rs))
     if args.json:

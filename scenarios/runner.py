@@ -27,6 +27,7 @@ from hwmodel.cluster import Cluster
 from hwmodel.nccl.engine import NcclEngine
 from hwmodel.nccl.tuner_config import TunerConfigError, load_tuner_config
 from hwmodel.runtime import DEFAULT_HOST_LAUNCH_OVERHEAD_S, RunResult, Runtime
+from hwmodel.spec_ranges import check_gpu_ranges
 from hwmodel.specs import get_gpu, known_gpus, load_gpu_file, with_overrides
 from hwmodel.topology import Topology, build_system
 from scenarios.analysis import RankBreakdown, breakdown
@@ -34,8 +35,9 @@ from scenarios.catalog import scenario_path as scenario_path  # re-exported: run
 from scenarios.hierarchical import macro_programs
 from scenarios.metrics import peak_dtype_for as peak_dtype_for  # re-exported, as scenario_path
 from scenarios.metrics import run_metrics
+from scenarios.notes import what_if_notes
 from scenarios.scenario import MAX_NODES, Scenario
-from scenarios.user_code import load_factory
+from scenarios.user_code import check_trusted, load_factory
 from workload.custom import MODULE_KEYS, CustomModel
 from workload.parallel.builder import BuildResult, build_programs
 from workload.parallel.config import ParallelConfig
@@ -51,6 +53,16 @@ SYMMETRY_THRESHOLD_GPUS = 16
 """Above this many GPUs, ``mode = "auto"`` simulates one representative rank per pipeline stage."""
 HIERARCHICAL_THRESHOLD_TASKS = 100_000
 """Above this many tasks on the representative ranks, ``auto`` uses the hierarchical engine."""
+DEFAULT_MAX_TASKS = 2_000_000
+"""Default bound on the estimated tasks of one run (``trainsim run --max-tasks``): about four times the
+largest catalog scenario (sc21-gpt-1t, about 524,000 tasks in 117 s), i.e. minutes, not hours."""
+TASKS_PER_S = 5_000
+"""Rough simulation rate for the time estimate of a refused run, in tasks per wall-clock second: the
+catalog runs 4,500-20,000 tasks/s on one core (``Simulation`` line of their reports)."""
+
+
+class TaskBudgetError(ValueError):
+    """A run would simulate more tasks than the caller's bound."""
 
 
 @dataclass
@@ -62,6 +74,9 @@ class Prepared:
     model_cfg: Any
     config: ParallelConfig
     dtype: str
+    trace: Any = None
+    """The per-rank model trace (:func:`workload.parallel.rank_trace.trace_rank`), traced by
+    :func:`prepare` so that its input checks come before any memory verdict."""
 
 
 def system_gpu(system: dict, base_dir: str | Path | None = None):
@@ -73,11 +88,7 @@ def system_gpu(system: dict, base_dir: str | Path | None = None):
     """
     gpu = None
     if "gpu_file" in system:
-        path = Path(system["gpu_file"])
-        if not path.is_absolute() and base_dir is not None and (Path(base_dir) / path).is_file():
-            path = Path(base_dir) / path
-        if not path.is_file():
-            raise FileNotFoundError(f"[system] gpu_file not found: {system['gpu_file']}")
+        path = resolve_input_path("[system] gpu_file", system["gpu_file"], base_dir, (".toml",))
         try:
             gpu = load_gpu_file(path)
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
@@ -94,6 +105,7 @@ def system_gpu(system: dict, base_dir: str | Path | None = None):
         base = gpu or build_system(system["name"], 1).gpu_spec
         try:
             gpu = with_overrides(base, **system["gpu_overrides"])
+            check_gpu_ranges(base, gpu)
         except ValueError as exc:
             raise ValueError(f"[system] gpu_overrides: {exc}") from None
     if gpu is not None and gpu.nvlink_links == 0:
@@ -102,6 +114,27 @@ def system_gpu(system: dict, base_dir: str | Path | None = None):
                          f"no path to each other (trainsim's servers connect their GPUs by NVLink/NVSwitch only; "
                          f"there is no PCIe peer-to-peer route); give nvlink_links >= 1")
     return gpu
+
+
+def resolve_input_path(key: str, value: str, base_dir: str | Path | None, suffixes: tuple[str, ...]) -> Path:
+    """The one rule for a scenario's relative paths: beside the scenario file (``base_dir``; the working
+    directory for a scenario without a file). The file must exist, be a file and end in ``suffixes``.
+
+    Raises:
+        FileNotFoundError / ValueError: one line naming the key, the path looked up and the rule.
+    """
+    path = Path(value)
+    where = ""
+    if not path.is_absolute() and base_dir is not None:
+        path = Path(base_dir) / path
+        where = " (relative paths are taken from the scenario file's folder)"
+    if not path.exists():
+        raise FileNotFoundError(f"{key} not found: {path}{where}")
+    if path.is_dir():
+        raise ValueError(f"{key} {path} is a directory; expected a {' or '.join(suffixes)} file")
+    if path.suffix.lower() not in suffixes:
+        raise ValueError(f"{key} {path}: expected a {' or '.join(suffixes)} file, got {path.suffix or 'no suffix'}")
+    return path
 
 
 def _is_cluster_file(path: Path) -> bool:
@@ -130,10 +163,12 @@ def build_topology(system: dict, base_dir: str | Path | None = None, gpu=None) -
     return build_system(system["name"], nodes, fabric=system.get("fabric", "rail_optimized"),
                         oversubscription=float(system.get("oversubscription", 1.0)), gpu_override=gpu,
                         nic_override=system.get("nic"), su_size=system.get("su_size"),
-                        fabric_switch=system.get("fabric_switch"))
+                        fabric_switch=system.get("fabric_switch"), nodes_per_leaf=system.get("nodes_per_leaf"),
+                        num_spines=system.get("spines"))
 
 
-def build_model_config(model: dict, training: dict, base_dir: str | Path | None = None):
+def build_model_config(model: dict, training: dict, base_dir: str | Path | None = None, *,
+                       trust_code: bool = True):
     """The model configuration of a ``[model]`` section (zoo name + overrides, or a Hugging Face
     config); ``training.seq_length`` overrides the model's.
 
@@ -141,14 +176,21 @@ def build_model_config(model: dict, training: dict, base_dir: str | Path | None 
     scenario file's folder) is called as ``fn(**factory_args)`` under ``torch.device("meta")``. It returns
     a zoo configuration (the overrides then apply), or a ``torch.nn.Module`` / ``(module,
     example_inputs)``: a :class:`workload.custom.CustomModel` is returned (see :mod:`workload.custom`).
+    It runs only when ``trust_code`` (or ``TRAINSIM_TRUST_CODE=1``): :mod:`scenarios.user_code`.
+
+    A model with a learned position table (``position_embedding_type = "learned_absolute"``: BERT,
+    GPT) keeps its ``max_position_embeddings`` when ``seq_length`` grows, so a sequence longer than
+    the table is refused unless ``max_position_embeddings`` is given too.
 
     Raises:
         ValueError: naming the ``[model]`` key at fault.
+        scenarios.user_code.UntrustedCodeError: a factory without ``trust_code``.
     """
     given = [k for k in ("name", "factory", "hf_config") if k in model]
     if len(given) > 1:
         raise ValueError(f"[model] give one of name, factory, hf_config; got {' and '.join(given)}")
     if "factory" in model:
+        check_trusted(model["factory"], trust_code, base_dir)
         return _from_factory(model, training, base_dir)
     overrides = {k: v for k, v in model.items() if k not in MODEL_SPECIAL_KEYS}
     if "seq_length" in training:
@@ -157,10 +199,10 @@ def build_model_config(model: dict, training: dict, base_dir: str | Path | None 
         source = model["hf_config"]
         if not isinstance(source, str) or not source:
             raise ValueError(f"[model] hf_config must be a path to a config.json or a Hub id, got {source!r}")
-        local = Path(source)
-        if not local.is_absolute() and base_dir is not None and (
-                source.endswith(".json") or (Path(base_dir) / local).exists()):
-            local = Path(base_dir) / local  # relative to the scenario file, as factory paths are
+        local = Path(source) if Path(source).is_absolute() or base_dir is None else Path(base_dir) / source
+        if source.endswith(".json") or local.is_file():  # a file beside the scenario, as every relative path
+            source = str(resolve_input_path("[model] hf_config", source, base_dir, (".json",)))
+        elif local.is_dir():  # a Hugging Face model folder: its config.json
             source = str(local)
         try:
             cfg = config_from_hf(source)  # raises ImportError without the optional transformers
@@ -176,9 +218,16 @@ def build_model_config(model: dict, training: dict, base_dir: str | Path | None 
 
 
 def _model_overrides(cfg, overrides: dict):
-    """``with_overrides`` with its errors prefixed by the section, ``[model]``."""
+    """``with_overrides`` with its errors prefixed by the section, ``[model]``; a learned position
+    table keeps its size when only ``seq_length`` changes (:func:`build_model_config`)."""
     if not overrides:
         return cfg
+    if isinstance(cfg, TransformerConfig) and cfg.position_embedding_type == "learned_absolute" and \
+            "seq_length" in overrides and "max_position_embeddings" not in overrides and \
+            isinstance(overrides["seq_length"], int) and overrides["seq_length"] > cfg.max_position_embeddings:
+        raise ValueError(f"[training] seq_length={overrides['seq_length']} exceeds {cfg.name}'s learned position table "
+                         f"(max_position_embeddings={cfg.max_position_embeddings}); give [model] "
+                         f"max_position_embeddings too to model a longer table")
     try:
         return model_overrides(cfg, **overrides)
     except ValueError as exc:
@@ -194,7 +243,7 @@ def _from_factory(model: dict, training: dict, base_dir: str | Path | None):
     try:
         with torch.device("meta"):
             result = fn(**args)
-    except Exception as exc:  # the user's code: report it in one line
+    except (Exception, SystemExit, KeyboardInterrupt) as exc:  # the user's code: one line, never an exit
         first = str(exc).splitlines()[0] if str(exc) else ""
         raise ValueError(f"[model] factory {spec!r} raised {type(exc).__name__}: {first}") from None
     if isinstance(result, (TransformerConfig, ResNetConfig)):
@@ -222,6 +271,12 @@ def _from_factory(model: dict, training: dict, base_dir: str | Path | None):
                      f"num_layers=4))")
 
 
+def scenario_dir(scenario: Scenario) -> Path | None:
+    """The folder a scenario's relative paths are taken from: its file's (``None``: not from a file)."""
+    src = Path(scenario.source) if scenario.source else None
+    return src.parent if src is not None and src.is_file() else None
+
+
 def prepare(scenario: Scenario) -> Prepared:
     """Resolve a scenario into a topology, a model configuration and a resolved ParallelConfig.
 
@@ -229,8 +284,7 @@ def prepare(scenario: Scenario) -> Prepared:
         ValueError / UnknownNameError: naming the field at fault.
     """
     tr = scenario.training
-    src = Path(scenario.source) if scenario.source else None
-    base_dir = src.parent if src is not None and src.is_file() else None
+    base_dir = scenario_dir(scenario)
     system = scenario.system
     # The cheap checks first: a mistake in a huge cluster is reported before its fabric is built.
     nodes = check_nodes(system)
@@ -243,12 +297,14 @@ def prepare(scenario: Scenario) -> Prepared:
     cfg = ParallelConfig(**kw).resolve(nodes * one_node.num_gpus)
     dtype = tr.get("dtype", "bf16")
     check_dtype(dtype, one_node.gpu_spec)
-    model_cfg = build_model_config(scenario.model, tr, base_dir)
+    model_cfg = build_model_config(scenario.model, tr, base_dir, trust_code=scenario.trust_code)
     if isinstance(model_cfg, CustomModel):  # first: says why a plain module cannot use a strategy
         model_cfg.check_parallel(cfg)
     cfg.validate_model(model_cfg)
+    # its checks (e.g. TP vs the vocabulary) come before the memory verdict
+    trace = trace_rank(model_cfg, cfg, dtype=dtype, compile=tr.get("compile", False))
     topo = build_topology(system, base_dir, gpu=gpu)
-    return Prepared(scenario, topo, model_cfg, cfg, dtype)
+    return Prepared(scenario, topo, model_cfg, cfg, dtype, trace)
 
 
 def check_dtype(dtype: str, gpu) -> None:
@@ -293,7 +349,7 @@ def run_scenario(scenario: Scenario, *, progress: bool = False) -> RunReport:
 
 
 def run_prepared(prep: Prepared, memory: Any, *, progress: bool = False,
-                 started_s: float | None = None) -> RunReport:
+                 started_s: float | None = None, max_tasks: float | None = None) -> RunReport:
     """Simulate one training iteration of a prepared scenario and analyse it.
 
     Args:
@@ -303,18 +359,24 @@ def run_prepared(prep: Prepared, memory: Any, *, progress: bool = False,
             ``sys.stderr.isatty()`` so that only a terminal shows one. stdout and the results do not
             change.
         started_s: ``time.perf_counter()`` when the run began (default: now), for ``wall_s``.
+        max_tasks: refuse (:class:`TaskBudgetError`) a run estimated above this many tasks
+            (:func:`check_task_budget`); ``None``: no bound.
 
     Raises:
         ValueError: naming the ``[simulation]`` key at fault.
+        TaskBudgetError: the estimate exceeds ``max_tasks``.
     """
     t0 = time.perf_counter() if started_s is None else started_s
     cfg, topo, sim = prep.config, prep.topology, prep.scenario.simulation
-    trace = trace_rank(prep.model_cfg, cfg, dtype=prep.dtype, compile=prep.scenario.training.get("compile", False))
+    trace = prep.trace if prep.trace is not None else trace_rank(
+        prep.model_cfg, cfg, dtype=prep.dtype, compile=prep.scenario.training.get("compile", False))
     layout = Layout(cfg)
     mode = _simulation_mode(prep, trace)
+    if max_tasks is not None:
+        check_task_budget(prep, trace, mode, max_tasks)
     ranks = None if mode == "full" else layout.representatives()
     build = None if mode == "hierarchical" else build_programs(trace, cfg, ranks=ranks)
-    engine = _engine_factory(sim)
+    engine = _engine_factory(sim, scenario_dir(prep.scenario))
     host = float(sim.get("host_launch_overhead_s", DEFAULT_HOST_LAUNCH_OVERHEAD_S))
     if build is None:
         build = macro_programs(trace, cfg, topo, engine, host_launch_overhead_s=host)
@@ -328,6 +390,9 @@ def run_prepared(prep: Prepared, memory: Any, *, progress: bool = False,
     per_rank = breakdown(result.events, result.end_time_s, pipeline=cfg.pp > 1)
     report = RunReport(prep.scenario, prep, result, build, mode, per_rank, memory)
     report.metrics = run_metrics(report, model_flops(prep, trace))
+    notes = what_if_notes(prep.scenario.system, topo, scenario_dir(prep.scenario))
+    if notes:  # only then: the JSON of a scenario without notes keeps its bytes
+        report.metrics["warnings"] = notes
     report.wall_s = time.perf_counter() - t0
     return report
 
@@ -354,16 +419,20 @@ def _simulation_mode(prep: Prepared, trace) -> str:
     return mode
 
 
-def _engine_factory(sim: dict) -> Callable[[Cluster], NcclEngine]:
-    """The NCCL engine of a cluster, as ``[simulation]`` configures it.
+def _engine_factory(sim: dict, base_dir: Path | None = None) -> Callable[[Cluster], NcclEngine]:
+    """The NCCL engine of a cluster, as ``[simulation]`` configures it (``nccl_tuner_config``, relative
+    to ``base_dir``, the scenario file's folder, as every path of a scenario).
 
     Raises:
         ValueError: ``nccl_tuner_config`` cannot be read.
     """
     tuner_rules = None
     if sim.get("nccl_tuner_config"):
+        path = Path(sim["nccl_tuner_config"])
+        if not path.is_absolute() and base_dir is not None:
+            path = base_dir / path
         try:
-            tuner_rules = load_tuner_config(sim["nccl_tuner_config"])
+            tuner_rules = load_tuner_config(path)
         except TunerConfigError as exc:
             raise ValueError(f"simulation.nccl_tuner_config: {exc}") from None
 
@@ -403,6 +472,34 @@ def estimate_tasks(trace, cfg: ParallelConfig, ranks: int) -> float:
     per_layer = len(g.block_ops(0, "fwd")) * (2 if cfg.recompute_granularity == "full" else 1) + \
         len(g.block_ops(0, "bwd"))
     return ranks * cfg.num_microbatches * per_layer * trace.num_layers / cfg.pp
+
+
+def check_task_budget(prep: Prepared, trace, mode: str, max_tasks: float) -> None:
+    """Refuse a run whose estimated task count exceeds ``max_tasks``, before building its programs.
+
+    Raises:
+        TaskBudgetError: one line with the estimate, the expected wall time and what to change.
+    """
+    cfg = prep.config
+    if mode == "hierarchical":  # one macro task per layer pass, plus a few per micro-batch (p2p, buckets)
+        ranks = len(Layout(cfg).representatives())
+        tasks = ranks * cfg.num_microbatches * (2.0 * trace.num_layers / cfg.pp + 8)
+    else:
+        tasks = estimate_tasks(trace, cfg, cfg.world_size if mode == "full" else len(Layout(cfg).representatives()))
+    if tasks <= max_tasks:
+        return
+    hint = "a smaller [training] global_batch_size (fewer micro-batches)" if mode == "hierarchical" else \
+        '[simulation] mode = "hierarchical" or a smaller [training] global_batch_size'
+    raise TaskBudgetError(f"this run would simulate about {tasks:,.0f} tasks ({cfg.num_microbatches:,} micro-batches, "
+                          f"mode {mode}), about {_duration(tasks / TASKS_PER_S)}, above --max-tasks "
+                          f"{max_tasks:,.0f}; try {hint}, or raise --max-tasks")
+
+
+def _duration(seconds: float) -> str:
+    for unit, size in (("years", 365 * 86400.0), ("days", 86400.0), ("hours", 3600.0), ("minutes", 60.0)):
+        if seconds >= 2 * size:
+            return f"{seconds / size:,.0f} {unit}"
+    return f"{seconds:.0f} s"
 
 
 def memory_for(prep: Prepared):

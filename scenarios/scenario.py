@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from workload.parallel.config import ParallelConfig
 SYSTEM_KEYS = {
     "name": str, "nodes": int, "fabric": str, "oversubscription": (int, float), "su_size": int,
     "gpu": str, "gpu_file": str, "nic": str, "fabric_switch": str, "gpu_overrides": dict,
+    "nodes_per_leaf": int, "spines": int,
 }
 TRAINING_KEYS = {"global_batch_size": int, "micro_batch_size": int, "dtype": str, "seq_length": int,
                  "compile": bool}
@@ -90,6 +92,10 @@ class Scenario:
     source: str = ""
     overrides: tuple[str, ...] = ()
     """The ``--set`` overrides applied on top of the file (the description does not know them)."""
+    trust_code: bool = True
+    """Whether ``[model] factory`` may run: a scenario built in Python is code already (True); one read
+    from a file (:func:`load_scenario`) is data, trusted only when asked (``--trust-code``) or shipped
+    in the catalog."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "description": self.description, "system": self.system, "model": self.model,
@@ -108,6 +114,32 @@ def _check_types(section: str, data: dict, spec: dict) -> None:
             names = " or ".join(t.__name__ for t in types_)
             shown = str(v).lower() if isinstance(v, bool) else repr(v)
             raise ValueError(f"[{section}] {k} must be {names}, got {shown}")
+
+
+def _check_finite(section: str, table: dict, prefix: str = "") -> None:
+    """NaN and infinities are TOML floats but no scenario quantity: reject them, naming the key.
+    ``[model] factory_args`` are the user's own and pass through unchecked."""
+    for k, v in table.items():
+        if section == "model" and not prefix and k == "factory_args":
+            continue
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ValueError(f"[{section}] {prefix}{k} must be a finite number, got {v}")
+        if isinstance(v, dict):
+            _check_finite(section, v, f"{prefix}{k}.")
+        elif isinstance(v, list):
+            for i, item in enumerate(v):
+                if isinstance(item, float) and not math.isfinite(item):
+                    raise ValueError(f"[{section}] {prefix}{k}[{i}] must be a finite number, got {item}")
+
+
+def _check_ranges(system: dict, simulation: dict) -> None:
+    """Bounds of the numeric ``[system]`` / ``[simulation]`` keys the fabric and runtime take as is."""
+    for key in ("nodes_per_leaf", "spines"):
+        if key in system and system[key] < 1:
+            raise ValueError(f"[system] {key} must be >= 1, got {system[key]}")
+    if simulation.get("host_launch_overhead_s", 0) < 0:
+        raise ValueError(f"[simulation] host_launch_overhead_s must be >= 0 seconds, "
+                         f"got {simulation['host_launch_overhead_s']}")
 
 
 def parse_scenario(data: dict[str, Any], source: str = "") -> Scenario:
@@ -131,6 +163,10 @@ def parse_scenario(data: dict[str, Any], source: str = "") -> Scenario:
     _check_types("system", system, SYSTEM_KEYS)
     _check_types("training", training, TRAINING_KEYS)
     _check_types("simulation", simulation, SIMULATION_KEYS)
+    for sec, table in (("system", system), ("model", model), ("parallel", parallel), ("training", training),
+                       ("simulation", simulation)):
+        _check_finite(sec, table)
+    _check_ranges(system, simulation)
     bad = sorted(set(parallel) - PARALLEL_KEYS)
     if bad:
         hint = " (put micro_batch_size and global_batch_size in [training])" if set(bad) & {
@@ -155,8 +191,12 @@ def parse_scenario(data: dict[str, Any], source: str = "") -> Scenario:
                     source)
 
 
-def load_scenario(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Scenario:
+def load_scenario(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (), *,
+                  trust_code: bool = False) -> Scenario:
     """Read a scenario file (``None``: the embedded default) and apply ``section.key=value`` overrides.
+
+    ``trust_code``: let its ``[model] factory`` run (:func:`shipped_and_unchanged` files are trusted
+    anyway; see :mod:`scenarios.user_code`).
 
     Raises:
         FileNotFoundError: the file does not exist.
@@ -170,7 +210,19 @@ def load_scenario(path: str | Path | None = None, overrides: list[str] | tuple[s
     data = apply_overrides(data, overrides)
     sc = parse_scenario(data, source)
     sc.overrides = tuple(overrides)
+    sc.trust_code = trust_code or shipped_and_unchanged(path, overrides)
     return sc
+
+
+def shipped_and_unchanged(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> bool:
+    """Whether ``path`` is a catalog file shipped with trainsim (or the built-in default) and no
+    override touches ``[model]`` factory keys: such a scenario's code is trainsim's own."""
+    if any(o.split("=", 1)[0].strip().startswith("model.factory") for o in overrides):
+        return False
+    if path is None:
+        return True
+    catalog = Path(__file__).parent / "catalog"
+    return Path(path).resolve().parent == catalog.resolve()
 
 
 def read_toml_file(path: str | Path, what: str = "scenario file") -> dict[str, Any]:
@@ -186,7 +238,7 @@ def read_toml_file(path: str | Path, what: str = "scenario file") -> dict[str, A
     if p.is_dir():
         raise ValueError(f"{p} is a directory; expected a {what} (TOML)")
     try:
-        return tomllib.loads(p.read_text(encoding="utf-8"))
+        return tomllib.loads(p.read_text(encoding="utf-8-sig"))  # -sig: a leading BOM is not TOML
     except UnicodeDecodeError as exc:
         raise ValueError(f"{p}: not UTF-8 text (byte {exc.start}); a {what} is TOML, which is UTF-8") from None
     except tomllib.TOMLDecodeError as exc:

@@ -46,7 +46,7 @@ from scenarios.catalog import (  # the catalog's names stay importable from here
     is_sweep_file,
     scenario_path,
 )
-from scenarios.runner import memory_for, prepare, run_prepared
+from scenarios.runner import DEFAULT_MAX_TASKS, memory_for, prepare, run_prepared
 from scenarios.scenario import DEFAULT_SCENARIO, apply_overrides, parse_scenario, read_toml_file
 
 __all__ = [
@@ -226,8 +226,9 @@ class PointResult:
 def run_point(base: Mapping[str, Any], values: Mapping[str, Any], source: str = "",
               simulate_oom: bool = False, progress: bool = False) -> PointResult:
     """Prepare and (unless it does not fit in memory) simulate one sweep point. Never raises for a bad
-    configuration: the row carries the error. ``progress``: the run's progress bar (see
-    :func:`scenarios.runner.run_prepared`). (Module-level, so worker processes can run it.)"""
+    configuration: the row carries the error (a point estimated above ``DEFAULT_MAX_TASKS`` tasks
+    included). ``progress``: the run's progress bar (see :func:`scenarios.runner.run_prepared`).
+    (Module-level, so worker processes can run it.)"""
     row = PointResult(dict(values))
     try:
         t0 = time.perf_counter()
@@ -238,7 +239,7 @@ def run_point(base: Mapping[str, Any], values: Mapping[str, Any], source: str = 
             row.oom, row.peak_memory_bytes, row.memory_verdict = not mem.fits(gpu), mem.total, mem.verdict(gpu)
         if row.oom and not simulate_oom:
             return row
-        rep = run_prepared(prep, mem, progress=progress, started_s=t0)
+        rep = run_prepared(prep, mem, progress=progress, started_s=t0, max_tasks=DEFAULT_MAX_TASKS)
     except (ValueError, KeyError) as exc:
         row.error = str(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc)
         return row

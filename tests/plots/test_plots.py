@@ -1,6 +1,5 @@
 """PNG figures: Gantt, link utilisation, breakdown bars, sweep curves; busiest-link statistics."""
 
-import time
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -61,20 +60,17 @@ def test_gantt_lanes_and_png(tmp_path):
         set(info.groups)
 
 
-def test_gantt_caps_ranks_and_is_fast(tmp_path):
+def test_gantt_caps_ranks(tmp_path):
     evs = []
     for r in range(32):
         for s, cat in (("compute", "gemm"), ("comm", "nccl:all_gather")):
             for k in range(320):  # 32 ranks x 2 streams x 320 = 20 480 bars
                 t = k * 1e-4
                 evs.append(Ev(r, s, "k", cat, t, t + 0.6e-4, "fwd" if k % 2 else "bwd"))
-    t0 = time.perf_counter()
     info = plot_gantt(evs, tmp_path / "big.png", max_ranks=8)
-    elapsed = time.perf_counter() - t0
     assert info.ranks_shown == [0, 1, 2, 3, 28, 29, 30, 31]
     assert info.n_lanes == 16 and info.n_bars == 8 * 2 * 320
     assert_png(info.path)
-    assert elapsed < 5.0  # generous for CI; about 0.3 s locally
     info = plot_gantt(evs, tmp_path / "sel.png", ranks=[3, 5])
     assert info.ranks_shown == [3, 5]
     with pytest.raises(ValueError, match="time_unit"):

@@ -38,7 +38,7 @@ def test_catalog_example_runs(tmp_path, capsys):
 
 def test_tensor_parallel_is_one_line(tmp_path, capsys):
     path = _write(tmp_path, f"{MODELS}:plain_mlp", "input_shape = [64]\n[parallel]\ntensor_model_parallel_size = 2\n")
-    assert main(["run", str(path)]) == 2
+    assert main(["run", str(path), "--trust-code"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
     assert err.startswith("trainsim run: error: [parallel] tensor_model_parallel_size = 2: tensor parallelism "
@@ -47,7 +47,7 @@ def test_tensor_parallel_is_one_line(tmp_path, capsys):
 
 def test_forward_failing_on_meta_is_one_line_naming_the_factory(tmp_path, capsys):
     path = _write(tmp_path, f"{MODELS}:data_dependent", "input_shape = [8]\n")
-    assert main(["run", str(path)]) == 2
+    assert main(["run", str(path), "--trust-code"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
     assert f"[model] factory '{MODELS}:data_dependent': DataDependent could not be traced on the meta device" in err
@@ -60,7 +60,7 @@ def test_relative_factory_file_and_oom(tmp_path, capsys):
                   'input_shape = [2048]\ninput_dtype = "int64"\n'
                   "factory_args = { d = 16384, layers = 2, vocab = 1024 }\n"
                   "[training]\nmicro_batch_size = 8\n")
-    assert main(["run", str(path)]) == 3
+    assert main(["run", str(path), "--trust-code"]) == 3
     captured = capsys.readouterr()
     assert "Not simulated: the configuration does not fit in GPU memory" in captured.out
     assert captured.err.startswith("OOM: custom: needs ")

@@ -103,7 +103,8 @@ def test_hf_config_is_relative_to_the_scenario_file(tmp_path, monkeypatch, capsy
 
 def test_hf_config_errors_name_the_file(tmp_path, capsys):
     err = one_line_error(capsys, ["run", _scenario(tmp_path, 'hf_config = "missing.json"')])
-    assert "Hugging Face config file not found" in err and "missing.json" in err and "transformers" not in err
+    assert f"[model] hf_config not found: {tmp_path / 'missing.json'} (relative paths are taken from the " \
+           f"scenario file's folder)" in err and "transformers" not in err
     bad = tmp_path / "bad.json"
     bad.write_text("not json")
     err = one_line_error(capsys, ["run", _scenario(tmp_path, 'hf_config = "bad.json"')])

@@ -1,0 +1,73 @@
+"""What-ifs that change nothing: notes for the report when a ``[system]`` key has no effect.
+
+A user who sets a faster NIC, an oversubscription or a GPU field expects the iteration to change; when
+the hardware model makes the key a no-op, the report says so (``warnings`` in the JSON, present only
+when there is one) and names the key that would make it count.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from hwmodel.specs import get_switch
+from hwmodel.topology import Topology, build_system
+
+__all__ = ["UNUSED_GPU_FIELDS", "what_if_notes"]
+
+UNUSED_GPU_FIELDS = {
+    "boost_clock_hz": "the cost model takes peaks in FLOP/s (tensor_flops, fp32_flops), not the clock",
+    "l2_bytes": "the cost model has no L2 cache",
+    "pcie_bandwidth_Bps": "PCIe links run at the node's PCIe generation (the system's), not the GPU's figure",
+}
+"""GPUSpec fields no part of the simulation reads (``grep`` of hwmodel/, workload/, scenarios/), and why."""
+
+
+def what_if_notes(system: dict[str, Any], topology: Topology, base_dir: str | Path | None = None) -> list[str]:
+    """One line per ``[system]`` key of this scenario that has no effect on the simulation."""
+    notes = _nic_note(system, topology) + _oversubscription_note(system, topology)
+    if system.get("gpu_overrides"):
+        notes += _unused_gpu_notes(system, topology, base_dir)
+    return notes
+
+
+def _nic_note(system: dict, topo: Topology) -> list[str]:
+    nic = topo.nic_spec
+    switch_name = topo.graph.graph.get("fabric_switch")
+    if nic is None or not switch_name or topo.num_nodes < 2 or topo.graph.graph.get("fabric") == "none":
+        return []
+    port = get_switch(switch_name).port_bandwidth_Bps
+    if nic.bandwidth_Bps <= port:
+        return []
+    return [f"NIC {nic.name} ({nic.bandwidth_Bps * 8 / 1e9:g} Gb/s) is faster than a {switch_name} switch port "
+            f"({port * 8 / 1e9:g} Gb/s): every NIC link runs at the switch port's rate; set [system] fabric_switch "
+            f"to a faster switch (e.g. Q3400) for the NIC to count"]
+
+
+def _oversubscription_note(system: dict, topo: Topology) -> list[str]:
+    k = float(system.get("oversubscription", 1.0))
+    if k == 1:
+        return []
+    g = topo.graph
+    fabric = g.graph.get("fabric")
+    if fabric == "fat_tree":
+        leaves = sum(1 for _, d in g.nodes(data=True) if d.get("tier") == "leaf")
+        if leaves > 1:
+            return []
+        return [f"oversubscription = {k:g} has no effect: all {topo.num_nodes} node(s) sit under one leaf switch, "
+                f"so no traffic reaches the spines; set [system] nodes_per_leaf below {topo.num_nodes}"]
+    su = g.graph.get("su_size")
+    if fabric == "rail_optimized" and su and topo.num_nodes <= su:
+        return [f"oversubscription = {k:g} has (almost) no effect: all {topo.num_nodes} node(s) are in one "
+                f"scalable unit (su_size = {su}), so rail-aligned traffic stays under the leaves; set [system] "
+                f"su_size below {topo.num_nodes} (or fabric = \"fat_tree\" with nodes_per_leaf) to cross the spines"]
+    return []
+
+
+def _unused_gpu_notes(system: dict, topo: Topology, base_dir: str | Path | None) -> list[str]:
+    from scenarios.runner import system_gpu  # deferred: the runner imports this module's caller
+
+    base = system_gpu({**system, "gpu_overrides": {}}, base_dir) or build_system(system["name"], 1).gpu_spec
+    gpu = topo.gpu_spec
+    return [f"[system] gpu_overrides {name}: changes nothing, {why}"
+            for name, why in UNUSED_GPU_FIELDS.items() if getattr(base, name) != getattr(gpu, name)]
