@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
@@ -39,10 +40,10 @@ from hwmodel.spec_units import (
     parse_compute_capability,
 )
 
-try:  # Python >= 3.11
+if sys.version_info >= (3, 11):
     import tomllib
-except ModuleNotFoundError:  # pragma: no cover - Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
 
 SWITCH_KINDS: tuple[str, ...] = ("ib", "pcie", "nvswitch")
 """Allowed :attr:`SwitchSpec.kind` values."""
@@ -420,7 +421,7 @@ _LOADED = False
 
 
 def _read_data(filename: str) -> dict[str, Any]:
-    text = resources.files(__package__ or "hwmodel").joinpath("data", filename).read_text(encoding="utf-8")
+    text = resources.files(__package__ or "hwmodel").joinpath("data").joinpath(filename).read_text(encoding="utf-8")
     return tomllib.loads(text)
 
 
