@@ -173,3 +173,11 @@ def test_dgx2_sixteen_v100_on_nvswitch_gen1_and_eight_edr_nics():
     assert t.nic_of("n0.gpu0") == t.nic_of("n0.gpu1") == "n0.nic0"
     ct = NcclEngine(Cluster(t)).comm_topology(tuple(t.gpus_of_node(0)))
     assert ct.nvls is None  # NVLink SHARP needs NVSwitch gen3
+
+
+def test_a100_nodes_with_four_100g_nics_for_eight_gpus():
+    # e.g. a cluster of 8-A100 servers with 4 x 100 Gb/s EDR NICs: two GPUs per NIC, 12.5 GB/s each way
+    t = build_system("dgx-a100", 2, nic_override="ConnectX-5-EDR", nics_per_node=4)
+    assert t.nics_per_node == 4 and t.nic_spec.name == "ConnectX-5-EDR"
+    assert t.bottleneck_Bps(t.route("n0.gpu1", "n1.gpu1")) == pytest.approx(100e9 / 8)
+    assert t.nic_of("n0.gpu6") == t.nic_of("n0.gpu7") == "n0.nic3"
