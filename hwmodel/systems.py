@@ -42,7 +42,8 @@ class SystemSpec:
     gpu: str
     """GPU name (``gpus.toml``)."""
     gpus_per_node: int
-    """GPUs per server."""
+    """GPUs per server, i.e. per NVLink domain (a whole rack for ``gb200-nvl72``); the most a scenario's
+    ``gpus_per_node`` may ask for (:func:`node_shape`)."""
     nvswitch: str
     """NVSwitch chip name (``network.toml``)."""
     nvswitch_count: int
@@ -50,7 +51,7 @@ class SystemSpec:
     nic: str
     """Compute NIC name (``network.toml``)."""
     nics_per_node: int
-    """Compute NICs per node (one port each)."""
+    """Compute NICs per node (one port each); fewer than the GPUs means GPUs share them in equal groups."""
     pcie_switches: int
     """PCIe switches per node."""
     pcie_generation: int
