@@ -181,3 +181,21 @@ def test_a100_nodes_with_four_100g_nics_for_eight_gpus():
     assert t.nics_per_node == 4 and t.nic_spec.name == "ConnectX-5-EDR"
     assert t.bottleneck_Bps(t.route("n0.gpu1", "n1.gpu1")) == pytest.approx(100e9 / 8)
     assert t.nic_of("n0.gpu6") == t.nic_of("n0.gpu7") == "n0.nic3"
+
+
+def test_one_gpu_per_node_all_reduce_is_one_nic_ring():
+    # 4 nodes of 1 GPU: one rail; each GPU sends 2(n-1)/n x S through its only NIC (50 GB/s NDR x NCCL's
+    # achieved IB fraction), no NVLink anywhere
+    t = build_system("dgx-h100", 4, gpus_per_node=1)
+    n, size = 4, GiB
+    time_s, plan, cl = _all_reduce(t, t.gpus(), size, algo="ring", proto="simple")
+    assert time_s == pytest.approx(plan.latency_s + 2 * (n - 1) / n * size / (50e9 * tuner.IB_APP_EFFICIENCY),
+                                   rel=1e-9)
+    for algo in (None, "tree", "pat"):  # NCCL's own choice and the other one-GPU-per-node algorithms run
+        op = "reduce_scatter" if algo == "pat" else "all_reduce"
+        cl = Cluster(t)
+        eng = NcclEngine(cl)
+        plan = eng.plan(Collective(op, 16 << 20, tuple(range(n)), algorithm=algo), tuple(t.gpus()))
+        done = eng.start(plan)
+        cl.env.run()
+        assert done.processed and cl.env.now > 0
