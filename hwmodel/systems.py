@@ -43,7 +43,8 @@ class SystemSpec:
     gpu: str
     """GPU name (``gpus.toml``)."""
     gpus_per_node: int
-    """GPUs per server."""
+    """GPUs per server, i.e. per NVLink domain (a whole rack for ``gb200-nvl72``); the most a scenario's
+    ``gpus_per_node`` may ask for (:func:`node_shape`)."""
     nvswitch: str
     """NVSwitch chip name (``network.toml``)."""
     nvswitch_count: int
@@ -51,7 +52,7 @@ class SystemSpec:
     nic: str
     """Compute NIC name (``network.toml``)."""
     nics_per_node: int
-    """Compute NICs per node (one port each)."""
+    """Compute NICs per node (one port each); fewer than the GPUs means GPUs share them in equal groups."""
     pcie_switches: int
     """PCIe switches per node."""
     pcie_generation: int
@@ -130,22 +131,81 @@ def get_system(name: str) -> SystemSpec:
     return _SYSTEMS[key]
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class NodeShape:
+    """How many of a system's GPUs, NICs, PCIe switches and CPU sockets one node has (see
+    :func:`node_shape`)."""
+
+    gpus_per_node: int
+    nics_per_node: int
+    pcie_switches: int
+    cpus: int
+    nvswitch_count: int
+
+
+def _count(where: str, key: str, value: Any, lo: int, hi: int, why: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ValueError(f"{where}{key} must be an integer in {lo}..{hi} ({why}), got {value!r}")
+    return value
+
+
+def node_shape(system: SystemSpec, gpus_per_node: int | None = None, nics_per_node: int | None = None,
+               *, num_nodes: int = 1, where: str = "") -> NodeShape:
+    """The node of ``system`` with ``gpus_per_node`` of its GPUs and ``nics_per_node`` compute NICs.
+
+    A smaller node keeps the system's design per GPU: its NICs default to the system's NIC:GPU ratio
+    (at least 1), its PCIe switches to the system's GPUs per switch, its CPU sockets to at most one per
+    switch. GPUs share a NIC in equal groups (GPU *j* uses NIC ``j * nics // gpus``, through their PCIe
+    switch), so ``nics_per_node`` must divide ``gpus_per_node``. A node of one GPU has no NVLink peers,
+    hence no NVSwitch (``nvswitch_count`` 0). ``where`` prefixes the messages (e.g. ``"[system] "``).
+
+    Raises:
+        ValueError: one line naming the key: ``gpus_per_node`` outside 1..the system's GPUs per node,
+            ``nics_per_node`` outside 0..the system's NICs, not dividing ``gpus_per_node``, or 0 on a
+            multi-node cluster (it would have no fabric).
+    """
+    full = system.gpus_per_node
+    g = full if gpus_per_node is None else _count(
+        where, "gpus_per_node", gpus_per_node, 1, full, f"a {system.name} node holds {full} GPUs")
+    if nics_per_node is None:
+        nics = max(1, system.nics_per_node * g // full) if system.nics_per_node else 0
+    else:
+        nics = _count(where, "nics_per_node", nics_per_node, 0, min(g, system.nics_per_node),
+                      f"a {system.name} node has {system.nics_per_node} compute NICs; at most one per GPU")
+    if nics and g % nics:
+        divisors = [d for d in range(1, min(g, system.nics_per_node) + 1) if g % d == 0]
+        raise ValueError(f"{where}nics_per_node = {nics} does not divide gpus_per_node = {g}: GPUs share NICs "
+                         f"in equal groups; allowed: {', '.join(map(str, divisors))}")
+    if nics == 0 and num_nodes > 1:
+        raise ValueError(f"{where}nics_per_node = 0 leaves {num_nodes} nodes without a fabric; "
+                         f"give 1..{min(g, system.nics_per_node)}")
+    pcie = max(1, system.pcie_switches * g // full)
+    return NodeShape(gpus_per_node=g, nics_per_node=nics, pcie_switches=pcie, cpus=min(system.cpus, pcie),
+                     nvswitch_count=system.nvswitch_count if g > 1 else 0)
+
+
 def build_system(name: str, num_nodes: int = 1, fabric: str = "rail_optimized", oversubscription: float = 1.0,
                  gpu_override: str | GPUSpec | None = None, nic_override: str | NICSpec | None = None, *,
                  su_size: int | None = None, num_spines: int | None = None,
-                 nodes_per_leaf: int | None = None, fabric_switch: str | SwitchSpec | None = None) -> Topology:
+                 nodes_per_leaf: int | None = None, fabric_switch: str | SwitchSpec | None = None,
+                 gpus_per_node: int | None = None, nics_per_node: int | None = None) -> Topology:
     """Build a named system (:func:`known_systems`: dgx-a100, dgx-a100-40gb, dgx-h100, hgx-h200,
-    dgx-b200) of ``num_nodes`` servers. ``gpu_override`` / ``nic_override`` swap in another (e.g.
-    what-if) GPU or NIC, by name or spec, ``fabric_switch`` the InfiniBand switch (a NIC link runs at
-    the slower of NIC and switch port, so a faster NIC needs a faster switch); the node layout stays.
-    Unknown names raise :class:`~hwmodel.specs.UnknownNameError`; bad fabric arguments ValueError
-    (:func:`~hwmodel.fabric.build_cluster`)."""
+    dgx-b200, dgx-2-v100, gb200-nvl72, gb200-nvl36) of ``num_nodes`` servers. ``gpu_override`` /
+    ``nic_override`` swap in another (e.g. what-if) GPU or NIC, by name or spec, ``fabric_switch`` the
+    InfiniBand switch (a NIC link runs at the slower of NIC and switch port, so a faster NIC needs a
+    faster switch); the node layout stays. ``gpus_per_node`` / ``nics_per_node`` (default: the
+    system's) shape a smaller node of the same design (:func:`node_shape`). Unknown names raise
+    :class:`~hwmodel.specs.UnknownNameError`; a bad node shape or fabric arguments ValueError
+    (:func:`node_shape`, :func:`~hwmodel.fabric.build_cluster`)."""
     s = get_system(name)
+    shape = node_shape(s, gpus_per_node, nics_per_node,
+                       num_nodes=num_nodes if isinstance(num_nodes, int) else 1)
     gpu = get_gpu(gpu_override if gpu_override is not None else s.gpu)
-    node = generic_node(gpu, gpus_per_node=s.gpus_per_node, nvswitch=s.nvswitch,
-                        nvswitch_count=s.nvswitch_count, nics_per_node=s.nics_per_node,
+    node = generic_node(gpu, gpus_per_node=shape.gpus_per_node, nvswitch=s.nvswitch,
+                        nvlink_links=None if shape.gpus_per_node > 1 else 0,
+                        nvswitch_count=shape.nvswitch_count, nics_per_node=shape.nics_per_node,
                         nic=nic_override if nic_override is not None else s.nic,
-                        pcie_switches=s.pcie_switches, pcie_generation=s.pcie_generation, cpus=s.cpus)
+                        pcie_switches=shape.pcie_switches, pcie_generation=s.pcie_generation, cpus=shape.cpus)
     return build_cluster(node, num_nodes, fabric=fabric, oversubscription=oversubscription,
                          fabric_switch=fabric_switch or s.fabric_switch,
                          su_size=s.su_size if su_size is None else su_size,
@@ -175,13 +235,14 @@ def dgx_h100(num_nodes: int = 1, *, fabric: str = "rail_optimized", oversubscrip
 
 
 _CLUSTER_KEYS = ("system", "num_nodes", "fabric", "oversubscription", "gpu", "gpu_file", "nic", "su_size",
-                 "num_spines", "nodes_per_leaf")
+                 "num_spines", "nodes_per_leaf", "gpus_per_node", "nics_per_node")
 
 
 def load_cluster_file(path: str | Path) -> Topology:
     """Build a cluster from a TOML file: ``system`` (see :func:`known_systems`), ``num_nodes``, and
     optionally ``fabric``, ``oversubscription``, ``su_size``, ``num_spines``, ``nodes_per_leaf``,
-    ``gpu`` (a GPU name), ``gpu_file`` (a what-if GPU file, relative to this file) and ``nic``.
+    ``gpus_per_node``, ``nics_per_node`` (:func:`node_shape`), ``gpu`` (a GPU name), ``gpu_file`` (a
+    what-if GPU file, relative to this file) and ``nic``.
     The keys may sit in a ``[cluster]`` table. Unknown keys raise ValueError listing the allowed ones."""
     path = Path(path)
     with path.open("rb") as fh:
@@ -203,4 +264,5 @@ def load_cluster_file(path: str | Path) -> Topology:
     return build_system(data["system"], data.get("num_nodes", 1), fabric=data.get("fabric", "rail_optimized"),
                         oversubscription=data.get("oversubscription", 1.0), gpu_override=gpu,
                         nic_override=data.get("nic"), su_size=data.get("su_size"),
-                        num_spines=data.get("num_spines"), nodes_per_leaf=data.get("nodes_per_leaf"))
+                        num_spines=data.get("num_spines"), nodes_per_leaf=data.get("nodes_per_leaf"),
+                        gpus_per_node=data.get("gpus_per_node"), nics_per_node=data.get("nics_per_node"))

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from scenarios.catalog import display_source
-from scenarios.metrics import link_groups, memory_dict, peak_dtype_for
+from scenarios.metrics import busiest_links, link_groups, memory_dict, peak_dtype_for
 
 __all__ = [
     "JSON_FLOAT_DIGITS", "MAX_RANK_ROWS", "TRACE_MAX_LINKS", "format_memory_only", "format_report",
@@ -182,6 +182,35 @@ def _link_lines(rep: Any, top: int) -> list[str]:
         lines.append(f"  {label:<34} {n:>5} {_gb(carried):>13} {caps[name] / 1e9:>6.0f} GB/s {100 * mean:>6.1f}% "
                      f"{100 * peak:>6.1f}%")
     lines.append("  (+k): k more links with the same load; capacity per direction")
+    return lines + _kind_lines(rep)
+
+
+LINK_KIND_LABELS = {"nvlink": "NVLink (NVLink domain)", "pcie": "PCIe (GPU/NIC to switch)",
+                    "ib": "network (NIC to fabric)"}
+"""Text report labels of the topology's edge kinds, in the order the per-kind lines show them."""
+
+
+def _kind_lines(rep: Any) -> list[str]:
+    """The busiest link of each edge kind that carried traffic: NVLink-domain traffic and NIC traffic
+    apart, whichever dominates the table above (on an NVL72 the rack's NVLink is rarely the busiest)."""
+    graph = rep.result.cluster.topology.graph
+    best: dict[str, tuple[float, float, str, float]] = {}
+    used: dict[str, int] = {}
+    for name, carried, mean, _ in busiest_links(rep.result.cluster.link_resources(), 10**9, rep.result.end_time_s):
+        if carried <= 0:
+            continue
+        u, v = name.split("->", 1)
+        kind = graph.edges[u, v].get("kind", "other")
+        used[kind] = used.get(kind, 0) + 1
+        if kind not in best:
+            best[kind] = (mean, carried, name, graph.edges[u, v]["bandwidth_Bps"])
+    if len(best) < 2:
+        return []
+    lines = ["  busiest link of each kind:"]
+    for kind in sorted(best, key=lambda k: (list(LINK_KIND_LABELS).index(k) if k in LINK_KIND_LABELS else 9, k)):
+        mean, carried, name, cap = best[kind]
+        lines.append(f"    {LINK_KIND_LABELS.get(kind, kind):<26} {name:<26} {_gb(carried):>10} "
+                     f"{cap / 1e9:>6.0f} GB/s {100 * mean:>6.1f}%  ({used[kind]} such links carried traffic)")
     return lines
 
 

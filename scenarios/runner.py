@@ -29,6 +29,7 @@ from hwmodel.nccl.tuner_config import TunerConfigError, load_tuner_config
 from hwmodel.runtime import DEFAULT_HOST_LAUNCH_OVERHEAD_S, RunResult, Runtime
 from hwmodel.spec_ranges import check_gpu_ranges
 from hwmodel.specs import get_gpu, known_gpus, load_gpu_file, with_overrides
+from hwmodel.systems import get_system, node_shape
 from hwmodel.topology import Topology, build_system
 from scenarios.analysis import RankBreakdown, breakdown
 from scenarios.catalog import scenario_path as scenario_path  # re-exported: runner.scenario_path is API
@@ -108,7 +109,7 @@ def system_gpu(system: dict, base_dir: str | Path | None = None):
             check_gpu_ranges(base, gpu)
         except ValueError as exc:
             raise ValueError(f"[system] gpu_overrides: {exc}") from None
-    if gpu is not None and gpu.nvlink_links == 0:
+    if gpu is not None and gpu.nvlink_links == 0 and system.get("gpus_per_node") != 1:
         field_ = "gpu_overrides nvlink_links" if "nvlink_links" in system.get("gpu_overrides", {}) else "the GPU"
         raise ValueError(f"[system] {field_}: nvlink_links = 0 leaves the GPUs of a {system['name']} node with "
                          f"no path to each other (trainsim's servers connect their GPUs by NVLink/NVSwitch only; "
@@ -155,6 +156,20 @@ def check_nodes(system: dict) -> int:
     return nodes
 
 
+def node_shape_keys(system: dict) -> dict[str, int]:
+    """``[system] gpus_per_node`` / ``nics_per_node`` as :func:`~hwmodel.systems.build_system` keywords,
+    checked against the named system (:func:`~hwmodel.systems.node_shape`).
+
+    Raises:
+        ValueError: one line naming the ``[system]`` key and its allowed range.
+        UnknownNameError: an unknown system name.
+    """
+    keys = {k: system[k] for k in ("gpus_per_node", "nics_per_node") if k in system}
+    if keys:
+        node_shape(get_system(system["name"]), **keys, num_nodes=system.get("nodes", 1), where="[system] ")
+    return keys
+
+
 def build_topology(system: dict, base_dir: str | Path | None = None, gpu=None) -> Topology:
     """The cluster of a ``[system]`` section (``gpu``: its GPU from :func:`system_gpu`, when known)."""
     if gpu is None:
@@ -164,7 +179,7 @@ def build_topology(system: dict, base_dir: str | Path | None = None, gpu=None) -
                         oversubscription=float(system.get("oversubscription", 1.0)), gpu_override=gpu,
                         nic_override=system.get("nic"), su_size=system.get("su_size"),
                         fabric_switch=system.get("fabric_switch"), nodes_per_leaf=system.get("nodes_per_leaf"),
-                        num_spines=system.get("spines"))
+                        num_spines=system.get("spines"), **node_shape_keys(system))
 
 
 def build_model_config(model: dict, training: dict, base_dir: str | Path | None = None, *,
@@ -289,7 +304,8 @@ def prepare(scenario: Scenario) -> Prepared:
     # The cheap checks first: a mistake in a huge cluster is reported before its fabric is built.
     nodes = check_nodes(system)
     gpu = system_gpu(system, base_dir)
-    one_node = build_system(system["name"], 1, gpu_override=gpu, nic_override=system.get("nic"))
+    one_node = build_system(system["name"], 1, gpu_override=gpu, nic_override=system.get("nic"),
+                            **node_shape_keys(system))
     kw = dict(scenario.parallel)
     kw["micro_batch_size"] = tr.get("micro_batch_size", 1)
     if "global_batch_size" in tr:

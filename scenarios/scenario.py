@@ -1,7 +1,8 @@
 """Scenario files: what to simulate, as TOML with five sections.
 
 ```toml
-[system]      # the cluster: name (dgx-a100, dgx-h100, ...), nodes, fabric, oversubscription, ...
+[system]      # the cluster: name (dgx-a100, dgx-h100, gb200-nvl72, ...), nodes, gpus_per_node,
+              # nics_per_node, fabric, oversubscription, ...
 [model]       # a zoo name plus overrides (num_layers, hidden_size, ...), or factory = "pkg.mod:fn"
 [parallel]    # ParallelConfig fields, Megatron names (tensor_model_parallel_size, ...)
 [training]    # global_batch_size, micro_batch_size, dtype (bf16, fp16, fp32, fp8), seq_length, compile
@@ -35,6 +36,7 @@ SYSTEM_KEYS = {
     "name": str, "nodes": int, "fabric": str, "oversubscription": (int, float), "su_size": int,
     "gpu": str, "gpu_file": str, "nic": str, "fabric_switch": str, "gpu_overrides": dict,
     "nodes_per_leaf": int, "spines": int,
+    "gpus_per_node": int, "nics_per_node": int,
 }
 TRAINING_KEYS = {"global_batch_size": int, "micro_batch_size": int, "dtype": str, "seq_length": int,
                  "compile": bool}

@@ -307,9 +307,10 @@ class CommTopology:
            graph (NCCL may raise the tree's ``bwIntra`` up to 2x ``bwInter`` for <= 2 nodes; not modelled).
         4. ``ncclTopoPostset`` (connect.cc l.440-506): ``nChannels = min(64, 2*min(ring, tree))``, then
            x2 again when sm90+, multi-node, ``bwIntra > 45`` and ``nChannels < 16``; then the cap.
-        5. NVLS (single node, Hopper+, NVSwitch, ppn >= 2): ``min(32, ppn)`` channels (one head per GPU,
-           ``minChannels = maxChannels`` intra-node); ``bwIntra`` = first intra speed with
-           ``(ppn+1)*speed <= totalBw`` (the head GPU carries 2x, ``ncclTopoSearchTryNvls``); pass 2
+        5. NVLS (single node, Hopper+, NVSwitch, ppn >= 2): ``nCh = min(32, ppn)`` channels (one head per
+           GPU, ``minChannels = maxChannels`` intra-node); ``bwIntra`` = first intra speed with
+           ``(nCh+1)*speed <= totalBw`` (every channel loads each GPU once and its head twice,
+           ``ncclTopoSearchTryNvls``; ``nCh = ppn`` on today's 8-GPU nodes, 32 on an NVL72); pass 2
            raises ``bwInter`` up the array while it is below ``2*bwIntra``. Runtime channels from
            nvls.cc (Hopper 16, Blackwell 24).
         6. NVLS graph on several nodes (used by NVLSTree; Hopper+, NVSwitch, ppn >= 2 -- ``ncclNvlsInit``
@@ -458,7 +459,9 @@ def _search(speeds, max_bw: float, total_bw: float, fit) -> tuple[int, float]:
 
 def _search_nvls(speeds: tuple[float, ...], total_bw: float, ppn: int) -> SearchGraph | None:
     n_ch = min(NVLS_MAX_ARITY, ppn)
-    idx = next((i for i, s in enumerate(speeds) if (ppn + 1) * s <= total_bw + _EPS), None)
+    # Every channel loads each GPU's NVLink once and its head's twice, and the n_ch channels have distinct
+    # heads: a head carries (n_ch + 1) x speed. n_ch = ppn up to 32 GPUs; an NVL72 domain keeps 32 channels.
+    idx = next((i for i, s in enumerate(speeds) if (n_ch + 1) * s <= total_bw + _EPS), None)
     if idx is None:
         return None
     bw_intra = speeds[idx]

@@ -130,7 +130,7 @@ def test_nics_and_switches():
     assert (q2.name, q2.radix, q2.switching_capacity_Bps) == ("QM9700", 64, pytest.approx(3.2e12))
     assert get_switch("NVSwitch-gen3").kind == "nvswitch" and get_switch("nvswitch3").radix == 64
     assert specs.get_pcie_switch(4).port_bandwidth_Bps == pytest.approx(32e9)
-    assert set(specs.known_switches("ib")) == {"QM8700", "QM9700", "Q3400"}
+    assert set(specs.known_switches("ib")) == {"SB7800", "QM8700", "QM9700", "Q3400"}
     assert specs.pcie_link_bandwidth_Bps(5) == pytest.approx(64e9)
     assert specs.nccl_pcie_link_bandwidth_Bps(3) == pytest.approx(12e9)  # nccl topo.h PCI_BW
     assert specs.nccl_pcie_link_bandwidth_Bps(5, lanes=8) == pytest.approx(24e9)
@@ -256,3 +256,61 @@ def test_spec_units_convert_human_units_to_si_in_one_place():
         convert(SWITCH_KEYS, {}, [], {"radix": 64.5}, "t")
     with pytest.raises(ValueError, match=r"'bandwidth_Bps' given twice \(as 'bandwidth_Gbps' and 'bandwidth_GBps'\)"):
         convert(NIC_KEYS, {}, [], {"bandwidth_Gbps": 400, "bandwidth_GBps": 50}, "t")
+
+
+# -- SKUs defined by a power limit, rack-scale Blackwell ---------------------------------------------
+
+
+def test_power_limit_clock_model_closed_form():
+    from hwmodel.power import STATIC_POWER_FRACTION, sustained_clock_hz, throughput_scale
+
+    # at the reference limit the part runs at the clock its peaks are quoted at (1830 MHz for H100 SXM5)
+    assert sustained_clock_hz(700) == pytest.approx(1.83e9, rel=1e-12)
+    # cube law above the static power: f = f_ref ((P - Ps) / (P_ref - Ps))^(1/3), Ps = 10 % of 700 W
+    assert STATIC_POWER_FRACTION == 0.10
+    assert throughput_scale(500) == pytest.approx((430 / 630) ** (1 / 3), rel=1e-12)
+    # a higher limit cannot push past the maximum clock (1980 MHz)
+    assert sustained_clock_hz(1400) == pytest.approx(1.98e9)
+    # the dynamic power implied by the clock is back at the limit (P = Ps + (P_ref - Ps) (f / f_ref)^3)
+    f = sustained_clock_hz(400)
+    assert 70 + 630 * (f / 1.83e9) ** 3 == pytest.approx(400, rel=1e-12)
+    for bad in (0, -5, float("nan"), 70, True):
+        with pytest.raises(ValueError, match="power_limit_w"):
+            sustained_clock_hz(bad)
+
+
+def test_h100_96gb_500w_follows_the_power_model_and_hbm2e():
+    from hwmodel.power import throughput_scale
+
+    ref, g = get_gpu("H100-SXM5"), get_gpu("H100-SXM5-96GB-500W")
+    assert get_gpu("h100-96gb") is g and g.architecture == "Hopper" and g.sm_count == ref.sm_count
+    k = throughput_scale(500)  # 0.8805: 1611 MHz sustained under 500 W
+    for dtype in ("fp16", "bf16", "tf32", "fp8"):  # the file's figures are the model's, rounded to 0.1 TFLOP/s
+        assert g.tensor_flops[dtype] == pytest.approx(ref.tensor_flops[dtype] * k, abs=0.051e12)
+    assert g.fp32_flops == pytest.approx(ref.fp32_flops * k, abs=0.051e12)
+    assert g.hbm_capacity_bytes == 96e9
+    assert g.hbm_bandwidth_Bps == pytest.approx(6 / 5 * 2.0e12)  # 6 HBM2e stacks at the H100 PCIe's 0.4 TB/s each
+    assert g.nvlink_bandwidth_Bps == ref.nvlink_bandwidth_Bps
+
+
+def test_gb200_gpu_figures_are_the_nvl72_datasheet_per_gpu():
+    g = get_gpu("gb200")
+    assert g.name == "B200-GB200" and g.compute_capability == (10, 0)
+    assert g.peak_flops("bf16") == pytest.approx(360e15 / 72 / 2)  # 360 PF sparse per rack -> 2.5 PF dense
+    assert g.peak_flops("fp8") == pytest.approx(720e15 / 72 / 2)
+    assert g.hbm_bandwidth_Bps == pytest.approx(576e12 / 72)
+    assert 2 * g.nvlink_bandwidth_Bps == pytest.approx(1.8e12)  # 1.8 TB/s per GPU, both directions
+    assert 72 * 2 * g.nvlink_bandwidth_Bps == pytest.approx(130e12, rel=0.01)  # 130 TB/s per rack
+
+
+def test_new_parts_have_a_source_for_every_figure():
+    for name in ("H100-SXM5-96GB-500W", "B200-GB200"):
+        g = get_gpu(name)
+        missing = [f.name for f in dataclasses.fields(g) if f.name not in ("name", "sources")
+                   and not g.sources.get(f.name)]
+        assert missing == [], (name, missing)
+        assert all(s.startswith(("[SRC]", "[2ND]", "[DERIVED]", "[UNCERTAIN]")) for s in g.sources.values())
+    for name in ("NVSwitch-gen1", "SB7800"):
+        sw = get_switch(name)
+        assert set(sw.sources) >= {"radix", "port_bandwidth_Bps", "hop_latency_s"}
+    assert get_switch("SB7800").port_bandwidth_Bps == pytest.approx(100e9 / 8)

@@ -204,6 +204,15 @@ def rotate(xs: list[str], k: int) -> list[str]:
     return xs[k:] + xs[:k]
 
 
+def rail_head(local: list[str], c: int, rails: int) -> list[str]:
+    """A node's part of a communicator rotated so that it starts at the GPU that heads rail ``c``.
+
+    With a NIC per GPU (``rails`` >= the node's GPUs) that is its ``c``-th GPU; when GPUs share NICs
+    (fewer rails than GPUs, e.g. 8 GPUs on 4 NICs) the rails' heads are spread evenly, ``c * len /
+    rails``, so that consecutive GPUs, which share a NIC, head different rails' NICs."""
+    return rotate(local, c * len(local) // rails if rails < len(local) else c)
+
+
 def binary_tree(n: int) -> list[tuple[int, int]]:
     """NCCL's tree 0 over ``n`` nodes as (child, parent) pairs (``ncclGetBtree``, trees.cc)."""
     pairs = []

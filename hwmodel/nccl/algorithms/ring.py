@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from hwmodel.nccl.algorithms.base import AG_RS, Algorithm, Flow, FlowContext, ModelInputs, rotate
+from hwmodel.nccl.algorithms.base import AG_RS, Algorithm, Flow, FlowContext, ModelInputs, rail_head, rotate
 from hwmodel.nccl.algorithms.tree import Tree
 from hwmodel.nccl.comm import (
     NCCL_LL128_MAX_NTHREADS,
@@ -159,12 +159,12 @@ class Ring(Algorithm):
         frac = 1.0 / rails
         for c in range(rails):
             for k, node in enumerate(nodes):
-                local = rotate(by_node[node], c)
+                local = rail_head(by_node[node], c, rails)
                 for i in range(len(local) - 1):
                     flows.append(Flow(local[i], local[i + 1], P(local[i], local[i + 1]), frac))
                 if chain and k == len(nodes) - 1:
                     continue
-                nxt = rotate(by_node[nodes[(k + 1) % len(nodes)]], c)
+                nxt = rail_head(by_node[nodes[(k + 1) % len(nodes)]], c, rails)
                 # PXN: the last GPU of the node's part hands over to the rail-c GPU over NVLink,
                 # which sends through its own NIC.
                 path = (P(local[-1], local[0]) if len(local) > 1 else ()) + P(local[0], nxt[0])

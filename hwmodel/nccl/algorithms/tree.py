@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from hwmodel.nccl.algorithms.base import Algorithm, Flow, FlowContext, ModelInputs, double_binary_tree, log2i, rotate
+from hwmodel.nccl.algorithms.base import Algorithm, Flow, FlowContext, ModelInputs, double_binary_tree, log2i, rail_head
 from hwmodel.nccl.comm import (
     NCCL_LL128_MAX_NTHREADS,
     NCCL_MAX_NTHREADS,
@@ -118,7 +118,7 @@ class Tree(Algorithm):
             heads = []
             for node in nodes:
                 # Intra-node chain from the rail-c GPU, up and down (each direction carries it once).
-                local = rotate(by_node[node], c)
+                local = rail_head(by_node[node], c, rails)
                 heads.append(local[0])
                 for i in range(len(local) - 1):
                     flows.append(Flow(local[i + 1], local[i], P(local[i + 1], local[i]), frac))
