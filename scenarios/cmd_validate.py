@@ -140,6 +140,7 @@ def report(rows_: list[Row]) -> dict[str, Any]:
     fits = provenance.fitted_to()
     return {"rows": [{"table": r.table, "row": r.name, "metric": r.metric, "unit": r.unit,
                       "measured": r.measured, "in_sample": r.in_sample, "gpus": r.gpus,
+                      **({"clock_curve_a_b": list(r.curve)} if r.curve is not None else {}),
                       **({"predicted": r.predicted, "error": r.error} if r.expressible
                          else {"not_expressible": r.not_expressible})} for r in rows_],
             "summary": summary(rows_),

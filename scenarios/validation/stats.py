@@ -85,12 +85,11 @@ def golden_min(fn: Callable[[float], float], lo: float, hi: float, tol: float = 
 
 
 def refit_clock(samples: Sequence[tuple[float, float, float, bool]], lo: float = 0.5, hi: float = 1.0) -> float:
-    """The clock fraction f in [lo, hi] minimising the MAPE of ``samples``.
+    """The clock fraction f in [lo, hi] minimising the MAPE of ``samples`` (see :func:`predicted_at`).
 
     Args:
-        samples: per row ``(a, b, measured, is_rate)``: the modelled time is a + b / f; a rate metric
-            (TFLOP/s) is inversely proportional to it, measured in the same units as a + b / f0 scaled
-            by the caller (see :func:`predicted_at`).
+        samples: per row ``(a, b, measured, is_rate)``: the modelled time is a + b / f (for a rate,
+            1 / rate = a + b / f); ``measured`` is in the row's own unit.
 
     Raises:
         ValueError: no samples.
@@ -102,7 +101,7 @@ def refit_clock(samples: Sequence[tuple[float, float, float, bool]], lo: float =
 
 def predicted_at(sample: tuple[float, float, float, bool], f: float) -> float:
     """The prediction of one ``(a, b, measured, is_rate)`` sample at clock fraction ``f``: a + b / f, or
-    its reciprocal for a rate (the caller stores a rate row's curve as rate^-1 = a + b / f)."""
+    its reciprocal for a rate (whose curve is stored as 1 / rate = a + b / f)."""
     a, b, _, is_rate = sample
     t = a + b / f
     return 1 / t if is_rate else t
