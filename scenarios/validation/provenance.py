@@ -119,3 +119,11 @@ def leave_one_source_out(rows: Sequence[Row], fits: dict[str, list[str]]) -> dic
         out[table] = {"refit": f, "mape": stats.mape(errs), "max_abs_error": stats.max_abs(errs), "rows": len(own),
                       "note": f"A100 sustained clock refitted to {f:.3f} on {len(rest)} rows of the other sources"}
     return out
+
+
+def pooled(per_table: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """All tables' held-out errors together: MAPE weighted by rows, the largest max (``nan`` if any table
+    could not be computed)."""
+    n = sum(v["rows"] for v in per_table.values())
+    return {"rows": n, "mape": sum(v["mape"] * v["rows"] for v in per_table.values()) / n if n else float("nan"),
+            "max_abs_error": max((v["max_abs_error"] for v in per_table.values()), default=float("nan"))}

@@ -70,3 +70,8 @@ def test_leave_one_source_out_on_two_synthetic_sources():
     # C has no end-to-end constant fitted on it: LOSO error is its plain error, and it says so
     assert loso["C"]["refit"] is None and "plain error" in loso["C"]["note"]
     assert loso["C"]["mape"] == pytest.approx(abs((a + b / 0.85) / 5.0 - 1))
+
+
+def test_pooled_loso_weights_tables_by_rows():
+    per = {"A": {"rows": 1, "mape": 0.10, "max_abs_error": 0.10}, "B": {"rows": 3, "mape": 0.02, "max_abs_error": 0.05}}
+    assert provenance.pooled(per) == {"rows": 4, "mape": pytest.approx(0.04), "max_abs_error": 0.10}
