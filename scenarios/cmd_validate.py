@@ -1,96 +1,77 @@
 """``trainsim validate``: predicted vs published measurements, with the errors.
 
-Rows (``scenarios/data/``, copied with their sources from the project's validation set):
+Tables (``scenarios/data/``, copied with their sources from the project's validation set; loaders and
+the assumptions each row makes in :mod:`scenarios.validation.tables`):
 
-* Narayanan et al. SC'21 Table 1: TFLOP/s per GPU of GPT 1.7B-1T on 32-3,072 A100 (catalog
+* ``sc21``: Narayanan et al. SC'21 Table 1, TFLOP/s per GPU of GPT 1.7B-1T on 32-3,072 A100 (catalog
   ``sc21-gpt-*``);
-* Korthikanti et al. 2022 Table 5: iteration time of 22B, 175B, 530B and 1T, full recomputation and
-  sequence parallel + selective recomputation (catalog ``korthikanti-*``);
-* Korthikanti et al. 2022 Table 4: forward and backward time of one 22B layer, TP 8, under five
-  settings (simulated directly, one layer on one DGX A100).
+* ``t5``: Korthikanti et al. 2022 Table 5, iteration time of 22B-1T (catalog ``korthikanti-*``);
+* ``t4``: Korthikanti et al. 2022 Table 4, forward and backward time of one 22B layer, TP 8;
+* ``sc21t2``: SC'21 Table 2, ZeRO-3 vs PTD-P on 175B / 530B (ZeRO-3 rows not expressible);
+* ``megascale``: MegaScale Table 2, Megatron-LM 175B on 256-12,288 GPUs (slow: opt-in);
+* ``readme2020``: Megatron-LM README 2020, 1.2B-8.3B, one node and 128-way data parallel;
+* ``torchtitan``: torchtitan Llama 3 on H100 96 GB / 500 W (not expressible; listed).
 
-No row is tuned: every scenario uses the same hardware specs and calibration (hwmodel/data). The
-micro-batch size of SC'21 (not stated in the paper) is 1 and the interleaving depth is the catalog
-file's choice for every row.
+No row is tuned. Rows named by a ``fitted_to`` list in ``hwmodel/data/calibration.toml`` are
+in-sample; the report splits every table's error into in- and out-of-sample, gives the
+leave-one-source-out error (:mod:`scenarios.validation.provenance`), Kendall's tau between predicted
+and measured per group of plans, and MegaScale's error trend per doubling of GPUs.
 """
 
 from __future__ import annotations
 
-import csv
 import json
+import math
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-DATA = Path(__file__).parent / "data"
-SC21_MODELS = {"1.7": "gpt-1.7b", "3.6": "gpt-3.6b", "7.5": "gpt-7.5b", "18.4": "gpt-18b", "39.1": "gpt-39b",
-               "76.1": "gpt-76b", "145.6": "gpt-145b", "310.1": "gpt-310b", "529.6": "gpt-530b", "1008.0": "gpt-1t"}
-KORTHIKANTI_MODELS = {"22B": "22b", "175B (GPT-3)": "175b", "530B (MT-NLG)": "530b", "1T": "1t"}
-TABLE4 = {"Baseline no recompute": {}, "Sequence Parallelism": {"sequence_parallel": True},
-          "Baseline with (full) recompute": {"recompute_granularity": "full"},
-          "Selective Recompute": {"recompute_granularity": "selective"},
-          "Selective + Sequence": {"recompute_granularity": "selective", "sequence_parallel": True}}
+from scenarios.validation import provenance, stats
+from scenarios.validation.tables import TABLE4, TABLES, Row, rows
 
+__all__ = ["TABLE4", "DEFAULT_TABLES", "Row", "layer_times_22b", "predict", "ranking", "report", "rows",
+           "summary"]
 
-@dataclass
-class Row:
-    table: str
-    name: str
-    metric: str
-    unit: str
-    measured: float
-    predicted: float = float("nan")
-    wall_s: float = 0.0
-
-    @property
-    def error(self) -> float:
-        return self.predicted / self.measured - 1
+DEFAULT_TABLES = ("sc21", "t5", "t4", "sc21t2", "readme2020", "torchtitan")
+"""Tables run without ``--tables``; ``megascale`` (8 runs of 256-12,288 GPUs) is opt-in for speed."""
+RANKED_TABLES = ("SC'21 Table 2", "MegaScale Table 2")
+"""Tables holding several plans of one model on one cluster: Kendall's tau per group."""
 
 
-def rows(tables: tuple[str, ...] = ("sc21", "t5", "t4")) -> list[Row]:
-    """The published rows, not yet predicted."""
-    out: list[Row] = []
-    if "sc21" in tables:
-        for r in csv.DictReader((DATA / "megatron_sc21_table1.csv").open()):
-            out.append(Row("SC'21 Table 1", f"sc21-{SC21_MODELS[r['model_params_B']]}", "TFLOP/s per GPU",
-                           "TFLOP/s", float(r["tflops_per_gpu"])))
-    kort = list(csv.DictReader((DATA / "korthikanti2022.csv").open()))
-    if "t5" in tables:
-        for r in kort:
-            if r["subtable"].startswith("Table 3"):
-                size = KORTHIKANTI_MODELS[r["model"]]
-                out.append(Row("Korthikanti Table 5", f"korthikanti-{size}-full-recompute", "iteration time", "s",
-                               float(r["iter_time_full_recompute_s"])))
-                out.append(Row("Korthikanti Table 5", f"korthikanti-{size}-sp-selective", "iteration time", "s",
-                               float(r["iter_time_present_work_s"])))
-    if "t4" in tables:
-        for r in kort:
-            if r["subtable"].startswith("Table 4"):
-                out.append(Row("Korthikanti Table 4", r["configuration"], "layer forward", "ms",
-                               float(r["forward_ms"])))
-                out.append(Row("Korthikanti Table 4", r["configuration"], "layer backward", "ms",
-                               float(r["backward_ms"])))
-    return out
-
-
-def predict(rows_: list[Row], progress=None) -> list[Row]:
-    """Fill ``predicted`` for every row (simulating each scenario once)."""
+def _simulate(row: Row) -> float:
+    """The model's value of one scenario row (catalog or built), in the row's unit (one simulation)."""
     from scenarios.runner import run_scenario, scenario_path
-    from scenarios.scenario import load_scenario
+    from scenarios.scenario import load_scenario, parse_scenario
 
-    table4: dict[str, tuple[float, float]] = {}
+    sc = parse_scenario(row.scenario) if row.scenario is not None else load_scenario(scenario_path(row.name))
+    m = run_scenario(sc).metrics
+    return m["tflops_per_gpu"] if row.unit == "TFLOP/s" else m["iteration_time_s"]
+
+
+def predict(rows_: list[Row], progress=None, *, refit: bool = False) -> list[Row]:
+    """Fill ``predicted`` for every expressible row (one simulation each; Table 4's forward and backward
+    share one). With ``refit``, in-sample rows are simulated once more at ``provenance.REFIT_PROBE`` and
+    get their clock curve (``Row.curve``) for the leave-one-source-out error."""
+    f0 = provenance.shipped_clock()
+    table4: dict[tuple[str, float], tuple[float, float]] = {}
+
+    def value(row: Row, f: float) -> float:
+        with provenance.clock_fraction(f):
+            if row.key != "t4":
+                return _simulate(row)
+            if (row.name, f) not in table4:  # forward and backward come from one simulation
+                table4[(row.name, f)] = layer_times_22b(TABLE4[row.name])
+        fwd, bwd = table4[(row.name, f)]
+        return 1e3 * (fwd if row.metric == "layer forward" else bwd)
+
     for row in rows_:
+        if not row.expressible:
+            continue
         t0 = time.perf_counter()
-        if row.table == "Korthikanti Table 4":
-            if row.name not in table4:
-                table4[row.name] = layer_times_22b(TABLE4[row.name])
-            f, b = table4[row.name]
-            row.predicted = 1e3 * (f if row.metric == "layer forward" else b)
-        else:
-            rep = run_scenario(load_scenario(scenario_path(row.name)))
-            m = rep.metrics
-            row.predicted = m["tflops_per_gpu"] if row.unit == "TFLOP/s" else m["iteration_time_s"]
+        row.predicted = value(row, f0)
+        if refit and row.in_sample:
+            provenance.set_curve(row, f0, row.predicted, provenance.REFIT_PROBE, value(row, provenance.REFIT_PROBE))
         row.wall_s = time.perf_counter() - t0
         if progress is not None:
             progress(row)
@@ -119,44 +100,123 @@ def layer_times_22b(parallel: dict) -> tuple[float, float]:
     return t[("block", "fwd")], t[("block", "bwd")]
 
 
-def summary(rows_: list[Row]) -> dict[str, dict[str, float]]:
-    out = {}
+def _errors(rs: list[Row]) -> dict[str, float]:
+    errs = [r.error for r in rs]
+    return {"rows": len(errs), "mape": stats.mape(errs), "max_abs_error": stats.max_abs(errs)}
+
+
+def summary(rows_: list[Row]) -> dict[str, dict[str, Any]]:
+    """Per table: ``rows``, ``mape``, ``max_abs_error`` (fractions) over the predicted rows, the same
+    split into ``in_sample`` / ``out_of_sample``, and ``not_expressible`` (a row count)."""
+    out: dict[str, dict[str, Any]] = {}
     for table in dict.fromkeys(r.table for r in rows_):
-        errs = [abs(r.error) for r in rows_ if r.table == table]
-        out[table] = {"rows": len(errs), "mape": sum(errs) / len(errs), "max_abs_error": max(errs)}
+        done = [r for r in rows_ if r.table == table and r.expressible]
+        out[table] = {**_errors(done),
+                      "in_sample": _errors([r for r in done if r.in_sample]),
+                      "out_of_sample": _errors([r for r in done if not r.in_sample]),
+                      "not_expressible": sum(1 for r in rows_ if r.table == table and not r.expressible)}
     return out
 
 
+def ranking(rows_: list[Row]) -> dict[str, dict[str, Any]]:
+    """Kendall's tau-b between predicted and measured per group of plans (one model, one cluster) of the
+    ``RANKED_TABLES``, ``"<table> / <group>"`` -> ``{"tau", "rows"}``; plus MegaScale's slope of signed
+    error per doubling of GPUs (percentage points), under ``"MegaScale Table 2"``."""
+    out: dict[str, dict[str, Any]] = {}
+    for table in RANKED_TABLES:
+        done = [r for r in rows_ if r.table == table and r.expressible]
+        for group in dict.fromkeys(r.group for r in done):
+            g = [r for r in done if r.group == group]
+            out[f"{table} / {group}"] = {"tau": stats.kendall_tau_b([r.predicted for r in g],
+                                                                     [r.measured for r in g]), "rows": len(g)}
+        if table == "MegaScale Table 2" and done:
+            out[table] = {"slope_points_per_doubling": stats.slope_per_doubling([r.gpus for r in done],
+                                                                                 [r.error for r in done]),
+                          "rows": len(done)}
+    return out
+
+
+def report(rows_: list[Row]) -> dict[str, Any]:
+    """Everything ``--json`` writes: rows, per-table summary, leave-one-source-out, ranking."""
+    fits = provenance.fitted_to()
+    loso = provenance.leave_one_source_out(rows_, fits)
+    return {"rows": [{"table": r.table, "row": r.name, "metric": r.metric, "unit": r.unit,
+                      "measured": r.measured, "in_sample": r.in_sample, "gpus": r.gpus,
+                      **({"clock_curve_a_b": list(r.curve)} if r.curve is not None else {}),
+                      **({"predicted": r.predicted, "error": r.error} if r.expressible
+                         else {"not_expressible": r.not_expressible})} for r in rows_],
+            "summary": summary(rows_),
+            "leave_one_source_out": loso,
+            "leave_one_source_out_all_tables": provenance.pooled(loso),
+            "ranking": ranking(rows_),
+            "calibration": {"shipped_clock_fraction": provenance.shipped_clock(),
+                            "refit_probe_clock_fraction": provenance.REFIT_PROBE,
+                            "end_to_end_constants": {c: sorted(ids) for c, ids in
+                                                     provenance.end_to_end_constants(fits).items()}}}
+
+
+def _pct(x: float) -> str:
+    return "   -  " if math.isnan(x) else f"{100 * x:5.1f} %"
+
+
 def format_table(rows_: list[Row]) -> str:
-    lines = [f"{'table':22s} {'row':34s} {'metric':16s} {'measured':>10s} {'predicted':>10s} {'error':>8s}"]
+    """The human report: rows, then per-table errors, leave-one-source-out, ranking."""
+    rep = report(rows_)
+    lines = [f"{'table':22s} {'row':36s} {'metric':16s} {'sample':6s} {'measured':>10s} {'predicted':>10s} "
+             f"{'error':>8s}"]
     for r in rows_:
-        lines.append(f"{r.table:22s} {r.name:34s} {r.metric:16s} {r.measured:>10.3g} {r.predicted:>10.3g} "
-                     f"{100 * r.error:>+7.1f}%")
-    lines.append("")
-    for table, s in summary(rows_).items():
-        lines.append(f"{table:22s} rows {s['rows']:2d}  mean absolute error {100 * s['mape']:.1f} %  "
-                     f"max {100 * s['max_abs_error']:.1f} %")
+        head = f"{r.table:22s} {r.name:36s} {r.metric:16s} {'in' if r.in_sample else 'out':6s} {r.measured:>10.4g}"
+        lines.append(f"{head} {r.predicted:>10.4g} {100 * r.error:>+7.1f}%" if r.expressible
+                     else f"{head}   not expressible: {r.not_expressible}")
+    lines += ["", f"{'table':22s} {'rows':>4s}  {'MAPE':>7s} {'max':>7s} | {'in-sample':^17s} | "
+              f"{'out-of-sample':^17s} | {'LOSO MAPE':>9s} {'max':>7s}  note"]
+    for table, s in rep["summary"].items():
+        lo = rep["leave_one_source_out"].get(table, {"mape": float("nan"), "max_abs_error": float("nan"), "note": ""})
+        ins, outs = s["in_sample"], s["out_of_sample"]
+        skipped = f"; {s['not_expressible']} not expressible" if s["not_expressible"] else ""
+        lines.append(f"{table:22s} {s['rows']:4d}  {_pct(s['mape'])} {_pct(s['max_abs_error'])} | "
+                     f"{ins['rows']:2d} {_pct(ins['mape'])} {_pct(ins['max_abs_error'])} | "
+                     f"{outs['rows']:2d} {_pct(outs['mape'])} {_pct(outs['max_abs_error'])} | "
+                     f"{_pct(lo['mape']):>9s} {_pct(lo['max_abs_error'])}  {lo['note']}{skipped}")
+    allt = rep["leave_one_source_out_all_tables"]
+    lines.append(f"all tables, held out (leave-one-source-out): {allt['rows']} rows, MAPE {_pct(allt['mape'])}, "
+                 f"max {_pct(allt['max_abs_error'])}")
+    if rep["ranking"]:
+        lines.append("")
+    for name, rk in rep["ranking"].items():
+        lines.append(f"{name}: error slope {rk['slope_points_per_doubling']:+.2f} points per doubling of GPUs "
+                     f"({rk['rows']} rows)" if "slope_points_per_doubling" in rk
+                     else f"{name}: Kendall tau (predicted vs measured) {rk['tau']:+.2f} over {rk['rows']} plans")
     return "\n".join(lines)
 
 
+def _no_nan(x: Any) -> Any:
+    """``x`` with every NaN float replaced by ``None`` (JSON has no NaN)."""
+    if isinstance(x, dict):
+        return {k: _no_nan(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_no_nan(v) for v in x]
+    return None if isinstance(x, float) and math.isnan(x) else x
+
+
 def register(sub) -> None:
-    p = sub.add_parser("validate", help="compare predictions with published measurements (SC'21, Korthikanti)",
+    p = sub.add_parser("validate", help="compare predictions with published measurements",
                        description=__doc__.split("\n\n")[0])
-    p.add_argument("--tables", default="sc21,t5,t4",
-                   help="comma list of: sc21 (SC'21 Table 1), t5 (Korthikanti Table 5), t4 (Korthikanti Table 4)")
+    p.add_argument("--tables", default=",".join(DEFAULT_TABLES),
+                   help=f"comma list of: {', '.join(f'{k} ({v[0]})' for k, v in TABLES.items())}; "
+                        f"default all but megascale (slow), 'all' for every table")
     p.add_argument("--only", default=None, help="only rows whose name contains this text")
-    p.add_argument("--json", metavar="PATH", help="write rows and summary as JSON")
+    p.add_argument("--json", metavar="PATH", help="write rows, summary, leave-one-source-out and ranking as JSON")
     p.set_defaults(func=_main)
 
 
 def _main(args) -> int:
-    tables = tuple(t.strip() for t in args.tables.split(",") if t.strip())
-    bad = set(tables) - {"sc21", "t5", "t4"}
-    if bad:
-        raise ValueError(f"--tables: unknown {sorted(bad)}; allowed: sc21, t5, t4")
+    tables = tuple(TABLES) if args.tables.strip() == "all" else tuple(
+        t.strip() for t in args.tables.split(",") if t.strip())
     rs = [r for r in rows(tables) if args.only is None or args.only in r.name]
     if not rs:
         raise ValueError(f"--only {args.only!r} matches no row")
+    provenance.mark_in_sample(rs, provenance.fitted_to())
 
     from tqdm import tqdm
 
@@ -165,8 +225,8 @@ def _main(args) -> int:
         if sys.stderr.isatty() else None
 
     def show(r: Row) -> None:
-        line = (f"  {r.table:22s} {r.name:34s} measured {r.measured:8.3g} {r.unit:8s} predicted "
-                f"{r.predicted:8.3g}  {100 * r.error:+6.1f}%  ({r.wall_s:.1f} s)")
+        line = (f"  {r.table:22s} {r.name:36s} measured {r.measured:8.4g} {r.unit:8s} predicted "
+                f"{r.predicted:8.4g}  {100 * r.error:+6.1f}%  ({r.wall_s:.1f} s)")
         if bar is None:
             print(line, flush=True)
         else:
@@ -174,15 +234,12 @@ def _main(args) -> int:
             bar.update()
 
     try:
-        predict(rs, progress=show)
+        predict(rs, progress=show, refit=True)
     finally:
         if bar is not None:
             bar.close()
     print()
     print(format_table(rs))
     if args.json:
-        data = {"rows": [{"table": r.table, "row": r.name, "metric": r.metric, "unit": r.unit,
-                          "measured": r.measured, "predicted": r.predicted, "error": r.error} for r in rs],
-                "summary": summary(rs)}
-        Path(args.json).write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+        Path(args.json).write_text(json.dumps(_no_nan(report(rs)), indent=1, sort_keys=True) + "\n")
     return 0

@@ -1,0 +1,1 @@
+"""Validation against published measurements: the tables, calibration provenance and statistics."""

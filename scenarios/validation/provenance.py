@@ -1,0 +1,129 @@
+"""What each calibration constant was fitted to (``[fitted_to]`` of ``hwmodel/data/calibration.toml``),
+which validation rows are therefore in-sample, and the leave-one-source-out (LOSO) error.
+
+LOSO: the only end-to-end constant (fitted to ``trainsim validate`` rows) is the A100 sustained clock
+fraction f. For each source (table) it was fitted on, f is refitted -- minimum MAPE, golden-section
+search on [0.5, 1] -- on the remaining sources' fitted rows, and the held-out source is predicted at
+the refitted f. The cheap path: every in-sample row is simulated at the shipped f0 and once more at
+f1 = ``REFIT_PROBE``; its time is t(f) = a + b / f through those two points (tensor-core work scales
+as 1/f, memory-bound kernels, communication and host time do not), so the search needs no further
+simulation. A source with no end-to-end constant fitted on it has LOSO error = its plain error.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import tomllib
+
+from scenarios.validation import stats
+from scenarios.validation.tables import TABLES, Row
+
+CLOCK_CONSTANT = "architecture.ampere.sustained_clock_fraction"
+REFIT_PROBE = 0.95
+"""Second clock fraction each in-sample row is simulated at (the shipped one is the first)."""
+
+
+def fitted_to(path: str | Path | None = None) -> dict[str, list[str]]:
+    """``{dotted constant: [row ids]}`` from the calibration file's ``[fitted_to]`` table (default: the
+    shipped ``hwmodel/data/calibration.toml``)."""
+    from hwmodel.costmodel import DEFAULT_CALIBRATION_PATH
+
+    with Path(path or DEFAULT_CALIBRATION_PATH).open("rb") as f:
+        return {k: list(v) for k, v in tomllib.load(f).get("fitted_to", {}).items()}
+
+
+def validation_ids(ids: Sequence[str]) -> set[str]:
+    """The entries of ``ids`` that name ``trainsim validate`` rows (``"<table key>:<row>"``)."""
+    return {i for i in ids if i.split(":", 1)[0] in TABLES and ":" in i}
+
+
+def end_to_end_constants(fits: dict[str, list[str]]) -> dict[str, set[str]]:
+    """Constants fitted on at least one validation row -> those row ids."""
+    return {c: ids for c, rows_ in fits.items() if (ids := validation_ids(rows_))}
+
+
+def mark_in_sample(rows: Sequence[Row], fits: dict[str, list[str]]) -> None:
+    """Set ``Row.in_sample`` for rows listed by any constant's ``fitted_to``."""
+    listed = set().union(*end_to_end_constants(fits).values()) if fits else set()
+    for r in rows:
+        r.in_sample = r.row_id in listed
+
+
+@contextmanager
+def clock_fraction(value: float) -> Iterator[None]:
+    """Within the block, simulations price A100 tensor-core work at sustained clock fraction ``value``
+    (the shipped calibration with ``CLOCK_CONSTANT`` replaced; restored afterwards)."""
+    import hwmodel.costmodel as cm
+
+    base = cm._default_calibration()
+    data: dict[str, Any] = copy.deepcopy(dict(base.data))
+    data["architecture"]["ampere"]["sustained_clock_fraction"] = value
+    saved = cm._DEFAULT_CAL
+    cm._DEFAULT_CAL = cm.Calibration(data, base.path)
+    try:
+        yield
+    finally:
+        cm._DEFAULT_CAL = saved
+
+
+def shipped_clock() -> float:
+    """The A100 sustained clock fraction in the shipped calibration."""
+    import hwmodel.costmodel as cm
+
+    return float(cm._default_calibration().data["architecture"]["ampere"]["sustained_clock_fraction"])
+
+
+def sample(r: Row) -> tuple[float, float, float, bool]:
+    """``(a, b, measured, is_rate)`` of a row with a curve, for :func:`stats.refit_clock`."""
+    assert r.curve is not None, r.row_id
+    return (*r.curve, r.measured, r.is_rate)
+
+
+def set_curve(r: Row, f0: float, value0: float, f1: float, value1: float) -> None:
+    """Store the row's t(f) = a + b / f from its predictions at two clock fractions (a rate metric is
+    inverted first: it is inversely proportional to time)."""
+    inv = r.is_rate
+    r.curve = stats.two_point_curve(f0, 1 / value0 if inv else value0, f1, 1 / value1 if inv else value1)
+
+
+def leave_one_source_out(rows: Sequence[Row], fits: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
+    """Per table present: the held-out error after refitting the end-to-end constant without it.
+
+    Returns:
+        ``{table: {"refit": f or None, "mape", "max_abs_error", "rows", "note"}}``; ``refit`` is ``None``
+        where no end-to-end constant was fitted on the table (its LOSO error is then its plain error)
+        or where no other fitted source is present to refit on (``mape`` then ``nan``).
+    """
+    fitted = end_to_end_constants(fits).get(CLOCK_CONSTANT, set())
+    done = [r for r in rows if r.expressible and r.predicted == r.predicted]
+    out: dict[str, dict[str, Any]] = {}
+    for table in dict.fromkeys(r.table for r in done):
+        own = [r for r in done if r.table == table]
+        if not any(r.row_id in fitted for r in own):
+            errs = [r.error for r in own]
+            out[table] = {"refit": None, "mape": stats.mape(errs), "max_abs_error": stats.max_abs(errs),
+                          "rows": len(own), "note": "no end-to-end constant fitted on it: LOSO = plain error"}
+            continue
+        rest = [sample(r) for r in done if r.table != table and r.row_id in fitted and r.curve is not None]
+        if not rest:
+            out[table] = {"refit": None, "mape": float("nan"), "max_abs_error": float("nan"), "rows": len(own),
+                          "note": "no other fitted source in this run to refit on"}
+            continue
+        f = stats.refit_clock(rest)
+        errs = [stats.predicted_at(sample(r), f) / r.measured - 1 for r in own]
+        out[table] = {"refit": f, "mape": stats.mape(errs), "max_abs_error": stats.max_abs(errs), "rows": len(own),
+                      "note": f"A100 sustained clock refitted to {f:.3f} on {len(rest)} rows of the other sources"}
+    return out
+
+
+def pooled(per_table: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """All tables' held-out errors together: MAPE weighted by rows, the largest max (``nan`` if any table
+    could not be computed)."""
+    n = sum(v["rows"] for v in per_table.values())
+    return {"rows": n, "mape": sum(v["mape"] * v["rows"] for v in per_table.values()) / n if n else float("nan"),
+            "max_abs_error": max((v["max_abs_error"] for v in per_table.values()), default=float("nan"))}

@@ -1,0 +1,248 @@
+"""The published tables ``trainsim validate`` compares with, as :class:`Row` objects (not yet predicted).
+
+Every table is a CSV in ``scenarios/data/`` copied, with its source columns, from the project's
+validation set. A row either names a catalog scenario, carries a scenario dict built from the CSV
+columns (``scenario``), or says why no scenario can express it (``not_expressible``): such rows are
+listed, never silently skipped or run with a config the measurement did not use.
+
+Assumptions shared by the rows built here (no per-row knob): mixed precision, Megatron's unfused
+attention with dropout 0.1 for Megatron runs, micro-batch 1 where the source does not state it, and an
+interleaving depth equal to the smallest chunk count above 1 dividing a stage's layers (the catalog's
+choice for SC'21 Table 1).
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DATA = Path(__file__).resolve().parent.parent / "data"
+SC21_MODELS = {"1.7": "gpt-1.7b", "3.6": "gpt-3.6b", "7.5": "gpt-7.5b", "18.4": "gpt-18b", "39.1": "gpt-39b",
+               "76.1": "gpt-76b", "145.6": "gpt-145b", "310.1": "gpt-310b", "529.6": "gpt-530b", "1008.0": "gpt-1t"}
+KORTHIKANTI_MODELS = {"22B": "22b", "175B (GPT-3)": "175b", "530B (MT-NLG)": "530b", "1T": "1t"}
+TABLE4 = {"Baseline no recompute": {}, "Sequence Parallelism": {"sequence_parallel": True},
+          "Baseline with (full) recompute": {"recompute_granularity": "full"},
+          "Selective Recompute": {"recompute_granularity": "selective"},
+          "Selective + Sequence": {"recompute_granularity": "selective", "sequence_parallel": True}}
+MEGATRON_2021_MODEL = {"attention_backend": "unfused", "hidden_dropout": 0.1, "attention_dropout": 0.1}
+GPUS_PER_DGX = 8
+
+
+@dataclass
+class Row:
+    """One published measurement and, once predicted, the model's value.
+
+    ``error`` is signed: predicted / measured - 1 (a fraction). ``group`` names the model and cluster
+    of a row, for ranking plans within a table; ``gpus`` is the run's GPU count.
+    """
+
+    table: str
+    name: str
+    metric: str
+    unit: str
+    measured: float
+    predicted: float = float("nan")
+    wall_s: float = 0.0
+    key: str = ""
+    scenario: dict[str, Any] | None = None
+    not_expressible: str | None = None
+    group: str = ""
+    gpus: int = 0
+    in_sample: bool = False
+    curve: tuple[float, float] | None = field(default=None, repr=False)
+    """``(a, b)`` with time(f) = a + b / f in the row's unit of time, f the sustained clock fraction
+    (filled for in-sample rows by the leave-one-source-out refit)."""
+
+    @property
+    def row_id(self) -> str:
+        """``"<table key>:<row name>"``, the form ``fitted_to`` lists in calibration.toml."""
+        return f"{self.key}:{self.name}"
+
+    @property
+    def error(self) -> float:
+        return self.predicted / self.measured - 1
+
+    @property
+    def is_rate(self) -> bool:
+        """Whether the metric is a rate (inversely proportional to the iteration time)."""
+        return self.unit in ("TFLOP/s", "tokens/s")
+
+    @property
+    def expressible(self) -> bool:
+        return self.not_expressible is None
+
+
+def _csv(name: str) -> list[dict[str, str]]:
+    with (DATA / name).open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def interleave_depth(layers_per_stage: int) -> int | None:
+    """Smallest chunk count above 1 dividing ``layers_per_stage`` (``None``: one layer, no interleaving)."""
+    return next((v for v in range(2, layers_per_stage + 1) if layers_per_stage % v == 0), None)
+
+
+def _megatron_scenario(name: str, *, nodes: int, model: dict, tp: int, pp: int, dp: int, gbs: int, mbs: int,
+                       recompute: str, sequence_parallel: bool = False, layers: int,
+                       system: dict | None = None) -> dict[str, Any]:
+    par: dict[str, Any] = {"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp,
+                           "data_parallel_size": dp, "recompute_granularity": recompute}
+    if sequence_parallel:
+        par["sequence_parallel"] = True
+    if pp > 1 and (vp := interleave_depth(layers // pp)) is not None:
+        par["virtual_pipeline_model_parallel_size"] = vp
+    return {"name": name, "system": {"name": "dgx-a100", "nodes": nodes, **(system or {})},
+            "model": {**MEGATRON_2021_MODEL, **model}, "parallel": par,
+            "training": {"dtype": "fp16", "global_batch_size": gbs, "micro_batch_size": mbs},
+            "simulation": {"mode": "auto"}}
+
+
+def sc21_table1() -> list[Row]:
+    """SC'21 Table 1: TFLOP/s per GPU, catalog scenarios ``sc21-gpt-*``."""
+    return [Row("SC'21 Table 1", f"sc21-{SC21_MODELS[r['model_params_B']]}", "TFLOP/s per GPU", "TFLOP/s",
+                float(r["tflops_per_gpu"]), key="sc21", group="GPT 1.7B-1T weak scaling", gpus=int(r["num_gpus"]))
+            for r in _csv("megatron_sc21_table1.csv")]
+
+
+def korthikanti_table5() -> list[Row]:
+    """Korthikanti Table 5: iteration time, catalog scenarios ``korthikanti-*``."""
+    out = []
+    for r in _csv("korthikanti2022.csv"):
+        if r["subtable"].startswith("Table 3"):
+            size = KORTHIKANTI_MODELS[r["model"]]
+            for variant, col in (("full-recompute", "iter_time_full_recompute_s"),
+                                 ("sp-selective", "iter_time_present_work_s")):
+                out.append(Row("Korthikanti Table 5", f"korthikanti-{size}-{variant}", "iteration time", "s",
+                               float(r[col]), key="t5", group=size, gpus=int(r["num_gpus"])))
+    return out
+
+
+def korthikanti_table4() -> list[Row]:
+    """Korthikanti Table 4: forward and backward ms of one 22B layer, simulated directly."""
+    out = []
+    for r in _csv("korthikanti2022.csv"):
+        if r["subtable"].startswith("Table 4"):
+            for metric, col in (("layer forward", "forward_ms"), ("layer backward", "backward_ms")):
+                out.append(Row("Korthikanti Table 4", r["configuration"], metric, "ms", float(r[col]),
+                               key="t4", group="22B layer", gpus=8))
+    return out
+
+
+def megascale_table2() -> list[Row]:
+    """MegaScale (NSDI'24) Table 2, Megatron-LM baseline: 175B (128 heads, vocabulary 64,000) strong
+    scaling on 256-12,288 GPUs, TP 8 x PP 8 with 6 interleaved chunks, iteration time.
+
+    Not stated, assumed: A100 80 GB DGX nodes with one 200 Gb/s NIC per GPU (the paper's cluster is
+    "Ampere GPUs"), micro-batch 1, sequence parallel + selective recomputation (Megatron's 2023
+    default for this size), the distributed optimizer (the paper's "ZeRO-2 style" data parallelism).
+    """
+    out = []
+    for r in _csv("megascale_table2_megatron.csv"):
+        gpus, tp, pp, dp = (int(r[k]) for k in ("num_gpus", "TP", "PP", "DP"))
+        name = f"megascale-175b-{gpus}gpu"
+        sc = _megatron_scenario(
+            name, nodes=gpus // GPUS_PER_DGX, tp=tp, pp=pp, dp=dp, gbs=int(r["global_batch"]), mbs=1,
+            model={"name": "gpt3-175b", "num_attention_heads": int(r["heads"]), "vocab_size": int(r["vocab"]),
+                   "seq_length": int(r["seq_len"])},
+            recompute="selective", sequence_parallel=True, layers=int(r["layers"]))
+        sc["parallel"]["virtual_pipeline_model_parallel_size"] = int(r["VP"])
+        sc["parallel"]["use_distributed_optimizer"] = True
+        out.append(Row("MegaScale Table 2", name, "iteration time", "s", float(r["iteration_time_s"]),
+                       key="megascale", scenario=sc, group="GPT 175B, TP 8 x PP 8", gpus=gpus))
+    return out
+
+
+def sc21_table2() -> list[Row]:
+    """SC'21 Table 2: ZeRO-3 (DeepSpeed) vs PTD-P on 175B and 530B, TFLOP/s per GPU. PTD-P rows are
+    simulated with the SC'21 Table 1 settings (TP 8 assumed by the source file, full recomputation);
+    ZeRO-3 rows are listed as not expressible."""
+    out = []
+    for r in _csv("megatron_sc21_table2.csv"):
+        tp, pp, dp, gpus = (int(r[k]) for k in ("TP", "PP", "DP", "num_gpus"))
+        size = "175b" if r["model_params_B"].startswith("174") else "530b"
+        zero3 = "(ZeRO-3" in r["subtable"]
+        name = f"sc21t2-{size}-{'zero3' if zero3 else 'ptdp'}-{gpus}gpu"
+        row = Row("SC'21 Table 2", name, "TFLOP/s per GPU", "TFLOP/s", float(r["tflops_per_gpu"]), key="sc21t2",
+                  group=f"GPT {size.upper()}", gpus=gpus)
+        if zero3:
+            row.not_expressible = ("DeepSpeed ZeRO-3 (its prefetch and bucket sizes, parameter persistence, "
+                                   "CPU-side partitioning) is not modelled; fsdp = true is PyTorch FSDP")
+        else:
+            gbs = int(r["global_batch_size"].rstrip("*"))
+            model = "gpt3-175b" if size == "175b" else "gpt-530b"
+            row.scenario = _megatron_scenario(name, nodes=gpus // GPUS_PER_DGX, model={"name": model}, tp=tp,
+                                              pp=pp, dp=dp, gbs=gbs, mbs=int(r["micro_batch_size"]),
+                                              recompute="full", layers=int(r["layers"]))
+        out.append(row)
+    return out
+
+
+def megatron_readme_2020() -> list[Row]:
+    """Megatron-LM README (2020): GPT 1.2B-8.3B, TP 1-8, on one DGX A100 (global batch 16) and with
+    128-way data parallelism (global batch 2048), iteration time. Per-GPU batch 16 as one micro-batch
+    (2020 Megatron's ``--batch-size`` was per GPU), full recomputation (``--checkpoint-activations`` in
+    its example scripts), A100 40 GB (presumed by the source)."""
+    out = []
+    for r in _csv("megatron_readme_2020_a100.csv"):
+        tp, dp, gpus = int(r["TP"]), int(r["DP"]), int(r["num_gpus"])
+        name = f"readme2020-{r['model_params_B']}b-{gpus}gpu"
+        model = {"name": "gpt-1.7b", "num_layers": int(r["layers"]), "hidden_size": int(r["hidden_size"]),
+                 "num_attention_heads": int(r["attention_heads"]), "seq_length": int(r["seq_len"]),
+                 "vocab_size": int(r["vocab"])}
+        gbs = int(r["global_batch_size"])
+        sc = _megatron_scenario(name, nodes=max(1, gpus // GPUS_PER_DGX), model=model, tp=tp, pp=1, dp=dp,
+                                gbs=gbs, mbs=gbs // dp, recompute="full", layers=int(r["layers"]),
+                                system={"gpu": "A100-SXM4-40GB"})
+        row = Row("Megatron README 2020", name, "iteration time", "s", float(r["iteration_time_s"]),
+                  key="readme2020", scenario=sc, group="weak scaling" if dp == 1 else "128-way DP", gpus=gpus)
+        if gpus % GPUS_PER_DGX:
+            row.scenario, row.not_expressible = None, (
+                f"a run on {gpus} of a node's {GPUS_PER_DGX} GPUs: [system] has no GPUs-per-node setting")
+        out.append(row)
+    return out
+
+
+def torchtitan_h100() -> list[Row]:
+    """torchtitan Llama 3 on H100 SXM 96 GB at 500 W, BF16, tokens/s per GPU: every row is listed as not
+    expressible (the SKU and the software features it measures are not modelled)."""
+    sku = "H100 SXM 96 GB HBM2e at a 500 W limit is not in hwmodel/data/gpus.toml"
+    out = []
+    for r in _csv("torchtitan_llama3_h100_bf16.csv"):
+        run = r["run"]
+        reasons = [sku]
+        if "torch.compile" in run:
+            reasons.append("torch.compile kernel fusion is not modelled")
+        if "async-TP" in run:
+            reasons.append("the row is vanilla vs async TP (async TP is not modelled; no measured global batch)")
+        tokens = float(r["tokens_per_s_per_gpu"].split()[0])
+        out.append(Row("torchtitan H100 BF16", f"torchtitan-{run.split('torchtitan ')[-1]}", "tokens/s per GPU",
+                       "tokens/s", tokens, key="torchtitan", not_expressible="; ".join(reasons),
+                       group=r["model"], gpus=int(r["num_gpus"])))
+    return out
+
+
+TABLES: dict[str, tuple[str, Callable[[], list[Row]]]] = {
+    "sc21": ("SC'21 Table 1", sc21_table1),
+    "t5": ("Korthikanti Table 5", korthikanti_table5),
+    "t4": ("Korthikanti Table 4", korthikanti_table4),
+    "sc21t2": ("SC'21 Table 2 (ZeRO-3 vs PTD-P)", sc21_table2),
+    "megascale": ("MegaScale Table 2", megascale_table2),
+    "readme2020": ("Megatron README 2020", megatron_readme_2020),
+    "torchtitan": ("torchtitan H100 BF16", torchtitan_h100),
+}
+"""``--tables`` key -> (title, loader)."""
+
+
+def rows(tables: tuple[str, ...] = tuple(TABLES)) -> list[Row]:
+    """The published rows of ``tables`` (``TABLES`` keys), in table order, not yet predicted.
+
+    Raises:
+        ValueError: an unknown table key (one line with the allowed keys).
+    """
+    bad = [t for t in tables if t not in TABLES]
+    if bad:
+        raise ValueError(f"--tables: unknown {bad}; allowed: {', '.join(TABLES)}")
+    return [r for key in TABLES if key in tables for r in TABLES[key][1]()]

@@ -1,0 +1,112 @@
+"""The validation tables' loaders, the not-expressible rows, in-sample marking from calibration.toml, and
+the clock override behind the leave-one-source-out refit."""
+
+import csv
+
+import pytest
+
+from scenarios.cmd_validate import DEFAULT_TABLES, layer_times_22b, ranking, summary
+from scenarios.validation import provenance, stats
+from scenarios.validation.tables import DATA, TABLE4, TABLES, interleave_depth, rows
+
+# (table key, rows, rows not expressible)
+COUNTS = {"sc21": (10, 0), "t5": (8, 0), "t4": (10, 0), "sc21t2": (12, 6), "megascale": (8, 0),
+          "readme2020": (8, 3), "torchtitan": (6, 6)}
+
+
+@pytest.mark.parametrize("key", list(TABLES))
+def test_table_row_counts_and_not_expressible_reasons(key):
+    rs = rows((key,))
+    assert (len(rs), sum(not r.expressible for r in rs)) == COUNTS[key]
+    assert len({(r.name, r.metric) for r in rs}) == len(rs)
+    for r in rs:
+        assert r.measured > 0 and r.gpus > 0 and r.key == key
+        assert (r.not_expressible is None) or len(r.not_expressible) > 20
+
+
+@pytest.mark.parametrize("csv_name", ["megascale_table2_megatron.csv", "megatron_sc21_table2.csv",
+                                      "megatron_readme_2020_a100.csv", "torchtitan_llama3_h100_bf16.csv"])
+def test_copied_tables_keep_their_source_columns(csv_name):
+    with (DATA / csv_name).open(newline="") as f:
+        table = list(csv.DictReader(f))
+    assert {"source", "provenance"} <= set(table[0]) and all(r["source"] for r in table)
+
+
+def test_megascale_rows_follow_the_paper():
+    rs = rows(("megascale",))
+    assert [r.gpus for r in rs] == [256, 512, 768, 1024, 3072, 6144, 8192, 12288]
+    sc = rs[-1].scenario
+    assert sc["system"]["nodes"] * 8 == 12288 and sc["parallel"]["data_parallel_size"] == 192
+    assert sc["parallel"]["virtual_pipeline_model_parallel_size"] == 6
+    assert sc["model"]["num_attention_heads"] == 128 and sc["model"]["vocab_size"] == 64000
+    assert sc["training"]["global_batch_size"] == 6144 and rs[0].measured == 40.0
+
+
+def test_sc21_table2_zero3_rows_are_not_expressible_and_ptdp_rows_are_built():
+    rs = rows(("sc21t2",))
+    zero3 = [r for r in rs if "zero3" in r.name]
+    assert len(zero3) == 6 and all("ZeRO-3" in r.not_expressible for r in zero3)
+    ptdp = {r.name: r.scenario for r in rs if "ptdp" in r.name}
+    assert ptdp["sc21t2-530b-ptdp-2240gpu"]["parallel"]["virtual_pipeline_model_parallel_size"] == 3
+    assert ptdp["sc21t2-175b-ptdp-1536gpu"]["parallel"]["data_parallel_size"] == 16
+
+
+def test_interleave_depth_is_the_smallest_divisor_above_one():
+    assert [interleave_depth(n) for n in (1, 3, 8, 9, 12)] == [None, 3, 2, 3, 2]
+
+
+def test_unknown_table_is_a_one_line_error():
+    with pytest.raises(ValueError, match="--tables: unknown \\['t9'\\]; allowed: sc21, t5, t4"):
+        rows(("t9",))
+    assert "megascale" not in DEFAULT_TABLES and set(DEFAULT_TABLES) < set(TABLES)
+
+
+def test_in_sample_marking_follows_calibration_toml():
+    fits = provenance.fitted_to()
+    listed = provenance.end_to_end_constants(fits)
+    # the one end-to-end constant is the A100 sustained clock, fitted on SC'21 T1 and Korthikanti T4/T5
+    assert set(listed) == {provenance.CLOCK_CONSTANT}
+    rs = rows(tuple(TABLES))
+    provenance.mark_in_sample(rs, fits)
+    assert {r.key for r in rs if r.in_sample} == {"sc21", "t5", "t4"}
+    assert all(r.in_sample for r in rs if r.key in ("sc21", "t5", "t4"))
+    # dropping a row from fitted_to makes it out-of-sample
+    fits[provenance.CLOCK_CONSTANT] = [i for i in fits[provenance.CLOCK_CONSTANT] if i != "sc21:sc21-gpt-1t"]
+    provenance.mark_in_sample(rs, fits)
+    assert [r.name for r in rs if r.key == "sc21" and not r.in_sample] == ["sc21-gpt-1t"]
+
+
+def test_every_fitted_constant_names_its_rows():
+    fits = provenance.fitted_to()
+    assert {"architecture.ampere.gemm_efficiency.bf16", "nccl.host_launch_s",
+            "nccl.nvlink_efficiency.ampere"} <= set(fits)
+    assert all(fits.values())
+
+
+def test_clock_override_scales_tensor_core_work_and_the_two_point_curve_predicts_a_third_clock():
+    setting = TABLE4["Baseline no recompute"]
+    f0 = provenance.shipped_clock()
+    base = layer_times_22b(setting)
+    with provenance.clock_fraction(provenance.REFIT_PROBE):
+        probe = layer_times_22b(setting)
+    with provenance.clock_fraction(0.75):
+        third = layer_times_22b(setting)
+    assert layer_times_22b(setting) == base  # restored
+    assert probe[0] < base[0] < third[0]
+    for i in (0, 1):
+        a, b = stats.two_point_curve(f0, base[i], provenance.REFIT_PROBE, probe[i])
+        assert b > 0 and a >= 0
+        assert a + b / 0.75 == pytest.approx(third[i], rel=0.01)
+
+
+def test_summary_and_ranking_split_and_rank():
+    rs = rows(("megascale",))
+    for r, p in zip(rs, (40.0, 21.0, 15.0, 12.0, 29.0, 15.0, 12.5, 8.0), strict=True):
+        r.predicted = p
+    rs[0].in_sample = True
+    s = summary(rs)["MegaScale Table 2"]
+    assert s["in_sample"]["rows"] == 1 and s["in_sample"]["mape"] == 0.0 and s["out_of_sample"]["rows"] == 7
+    rk = ranking(rs)
+    assert rk["MegaScale Table 2 / GPT 175B, TP 8 x PP 8"]["tau"] == pytest.approx(
+        stats.kendall_tau_b([r.predicted for r in rs], [r.measured for r in rs]))
+    assert "slope_points_per_doubling" in rk["MegaScale Table 2"]
