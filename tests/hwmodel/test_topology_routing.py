@@ -18,8 +18,9 @@ CASES = {
                                              oversubscription=3.0),
     "single-switch": lambda: build_system("dgx-b200", 3, fabric="single_switch"),
     "no-fabric": lambda: build_system("dgx-h100", 1, fabric="none"),
-    "pcie-only": lambda: build_cluster(generic_node("A100-SXM4-80GB", gpus_per_node=4, nvlink_links=0, nic="ConnectX-6-HDR"), 3, fabric="fat_tree",
-                                       nodes_per_leaf=1),
+    "pcie-only": lambda: build_cluster(
+        generic_node("A100-SXM4-80GB", gpus_per_node=4, nvlink_links=0, nic="ConnectX-6-HDR"), 3,
+        fabric="fat_tree", nodes_per_leaf=1),
 }
 
 
