@@ -75,13 +75,9 @@ class Cluster:
         self.env = env or simpy.Environment()
         self.fs = FluidSystem(self.env, record=record)
         g = topology.graph
-        self._edge_base: dict[str, int] = {}  # device -> index of its first out-going edge
-        total = 0
-        for u, nbrs in g.adj.items():
-            self._edge_base[u] = total
-            total += len(nbrs)
+        self._edge_base = topology.edge_offsets()  # device -> index of its first out-going edge
         self._edge_pos: dict[str, dict[str, int]] = {}
-        self._num_edges = total
+        self._num_edges = g.number_of_edges()
         self.links: OnDemand[tuple[str, str], Resource] = OnDemand(
             lambda e: isinstance(e, tuple) and len(e) == 2 and g.has_edge(*e), lambda: iter(g.edges()),
             g.number_of_edges, self._make_link)

@@ -108,6 +108,7 @@ class Topology:
         self._dist: dict[tuple[str, Any], tuple[dict[str, float], dict[str, tuple[str, ...]]]] = {}
         self._clos: ClosRoutes | None | bool = False  # False: not detected yet
         self._node_classes: NodeClasses | None = None
+        self._edge_offsets: dict[str, int] | None = None
         self.route_by_construction = True
         """Route structured fabrics and alike nodes by construction (:mod:`hwmodel.routing`); False
         searches every route (the reference the constructed routes are tested against)."""
@@ -221,6 +222,17 @@ class Topology:
         """Names of devices of ``kind`` (e.g. ``ib_switch``) whose attributes match ``attrs``."""
         return sorted(n for n, d in self.graph.nodes(data=True)
                       if d["kind"] == kind and all(d.get(k) == v for k, v in attrs.items()))
+
+    def edge_offsets(self) -> dict[str, int]:
+        """Device -> position of its first out-going link in ``graph.edges()`` order (cached), so that a
+        link's position is ``offset[u]`` + its place among ``u``'s successors without listing all links."""
+        if self._edge_offsets is None:
+            total = 0
+            self._edge_offsets = {}
+            for u, nbrs in self.graph.adj.items():
+                self._edge_offsets[u] = total
+                total += len(nbrs)
+        return self._edge_offsets
 
     def link(self, u: str, v: str) -> dict[str, Any]:
         """Attributes of the directed link ``u -> v`` (KeyError naming it if absent)."""
@@ -432,6 +444,7 @@ class Topology:
         self._route_tables = None
         self._clos = False
         self._node_classes = None
+        self._edge_offsets = None
 
     # -- save / load --------------------------------------------------------------------------------
 
