@@ -3,9 +3,18 @@
 :class:`Cluster` is what the runtime and the NCCL model act on. Each directed topology edge becomes a
 :class:`~hwmodel.fluid.Resource` of its bandwidth (full duplex: each direction its own capacity, as
 SimGrid's SPLITDUPLEX), each GPU a :class:`~hwmodel.gpu.GPU`.
+
+Both are made on first use, so that building a cluster costs O(devices) integers, not a resource per
+link: a simulation that runs 16 ranks of a 131,072-GPU cluster touches a few thousand of its millions of
+links. Each resource still gets the solver tie-break index (:attr:`hwmodel.maxmin.Resource.index`) it
+had when every resource was made up front -- links in topology edge order, then each GPU's SM pool and
+HBM in rank order -- so the order in which a run first touches them changes no result.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Generic, TypeVar
 
 import simpy
 
@@ -13,6 +22,40 @@ from hwmodel.costmodel import KernelCostModel
 from hwmodel.fluid import Activity, FluidSystem, Resource
 from hwmodel.gpu import GPU
 from hwmodel.topology import Topology
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class OnDemand(Mapping, Generic[K, V]):
+    """A read-only mapping over ``keys`` whose value for a key is made by ``make(key)`` on first access;
+    iterating over the values makes every one, in key order."""
+
+    def __init__(self, contains: Callable[[K], bool], keys: Callable[[], Iterator[K]],
+                 count: Callable[[], int], make: Callable[[K], V]) -> None:
+        self._made: dict[K, V] = {}
+        self._contains, self._keys, self._count, self._make = contains, keys, count, make
+
+    def __getitem__(self, key: K) -> V:
+        hit = self._made.get(key)
+        if hit is None:
+            if not self._contains(key):
+                raise KeyError(key)
+            hit = self._made[key] = self._make(key)
+        return hit
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._made or self._contains(key)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[K]:
+        return self._keys()
+
+    def __len__(self) -> int:
+        return self._count()
+
+    def made(self) -> list[V]:
+        """The values made so far (in the order they were made)."""
+        return list(self._made.values())
 
 
 class Cluster:
@@ -32,16 +75,36 @@ class Cluster:
         self.env = env or simpy.Environment()
         self.fs = FluidSystem(self.env, record=record)
         g = topology.graph
-        self.links: dict[tuple[str, str], Resource] = {}
-        """Directed edge -> resource (capacity in bytes/s)."""
-        for u, v, data in g.edges(data=True):
-            self.links[(u, v)] = self.fs.add_resource(f"{u}->{v}", float(data["bandwidth_Bps"]),
-                                                     meta=("link", u, v, data.get("kind", "")))
-        cm = cost_model or KernelCostModel(topology.gpu_spec, sustained=True)
-        self.gpus: dict[str, GPU] = {name: GPU(self.fs, name, topology.gpu_spec, cm)
-                                     for name in topology.gpus()}
-        """GPU node name -> GPU."""
+        self._edge_base = topology.edge_offsets()  # device -> index of its first out-going edge
+        self._edge_pos: dict[str, dict[str, int]] = {}
+        self._num_edges = g.number_of_edges()
+        self.links: OnDemand[tuple[str, str], Resource] = OnDemand(
+            lambda e: isinstance(e, tuple) and len(e) == 2 and g.has_edge(*e), lambda: iter(g.edges()),
+            g.number_of_edges, self._make_link)
+        """Directed edge -> resource (capacity in bytes/s), made on first use."""
+        self._cost_model = cost_model or KernelCostModel(topology.gpu_spec, sustained=True)
+        gpu_names = topology.gpus()
+        self._gpu_rank = {name: i for i, name in enumerate(gpu_names)}
+        self.gpus: OnDemand[str, GPU] = OnDemand(self._gpu_rank.__contains__, lambda: iter(gpu_names),
+                                                 lambda: len(gpu_names), self._make_gpu)
+        """GPU node name -> GPU, made on first use."""
         self._route_res: dict[tuple[str, str], tuple[list[Resource], float]] = {}
+
+    def _make_link(self, edge: tuple[str, str]) -> Resource:
+        u, v = edge
+        data = self.topology.graph.edges[u, v]
+        r = self.fs.add_resource(f"{u}->{v}", float(data["bandwidth_Bps"]), meta=("link", u, v, data.get("kind", "")))
+        pos = self._edge_pos.get(u)
+        if pos is None:
+            pos = self._edge_pos[u] = {w: i for i, w in enumerate(self.topology.graph.adj[u])}
+        r.index = self._edge_base[u] + pos[v]
+        return r
+
+    def _make_gpu(self, name: str) -> GPU:
+        gpu = GPU(self.fs, name, self.topology.gpu_spec, self._cost_model)
+        base = self._num_edges + 2 * self._gpu_rank[name]
+        gpu.sm.index, gpu.hbm.index = base, base + 1
+        return gpu
 
     @property
     def now(self) -> float:
@@ -80,5 +143,6 @@ class Cluster:
         return self.links[(gpu, sw)] if direction == "d2h" else self.links[(sw, gpu)]
 
     def link_resources(self) -> list[Resource]:
-        """All link resources, in topology edge order."""
-        return list(self.links.values())
+        """The link resources made so far (every link a route has crossed), in topology edge order; the
+        others have carried nothing. ``links.values()`` makes and lists all."""
+        return sorted((r for r in self.links.made()), key=lambda r: r.index)

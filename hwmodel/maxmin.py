@@ -91,7 +91,8 @@ class Resource:
         self.meta = meta
         """Free slot for the owner (e.g. the topology edge)."""
         self.index = -1
-        """Position in :attr:`FluidSystem.resources` (a stable tie-break for the solver)."""
+        """Stable tie-break for the solver: the position in :attr:`FluidSystem.resources`, or the one a
+        creator that makes resources on demand sets (:class:`hwmodel.cluster.Cluster`)."""
         self.bottleneck = False
         """Whether the last solve that touched this resource saturated it as some activity's
         bottleneck (progressive filling fixed activities at its fair share)."""

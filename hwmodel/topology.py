@@ -48,6 +48,7 @@ import networkx as nx
 # Re-exported: the builders live in their own modules (they import Topology only where they build one).
 from hwmodel.fabric import FABRICS, build_cluster, fat_tree, rail_optimized, single_switch
 from hwmodel.node import NodeSpec, generic_node
+from hwmodel.routing import ClosRoutes, NodeClasses
 from hwmodel.specs import GPUSpec, NICSpec, get_gpu, get_nic
 from hwmodel.systems import SystemSpec, build_system, dgx_a100, dgx_h100, get_system, known_systems, load_cluster_file
 
@@ -105,6 +106,12 @@ class Topology:
         self._nics_per_node: int | None = None
         self._segments: dict[tuple[str, str, Any], tuple[Edge, ...]] = {}
         self._dist: dict[tuple[str, Any], tuple[dict[str, float], dict[str, tuple[str, ...]]]] = {}
+        self._clos: ClosRoutes | None | bool = False  # False: not detected yet
+        self._node_classes: NodeClasses | None = None
+        self._edge_offsets: dict[str, int] | None = None
+        self.route_by_construction = True
+        """Route structured fabrics and alike nodes by construction (:mod:`hwmodel.routing`); False
+        searches every route (the reference the constructed routes are tested against)."""
 
     # -- devices ------------------------------------------------------------------------------------
 
@@ -216,6 +223,17 @@ class Topology:
         return sorted(n for n, d in self.graph.nodes(data=True)
                       if d["kind"] == kind and all(d.get(k) == v for k, v in attrs.items()))
 
+    def edge_offsets(self) -> dict[str, int]:
+        """Device -> position of its first out-going link in ``graph.edges()`` order (cached), so that a
+        link's position is ``offset[u]`` + its place among ``u``'s successors without listing all links."""
+        if self._edge_offsets is None:
+            total = 0
+            self._edge_offsets = {}
+            for u, nbrs in self.graph.adj.items():
+                self._edge_offsets[u] = total
+                total += len(nbrs)
+        return self._edge_offsets
+
     def link(self, u: str, v: str) -> dict[str, Any]:
         """Attributes of the directed link ``u -> v`` (KeyError naming it if absent)."""
         try:
@@ -264,21 +282,57 @@ class Topology:
         s_node, d_node = sd.get("node"), dd.get("node")
         try:
             if s_node is not None and s_node == d_node:
-                return self._path(src, dst, ("node", s_node), hkey)
+                return self._local(src, dst, s_node, hkey)
             out: list[Edge] = []
             a = src
             if s_node is not None:
                 a = self._exit_nic(src)
-                out += self._path(src, a, ("node", s_node), hkey)
+                out += self._local(src, a, s_node, hkey)
             b = dst
             if d_node is not None:
                 b = self._exit_nic(dst)
-            out += self._path(a, b, ("fabric",), hkey)
+            out += self._fabric(a, b, hkey)
             if d_node is not None:
-                out += self._path(b, dst, ("node", d_node), hkey)
+                out += self._local(b, dst, d_node, hkey)
             return out
         except _NoPath as exc:
             raise ValueError(f"no route from {src!r} to {dst!r} ({exc})") from None
+
+    def _local(self, src: str, dst: str, node: Any, hkey: str) -> list[Edge]:
+        """Segment inside ``node``: searched once per class of alike nodes where both ends are in it."""
+        if src == dst:
+            return []
+        nodes = self._tables()[1]
+        if not self.route_by_construction or nodes.get(src) != node or nodes.get(dst) != node:
+            return self._path(src, dst, ("node", node), hkey)
+        if self._node_classes is None:
+            kinds, nodes, _ = self._tables()
+            self._node_classes = NodeClasses(kinds, nodes, self._succ_cost())
+        return self._node_classes.segment(src, dst, node,
+                                          lambda s, d, n: self._search(s, d, ("node", n), hkey))
+
+    def _fabric(self, a: str, b: str, hkey: str) -> list[Edge]:
+        """Segment between two fabric endpoints: constructed on a two-level Clos, else searched."""
+        if a == b:
+            return []
+        if self.route_by_construction:
+            if self._clos is False:
+                kinds, _, pred_cost = self._tables()
+                self._clos = ClosRoutes.detect(kinds, self._succ_cost(), pred_cost)
+            if self._clos is not None:
+                assert not isinstance(self._clos, bool)
+                edges = self._clos.route(a, b, hkey)
+                if edges is not None:
+                    return edges
+        return self._path(a, b, ("fabric",), hkey)
+
+    def _succ_cost(self) -> dict[str, dict[str, float]]:
+        """device -> {successor: routing cost}, from the predecessor table."""
+        succ: dict[str, dict[str, float]] = {n: {} for n in self.graph}
+        for v, preds in self._tables()[2].items():
+            for u, c in preds.items():
+                succ[u][v] = c
+        return succ
 
     def _exit_nic(self, n: str) -> str:
         """The NIC node-local device ``n`` uses to leave its node."""
@@ -346,11 +400,16 @@ class Topology:
         return hit
 
     def _path(self, src: str, dst: str, scope: tuple[Any, ...], hkey: str) -> list[Edge]:
+        return self._search(src, dst, scope, hkey)[0]
+
+    def _search(self, src: str, dst: str, scope: tuple[Any, ...], hkey: str) -> tuple[list[Edge], bool]:
+        """Shortest path ``src -> dst`` through ``scope``'s transit devices and whether it had no ECMP
+        choice (then it does not depend on ``hkey``)."""
         if src == dst:
-            return []
+            return [], True
         seg = self._segments.get((src, dst, scope))
         if seg is not None:  # a segment without ECMP choices does not depend on hkey
-            return list(seg)
+            return list(seg), True
         dist, nexthops = self._sssp(dst, scope)
         if src not in dist:
             raise _NoPath(f"{dst!r} is not reachable from {src!r} within {scope[0]}")
@@ -375,7 +434,7 @@ class Topology:
             u = v
         if unique:
             self._segments[(src, dst, scope)] = tuple(out)
-        return out
+        return out, unique
 
     def clear_route_cache(self) -> None:
         """Forget cached routes; call after changing :attr:`graph` (treat it as read-only otherwise)."""
@@ -383,6 +442,9 @@ class Topology:
         self._dist.clear()
         self._segments.clear()
         self._route_tables = None
+        self._clos = False
+        self._node_classes = None
+        self._edge_offsets = None
 
     # -- save / load --------------------------------------------------------------------------------
 

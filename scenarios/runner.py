@@ -151,7 +151,7 @@ def check_nodes(system: dict) -> int:
     nodes = system.get("nodes", 1)
     if not 1 <= nodes <= MAX_NODES:
         raise ValueError(f"[system] nodes must be in 1..{MAX_NODES}, got {nodes} ({MAX_NODES} nodes = "
-                         f"{MAX_NODES * 8:,} GPUs, twice the largest published training cluster, is the most "
+                         f"{MAX_NODES * 8:,} GPUs, as today's largest training clusters, is the most "
                          f"trainsim is built to simulate)")
     return nodes
 

@@ -279,14 +279,16 @@ class NcclEngine:
                 # HBM side loads only for the first plan: mirrors run on GPUs whose kernels are not
                 # simulated, so their HBM traffic would load nothing anyone waits for.
                 side = dict(self._flow(members[0])[2]) if members[0] is first else {}
-                for p in members:
-                    for r, x in self._flow(p)[1].items():
+                own = self._flow(members[0])[1]
+                for i, p in enumerate(members):
+                    # Mirrors' weights are not cached (nor their GPUs' HBM made): only the merged
+                    # activity is kept, so memory follows the simulated ranks, not the mirrors.
+                    for r, x in (own if i == 0 else self._link_weights(p)).items():
                         weights[r] = weights.get(r, 0.0) + x
                         users[r] = users.get(r, 0) + 1
                 # A link only one mirror uses is, by symmetry, loaded exactly like its counterpart on
                 # the representative's own path, so it adds no constraint: keep the representative's
                 # links and the links several members share (leaf uplinks, spines).
-                own = self._flow(members[0])[1]
                 weights = {r: x for r, x in weights.items() if r in own or users[r] > 1}
                 hit = self._merged_cache[key] = (weights, side)
             act = self.cluster.fs.start(work, hit[0], latency_s=lat, rate_bound=bound, side_loads=hit[1],
@@ -324,16 +326,20 @@ class NcclEngine:
         return 1.0 / _tuner.PROTOCOL_EFFICIENCY[plan.protocol]
 
     def _weights(self, plan: Plan) -> tuple[dict[Resource, float], dict[Resource, float]]:
-        proto_w = self._proto_weight(plan)
-        per_byte: dict[Resource, float] = {}  # edge fractions summed per link first, then scaled
-        for f in self.flows(plan):
-            frac = f.frac
-            for r in f.path:
-                per_byte[r] = per_byte.get(r, 0.0) + frac
-        weights = {r: w * proto_w / self._link_efficiency(r) for r, w in per_byte.items()}
+        weights = self._link_weights(plan, self.flows(plan))
         hbm = HBM_BYTES_PER_BYTE.get(plan.op, 2.0)
         side = {self.cluster.gpus[g].hbm: hbm for g in plan.gpus}
         return weights, side
+
+    def _link_weights(self, plan: Plan, flows: list[Flow] | None = None) -> dict[Resource, float]:
+        """Link -> bytes on it per byte of per-rank progress of ``plan`` (its flows uncached if not given)."""
+        proto_w = self._proto_weight(plan)
+        per_byte: dict[Resource, float] = {}  # edge fractions summed per link first, then scaled
+        for f in self._edge_flows(plan) if flows is None else flows:
+            frac = f.frac
+            for r in f.path:
+                per_byte[r] = per_byte.get(r, 0.0) + frac
+        return {r: w * proto_w / self._link_efficiency(r) for r, w in per_byte.items()}
 
     def _link_efficiency(self, r: Resource) -> float:
         eff = self._eff_cache.get(r)

@@ -1,0 +1,172 @@
+"""Routes by construction on structured clusters, so that routing costs O(hops), not a graph search.
+
+:class:`hwmodel.topology.Topology` routes by reverse Dijkstra (shortest routing cost, ECMP ties broken by
+a CRC32 hash over the sorted equal-cost next hops). On the clusters :mod:`hwmodel.fabric` builds, the
+search over the fabric touches every NIC of the cluster once per destination, so routing the mirrored
+point-to-point traffic of a large cluster cost O(NICs) per route (issue 14: 75 % of the wall time at
+4,096 GPUs). This module gives the SAME routes from the structure instead:
+
+- :class:`ClosRoutes`, the fabric between two NICs when the fabric is a two-level Clos (rail-optimised
+  or plain fat tree) or a single switch: every NIC has exactly one fabric switch (its leaf), switches
+  are leaves (with NICs) and spines (without), every leaf is joined both ways to every spine and to
+  nothing else, and every fabric link has the same routing cost. Then a route is ``nic -> leaf -> nic``
+  on one leaf, else ``nic -> leaf -> spine -> leaf -> nic`` with the spine chosen among ALL spines,
+  sorted by name, by the same hash the search uses at the source leaf (every spine is at the same
+  distance from the destination leaf, so all are equal-cost next hops; the other hops are unique).
+  :meth:`ClosRoutes.detect` checks these conditions on the graph itself, so a user's topology file
+  that has this shape is routed the same way, and any other shape keeps the graph search.
+- :class:`NodeClasses`, node-local segments (GPU <-> NIC, GPU <-> GPU) searched once per *equivalence
+  class* of nodes: nodes whose devices, named ``n{i}.<local>``, have the same local names, kinds and
+  routing costs between them route alike, so a segment found in the class's first node is renamed for
+  the others. Only segments without an ECMP choice are shared (a tie-break hashes the global names).
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any
+
+Edge = tuple[str, str]
+
+
+class ClosRoutes:
+    """Constructed NIC-to-NIC routes over a two-level Clos or a single switch (see the module docstring).
+
+    Args:
+        leaf_of: NIC -> its leaf switch.
+        spines: spine switch names, sorted (the search's order of equal-cost next hops).
+    """
+
+    def __init__(self, leaf_of: dict[str, str], spines: tuple[str, ...]) -> None:
+        self.leaf_of = leaf_of
+        self.spines = spines
+
+    @classmethod
+    def detect(cls, kinds: dict[str, str], succ_cost: dict[str, dict[str, float]],
+               pred_cost: dict[str, dict[str, float]]) -> ClosRoutes | None:
+        """The constructed router of this fabric, or None when its shape is not the one handled.
+
+        ``kinds``: device -> kind; ``succ_cost`` / ``pred_cost``: device -> {neighbour: routing cost}
+        of its out-going / in-coming links. O(fabric links), once per topology.
+        """
+        switches = [n for n, k in kinds.items() if k == "ib_switch"]
+        if not switches:
+            return None
+        leaf_of: dict[str, str] = {}
+        leaves: set[str] = set()
+        costs: set[float] = set()
+        for n, k in kinds.items():
+            if k != "nic":
+                continue
+            up = [v for v in succ_cost[n] if kinds[v] == "ib_switch"]
+            down = [u for u in pred_cost[n] if kinds[u] == "ib_switch"]
+            if any(kinds[v] == "nic" for v in succ_cost[n]) or len(up) != 1 or down != up:
+                return None
+            leaf_of[n] = up[0]
+            leaves.add(up[0])
+            costs.update((succ_cost[n][up[0]], pred_cost[n][up[0]]))
+        spines = sorted(set(switches) - leaves)
+        spine_set = set(spines)
+        for sw in switches:
+            want = spine_set if sw in leaves else leaves  # a leaf's switches are the spines and back
+            for table in (succ_cost[sw], pred_cost[sw]):
+                if {v for v in table if kinds[v] == "ib_switch"} != want:
+                    return None
+                if any(kinds[v] not in ("ib_switch", "nic") for v in table):
+                    return None
+                if sw in spine_set and any(kinds[v] == "nic" for v in table):
+                    return None
+                costs.update(c for v, c in table.items() if kinds[v] == "ib_switch")
+        for n, leaf in leaf_of.items():  # a leaf's NIC links are exactly its own NICs'
+            if succ_cost[leaf].get(n) is None:
+                return None
+        for leaf in leaves:
+            if any(leaf_of.get(v) != leaf for v in succ_cost[leaf] if kinds[v] == "nic"):
+                return None
+        if len(costs) > 1:
+            return None
+        return cls(leaf_of, tuple(spines))
+
+    def route(self, a: str, b: str, hkey: str) -> list[Edge] | None:
+        """Links from NIC ``a`` to NIC ``b`` (``a != b``), the tie-break hashing ``hkey`` as the search
+        does; None when either end is not a NIC of this fabric or the leaves have no spine between."""
+        la, lb = self.leaf_of.get(a), self.leaf_of.get(b)
+        if la is None or lb is None:
+            return None
+        if la == lb:
+            return [(a, la), (la, b)]
+        n = len(self.spines)
+        if n == 0:
+            return None
+        s = self.spines[0] if n == 1 else self.spines[zlib.crc32(f"{hkey}|{la}".encode()) % n]
+        return [(a, la), (la, s), (s, lb), (lb, b)]
+
+
+class NodeClasses:
+    """Equivalence classes of nodes for node-local routing (see the module docstring).
+
+    Args:
+        kinds: device -> kind.
+        nodes: device -> node index (None for fabric devices).
+        succ_cost: device -> {successor: routing cost}.
+    """
+
+    def __init__(self, kinds: dict[str, str], nodes: dict[str, Any],
+                 succ_cost: dict[str, dict[str, float]]) -> None:
+        self._kinds = kinds
+        self._nodes = nodes
+        self._succ = succ_cost
+        self._members: dict[Any, list[str]] | None = None
+        self._class_of: dict[Any, tuple[int, Any] | None] = {}
+        self._classes: dict[tuple, tuple[int, Any]] = {}
+        self._segments: dict[tuple[int, str, str], tuple[Edge, ...] | None] = {}
+
+    def _signature(self, node: Any) -> tuple | None:
+        if self._members is None:
+            self._members = {}
+            for n, k in self._nodes.items():
+                if k is not None:
+                    self._members.setdefault(k, []).append(n)
+        prefix = f"n{node}."
+        devices = self._members.get(node, [])
+        if not devices or any(not n.startswith(prefix) for n in devices):
+            return None
+        cut = len(prefix)
+        sig = []
+        for n in sorted(devices):
+            links = tuple(sorted((v[cut:], c) for v, c in self._succ[n].items() if self._nodes[v] == node))
+            sig.append((n[cut:], self._kinds[n], links))
+        return tuple(sig)
+
+    def class_of(self, node: Any) -> tuple[int, Any] | None:
+        """(class id, the class's first node) of ``node``, or None when its devices are not named
+        ``n{node}.<local>``. O(node links) the first time a node is asked."""
+        if node in self._class_of:
+            return self._class_of[node]
+        sig = self._signature(node)
+        hit = None if sig is None else self._classes.setdefault(sig, (len(self._classes), node))
+        self._class_of[node] = hit
+        return hit
+
+    def segment(self, src: str, dst: str, node: Any, search) -> list[Edge]:
+        """The node-local segment ``src -> dst`` inside ``node``: ``search(src, dst, node)`` returns
+        ``(edges, unique)`` for a node; a unique segment of the class's first node is renamed."""
+        cls = self.class_of(node)
+        if cls is None or cls[1] == node:
+            return search(src, dst, node)[0]
+        cid, rep = cls
+        cut = len(f"n{node}.")
+        key = (cid, src[cut:], dst[cut:])
+        local = self._segments.get(key, ())
+        if local == ():
+            p = f"n{rep}."
+            try:
+                edges, unique = search(p + key[1], p + key[2], rep)
+            except Exception:  # no such segment: let the node's own search say so, naming its devices
+                edges, unique = [], False
+            cr = len(p)
+            local = self._segments[key] = tuple((u[cr:], v[cr:]) for u, v in edges) if unique else None
+        if local is None:  # an ECMP choice inside the node (its hash names the devices), or no route
+            return search(src, dst, node)[0]
+        p = f"n{node}."
+        return [(p + u, p + v) for u, v in local]
