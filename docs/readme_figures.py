@@ -170,9 +170,24 @@ def validation_sc21() -> str:
         sys.path.insert(0, str(ROOT))
     from scenarios.cmd_validate import Row, format_table
 
-    rows = [Row(r["table"], r["row"], r["metric"], r["unit"], r["measured"], r["predicted"])
+    rows = [Row(r["table"], r["row"], r["metric"], r["unit"], r["measured"], r["predicted"],
+                key="sc21", in_sample=r.get("in_sample", False),
+                curve=tuple(r["clock_curve_a_b"]) if r.get("clock_curve_a_b") else None)
             for r in _validate()["rows"] if r["table"] == "SC'21 Table 1"]
     return "\n".join(["```", "$ trainsim validate --tables sc21", *format_table(rows).splitlines(), "```"])
+
+
+def validation_loso() -> str:
+    """Leave-one-source-out error of the tables the sustained clock was fitted on (regression golden):
+    each table predicted with the clock refitted on the other tables' rows only."""
+    data = _validate()["leave_one_source_out"]
+    lines = ["| held-out table | rows | clock refitted on the others | MAPE | max |", "|---|---|---|---|---|"]
+    for table, (label, _) in VALIDATION_TABLES.items():
+        d = data[table]
+        refit = f"{d['refit']:.3f}" if d.get("refit") else "-"
+        lines.append(f"| {label} | {d['rows']} | {refit} | {100 * d['mape']:.1f} % | "
+                     f"{100 * d['max_abs_error']:.1f} % |")
+    return "\n".join(lines)
 
 
 class Figure(NamedTuple):
@@ -193,6 +208,7 @@ FIGURES: tuple[Figure, ...] = (
     Figure("nvls-tree-choices", nvls_tree_choices, inline=True),
     Figure("validation-summary", validation_summary),
     Figure("validation-sc21", validation_sc21),
+    Figure("validation-loso", validation_loso),
 )
 
 
