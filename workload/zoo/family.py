@@ -178,7 +178,7 @@ class ModelFamily(ABC):
         Raises:
             KeyError: a required field is missing (:func:`workload.zoo.hf.config_from_hf` names it).
         """
-        raise NotImplementedError(f"{self.name} reads no Hugging Face config")
+        raise ValueError(f"{self.name}: this model family reads no Hugging Face config")
 
 
 def traced_flops(parallel: ParallelConfig, graph: Any) -> Flops:

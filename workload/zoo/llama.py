@@ -72,14 +72,19 @@ def rope_tables(seq_len: int, head_dim: int, base: float, device=None) -> tuple[
 
 
 class Llama(nn.Module):
-    """Llama / Mixtral language model; ``forward(idx, targets)`` returns the mean cross-entropy loss."""
+    """Llama / Mixtral language model; ``forward(idx, targets)`` returns the mean cross-entropy loss.
+
+    ``block_type`` is the decoder block; a family with Llama's embedding, RoPE (over ``kv_channels``),
+    final norm and output layer subclasses this and sets its own block."""
+
+    block_type: type[nn.Module] = LlamaBlock
 
     def __init__(self, cfg: TransformerConfig, tp: TPContext = SERIAL, ep: int = 1) -> None:
         super().__init__()
         self.config = cfg
         self.tp = tp
         self.tok_embeddings = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)  # (V/tp, C)
-        self.layers = nn.ModuleList(LlamaBlock(cfg, tp, ep) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(self.block_type(cfg, tp, ep) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.norm_epsilon)
         self.output = ColumnParallelLinear(cfg.hidden_size, cfg.vocab_size, tp, bias=False)  # (V/tp, C)
 
@@ -98,6 +103,7 @@ class Llama(nn.Module):
         shape = (micro_batch_size, self.config.seq_length)
         return (torch.randint(0, self.config.vocab_size, shape, device=device),
                 torch.randint(0, self.config.vocab_size, shape, device=device))
+
 
 
 # --------------------------------------------------------------------------------------------------

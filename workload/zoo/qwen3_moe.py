@@ -26,11 +26,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workload.parallel.tp import ColumnParallelLinear, TPContext
+from workload.parallel.tp import TPContext
 from workload.zoo.config import TransformerConfig
 from workload.zoo.family import ModelFamily
-from workload.zoo.gpt import SERIAL, SelfAttention, VocabParallelEmbedding, apply_rope, dropout, vocab_parallel_loss
-from workload.zoo.llama import RMSNorm, rope_tables
+from workload.zoo.gpt import SERIAL, SelfAttention, apply_rope, dropout
+from workload.zoo.llama import Llama, RMSNorm
 from workload.zoo.moe import MoE
 
 
@@ -102,33 +102,12 @@ class Qwen3MoEBlock(nn.Module):
         return x + dropout(self.mlp(self.mlp_norm(x)), self.p)
 
 
-class Qwen3MoE(nn.Module):
-    """Qwen3-MoE language model; ``forward(idx, targets)`` returns the mean cross-entropy loss."""
+class Qwen3MoE(Llama):
+    """Qwen3-MoE language model: Llama's embedding, RoPE over ``head_dim`` (its ``kv_channels``), final
+    norm and output layer around :class:`Qwen3MoEBlock`; ``forward(idx, targets)`` returns the mean
+    cross-entropy loss."""
 
-    def __init__(self, cfg: Qwen3MoEConfig, tp: TPContext = SERIAL, ep: int = 1) -> None:
-        super().__init__()
-        self.config = cfg
-        self.tp = tp
-        self.tok_embeddings = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)  # (V/tp, C)
-        self.layers = nn.ModuleList(Qwen3MoEBlock(cfg, tp, ep) for _ in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.norm_epsilon)
-        self.output = ColumnParallelLinear(cfg.hidden_size, cfg.vocab_size, tp, bias=False)  # (V/tp, C)
-
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        B, T = idx.shape
-        x = self.tok_embeddings(idx)  # (B, T/tp with SP, C)
-        cos, sin = rope_tables(T, self.config.head_dim, self.config.rotary_base, idx.device)
-        rope = (cos.to(x.dtype), sin.to(x.dtype))  # (T, hs/2) each
-        for block in self.layers:
-            x = block(x, rope)
-        return vocab_parallel_loss(self.norm(x), self.output.weight, targets, self.tp)
-
-    def example_inputs(self, micro_batch_size: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-        """(idx, targets), each (B, s) int64 on the model's device."""
-        device = self.output.weight.device
-        shape = (micro_batch_size, self.config.seq_length)
-        return (torch.randint(0, self.config.vocab_size, shape, device=device),
-                torch.randint(0, self.config.vocab_size, shape, device=device))
+    block_type = Qwen3MoEBlock
 
 
 class Qwen3MoEFamily(ModelFamily):

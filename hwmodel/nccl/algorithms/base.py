@@ -20,6 +20,7 @@ Units: NCCL's model in µs and GB/s (``_us`` / ``_GBps`` names), everything else
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
@@ -86,7 +87,7 @@ class ModelInputs:
     """``hwLatencies[NET][ppn == 1 ? TREE : a][p] + latencyInter`` (twice for Simple), µs."""
 
 
-class Algorithm:
+class Algorithm(ABC):
     """One NCCL collective algorithm; subclasses set the class attributes and override hooks."""
 
     name: ClassVar[str]
@@ -121,9 +122,9 @@ class Algorithm:
         """The search graph NCCL's model reads (``graphs[a]`` in ``src/init.cc``)."""
         return topo.ring
 
+    @abstractmethod
     def channels(self, proto: str, n_bytes: int, topo: CommTopology) -> ChannelPlan:
         """Channels and threads for one operation of ``n_bytes`` (``topoGetAlgoInfo``)."""
-        raise NotImplementedError
 
     def max_threads(self, proto: str, topo: CommTopology) -> int:
         """``comm->maxThreads[a][proto]`` (tuning.cc ``ncclTopoTuneModel``, no ``NCCL_NTHREADS``):
@@ -188,9 +189,9 @@ class Algorithm:
         """Synchronised steps in step fidelity: 1 (a pipelined algorithm without barriers)."""
         return 1
 
+    @abstractmethod
     def flows(self, ctx: FlowContext, op: str, gpus: tuple[str, ...], root: int) -> list[Flow]:
         """The edges one operation loads; see each algorithm's module docstring."""
-        raise NotImplementedError
 
 
 def log2i(n: int) -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from hwmodel.nccl.algorithms.base import Algorithm, Flow, FlowContext
-from hwmodel.nccl.comm import GB, MAXCHANNELS, CommTopology
+from hwmodel.nccl.comm import GB, MAXCHANNELS, ChannelPlan, CommTopology
 
 P2P_PER_CHANNEL_NET_BW_GBPS = 14.0
 """``NCCL_P2P_PER_CHANNEL_NET_BW`` default 14 GB/s (nccl ``src/graph/paths.cc`` l.918, 2.30.7)."""
@@ -145,6 +145,12 @@ class PointToPoint(Algorithm):
     name = "p2p"
     nccl_index = -1
     tuned = False
+
+    def channels(self, proto: str, n_bytes: int, topo: CommTopology) -> ChannelPlan:
+        """Send/recv has no per-operation channel choice in NCCL's tuner: its channels come from the
+        peer rules (:func:`p2p_channels_per_peer`, used by
+        :func:`hwmodel.nccl.channels.p2p_plan`), so asking here is a caller error."""
+        raise ValueError("p2p: channels are set per peer (p2p_channels_per_peer), not by the tuner's channel plan")
 
     def work_bytes(self, op: str, size_bytes: float, n: int) -> float:
         return size_bytes if op == "p2p" else size_bytes / n
