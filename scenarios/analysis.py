@@ -171,12 +171,3 @@ def mfu_peak_dtype(dtype: str) -> str:
     GEMMs in FP8 (:mod:`workload.fp8`); MFU against the bf16 peak keeps bf16 and fp8 runs of one model
     comparable (the ratio of their MFUs is the speed-up) where the fp8 peak would halve it."""
     return TRAINING_DTYPES[dtype].mfu_peak_key if dtype in TRAINING_DTYPES else dtype
-
-
-def megatron_flops_per_iteration(*, batch: int, seq: int, layers: int, hidden: int, vocab: int,
-                                 full_recompute: bool) -> float:
-    """Narayanan et al. SC'21 eq. 3: ``96·B·s·l·h²·(1 + s/6h + V/16lh)`` FLOPs per iteration with full
-    activation recomputation; ``72·B·s·l·h²·(1 + s/6h + V/12lh)`` without (fwd + bwd only)."""
-    if full_recompute:
-        return 96 * batch * seq * layers * hidden ** 2 * (1 + seq / (6 * hidden) + vocab / (16 * layers * hidden))
-    return 72 * batch * seq * layers * hidden ** 2 * (1 + seq / (6 * hidden) + vocab / (12 * layers * hidden))

@@ -37,7 +37,6 @@ from hwmodel.ir import Compute
 from hwmodel.nccl import tuner as nccl_tuner
 from hwmodel.nccl.engine import NcclEngine
 from hwmodel.nccl.tuner_config import TunerConfigError, load_tuner_config
-from scenarios.analysis import megatron_flops_per_iteration
 from scenarios.metrics import peak_dtype_for
 from scenarios.runner import build_model_config, build_topology, check_dtype, system_gpu
 from scenarios.scenario import Scenario
@@ -57,6 +56,7 @@ from workload.parallel.builder import (
 from workload.parallel.config import ParallelConfig
 from workload.parallel.placement import Layout
 from workload.parallel.rank_trace import trace_rank
+from workload.zoo.gpt import sc21_flops_per_iteration as megatron_flops_per_iteration
 
 DEFAULT_BUCKET_BYTES = ParallelConfig().grad_bucket_size_bytes
 

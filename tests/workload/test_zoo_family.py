@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 from torch import nn
 
-from scenarios.analysis import megatron_flops_per_iteration
 from workload.custom import CustomModel
 from workload.parallel.config import ParallelConfig
 from workload.parallel.rank_trace import trace_rank
 from workload.zoo import build_model_from_config, family_of, get_model_config, known_models, with_overrides
 from workload.zoo.family import PARALLELISMS, TRACED_FLOPS_FORMULA
 from workload.zoo.gpt import SC21_FORMULA
+from workload.zoo.gpt import sc21_flops_per_iteration as megatron_flops_per_iteration
 from workload.zoo.registry import families, hf_model_types
 
 
