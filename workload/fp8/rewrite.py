@@ -53,7 +53,7 @@ from collections.abc import Collection
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from workload.fp8.recipe import DEFAULT_RECIPE, QuantKernel, get_recipe
+from workload.fp8.recipe import DEFAULT_RECIPE, Fp8Recipe, QuantKernel, get_recipe
 
 if TYPE_CHECKING:  # torch is imported where it is used, so the builder can import the constants cheaply
     from torch import nn
@@ -118,8 +118,6 @@ def _amax_all_reduce(index: int, o: OpRecord, dep: int) -> OpRecord:
                     dtype="fp32", shape=(), in_shapes=((1,),), out_shapes=((1,),), deps=(dep,))
 
 
-# Over 80 lines: one pass over the graph that renumbers every op, the recipe's kernels inserted in place;
-# splitting it would spread the index bookkeeping over several functions.
 def to_fp8(graph: OpGraph, modules: Collection[str], recipe: str = DEFAULT_RECIPE, *,
            fp8_gather: bool = False) -> OpGraph:
     """The op graph of an FP8 training step under ``recipe``, from the bf16 trace of the same model.
@@ -140,94 +138,102 @@ def to_fp8(graph: OpGraph, modules: Collection[str], recipe: str = DEFAULT_RECIP
         ValueError: no GEMM of the graph belongs to ``modules`` (nothing would run in FP8), or an unknown
             recipe.
     """
-    from workload.parallel.tp import COLLECTIVE_PREFIX
     from workload.trace import OpGraph
 
-    rcp = get_recipe(recipe)
-    attr = graph.block_attr
-    wanted = set(modules)
+    rw = _Rewrite(graph, set(modules), get_recipe(recipe), fp8_gather)
+    for o in graph.ops:
+        rw.visit(o)
+    out = OpGraph(ops=rw.ops, num_blocks=graph.num_blocks, block_attr=graph.block_attr, info=dict(graph.info))
+    out.info.update(dtype="fp8", fp8_format=FP8_FORMAT, fp8_modules=sorted(modules))
+    if recipe != DEFAULT_RECIPE:  # the delayed recipe's graph info stays as it was
+        out.info["fp8_recipe"] = recipe
+    return out
 
-    def is_fp8(o: OpRecord) -> bool:
+
+class _Rewrite:
+    """The state of :func:`to_fp8`'s one pass: new ops, the old -> new index map, the kernels placed."""
+
+    def __init__(self, graph: OpGraph, wanted: set[str], recipe: Fp8Recipe, fp8_gather: bool) -> None:
+        self.attr, self.wanted, self.rcp = graph.block_attr, wanted, recipe
+        self.ops: list[OpRecord] = []
+        self.remap: dict[int, int] = {}
+        self.cast_idx: dict[int, int] = {}  # GEMM index -> its last quantisation kernel (new index)
+        self.bwd_cast: dict[str, int] = {}  # module path -> its backward quantisation (new index)
+        self.by_index = {o.index: o for o in graph.ops}
+        self.cast_of = self._operands(graph)
+        self.gather_for = self._gathers() if fp8_gather else {}
+
+    def is_fp8(self, o: OpRecord) -> bool:
         if o.kind != "gemm" or o.part != "block" or o.block is None or len(o.shape) != 4:
             return False
-        prefix = f"{attr}.{o.block}."
-        return o.layer.startswith(prefix) and o.layer[len(prefix):] in wanted
+        prefix = f"{self.attr}.{o.block}."
+        return o.layer.startswith(prefix) and o.layer[len(prefix):] in self.wanted
 
-    out_elems: dict[str, int] = defaultdict(int)
-    for o in graph.ops:
-        if o.phase == "fwd" and is_fp8(o):
-            b, m, n, _ = o.shape
-            out_elems[o.layer] += b * m * n
-    if not out_elems:
-        raise ValueError(f"FP8 training: no GEMM of the traced model belongs to an FP8 module "
-                         f"({', '.join(sorted(wanted)) or 'none found'})")
-    # the operand each quantising GEMM reads (elements, kernels): forward GEMMs, a module's first backward one
-    cast_of: dict[int, tuple[int, tuple[QuantKernel, ...]]] = {}
-    seen_bwd: set[str] = set()
-    for o in graph.ops:
-        if not is_fp8(o):
-            continue
-        if o.phase == "fwd":
-            b, m, _, k = o.shape
-            cast_of[o.index] = (b * m * k, rcp.activation)
-        elif o.phase == "bwd" and o.layer not in seen_bwd:
-            seen_bwd.add(o.layer)
-            cast_of[o.index] = (out_elems[o.layer], rcp.gradient)
-    # FP8 all-gathers: the all-gather a quantising GEMM reads, when it gathers exactly that operand
-    gather_for: dict[int, int] = {}  # all-gather index -> GEMM index
-    by_index = {o.index: o for o in graph.ops}
-    if fp8_gather:
-        for gi, (elems, _) in cast_of.items():
-            for d in by_index[gi].deps:
-                a = by_index[d]
+    def _operands(self, graph: OpGraph) -> dict[int, tuple[int, tuple[QuantKernel, ...]]]:
+        """GEMM index -> (elements, kernels) of the operand it quantises: each forward GEMM's input, each
+        module's first backward GEMM's output gradient."""
+        out_elems: dict[str, int] = defaultdict(int)
+        for o in graph.ops:
+            if o.phase == "fwd" and self.is_fp8(o):
+                b, m, n, _ = o.shape
+                out_elems[o.layer] += b * m * n
+        if not out_elems:
+            raise ValueError(f"FP8 training: no GEMM of the traced model belongs to an FP8 module "
+                             f"({', '.join(sorted(self.wanted)) or 'none found'})")
+        cast_of: dict[int, tuple[int, tuple[QuantKernel, ...]]] = {}
+        seen_bwd: set[str] = set()
+        for o in graph.ops:
+            if self.is_fp8(o) and o.phase == "fwd":
+                cast_of[o.index] = (o.shape[0] * o.shape[1] * o.shape[3], self.rcp.activation)
+            elif self.is_fp8(o) and o.phase == "bwd" and o.layer not in seen_bwd:
+                seen_bwd.add(o.layer)
+                cast_of[o.index] = (out_elems[o.layer], self.rcp.gradient)
+        return cast_of
+
+    def _gathers(self) -> dict[int, int]:
+        """All-gather index -> the quantising GEMM that reads it, when it gathers exactly that operand."""
+        from workload.parallel.tp import COLLECTIVE_PREFIX
+        out = {}
+        for gi, (elems, _) in self.cast_of.items():
+            for d in self.by_index[gi].deps:
+                a = self.by_index[d]
                 if a.name.startswith(f"{COLLECTIVE_PREFIX}all_gather") and math.prod(a.out_shapes[0]) == elems:
-                    gather_for[d] = gi
-    ops: list[OpRecord] = []
-    remap: dict[int, int] = {}
-    cast_idx: dict[int, int] = {}  # GEMM index -> its last quantisation kernel
-    bwd_cast: dict[str, int] = {}  # module path -> index of its backward quantisation
+                    out[d] = gi
+        return out
 
-    def quantise(gemm: OpRecord, elems: int, kernels: tuple[QuantKernel, ...], deps: set[int],
-                 shard: bool) -> int:
-        for k in kernels:
-            ops.append(_kernel_op(k, len(ops), elems, gemm, deps))
-            deps = {len(ops) - 1}
-            if shard and rcp.shard_amax_all_reduce and k.kind == "reduction":
-                ops.append(_amax_all_reduce(len(ops), gemm, len(ops) - 1))
-                deps = {len(ops) - 1}
+    def quantise(self, gemm: OpRecord, elems: int, deps: set[int], *, shard: bool) -> int:
+        """Append ``gemm``'s quantisation kernels over ``elems`` elements; returns the last one's index."""
+        for k in self.cast_of[gemm.index][1]:
+            self.ops.append(_kernel_op(k, len(self.ops), elems, gemm, deps))
+            deps = {len(self.ops) - 1}
+            if shard and self.rcp.shard_amax_all_reduce and k.kind == "reduction":
+                self.ops.append(_amax_all_reduce(len(self.ops), gemm, len(self.ops) - 1))
+                deps = {len(self.ops) - 1}
         if gemm.phase == "bwd":
-            bwd_cast[gemm.layer] = len(ops) - 1
-        cast_idx[gemm.index] = len(ops) - 1
-        return len(ops) - 1
+            self.bwd_cast[gemm.layer] = len(self.ops) - 1
+        self.cast_idx[gemm.index] = len(self.ops) - 1
+        return len(self.ops) - 1
 
-    for o in graph.ops:
-        deps = {remap[d] for d in o.deps}
-        if o.index in gather_for:  # quantise the shard, then gather FP8
-            gemm = by_index[gather_for[o.index]]
-            shard_elems = math.prod(o.in_shapes[0])
-            _, kernels = cast_of[gemm.index]
-            deps = {quantise(gemm, shard_elems, kernels, deps, shard=True)}
-            new = replace(o, index=len(ops), dtype="fp8", bytes_accessed=o.bytes_accessed / 2,
+    def visit(self, o: OpRecord) -> None:
+        deps = {self.remap[d] for d in o.deps}
+        if o.index in self.gather_for:  # quantise the shard, then gather FP8
+            gemm = self.by_index[self.gather_for[o.index]]
+            deps = {self.quantise(gemm, math.prod(o.in_shapes[0]), deps, shard=True)}
+            new = replace(o, index=len(self.ops), dtype="fp8", bytes_accessed=o.bytes_accessed / 2,
                           deps=tuple(sorted(deps)))
-        elif is_fp8(o):
-            if o.index in cast_of and o.index not in cast_idx:
-                elems, kernels = cast_of[o.index]
-                deps.add(quantise(o, elems, kernels, set(deps), shard=False))
-            elif o.index in cast_idx:
-                deps.add(cast_idx[o.index])
+        elif self.is_fp8(o):
+            if o.index in self.cast_idx:
+                deps.add(self.cast_idx[o.index])
+            elif o.index in self.cast_of:
+                deps.add(self.quantise(o, self.cast_of[o.index][0], set(deps), shard=False))
             if o.phase == "bwd":
-                deps.add(bwd_cast[o.layer])
-            new = replace(o, index=len(ops), dtype="fp8", bytes_accessed=fp8_gemm_bytes(o.shape),
-                          fp8_scaling=rcp.gemm_scaling, deps=tuple(sorted(deps)))
+                deps.add(self.bwd_cast[o.layer])
+            new = replace(o, index=len(self.ops), dtype="fp8", bytes_accessed=fp8_gemm_bytes(o.shape),
+                          fp8_scaling=self.rcp.gemm_scaling, deps=tuple(sorted(deps)))
         else:
-            new = replace(o, index=len(ops), deps=tuple(sorted(deps)))
-        remap[o.index] = new.index
-        ops.append(new)
-    out = OpGraph(ops=ops, num_blocks=graph.num_blocks, block_attr=attr, info=dict(graph.info))
-    out.info.update(dtype="fp8", fp8_format=FP8_FORMAT, fp8_modules=sorted(wanted))
-    if rcp.name != DEFAULT_RECIPE:  # the delayed recipe's graph info stays as it was
-        out.info["fp8_recipe"] = rcp.name
-    return out
+            new = replace(o, index=len(self.ops), deps=tuple(sorted(deps)))
+        self.remap[o.index] = new.index
+        self.ops.append(new)
 
 
 __all__ = ["FP8_FORMAT", "FP8_WEIGHT_COPY_BYTES", "fp8_gemm_bytes", "fp8_modules", "to_fp8"]
