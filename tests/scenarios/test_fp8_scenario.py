@@ -124,7 +124,8 @@ def test_fp8_param_gather_with_the_distributed_optimizer_stores_fp8_parameters()
 @pytest.mark.parametrize(("sets", "message"), [
     (["training.dtype='fp8'", "training.fp8_recipe='mxfp8'"],
      "[training] fp8_recipe 'mxfp8' needs a blackwell GPU"),
-    (["training.fp8_recipe='fp4'"], "[training] fp8_recipe: unknown 'fp4'; allowed: delayed, tensorwise, rowwise, mxfp8"),
+    (["training.fp8_recipe='fp4'"],
+     "[training] fp8_recipe: unknown 'fp4'; allowed: delayed, tensorwise, rowwise, mxfp8"),
     (["training.fp8_recipe='rowwise'"], "[training] fp8_recipe 'rowwise' applies to dtype = 'fp8', got dtype 'bf16'"),
     (["training.fp8_param_gather=true"], "[training] fp8_param_gather all-gathers FP8 weights; it needs dtype = 'fp8'"),
     (["training.dtype='fp8'", "training.fp8_param_gather=true", "parallel.use_distributed_optimizer=false"],
