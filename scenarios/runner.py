@@ -40,7 +40,7 @@ from scenarios.notes import what_if_notes
 from scenarios.scenario import MAX_NODES, Scenario
 from scenarios.user_code import check_trusted, load_factory
 from workload.custom import MODULE_KEYS, CustomModel
-from workload.fp8 import DEFAULT_RECIPE, check_param_gather, check_recipe_gpu, with_fp8_params
+from workload.fp8 import DEFAULT_RECIPE, check_param_gather, check_recipe_gpu, get_recipe, with_fp8_params
 from workload.parallel.builder import BuildResult, build_programs
 from workload.parallel.config import ParallelConfig
 from workload.parallel.placement import Layout
@@ -545,8 +545,12 @@ def _duration(seconds: float) -> str:
 def memory_for(prep: Prepared):
     """Peak memory of the busiest GPU, by the model family's memory model (``None``: it has none); FP8
     parameters with ``fp8_param_gather`` (:func:`workload.fp8.with_fp8_params`)."""
-    mem = family_of(prep.model_cfg).memory(prep.model_cfg, prep.config, prep.dtype)
-    if mem is not None and prep.scenario.training.get("fp8_param_gather", False):
+    tr = prep.scenario.training
+    dtype = prep.dtype  # a recipe that keeps no FP8 state between passes (torchao's) holds bf16's memory
+    if dtype == "fp8" and not get_recipe(tr.get("fp8_recipe", DEFAULT_RECIPE)).fp8_saved_state:
+        dtype = "bf16"
+    mem = family_of(prep.model_cfg).memory(prep.model_cfg, prep.config, dtype)
+    if mem is not None and tr.get("fp8_param_gather", False):
         mem = with_fp8_params(mem, prep.config.memory_zero_stage)
     return mem
 

@@ -102,9 +102,13 @@ def test_recipes_against_torchao_float8_training_benchmark(recipe_runs):
     assert t["tensorwise+ag"] < t["delayed"] < t["tensorwise"] < t["rowwise"] < t["bf16"]
 
 
-def test_fp8_param_gather_keeps_fsdp_memory(recipe_runs):
-    """torchao's float8 all-gather keeps the bf16 sharded parameter: per-GPU memory as without it."""
+def test_fp8_param_gather_keeps_fsdp_memory_and_rowwise_holds_bf16_memory(recipe_runs):
+    """torchao's float8 all-gather keeps the bf16 sharded parameter: per-GPU memory as without it.
+    torchao's Float8Linear (rowwise) saves the bf16 input and weight for backward: bf16 training's memory;
+    TE's recipes save FP8 GEMM inputs and keep FP8 weight copies."""
     assert recipe_runs["tensorwise+ag"]["memory"] == recipe_runs["tensorwise"]["memory"]
+    assert recipe_runs["rowwise"]["memory"] == recipe_runs["bf16"]["memory"]
+    assert recipe_runs["delayed"]["memory"]["fp8_weights_bytes"] > 0
 
 
 def test_fp8_param_gather_with_the_distributed_optimizer_stores_fp8_parameters():

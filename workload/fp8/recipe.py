@@ -67,6 +67,10 @@ class Fp8Recipe:
     """Whether ``fp8_param_gather`` (FP8 parameter all-gathers) exists for this recipe."""
     gather_bytes_per_element: float = 1.0
     """Bytes per element of an FP8 all-gather (data plus scales)."""
+    fp8_saved_state: bool = True
+    """Memory as Transformer Engine keeps it (:mod:`workload.memory` with ``fp8=True``: FP8 weight copies,
+    FP8-GEMM inputs saved in FP8); ``False``: as torchao's ``Float8Linear``, which saves the bf16 input
+    and weight for backward and re-casts them there, holding no FP8 copy between passes (bf16 memory)."""
 
     def kernels(self, operand: str, n: int, *, layer: str, phase: str) -> list[Compute]:
         """The quantisation kernels over ``n`` elements of ``operand`` (``activation``, ``gradient``,

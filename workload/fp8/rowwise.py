@@ -14,7 +14,8 @@ Hopper), slower than cuBLAS' per-tensor kernel by the calibration's ``fp8_gemm_t
 Communication stays bf16: torchtitan uses float8 TP all-gathers only with tensorwise ("For rowwise recipes,
 we use regular TP and all-gather happens in high precision", ``parallelize.py``), and torchao refuses FP8
 parameter all-gathers for it ("enable_fsdp_float8_all_gather only supports tensorwise scaling
-granularity", ``Float8LinearConfig``).
+granularity", ``Float8LinearConfig``). Memory is bf16 training's: torchao's ``Float8Linear`` saves the
+bf16 input and weight for backward (``matmul_with_hp_or_float8_args``) and keeps no FP8 weight copy.
 """
 
 from __future__ import annotations
@@ -34,4 +35,4 @@ ROWWISE = Fp8Recipe(
     weight=(QuantKernel("fp8.rowwise_cast_dim0_weight", "elementwise", 2 + 1, 1),
             QuantKernel("fp8.rowwise_transpose_weight", "copy", 2 + 2, 0),
             QuantKernel("fp8.rowwise_cast_dim1_weight", "elementwise", 2 + 1, 1)),
-    gemm_scaling="rowwise", tp_gather="never")
+    gemm_scaling="rowwise", tp_gather="never", fp8_saved_state=False)
