@@ -31,6 +31,11 @@ FLOP/s, more HBM bandwidth), with efficiencies calibrated against measurements
 - **Memory-bound kinds** (elementwise, norm, softmax, embedding, loss, optimizer, copy, reduction, other):
   ``max(bytes / (hbm_bandwidth * eff_hbm), flops / (fp32_flops * eff_vector)) + launch``;
   they spread over every SM unless tiny (one SM per 4 KiB moved, at least one).
+- **FP8 scaling variants** (:attr:`~hwmodel.ir.Compute.fp8_scaling`): a row-wise scaled FP8 GEMM (the
+  CUTLASS kernel PyTorch's ``_scaled_mm`` runs for per-row scales) takes ``fp8_gemm_time_factor.rowwise``
+  times the per-tensor cuBLAS GEMM's compute time (fitted to FBGEMM PR #2764's H100 timings, see the
+  calibration file); MXFP8 block-scaled GEMMs run at the FP8 rate (factor 1: Blackwell's tensor cores
+  apply the block scales).
 - Every kernel pays a **launch overhead** (a few microseconds; see the calibration file for why this number
   is uncertain).
 
@@ -148,6 +153,9 @@ class ArchCalibration:
     """Tensor-core throughput under sustained training load / in a short benchmark: whole-node
     training holds the GPUs at their power limit, below the boost clock the microbenchmarks of
     kernels.csv run at. Applied to GEMM and attention rates when the model is built for training."""
+    fp8_gemm_time_factor: Mapping[str, float] = field(default_factory=dict)
+    """FP8 scaling (:attr:`hwmodel.ir.Compute.fp8_scaling`) -> its GEMM's compute time over the
+    per-tensor-scaled FP8 GEMM's (absent: 1)."""
     name: str = "default"
     """Which sections were merged, e.g. ``default+ampere``."""
 
@@ -283,6 +291,7 @@ class Calibration:
                 launch_overhead_s=float(merged["launch_overhead_s"]),
                 memory_bytes_per_sm=float(merged["memory_bytes_per_sm"]),
                 sustained_clock_fraction=float(merged.get("sustained_clock_fraction", 1.0)),
+                fp8_gemm_time_factor={str(k): float(v) for k, v in merged.get("fp8_gemm_time_factor", {}).items()},
                 name="+".join(parts),
             )
         except KeyError as e:
@@ -556,6 +565,8 @@ class KernelCostModel:
                     best = (t, tiles, waves, s, i)
         assert best is not None
         t_compute, tiles, waves, split, i = best
+        if task.fp8_scaling:  # a scaled-GEMM variant slower than cuBLAS' per-tensor FP8 GEMM (calibration)
+            t_compute *= self.cal.fp8_gemm_time_factor.get(task.fp8_scaling, 1.0)
         if split > 1:  # partial sums written and read back in fp32
             nbytes += 2 * 4 * b * m * n * split
         t_mem = self._hbm_time(nbytes)

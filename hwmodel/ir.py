@@ -65,6 +65,10 @@ class Compute:
     """Attention only: the library kernel that runs it (``flash2``, ``flash3``, ``cudnn``, ``efficient``:
     ``[model] attention_backend``), priced from that kernel's calibration; ``""``: the framework's
     default flash kernel for the GPU generation (:mod:`hwmodel.costmodel`)."""
+    fp8_scaling: str = ""
+    """FP8 GEMMs only: how the operands are scaled when that changes the kernel -- ``rowwise`` (a
+    per-row scaled CUTLASS GEMM), ``mxfp8`` (MX 1x32 block scales); ``""``: one scale per tensor (the
+    cuBLAS FP8 GEMM). Priced by the calibration's ``fp8_gemm_time_factor``."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,6 +40,7 @@ from scenarios.notes import what_if_notes
 from scenarios.scenario import MAX_NODES, Scenario
 from scenarios.user_code import check_trusted, load_factory
 from workload.custom import MODULE_KEYS, CustomModel
+from workload.fp8 import DEFAULT_RECIPE, check_param_gather, check_recipe_gpu, get_recipe, with_fp8_params
 from workload.parallel.builder import BuildResult, build_programs
 from workload.parallel.config import ParallelConfig
 from workload.parallel.placement import Layout
@@ -313,14 +314,37 @@ def prepare(scenario: Scenario) -> Prepared:
     cfg = ParallelConfig(**kw).resolve(nodes * one_node.num_gpus)
     dtype = tr.get("dtype", "bf16")
     check_dtype(dtype, one_node.gpu_spec)
+    check_fp8_keys(tr, cfg, one_node.gpu_spec)
     model_cfg = build_model_config(scenario.model, tr, base_dir, trust_code=scenario.trust_code)
     if isinstance(model_cfg, CustomModel):  # first: says why a plain module cannot use a strategy
         model_cfg.check_parallel(cfg)
     cfg.validate_model(model_cfg)
     # its checks (e.g. TP vs the vocabulary) come before the memory verdict
-    trace = trace_rank(model_cfg, cfg, dtype=dtype, compile=tr.get("compile", False))
+    trace = trace_rank(model_cfg, cfg, **trace_options(tr))
     topo = build_topology(system, base_dir, gpu=gpu)
     return Prepared(scenario, topo, model_cfg, cfg, dtype, trace)
+
+
+def trace_options(training: dict) -> dict[str, Any]:
+    """The :func:`~workload.parallel.rank_trace.trace_rank` keywords of a ``[training]`` section."""
+    return {"dtype": training.get("dtype", "bf16"), "compile": training.get("compile", False),
+            "fp8_recipe": training.get("fp8_recipe", DEFAULT_RECIPE),
+            "fp8_param_gather": training.get("fp8_param_gather", False)}
+
+
+def check_fp8_keys(training: dict, cfg: ParallelConfig, gpu) -> None:
+    """``[training] fp8_recipe`` and ``fp8_param_gather`` against the dtype, the GPU and the parallel
+    configuration (:func:`workload.fp8.check_recipe_gpu`, :func:`workload.fp8.check_param_gather`).
+
+    Raises:
+        ValueError: one line naming the key.
+    """
+    dtype, recipe = training.get("dtype", "bf16"), training.get("fp8_recipe", DEFAULT_RECIPE)
+    if dtype == "fp8":
+        from hwmodel.costmodel import Calibration
+        check_recipe_gpu(recipe, gpu.name, Calibration.architecture_of(gpu))
+    if training.get("fp8_param_gather", False):
+        check_param_gather(recipe, dtype, cfg.effective_zero_stage)
 
 
 def check_dtype(dtype: str, gpu) -> None:
@@ -385,7 +409,7 @@ def run_prepared(prep: Prepared, memory: Any, *, progress: bool = False,
     t0 = time.perf_counter() if started_s is None else started_s
     cfg, topo, sim = prep.config, prep.topology, prep.scenario.simulation
     trace = prep.trace if prep.trace is not None else trace_rank(
-        prep.model_cfg, cfg, dtype=prep.dtype, compile=prep.scenario.training.get("compile", False))
+        prep.model_cfg, cfg, **trace_options(prep.scenario.training))
     layout = Layout(cfg)
     mode = _simulation_mode(prep, trace)
     if max_tasks is not None:
@@ -519,8 +543,16 @@ def _duration(seconds: float) -> str:
 
 
 def memory_for(prep: Prepared):
-    """Peak memory of the busiest GPU, by the model family's memory model (``None``: it has none)."""
-    return family_of(prep.model_cfg).memory(prep.model_cfg, prep.config, prep.dtype)
+    """Peak memory of the busiest GPU, by the model family's memory model (``None``: it has none); FP8
+    parameters with ``fp8_param_gather`` (:func:`workload.fp8.with_fp8_params`)."""
+    tr = prep.scenario.training
+    dtype = prep.dtype  # a recipe that keeps no FP8 state between passes (torchao's) holds bf16's memory
+    if dtype == "fp8" and not get_recipe(tr.get("fp8_recipe", DEFAULT_RECIPE)).fp8_saved_state:
+        dtype = "bf16"
+    mem = family_of(prep.model_cfg).memory(prep.model_cfg, prep.config, dtype)
+    if mem is not None and tr.get("fp8_param_gather", False):
+        mem = with_fp8_params(mem, prep.config.memory_zero_stage)
+    return mem
 
 
 def model_flops(prep: Prepared, trace) -> tuple[float, float, str]:

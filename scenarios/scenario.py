@@ -5,7 +5,8 @@
               # nics_per_node, fabric, oversubscription, ...
 [model]       # a zoo name plus overrides (num_layers, hidden_size, ...), or factory = "pkg.mod:fn"
 [parallel]    # ParallelConfig fields, Megatron names (tensor_model_parallel_size, ...)
-[training]    # global_batch_size, micro_batch_size, dtype (bf16, fp16, fp32, fp8), seq_length, compile
+[training]    # global_batch_size, micro_batch_size, dtype (bf16, fp16, fp32, fp8), seq_length, compile,
+              # fp8_recipe (delayed, tensorwise, rowwise, mxfp8), fp8_param_gather
 [simulation]  # fidelity (flow/step), mode (auto/full/symmetric/hierarchical), nccl_algo, nccl_proto,
               # nccl_tuner_config (a path: NCCL tuner-plugin CSV rules), host_launch_overhead_s, record_links
 ```
@@ -30,6 +31,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from hwmodel.dtypes import TRAINING_DTYPES
+from workload.fp8 import DEFAULT_RECIPE, get_recipe
 from workload.parallel.config import ParallelConfig
 
 SYSTEM_KEYS = {
@@ -39,7 +41,7 @@ SYSTEM_KEYS = {
     "gpus_per_node": int, "nics_per_node": int,
 }
 TRAINING_KEYS = {"global_batch_size": int, "micro_batch_size": int, "dtype": str, "seq_length": int,
-                 "compile": bool}
+                 "compile": bool, "fp8_recipe": str, "fp8_param_gather": bool}
 SIMULATION_KEYS = {
     "fidelity": str, "mode": str, "host_launch_overhead_s": (int, float), "nccl_algo": str, "nccl_proto": str,
     "record_links": bool, "nccl_tuner_config": str,
@@ -185,6 +187,11 @@ def parse_scenario(data: dict[str, Any], source: str = "") -> Scenario:
         raise ValueError(f"[simulation] fidelity: unknown {simulation['fidelity']!r}; allowed: flow, step")
     if training.get("dtype", "bf16") not in DTYPES:
         raise ValueError(f"[training] dtype: unknown {training['dtype']!r}; allowed: {', '.join(DTYPES)}")
+    if "fp8_recipe" in training:
+        get_recipe(training["fp8_recipe"])  # an unknown name, in one line
+        if training.get("dtype", "bf16") != "fp8" and training["fp8_recipe"] != DEFAULT_RECIPE:
+            raise ValueError(f"[training] fp8_recipe {training['fp8_recipe']!r} applies to dtype = 'fp8', "
+                             f"got dtype {training.get('dtype', 'bf16')!r}")
     for key in ("name", "description"):
         if key in data and not isinstance(data[key], str):
             raise ValueError(f"{key} must be a string, got {data[key]!r}")

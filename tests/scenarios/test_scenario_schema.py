@@ -119,7 +119,7 @@ EXPECTED = {
     "gpt3-175b-16x-dgx-a100", "llama3-8b-fsdp-dgx-h100", "llama3-8b-tp2-dgx-h100", "llama3-70b-fsdp-dgx-h100",
     "llama3-70b-tp8-pp4-dgx-h100", "bert-large-dp", "resnet50-dp", "mixtral-8x7b-ep",
     "whatif-nvlink-bandwidth", "whatif-nic-bandwidth", "whatif-oversubscription", "whatif-gpu-generation",
-    "whatif-fp8-llama3-70b-dgx-h100", "custom-vit-b16-dp",
+    "whatif-fp8-llama3-70b-dgx-h100", "whatif-fp8-recipes-llama3-8b-dgx-h100", "custom-vit-b16-dp",
 }
 
 

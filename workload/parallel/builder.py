@@ -29,10 +29,10 @@ Gradients are reduced in fp32 for bf16 and fp32 training, in fp16 for fp16 train
 parameters are gathered in the training dtype.
 
 FP8 training (:mod:`workload.fp8`) arrives as a bf16 trace whose Linear GEMMs already run in FP8 with
-their activation and gradient casts; the builder adds the weight casts (:attr:`ModelTrace.fp8_params_block`):
-one cast-transpose kernel per layer on the layer's first forward of the iteration (Transformer
-Engine caches the FP8 weights across micro-batches), or on every forward and backward pass under
-ZeRO-3/FSDP, whose gathered bf16 weights are freed after use.
+their activation and gradient casts; the builder adds the recipe's weight casts (:attr:`ModelTrace.fp8_params_block`)
+on the layer's first forward of the iteration (Transformer Engine caches the FP8 weights across
+micro-batches), or on every pass under ZeRO-3/FSDP, whose gathered weights are freed after use; with
+``fp8_param_gather`` the parameter all-gathers move FP8 (:mod:`workload.fp8.params`).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 
 from hwmodel.dtypes import ELEMENT_BYTES, TRAINING_DTYPES
 from hwmodel.ir import Collective, Compute, Program, SendRecv
-from workload.fp8 import CAST_TRANSPOSE_BYTES, CAST_WEIGHT_NAME
+from workload.fp8 import params as fp8p
 from workload.parallel.config import ParallelConfig
 from workload.parallel.placement import Layout
 from workload.parallel.schedules import schedule
@@ -94,6 +94,10 @@ class ModelTrace:
     fp8_params_block: int = 0
     """Of ``params_block``, the weight elements of FP8 GEMMs (0: no FP8 training); the builder adds
     their per-iteration weight casts."""
+    fp8_recipe: str = "delayed"
+    """FP8 training: the recipe (:data:`workload.fp8.RECIPES`) whose weight kernels the builder adds."""
+    fp8_param_gather: bool = False
+    """FP8 training: parameter all-gathers move the FP8-GEMM weights in FP8 (:mod:`workload.fp8.params`)."""
     params_post_tied: int = 0
     """Of ``params_pre``, the elements the "post" part uses too (an output layer tied to the input
     embedding on the same stage): ZeRO-3/FSDP gathers them for "post" as well."""
@@ -365,8 +369,12 @@ class RankBuilder:
 
     def fsdp_gather(self, layer: int, phase: str, after: int | None) -> int:
         # nccl-tests' S for all-gather is the gathered buffer: the whole layer, each rank holding 1/dp
-        size = self.layer_param_bytes(ELEM_BYTES.get(self.t.dtype, 2), layer)
-        return self.add(Collective("all_gather", size, self.groups["dp"], dtype=self.t.dtype,
+        size, dtype = self.layer_param_bytes(ELEM_BYTES.get(self.t.dtype, 2), layer), self.t.dtype
+        if self.t.fp8_param_gather:  # the FP8 weights cast on the shard, then gathered in FP8
+            after, dtype = fp8p.shard_casts(self, layer, phase, after), fp8p.GATHER_DTYPE
+            size = fp8p.param_gather_bytes(self.t.block_params(layer), self.t.fp8_params_block,
+                                           ELEM_BYTES.get(self.t.dtype, 2), self.t.fp8_recipe)
+        return self.add(Collective("all_gather", size, self.groups["dp"], dtype=dtype,
                                    name=f"fsdp_ag_{phase}_L{layer}"), "fsdp_ag", (after,))
 
     def fsdp_gather_part(self, part: str, phase: str, after: int | None) -> list[int]:
@@ -388,13 +396,9 @@ class RankBuilder:
                             name=name), "fsdp_rs", (after,))
 
     def fp8_weight_cast(self, layer: int, phase: str) -> list[Compute]:
-        """The cast-transpose of one layer's FP8 GEMM weights to E4M3 (bf16 read, FP8 weight and its
-        transpose written), or nothing without FP8 training."""
-        n = self.t.fp8_params_block
-        if not n:
-            return []
-        return [Compute(CAST_WEIGHT_NAME, "elementwise", 0.0, float(CAST_TRANSPOSE_BYTES * n), dtype="bf16",
-                        layer=f"layers.{layer}", phase=phase)]
+        """The recipe's kernels over one layer's FP8 GEMM weights (:func:`workload.fp8.params.layer_weight_kernels`),
+        or nothing without FP8 training."""
+        return fp8p.layer_weight_kernels(self.t, layer, phase, zero3=self.zero == 3)
 
     def forward(self, mb: int, chunk: int, first_v: bool, last_v: bool, deps: list) -> int | None:
         zero3 = self.zero == 3
@@ -416,8 +420,8 @@ class RankBuilder:
             if gather:
                 d.append(self.fsdp_gather(layer, "fwd", prev_prev))
             before = self.last_compute
-            if cast and self.t.fp8_params_block:
-                self.emit(self.fp8_weight_cast(layer, "fwd"), d)
+            if cast and (kernels := self.fp8_weight_cast(layer, "fwd")):
+                self.emit(kernels, d)
                 d = []
             self.emit(self.ops.get("block", "fwd", layer), d, blocks=True)
             prev_prev = before
@@ -443,8 +447,8 @@ class RankBuilder:
             if gather:
                 d.append(self.fsdp_gather(layer, "bwd", prev_prev))
             before = self.last_compute
-            if gather and self.t.fp8_params_block:
-                self.emit(self.fp8_weight_cast(layer, "bwd"), d)
+            if gather and (kernels := self.fp8_weight_cast(layer, "bwd")):
+                self.emit(kernels, d)
                 d = []
             if not self.macro:
                 d = self.recompute(layer, d)
@@ -645,20 +649,26 @@ class RankBuilder:
         if self.zero == 3:
             wait += [i for i, t in enumerate(self.prog.tasks) if t.stream == "fsdp_rs"][-1:]
         self.emit(items, wait)
+        fp8p.amax_all_reduce(self, sum(len(self.chunk_layers(c)) for c in range(v)), "dp")
         if self.zero in (1, 2) and not cfg.overlap_param_gather:
             for i in range(len(self.bucket_bytes)):
                 self.gather_bucket(i, self.last_compute)
 
     def gather_bucket(self, i: int, after: int | None) -> list[int]:
         """Distributed optimizer: all-gather bucket ``i``'s updated parameters (training dtype)."""
-        eb = ELEM_BYTES.get(self.t.dtype, 2)
+        eb, t = ELEM_BYTES.get(self.t.dtype, 2), self.t
         dense, expert = self.bucket_bytes[i]
+        layers = sum(1 for k in self.buckets[i] if isinstance(k, int))  # FP8 weights: the layers' (fp8_param_gather)
+        fp8 = {"dp": max(0, t.fp8_params_block - t.params_block_expert) * layers,
+               "edp": min(t.fp8_params_block, t.params_block_expert) * layers} if t.fp8_param_gather else {}
         out = []
         for size, group in ((dense, "dp"), (expert, "edp")):
             if size <= 0 or len(self.groups[group]) == 1:
                 continue
-            out.append(self.add(Collective("all_gather", size // self.grad_bytes * eb, self.groups[group],
-                                           dtype=self.t.dtype, name=f"dp_param_gather{i}"), "dp", (after,)))
+            n, dtype = size // self.grad_bytes, fp8p.GATHER_DTYPE if fp8 else self.t.dtype
+            nbytes = fp8p.param_gather_bytes(n, fp8[group], eb, t.fp8_recipe) if fp8 else n * eb
+            out.append(self.add(Collective("all_gather", nbytes, self.groups[group], dtype=dtype,
+                                           name=f"dp_param_gather{i}"), "dp", (after,)))
         return out
 
     def gathered(self, key) -> list[int]:

@@ -14,7 +14,7 @@ import torch
 from hwmodel.dtypes import TRAINING_DTYPES as _DTYPE_TABLE
 from hwmodel.dtypes import training_dtype
 from workload.compile import fuse_pointwise
-from workload.fp8 import fp8_modules, to_fp8
+from workload.fp8 import DEFAULT_RECIPE, fp8_modules, get_recipe, to_fp8
 from workload.parallel.builder import ModelTrace, attention_kernel
 from workload.parallel.config import ParallelConfig
 from workload.parallel.tp import TPContext
@@ -28,11 +28,14 @@ TRAINING_DTYPES = tuple(_DTYPE_TABLE)
 """Allowed training dtypes; ``fp8`` is bf16 training with FP8 Linear GEMMs (:mod:`workload.fp8`)."""
 
 
-def trace_rank(model_cfg, config: ParallelConfig, *, dtype: str = "bf16", compile: bool = False) -> ModelTrace:
+def trace_rank(model_cfg, config: ParallelConfig, *, dtype: str = "bf16", compile: bool = False,
+               fp8_recipe: str = DEFAULT_RECIPE, fp8_param_gather: bool = False) -> ModelTrace:
     """The :class:`ModelTrace` of one tensor/context/expert-parallel rank for ``config``.
 
-    ``dtype="fp8"`` traces the bf16 model and hands it to :func:`workload.fp8.to_fp8` (Transformer
-    Engine's hybrid FP8 recipe on the blocks' Linear layers). ``compile``: torch.compile's fusion of
+    ``dtype="fp8"`` traces the bf16 model and hands it to :func:`workload.fp8.to_fp8` (``fp8_recipe``,
+    :data:`workload.fp8.RECIPES`, on the blocks' Linear layers; sequence-parallel all-gathers move FP8
+    where the recipe does, under ``tp_comm_overlap``/``async_tp`` for ``delayed``). ``fp8_param_gather``:
+    FP8 parameter all-gathers (:mod:`workload.fp8.params`). ``compile``: torch.compile's fusion of
     pointwise chains (:func:`workload.compile.fuse_pointwise`).
 
     Raises:
@@ -59,7 +62,9 @@ def trace_rank(model_cfg, config: ParallelConfig, *, dtype: str = "bf16", compil
     fp8_params = 0
     if dtype == "fp8":
         paths, fp8_params = fp8_modules(getattr(model, graph.block_attr)[0])
-        graph = to_fp8(graph, paths)
+        gather = config.sequence_parallel and config.tp > 1 and get_recipe(fp8_recipe).gathers_fp8(
+            config.tp_comm_overlap or config.async_tp)
+        graph = to_fp8(graph, paths, fp8_recipe, fp8_gather=gather)
     if compile:
         graph = fuse_pointwise(graph)
     tied = 0
@@ -77,7 +82,8 @@ def trace_rank(model_cfg, config: ParallelConfig, *, dtype: str = "bf16", compil
         seq_length=seq,
         micro_batch_size=config.micro_batch_size,
         params_pre=pre, params_block=block, params_post=post, params_block_expert=expert, params_post_tied=tied,
-        dtype="bf16" if dtype == "fp8" else dtype, fp8_params_block=fp8_params,
+        dtype="bf16" if dtype == "fp8" else dtype, fp8_params_block=fp8_params, fp8_recipe=fp8_recipe,
+        fp8_param_gather=fp8_param_gather and dtype == "fp8",
         attention_kernel=attention_kernel(model_cfg))
 
 

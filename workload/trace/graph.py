@@ -55,6 +55,8 @@ class OpRecord:
     """Indices of the ops that produced this op's inputs."""
     causal: bool = False
     """Attention only: causal mask (the useful work is about half of ``kernel_flops``)."""
+    fp8_scaling: str = ""
+    """FP8 GEMMs only: :attr:`hwmodel.ir.Compute.fp8_scaling` (set by :func:`workload.fp8.to_fp8`)."""
 
     def to_compute(self, *, causal_discount: bool = True) -> Compute:
         """This op as a :class:`hwmodel.ir.Compute` kernel, marked :attr:`~hwmodel.ir.Compute.causal` for
@@ -63,7 +65,7 @@ class OpRecord:
         flops = self.kernel_flops * (0.5 if causal_discount and self.causal else 1.0)
         return Compute(name=self.name, kind=self.kind, flops=flops, bytes_accessed=self.bytes_accessed,
                        dtype=self.dtype, shape=self.shape, layer=self.layer, phase=self.phase,
-                       causal=self.causal)
+                       causal=self.causal, fp8_scaling=self.fp8_scaling)
 
 
 @dataclass
