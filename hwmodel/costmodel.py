@@ -47,6 +47,10 @@ all key blocks, or for causal kernels (:attr:`hwmodel.ir.Compute.causal`, which 
 sets from the attention op's ``is_causal``) only the blocks on and below the diagonal (about half). A
 shaped attention task's ``flops`` do not enter its price (``workload.trace`` hands over the executed
 count, the full count halved for causal); only a shapeless one is priced by its ``flops``.
+A causal sliding window (:attr:`~hwmodel.ir.Compute.attention_window`, with attention sinks) skips the
+key blocks wholly outside it, at the kernel's block granularity (128: a partly masked block costs a
+full one); ALiBi adds one FP32 multiply-add per computed score on the CUDA cores
+(:mod:`hwmodel.attention_masks`).
 
 **Measured overrides.** :class:`ProfileOverrides` reads a PyTorch profiler (Kineto) Chrome trace and
 replaces the modelled duration of matching ops by the measured one (``KernelCostModel.with_profile``):
@@ -67,6 +71,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hwmodel.attention_masks import ALIBI_FLOPS_PER_SCORE, attended_keys, attention_key_blocks
 from hwmodel.dtypes import ELEMENT_BYTES
 from hwmodel.ir import Compute
 
@@ -597,16 +602,17 @@ class KernelCostModel:
         eff_f, eff_b, overhead = self.cal.attention_params(d, kernel)
         eff = eff_b if backward else eff_f
         blk = self.cal.attention_block
-        n_q, n_kv = math.ceil(sq / blk), math.ceil(skv / blk)
+        n_q = math.ceil(sq / blk)
+        window, sinks = task.attention_window, task.attention_sinks
         # key-block iterations summed over the query blocks of one (batch, head)
-        if causal:  # bottom-right aligned mask: query block i sees n_kv - n_q + i + 1 key blocks
-            iters = sum(max(min(n_kv, n_kv - n_q + i + 1), 1) for i in range(n_q))
-        else:
-            iters = n_q * n_kv
+        iters = attention_key_blocks(sq, skv, blk, causal=causal, window=window, sinks=sinks)
         ctas = b * h * n_q
         block_flops = 4.0 * blk * blk * d * (ATTENTION_BWD_FLOP_FACTOR if backward else 1.0)
         per_sm = peak * eff / self.sm_count
         cta_time_total = b * h * (iters + n_q * overhead) * block_flops / per_sm  # summed over CTAs
+        if task.attention_alibi:  # the bias FMA per computed score, on the CUDA cores of the CTA's SM
+            vector_per_sm = float(self.gpu.fp32_flops) * self.cal.vector_efficiency / self.sm_count
+            cta_time_total += b * h * iters * blk * blk * ALIBI_FLOPS_PER_SCORE / vector_per_sm
         waves = math.ceil(ctas / self.sm_count)
         t_compute = waves * cta_time_total / ctas
         dbytes = DTYPE_BYTES.get(dtype, 2)
@@ -616,10 +622,20 @@ class KernelCostModel:
         t = max(t_compute, t_mem) + launch
         return KernelCost(t, min(ctas, self.sm_count), float(nbytes),
                           {"ctas": ctas, "waves": waves, "efficiency": eff, "causal": float(causal),
-                           "executed_flops": attention_flops(b, h, sq, skv, d, backward=backward,
-                                                             causal=causal),
+                           "executed_flops": self._useful_attention_flops(task, backward),
                            "compute_s": t_compute, "memory_s": t_mem},
                           ctas=ctas)
+
+    @staticmethod
+    def _useful_attention_flops(task: Compute, backward: bool) -> float:
+        """:func:`attention_flops` of the task's shape; with a window, the full count scaled by the
+        scored fraction :func:`~hwmodel.attention_masks.attended_keys` / (seq_q x seq_kv)."""
+        b, h, sq, skv, d = (int(x) for x in task.shape)
+        if not task.attention_window:
+            return attention_flops(b, h, sq, skv, d, backward=backward, causal=task.causal)
+        keys = attended_keys(sq, skv, causal=task.causal, window=task.attention_window,
+                             sinks=task.attention_sinks)
+        return attention_flops(b, h, sq, skv, d, backward=backward) * keys / (sq * skv)
 
     def _memory_bound(self, task: Compute) -> KernelCost:
         nbytes = float(task.bytes_accessed)

@@ -61,6 +61,16 @@ class Compute:
     diagonal, about half of the full ``seq_q x seq_kv`` work (FlashAttention-2; Dao 2023,
     arXiv:2307.08691 §3.1); the cost model prices those blocks from ``shape`` when this is set. ``flops``
     keep the executed count (the tracer halves the full count) and price only a shapeless task."""
+    attention_window: int = 0
+    """Attention only: causal sliding window, the keys each query sees counting itself (Mistral's and
+    Hugging Face's ``sliding_window``); 0: no window. The cost model skips the key blocks wholly outside
+    it (:func:`hwmodel.costmodel.attention_key_blocks`)."""
+    attention_sinks: int = 0
+    """Attention only, with a window: the first keys every query also sees (StreamingLLM's attention
+    sinks; Xiao et al. 2023, arXiv:2309.17453)."""
+    attention_alibi: bool = False
+    """Attention only: the kernel adds an ALiBi bias to the scores in registers (Press et al. 2022,
+    arXiv:2108.12409; FlashAttention-2's ``alibi_slopes``), priced as CUDA-core work per score."""
     attention_kernel: str = ""
     """Attention only: the library kernel that runs it (``flash2``, ``flash3``, ``cudnn``, ``efficient``:
     ``[model] attention_backend``), priced from that kernel's calibration; ``""``: the framework's

@@ -1,4 +1,4 @@
-"""What-ifs that change nothing: notes for the report when a ``[system]`` key has no effect.
+"""What-ifs that change nothing: notes for the report when a ``[system]`` or ``[model]`` key has no effect.
 
 A user who sets a faster NIC, an oversubscription or a GPU field expects the iteration to change; when
 the hardware model makes the key a no-op, the report says so (``warnings`` in the JSON, present only
@@ -13,7 +13,7 @@ from typing import Any
 from hwmodel.specs import get_switch
 from hwmodel.topology import Topology, build_system
 
-__all__ = ["UNUSED_GPU_FIELDS", "what_if_notes"]
+__all__ = ["UNUSED_GPU_FIELDS", "model_notes", "what_if_notes"]
 
 UNUSED_GPU_FIELDS = {
     "boost_clock_hz": "the cost model takes peaks in FLOP/s (tensor_flops, fp32_flops), not the clock",
@@ -71,3 +71,20 @@ def _unused_gpu_notes(system: dict, topo: Topology, base_dir: str | Path | None)
     gpu = topo.gpu_spec
     return [f"[system] gpu_overrides {name}: changes nothing, {why}"
             for name, why in UNUSED_GPU_FIELDS.items() if getattr(base, name) != getattr(gpu, name)]
+
+
+def model_notes(model: Any) -> list[str]:
+    """One line per ``[model]`` attention key of this scenario that changes nothing: a sliding window
+    (with its sinks) no shorter than the sequence, or one that no layer uses."""
+    window = getattr(model, "sliding_window", None)
+    if window is None:
+        return []
+    seq, sinks = int(model.seq_length), int(getattr(model, "attention_sinks", 0))
+    if window + sinks >= seq:
+        what = f"sliding_window = {window}" + (f" + attention_sinks = {sinks}" if sinks else "")
+        return [f"[model] {what} >= seq_length = {seq}: every query already sees all its keys, so the window "
+                f"changes nothing; set it below seq_length for local attention"]
+    if not any(model.layer_window(i) for i in range(int(model.num_layers))):
+        return [f"[model] sliding_window = {window}: no layer uses it (sliding_window_pattern / window_layers "
+                f"make every layer global)"]
+    return []

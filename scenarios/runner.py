@@ -36,7 +36,7 @@ from scenarios.catalog import scenario_path as scenario_path  # re-exported: run
 from scenarios.hierarchical import macro_programs
 from scenarios.metrics import peak_dtype_for as peak_dtype_for  # re-exported, as scenario_path
 from scenarios.metrics import run_metrics
-from scenarios.notes import what_if_notes
+from scenarios.notes import model_notes, what_if_notes
 from scenarios.scenario import MAX_NODES, Scenario
 from scenarios.user_code import check_trusted, load_factory
 from workload.custom import MODULE_KEYS, CustomModel
@@ -430,7 +430,7 @@ def run_prepared(prep: Prepared, memory: Any, *, progress: bool = False,
     per_rank = breakdown(result.events, result.end_time_s, pipeline=cfg.pp > 1)
     report = RunReport(prep.scenario, prep, result, build, mode, per_rank, memory)
     report.metrics = run_metrics(report, model_flops(prep, trace))
-    notes = what_if_notes(prep.scenario.system, topo, scenario_dir(prep.scenario))
+    notes = what_if_notes(prep.scenario.system, topo, scenario_dir(prep.scenario)) + model_notes(prep.model_cfg)
     if notes:  # only then: the JSON of a scenario without notes keeps its bytes
         report.metrics["warnings"] = notes
     report.wall_s = time.perf_counter() - t0

@@ -142,6 +142,9 @@ class TransformerShape:
     """BERT segment embeddings."""
     qk_norm: bool = False
     """RMSNorm on each head's query and key (Qwen3, Megatron ``qk_layernorm``): two d-wide weights."""
+    embedding_norm: bool = False
+    """A norm after the word embedding (BLOOM's ``word_embeddings_layernorm``): its weights, and its
+    saved input on the first stage."""
     hidden_dropout: float = 0.1
     """Dropout probability after the attention and MLP blocks and on the embeddings (Megatron's default
     0.1 when the config has none); 0 stores no masks."""
@@ -183,6 +186,7 @@ class TransformerShape:
             num_query_groups=int(_attr(cfg, ("num_query_groups", "num_key_value_heads"), a)),
             head_dim=int(head_dim) if head_dim is not None else None,
             qk_norm=bool(_attr(cfg, ("qk_norm", "qk_layernorm"), False)),
+            embedding_norm=bool(_attr(cfg, ("embedding_layernorm",), False)),
             ffn_hidden_size=int(_attr(cfg, ("ffn_hidden_size", "intermediate_size", "n_inner"), 4 * h)),
             seq_length=int(_attr(cfg, ("seq_length", "seq_len", "max_position_embeddings", "n_positions"))),
             vocab_size=int(_attr(cfg, ("padded_vocab_size", "vocab_size"))),
@@ -229,6 +233,10 @@ class ParamCounts:
     what FP8 training runs in FP8."""
     layer_expert_linear_weights: int = 0
     """Of ``layer_experts``: the experts' weight matrices, no biases."""
+    layer_router: int = 0
+    """Of ``layer_dense``: the MoE router ``h x experts`` (replicated across tensor-parallel ranks)."""
+    embedding_norm: int = 0
+    """The norm after the word embedding (BLOOM: LayerNorm, ``2h``)."""
 
     @property
     def per_layer(self) -> int:
@@ -237,8 +245,8 @@ class ParamCounts:
     @property
     def total(self) -> int:
         """All parameters; GPT-3 175B: 174.6e9 (12*L*h^2 + 13*L*h + V*h + s*h + 2h)."""
-        return (self.embedding + self.position + self.num_layers * self.per_layer + self.final_norm
-                + self.output)
+        return (self.embedding + self.position + self.embedding_norm + self.num_layers * self.per_layer
+                + self.final_norm + self.output)
 
 
 def parameter_count(cfg: Any) -> ParamCounts:
@@ -265,7 +273,8 @@ def parameter_count(cfg: Any) -> ParamCounts:
         final_norm=norm_one, output=0 if m.tied_embeddings else m.vocab_size * h,
         num_layers=m.num_layers,
         layer_linear_weights=attn_w + (mlp_w if m.num_experts == 1 else 0),
-        layer_expert_linear_weights=mlp_w * m.num_experts if m.num_experts > 1 else 0)
+        layer_expert_linear_weights=mlp_w * m.num_experts if m.num_experts > 1 else 0,
+        layer_router=router, embedding_norm=norm_one if m.embedding_norm else 0)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -531,15 +540,17 @@ def memory_per_gpu(model_cfg: Any, *, tp: int = 1, pp: int = 1, dp: int = 1, cp:
 
     def one_stage(i: int) -> MemoryBreakdown:
         layers = per_stage[i]
-        # parameters this GPU owns (elements): tensor-parallel layers, replicated norms, experts over ep
-        dense = (counts.layer_dense - counts.layer_norms) / tp + counts.layer_norms
+        # parameters this GPU owns (elements): tensor-parallel layers, replicated norms and router (a
+        # full copy per rank, as the module keeps it), experts over ep
+        replicated = counts.layer_norms + counts.layer_router
+        dense = (counts.layer_dense - replicated) / tp + replicated
         experts = counts.layer_experts / (ep * tp)
         params = layers * (dense + experts)
         expert_params = layers * experts
         fp8_dense = layers * counts.layer_linear_weights / tp if fp8 else 0.0
         fp8_expert = layers * counts.layer_expert_linear_weights / (ep * tp) if fp8 else 0.0
         if i == 0:
-            params += counts.embedding / tp + counts.position
+            params += counts.embedding / tp + counts.position + counts.embedding_norm
         if i == pp - 1:
             params += counts.final_norm
             if pp > 1 or not m.tied_embeddings:  # the last stage keeps its own output matrix
@@ -552,6 +563,8 @@ def memory_per_gpu(model_cfg: Any, *, tp: int = 1, pp: int = 1, dp: int = 1, cp:
         extra = 0.0
         if i == 0 and m.hidden_dropout > 0:  # embedding dropout mask, 1 byte per element (§4.3)
             extra += s_local * b * h / (tp if sp else 1) * in_flight
+        if i == 0 and m.embedding_norm:  # the embedding norm's saved input, 2 bytes per element
+            extra += 2.0 * s_local * b * h / (tp if sp else 1) * in_flight
         if i == pp - 1:  # final norm input, output projection input, fp32 logits (§4.3)
             extra += (4.0 * s_local * b * h / (tp if sp else 1) + 4.0 * s_local * b * v / tp) * in_flight
         # ZeRO: expert weights are replicated over dp*cp/ep ranks only

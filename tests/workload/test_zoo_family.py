@@ -83,4 +83,4 @@ def test_gpt_flops_are_sc21_eq3_and_others_are_traced() -> None:
 
 
 def test_hf_model_types_come_from_the_families() -> None:
-    assert hf_model_types() == ["gpt2", "llama", "mistral", "mixtral", "bert", "qwen3_moe"]
+    assert hf_model_types() == ["gpt2", "bloom", "llama", "mistral", "mixtral", "bert", "qwen3_moe"]

@@ -245,14 +245,23 @@ class ParallelConfig:
     def validate_model(self, model: Any) -> None:
         """Check divisibility against a transformer config (Megatron names).
 
+        Tensor parallelism splits what the column/row-parallel linears split: the query heads, the
+        key/value heads (``num_query_groups``) and the MLP width. ``hidden_size`` is never split (the
+        attention width is heads x ``head_dim``, which need not be ``hidden_size``: Qwen3), so TP need
+        not divide it. A sliding window with context parallelism is refused: ring attention's
+        windowed schedule is not modelled.
+
         Raises:
             ValueError: naming the model field, its value and the parallel size that does not divide it.
         """
         tp = self.tp
-        for fname in ("num_attention_heads", "hidden_size", "ffn_hidden_size", "num_query_groups"):
+        for fname in ("num_attention_heads", "num_query_groups", "ffn_hidden_size"):
             v = getattr(model, fname, None)
             if v and v % tp:
                 raise ValueError(f"tensor_model_parallel_size={tp} does not divide {fname}={v}")
+        if self.cp > 1 and getattr(model, "sliding_window", None) is not None:
+            raise ValueError(f"context_parallel_size={self.cp} with sliding_window: ring attention over a "
+                             f"sliding window is not modelled; use context_parallel_size = 1")
         seq = getattr(model, "seq_length", None)
         if seq and self.cp > 1 and seq % (2 * self.cp):
             raise ValueError(f"context_parallel_size={self.cp}: seq_length={seq} must be divisible by "

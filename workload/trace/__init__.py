@@ -6,7 +6,8 @@ custom ops), :mod:`~workload.trace.reroutes` (SDPA, MHA, RMSNorm, dropout rerout
 :mod:`~workload.trace.recorder` (the dispatch recorder), :mod:`~workload.trace.tracker` (which module
 an op runs in), :mod:`~workload.trace.blocks` (layer dedup), :mod:`~workload.trace.assemble` (cloning
 the traced block into the graph), :mod:`~workload.trace.saved` (saved-tensor accounting),
-:mod:`~workload.trace.optimizer` (the AdamW phase) and :mod:`~workload.trace.api`
+:mod:`~workload.trace.optimizer` (the AdamW phase), :mod:`~workload.trace.masked_attention` (sliding
+windows, sinks, ALiBi as one fused attention call) and :mod:`~workload.trace.api`
 (:func:`trace_model`, the recipe).
 """
 

@@ -221,7 +221,8 @@ def trace_model(
     if dedup:
         assert blocks is not None  # dedup implies repeated blocks
         num_blocks = len(blocks)
-        graph = assemble(rec.ops, num_blocks, block_attr, hooks.block_inputs)
+        graph = assemble(rec.ops, num_blocks, block_attr, hooks.block_inputs,
+                         pattern_of=lambda path: getattr(submodule(model, path), "attention_pattern", None))
         names = [str(i) for i in range(num_blocks)]
     else:
         names = hooks.call_order if container is not None else []

@@ -7,10 +7,12 @@ keep their order and are annotated with the part and block they belong to.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from workload.trace.blocks import block_path, child_name
-from workload.trace.graph import OpGraph, OpRecord
+from workload.trace.graph import OpGraph, OpRecord, window_fraction
 
 
 def _part_ranges(ops: list[dict], phase: str, prefix: str) -> tuple[list[int], tuple[int, int] | None]:
@@ -123,18 +125,43 @@ def _clone_deps(template_deps: tuple[int, ...], c: int | None, lay: _Layout,
     return deps
 
 
-def _record(o: dict, index: int, layer: str, part: str, block: int | None, deps: set[int]) -> OpRecord:
-    """The :class:`OpRecord` of recorded op ``o`` at graph position ``index``."""
+PatternOf = Callable[[str], Any]
+"""Module path -> that module's ``attention_pattern`` (``None``: it has none)."""
+
+
+def _pattern(o: dict, clone: int | None, attr: str, pattern_of: PatternOf | None) -> Any:
+    """The attention pattern of op ``o`` in ``clone``: the traced one, or with layer dedup that of the
+    clone's module in the same place (a windowed layer's template cloned into a global layer)."""
+    found = o.get("pattern")
+    if found is None:
+        return None
+    pattern, where = found
+    template = block_path(attr, 0)
+    if clone is not None and pattern_of is not None and in_block(where, template):
+        own = pattern_of(block_path(attr, clone) + where[len(template):])
+        if own is not None:
+            return own
+    return pattern
+
+
+def _record(o: dict, index: int, layer: str, part: str, block: int | None, deps: set[int],
+            pattern: Any = None) -> OpRecord:
+    """The :class:`OpRecord` of recorded op ``o`` at graph position ``index``, with the window, sinks and
+    ALiBi of ``pattern`` (a :class:`~workload.trace.masked_attention.AttentionPattern`; its window
+    scales the model FLOPs by :func:`~workload.trace.graph.window_fraction`)."""
+    window, sinks = (pattern.window, pattern.sinks) if pattern else (0, 0)
     return OpRecord(
         index=index, name=o["name"], kind=o["kind"], phase=o["phase"], layer=layer,
-        part=_BWD_PART.get(part, part) if o["phase"] == "bwd" else part, block=block, flops=o["flops"],
+        part=_BWD_PART.get(part, part) if o["phase"] == "bwd" else part, block=block,
+        flops=o["flops"] * window_fraction(o["shape"], o["causal"], window, sinks),
         kernel_flops=o["kernel_flops"],
         bytes_accessed=o["bytes"], dtype=o["dtype"], shape=o["shape"], in_shapes=o["in_shapes"],
-        out_shapes=o["out_shapes"], deps=tuple(sorted(deps)), causal=o["causal"])
+        out_shapes=o["out_shapes"], deps=tuple(sorted(deps)), causal=o["causal"], window=window, sinks=sinks,
+        alibi=bool(pattern and pattern.alibi))
 
 
 def assemble(raw: list[dict], num_blocks: int, attr: str, block_inputs: set[int] | None = None,
-             block_names: list[str] | None = None) -> OpGraph:
+             block_names: list[str] | None = None, pattern_of: PatternOf | None = None) -> OpGraph:
     """Turn recorded op dicts into an :class:`OpGraph`, cloning block 0 ``num_blocks`` times if > 0
     (else annotating blocks by ``block_names``, see :func:`_annotate`).
 
@@ -142,6 +169,8 @@ def assemble(raw: list[dict], num_blocks: int, attr: str, block_inputs: set[int]
     (the ops whose results the following segment consumes) when they are the block's input
     activations (``block_inputs``, found by a forward pre-hook; all fwd inputs if unknown) or, in
     backward, the incoming gradient. Other inputs (RoPE tables, masks) keep their producer.
+    A clone's attention ops take the ``attention_pattern`` of the clone's own module (``pattern_of``),
+    so layers that differ only in their window (Gemma's local and global layers) still dedup.
     """
     prefix = block_path(attr, 0)
     lay = _layout(raw, num_blocks, attr, prefix, block_names)
@@ -160,5 +189,5 @@ def assemble(raw: list[dict], num_blocks: int, attr: str, block_inputs: set[int]
                 rest = layer[len(prefix):] if in_block(layer, prefix) else ""
                 layer = f"{block_path(attr, c)}{rest}"
             new_index[(t, c)] = n
-        ops.append(_record(o, n, layer, part, c, deps))
+        ops.append(_record(o, n, layer, part, c, deps, _pattern(o, c if num_blocks else None, attr, pattern_of)))
     return OpGraph(ops=ops, num_blocks=num_blocks, block_attr=attr)

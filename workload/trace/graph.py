@@ -15,6 +15,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from hwmodel.attention_masks import attended_keys
 from hwmodel.ir import Compute
 
 Part = Literal["pre", "block", "post"]
@@ -57,15 +58,41 @@ class OpRecord:
     """Attention only: causal mask (the useful work is about half of ``kernel_flops``)."""
     fp8_scaling: str = ""
     """FP8 GEMMs only: :attr:`hwmodel.ir.Compute.fp8_scaling` (set by :func:`workload.fp8.to_fp8`)."""
+    window: int = 0
+    """Attention only: causal sliding window, keys per query counting itself; 0: none. ``flops`` count
+    the windowed work (:func:`window_fraction`); ``kernel_flops`` stay the full-matrix count."""
+    sinks: int = 0
+    """Attention only, with ``window``: attention sinks (StreamingLLM's first keys, always visible)."""
+    alibi: bool = False
+    """Attention only: ALiBi bias on the scores (priced by the cost model, no FLOPs here)."""
 
     def to_compute(self, *, causal_discount: bool = True) -> Compute:
         """This op as a :class:`hwmodel.ir.Compute` kernel, marked :attr:`~hwmodel.ir.Compute.causal` for
-        causal attention. FLOPs are the executed kernel FLOPs: ``kernel_flops``, halved for causal
-        attention unless ``causal_discount`` is false (then the registry's full count)."""
-        flops = self.kernel_flops * (0.5 if causal_discount and self.causal else 1.0)
+        causal attention (and with its window, sinks and ALiBi). FLOPs are the executed kernel FLOPs:
+        ``kernel_flops``, halved for causal attention (with a window: times the scored fraction of the
+        ``seq_q x seq_kv`` matrix, :func:`hwmodel.attention_masks.attended_keys`) unless
+        ``causal_discount`` is false (then the registry's full count)."""
+        if causal_discount and self.window and len(self.shape) == 5:
+            sq, skv = self.shape[2], self.shape[3]
+            keys = attended_keys(sq, skv, causal=self.causal, window=self.window, sinks=self.sinks)
+            flops = self.kernel_flops * keys / (sq * skv)
+        else:
+            flops = self.kernel_flops * (0.5 if causal_discount and self.causal else 1.0)
         return Compute(name=self.name, kind=self.kind, flops=flops, bytes_accessed=self.bytes_accessed,
                        dtype=self.dtype, shape=self.shape, layer=self.layer, phase=self.phase,
-                       causal=self.causal, fp8_scaling=self.fp8_scaling)
+                       causal=self.causal, fp8_scaling=self.fp8_scaling, attention_window=self.window,
+                       attention_sinks=self.sinks, attention_alibi=self.alibi)
+
+
+def window_fraction(shape: tuple[int, ...], causal: bool, window: int, sinks: int = 0) -> float:
+    """Of the causal work of an attention op of ``shape`` (batch, heads, seq_q, seq_kv, head_dim), the
+    fraction a sliding window of ``window`` keys (and ``sinks`` sink keys) keeps; 1 without a window.
+    Model FLOPs of a windowed op are the convention's full count times this (S=4096, W=1024: 0.4376)."""
+    if not window or len(shape) != 5:
+        return 1.0
+    sq, skv = shape[2], shape[3]
+    return (attended_keys(sq, skv, causal=causal, window=window, sinks=sinks)
+            / attended_keys(sq, skv, causal=causal))
 
 
 @dataclass

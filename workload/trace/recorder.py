@@ -42,6 +42,13 @@ class Recorder(TorchDispatchMode):
         self.layer_override: str | None = None
         self.storage_alias: dict[int, int] = {}
         """Storage key -> the storage it stands for (the flash output relaid out unrecorded)."""
+        self.pending_pattern: Any = None
+        """The :class:`~workload.trace.masked_attention.AttentionPattern` of the attention call being
+        rerouted (set by :class:`~workload.trace.reroutes.FusedKernels`), for the fused op it issues."""
+        self._pattern_of_output: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        """A patterned forward attention op's outputs -> (pattern, its module path): its backward op reads
+        them (``out``, ``logsumexp``) and takes the same pattern. Weak keys, by identity (as ``producer``):
+        a freed output's storage reused by another tensor carries no pattern."""
         self._paused = False
 
     @contextmanager
@@ -109,6 +116,7 @@ class Recorder(TorchDispatchMode):
             shape, causal = kinds.attention_info(name, args, kwargs)
             if name in kinds.ATTENTION_BWD_OPS:
                 model_flops = flops * 0.8  # 5 GEMMs incl. the recomputed QK^T -> the 4 of a plain bwd
+        pattern = self._attention_pattern(name, ins, outs)
         floats = [t for t in ins + outs if t.is_floating_point()]
         nbytes = float(sum(map(kinds.tensor_bytes, ins)) + sum(map(kinds.tensor_bytes, outs)))
         if name == "embedding":
@@ -125,13 +133,26 @@ class Recorder(TorchDispatchMode):
             "flops": model_flops,
             "kernel_flops": flops, "bytes": nbytes,
             "dtype": kinds.dtype_name(floats[0].dtype) if floats else kinds.dtype_name((ins + outs)[0].dtype),
-            "shape": tuple(int(s) for s in shape), "causal": causal,
+            "shape": tuple(int(s) for s in shape), "causal": causal, "pattern": pattern,
             "in_shapes": tuple(tuple(t.shape) for t in ins), "out_shapes": tuple(tuple(t.shape) for t in outs),
             "deps": tuple(sorted({d for d in (self.producer.get(t) for t in ins) if d is not None})),
         })
         for o in outs:
             self.producer[o] = idx
         return out
+
+
+    def _attention_pattern(self, name: str, ins: list, outs: list) -> tuple[Any, str] | None:
+        """(pattern, module path of the forward call) of a fused attention op issued by
+        :func:`~workload.trace.masked_attention.masked_attention`, forward or backward; else ``None``."""
+        if name in kinds.ATTENTION_FWD_OPS and self.pending_pattern is not None:
+            found = (self.pending_pattern, self.current_layer())
+            for o in outs[:2]:  # out, logsumexp (the RNG state tensors may be shared between calls)
+                self._pattern_of_output[o] = found
+            return found
+        if name in kinds.ATTENTION_BWD_OPS:
+            return next((self._pattern_of_output[t] for t in ins if t in self._pattern_of_output), None)
+        return None
 
 
 def storage_key(t: torch.Tensor) -> int:

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from workload.trace.fused_ops import dropout, rms_norm
+from workload.trace.masked_attention import masked_attention
 from workload.trace.recorder import storage_key
 
 if TYPE_CHECKING:
@@ -25,7 +26,9 @@ class FusedKernels(TorchFunctionMode):
     ``aten._fused_rms_norm`` is CompositeImplicit on CPU/meta (it decomposes before a dispatch mode
     sees it), hence our own ``trainsim::rms_norm`` custom op with a fake (meta) kernel and a backward.
 
-    *Attention.* ``F.scaled_dot_product_attention`` without a mask becomes
+    *Attention.* :func:`~workload.trace.masked_attention.masked_attention` (a sliding window, sinks,
+    ALiBi) becomes the flash op below, marked with its pattern by the recorder.
+    ``F.scaled_dot_product_attention`` without a mask becomes
     ``aten._scaled_dot_product_flash_attention`` (causal or not). With an ``attn_mask`` it becomes
     ``aten._scaled_dot_product_efficient_attention`` with the mask as its additive bias: PyTorch's
     SDPA documentation lists three CUDA implementations, FlashAttention-2, Memory-Efficient Attention
@@ -55,6 +58,8 @@ class FusedKernels(TorchFunctionMode):
             return self._sdpa(*args, **kwargs)
         if func is F.multi_head_attention_forward:
             return self._mha(func, args, kwargs)
+        if func is masked_attention:
+            return self._masked(*args, **kwargs)
         if func is F.dropout:
             x = args[0]
             p = args[1] if len(args) > 1 else kwargs.get("p", 0.5)
@@ -80,6 +85,18 @@ class FusedKernels(TorchFunctionMode):
             return func(*args, **kwargs)
         finally:
             module_globals["scaled_dot_product_attention"] = original
+
+    def _masked(self, query, key, value, pattern, is_causal=True, enable_gqa=False):
+        """:func:`~workload.trace.masked_attention.masked_attention`: the fused flash op of plain causal
+        SDPA, which the recorder marks with ``pattern`` (FlashAttention-2 takes ``window_size`` and
+        ``alibi_slopes`` and needs no dense mask)."""
+        if (pattern.window or pattern.sinks) and not is_causal:
+            raise ValueError("masked_attention: a sliding window is causal; is_causal must be true")
+        self.recorder.pending_pattern = pattern
+        try:
+            return self._sdpa(query, key, value, is_causal=is_causal, enable_gqa=enable_gqa)
+        finally:
+            self.recorder.pending_pattern = None
 
     def _sdpa(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
               enable_gqa=False):

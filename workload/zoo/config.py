@@ -53,7 +53,10 @@ class TransformerConfig:
     activation: Literal["gelu", "swiglu", "squared_relu"] = "gelu"
     """MLP non-linearity: GELU (GPT, BERT), SwiGLU (the Llama family's gated MLP), or squared ReLU,
     relu(x)^2 (Nemotron-4, arXiv:2402.16819; Megatron-LM ``--squared-relu``)."""
-    position_embedding_type: Literal["learned_absolute", "rope"] = "learned_absolute"
+    position_embedding_type: Literal["learned_absolute", "rope", "alibi", "none"] = "learned_absolute"
+    """Megatron-LM ``--position-embedding-type``: a learned table (GPT), rotary (Llama), ``alibi`` (no
+    position table, no RoPE kernels: a per-head linear distance bias on the attention scores, added by
+    the fused kernel; Press et al. 2022, arXiv:2108.12409; BLOOM) or ``none`` (no positions, NoPE)."""
     rotary_base: float = 10000.0
     """RoPE base θ (Llama 2: 1e4, Llama 3: 5e5, Mixtral: 1e6)."""
     untie_embeddings_and_output_weights: bool = False
@@ -69,6 +72,22 @@ class TransformerConfig:
     """Experts each token is routed to."""
     moe_capacity_factor: float = 1.0
     """Tokens per expert = ceil(capacity_factor · tokens · topk / experts) (uniform routing assumed)."""
+    sliding_window: int | None = None
+    """Causal sliding-window attention (Mistral; Hugging Face ``sliding_window``, Megatron-LM
+    ``--window-size (W - 1, 0)``): each query sees the ``W`` keys up to and including itself;
+    ``None``: full causal attention. FlashAttention skips the key blocks outside it."""
+    sliding_window_pattern: int | None = None
+    """With ``sliding_window``: every K-th layer is global, the rest local (layer i, 0-based, is global
+    when ``(i + 1) % K == 0``; Gemma 2: 2, Gemma 3: 6; Megatron-LM ``--window-attn-skip-freq``)."""
+    window_layers: tuple[int, ...] | None = None
+    """With ``sliding_window``: the (0-based) layers that use it, the others global (Hugging Face's
+    ``layer_types`` entries ``"sliding_attention"``); exclusive with ``sliding_window_pattern``."""
+    attention_sinks: int = 0
+    """With ``sliding_window``: the first N tokens every query also attends to (StreamingLLM's attention
+    sinks, Xiao et al. 2023, arXiv:2309.17453): a query at position p sees ``min(p + 1, W + N)`` keys."""
+    embedding_layernorm: bool = False
+    """A LayerNorm right after the word embedding (BLOOM's ``word_embeddings_layernorm``; RMSNorm when
+    ``normalization`` is RMSNorm)."""
     num_tokentypes: int = 0
     """BERT segment (token-type) embeddings; 0 for decoders."""
     attention_backend: Literal["flash", "flash2", "flash3", "cudnn", "efficient", "unfused"] = "flash"
@@ -102,7 +121,7 @@ class TransformerConfig:
             object.__setattr__(self, "ffn_hidden_size", 4 * self.hidden_size)
         if self.max_position_embeddings is None:
             object.__setattr__(self, "max_position_embeddings", self.seq_length)
-        if self.seq_length > self.max_position_embeddings and self.position_embedding_type != "rope":
+        if self.seq_length > self.max_position_embeddings and self.position_embedding_type == "learned_absolute":
             raise ValueError(f"{self.name}: seq_length={self.seq_length} exceeds "
                              f"max_position_embeddings={self.max_position_embeddings}")
         if self.num_moe_experts is not None and not 1 <= self.moe_router_topk <= self.num_moe_experts:
@@ -116,6 +135,52 @@ class TransformerConfig:
                              f"allowed: {', '.join(ATTENTION_BACKENDS)}")
         if self.moe_capacity_factor < 1.0:
             raise ValueError(f"{self.name}: moe_capacity_factor={self.moe_capacity_factor} must be >= 1")
+        self._check_attention_keys()
+
+    def _check_attention_keys(self) -> None:
+        """Windows, sinks and ALiBi: what needs what, and which kernels run them.
+
+        Raises:
+            ValueError: one line naming the field and what it needs.
+        """
+        name, window = self.name, self.sliding_window
+        if window is None:
+            for f in ("sliding_window_pattern", "window_layers"):
+                if getattr(self, f) is not None:
+                    raise ValueError(f"{name}: {f} needs sliding_window (the window's size in tokens)")
+            if self.attention_sinks:
+                raise ValueError(f"{name}: attention_sinks={self.attention_sinks} needs sliding_window "
+                                 f"(without a window every key is visible already)")
+        else:
+            if not self.causal:
+                raise ValueError(f"{name}: sliding_window is a causal window; this model is bidirectional "
+                                 f"(causal = false)")
+            if self.sliding_window_pattern is not None and self.window_layers is not None:
+                raise ValueError(f"{name}: give sliding_window_pattern or window_layers, not both")
+            bad = [i for i in self.window_layers or () if not 0 <= i < self.num_layers]
+            if bad or len(set(self.window_layers or ())) != len(self.window_layers or ()):
+                raise ValueError(f"{name}: window_layers must be distinct layer indices in [0, "
+                                 f"{self.num_layers - 1}], got {list(self.window_layers or ())}")
+        masked = window is not None or self.position_embedding_type == "alibi"
+        if masked and self.attention_backend == "efficient":
+            raise ValueError(f"{name}: attention_backend 'efficient' (SDPA's memory-efficient kernel) takes a "
+                             f"window or ALiBi only as a dense mask; use flash, flash2, flash3, cudnn or unfused")
+        if self.position_embedding_type == "alibi" and self.attention_backend == "flash3":
+            raise ValueError(f"{name}: attention_backend 'flash3': FlashAttention-3 has no ALiBi (alibi_slopes "
+                             f"is FlashAttention-2's); use flash, flash2, cudnn or unfused")
+        if self.architecture == "bert" and self.position_embedding_type != "learned_absolute":
+            raise ValueError(f"{name}: position_embedding_type: BERT is built with learned_absolute "
+                             f"positions only, got {self.position_embedding_type!r}")
+
+    def layer_window(self, layer: int) -> int:
+        """The sliding window of layer ``layer`` (0-based), in keys; 0 for a global (full causal) layer."""
+        if self.sliding_window is None:
+            return 0
+        if self.window_layers is not None:
+            return self.sliding_window if layer in self.window_layers else 0
+        if self.sliding_window_pattern is not None and (layer + 1) % self.sliding_window_pattern == 0:
+            return 0
+        return self.sliding_window
 
     @property
     def kv_channels(self) -> int:
@@ -153,7 +218,8 @@ ModelConfig = TransformerConfig | ResNetConfig
 POSITIVE_FIELDS = frozenset({
     "num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size", "seq_length",
     "vocab_size", "max_position_embeddings", "num_moe_experts", "moe_router_topk", "moe_capacity_factor",
-    "rotary_base", "norm_epsilon", "base_width", "num_classes", "image_size", "blocks_per_stage"})
+    "rotary_base", "norm_epsilon", "base_width", "num_classes", "image_size", "blocks_per_stage",
+    "sliding_window", "sliding_window_pattern"})
 """Sizes and other fields that must be > 0 (the rest of the numeric fields must be >= 0)."""
 
 
@@ -234,8 +300,9 @@ def with_overrides(config: ModelConfig, **overrides) -> ModelConfig:
     if bad:
         raise ValueError(f"{config.name}: unknown config field(s) {bad}; fields: {sorted(fields)}")
     check_field_types(type(config), overrides, config.name)
-    if isinstance(overrides.get("blocks_per_stage"), list):
-        overrides["blocks_per_stage"] = tuple(overrides["blocks_per_stage"])
+    for f in ("blocks_per_stage", "window_layers"):  # a TOML array is a list; the config holds a tuple
+        if isinstance(overrides.get(f), list):
+            overrides[f] = tuple(overrides[f])
     if isinstance(config, TransformerConfig):
         for f, src, factor in _DERIVED:
             if f not in overrides and src in overrides and getattr(config, f) == factor * getattr(config, src):

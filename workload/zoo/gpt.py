@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from workload.parallel.tp import ColumnParallelLinear, RowParallelLinear, TPContext
+from workload.trace.masked_attention import AttentionPattern, masked_attention
 from workload.zoo.config import TransformerConfig
 from workload.zoo.family import Flops, ModelFamily, traced_flops
 
@@ -30,8 +31,38 @@ SERIAL = TPContext()
 """No tensor parallelism."""
 
 
+def attention_pattern(cfg: TransformerConfig, layer: int) -> AttentionPattern:
+    """Layer ``layer``'s sliding window (:meth:`TransformerConfig.layer_window`), its sinks and ALiBi."""
+    window = cfg.layer_window(layer)
+    return AttentionPattern(window=window, sinks=cfg.attention_sinks if window else 0,
+                            alibi=cfg.position_embedding_type == "alibi")
+
+
+def set_attention_patterns(layers: nn.ModuleList, cfg: TransformerConfig) -> None:
+    """Give each block's :class:`SelfAttention` its layer's :func:`attention_pattern` (blocks are built
+    alike; the layer index decides local or global).
+
+    Raises:
+        ValueError: a window or ALiBi for an attention module with its own ``forward``, which does not
+            run them (Qwen3's QK-norm attention).
+    """
+    for i, block in enumerate(layers):
+        for m in block.modules():
+            if isinstance(m, SelfAttention):
+                if m.masked and type(m).forward is not SelfAttention.forward:
+                    raise ValueError(f"{cfg.name}: sliding_window / position_embedding_type='alibi': "
+                                     f"{type(m).__name__} does not run them (only the GPT/Llama attention does)")
+                m.attention_pattern = attention_pattern(cfg, i)
+
+
 class SelfAttention(nn.Module):
-    """Multi-head (or grouped-query) self-attention with a fused QKV projection; ``nh/tp`` heads."""
+    """Multi-head (or grouped-query) self-attention with a fused QKV projection; ``nh/tp`` heads.
+
+    A sliding window, attention sinks or ALiBi (``attention_pattern``, set per layer by
+    :func:`set_attention_patterns`) run as one fused kernel with the pattern
+    (:func:`workload.trace.masked_attention.masked_attention`, FlashAttention-2's ``window_size`` and
+    ``alibi_slopes``); the unfused path computes the whole score matrix and adds ALiBi's bias in its
+    ``baddbmm`` (BLOOM's, reading a ``(B·nh/tp, 1, T)`` bias)."""
 
     def __init__(self, cfg: TransformerConfig, tp: TPContext = SERIAL) -> None:
         super().__init__()
@@ -42,6 +73,10 @@ class SelfAttention(nn.Module):
         self.causal = cfg.causal
         self.backend = cfg.attention_backend
         self.attn_dropout = cfg.attention_dropout
+        self.masked = cfg.sliding_window is not None or cfg.position_embedding_type == "alibi"
+        """Whether attention goes through :func:`masked_attention` (every layer of a windowed model, so that
+        layer dedup can give each clone its own layer's pattern)."""
+        self.attention_pattern = attention_pattern(cfg, 0)
         qkv_out = (cfg.num_attention_heads + 2 * cfg.num_query_groups) * self.head_dim
         self.qkv = ColumnParallelLinear(cfg.hidden_size, qkv_out, tp, bias=cfg.add_bias_linear)
         self.proj = RowParallelLinear(cfg.num_attention_heads * self.head_dim, cfg.hidden_size, tp,
@@ -57,7 +92,10 @@ class SelfAttention(nn.Module):
         v = v.view(B, T, self.n_kv, hs).transpose(1, 2)  # (B, nkv/tp, T, hs)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        if self.backend != "unfused":  # one fused kernel (which one: the cost model's business)
+        if self.backend != "unfused" and self.masked:  # one fused kernel with the window / ALiBi
+            y = masked_attention(q, k, v, self.attention_pattern, is_causal=self.causal,
+                                 enable_gqa=self.n_kv != self.n_head)  # (B, nh/tp, T, hs)
+        elif self.backend != "unfused":  # one fused kernel (which one: the cost model's business)
             y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal,
                                                enable_gqa=self.n_kv != self.n_head)  # (B, nh/tp, T, hs)
         else:
@@ -73,7 +111,10 @@ class SelfAttention(nn.Module):
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         q, k, v = (t.reshape(B * H, T, hs) for t in (q, k, v))  # (B·nh/tp, T, hs)
         # QK^T with the 1/sqrt(hs) scale folded into the GEMM (alpha), as Megatron's baddbmm does
-        scores = torch.baddbmm(q.new_empty(B * H, T, T), q, k.transpose(1, 2), beta=0.0, alpha=hs ** -0.5)
+        if self.attention_pattern.alibi:  # BLOOM: the (B·nh, 1, T) ALiBi bias is baddbmm's input
+            scores = torch.baddbmm(q.new_empty(B * H, 1, T), q, k.transpose(1, 2), beta=1.0, alpha=hs ** -0.5)
+        else:
+            scores = torch.baddbmm(q.new_empty(B * H, T, T), q, k.transpose(1, 2), beta=0.0, alpha=hs ** -0.5)
         probs = torch.softmax(scores, dim=-1)  # Megatron fuses scale + causal mask + softmax
         if self.attn_dropout:
             probs = F.dropout(probs, self.attn_dropout)
@@ -161,16 +202,26 @@ class GPT(nn.Module):
         self.tp = tp
         self.p = cfg.hidden_dropout
         self.wte = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)  # (V/tp, C)
-        self.wpe = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)  # (s, C)
+        no_table = cfg.position_embedding_type in ("alibi", "none")
+        self.wpe = None if no_table else nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)  # (s, C)
+        self.word_embeddings_layernorm = (nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_epsilon)
+                                          if cfg.embedding_layernorm else None)  # BLOOM
         self.layers = nn.ModuleList(Block(cfg, tp) for _ in range(cfg.num_layers))
+        set_attention_patterns(self.layers, cfg)
         self.ln_f = nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_epsilon)
         self.lm_head = (ColumnParallelLinear(cfg.hidden_size, cfg.vocab_size, tp, bias=False)
                         if cfg.untie_embeddings_and_output_weights else None)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         B, T = idx.shape
-        pos = torch.arange(self.tp.local_seq(T), device=idx.device)  # (T/tp,) with SP
-        x = dropout(self.wte(idx) + self.wpe(pos), self.p)  # (B, T/tp with SP, C)
+        if self.wpe is not None:
+            pos = torch.arange(self.tp.local_seq(T), device=idx.device)  # (T/tp,) with SP
+            x = self.wte(idx) + self.wpe(pos)  # (B, T/tp with SP, C)
+        else:  # ALiBi or no positions
+            x = self.wte(idx)
+        if self.word_embeddings_layernorm is not None:
+            x = self.word_embeddings_layernorm(x)
+        x = dropout(x, self.p)  # (B, T/tp with SP, C)
         for block in self.layers:
             x = block(x)
         x = self.ln_f(x)
@@ -207,15 +258,15 @@ class GPTFamily(ModelFamily):
 
     name = "gpt"
     config_type = TransformerConfig
-    hf_model_types = ("gpt2",)
+    hf_model_types = ("gpt2", "bloom")
 
     def build(self, cfg: TransformerConfig, *, tp: TPContext | None = None, ep: int = 1) -> nn.Module:
         self.check_sizes(cfg, ep=ep)
         return GPT(cfg, tp) if tp is not None else GPT(cfg)
 
     def flops(self, cfg: TransformerConfig, parallel, graph) -> Flops:
-        if cfg.ffn_hidden_size != 4 * cfg.hidden_size:
-            return traced_flops(parallel, graph)
+        if cfg.ffn_hidden_size != 4 * cfg.hidden_size or cfg.sliding_window is not None:
+            return traced_flops(parallel, graph)  # eq. 3 knows neither another MLP width nor a window
         gbs = parallel.global_batch_size
         args = {"batch": gbs, "seq": cfg.seq_length, "layers": cfg.num_layers, "hidden": cfg.hidden_size,
                 "vocab": cfg.vocab_size}
@@ -226,12 +277,27 @@ class GPTFamily(ModelFamily):
         return Flops(model, hw, SC21_FORMULA)
 
     def from_hf(self, d: dict, *, name: str, seq_length: int | None) -> TransformerConfig:
+        """``gpt2`` configs, and ``bloom`` ones (ALiBi, the embedding LayerNorm, no position table)."""
+        if d.get("model_type") == "bloom":
+            return self._from_hf_bloom(d, name=name, seq_length=seq_length)
         return TransformerConfig(
             name=name, architecture="gpt", num_layers=d["n_layer"], hidden_size=d["n_embd"],
             num_attention_heads=d["n_head"], ffn_hidden_size=d.get("n_inner") or 4 * d["n_embd"],
             seq_length=seq_length or d["n_positions"], max_position_embeddings=d["n_positions"],
             vocab_size=d["vocab_size"], norm_epsilon=d.get("layer_norm_epsilon", 1e-5),
             source="Hugging Face config.json")
+
+    @staticmethod
+    def _from_hf_bloom(d: dict, *, name: str, seq_length: int | None) -> TransformerConfig:
+        """BLOOM (``BloomConfig``: ``n_layer``, ``hidden_size``, ``n_head``; 4h GELU MLP with biases, ALiBi,
+        ``word_embeddings_layernorm``, tied output layer). Sequence: 2048 (BLOOM's training length) unless
+        given."""
+        hidden = d.get("hidden_size") or d["n_embed"]
+        return TransformerConfig(
+            name=name, architecture="gpt", num_layers=d["n_layer"], hidden_size=hidden,
+            num_attention_heads=d["n_head"], seq_length=seq_length or 2048, vocab_size=d["vocab_size"],
+            position_embedding_type="alibi", embedding_layernorm=True,
+            norm_epsilon=d.get("layer_norm_epsilon", 1e-5), source="Hugging Face config.json")
 
 
 _SC21 = "Narayanan et al. SC'21 (arXiv:2104.04473) Table 1"
@@ -254,6 +320,12 @@ FAMILIES = (GPTFamily(),)
 CONFIGS = (
     *(_gpt(*row, source=_SC21) for row in _SC21_TABLE1),
     _gpt("gpt3-175b", 175.0, 96, 12288, 96, "Brown et al. 2020 (arXiv:2005.14165) Table 2.1"),
+    TransformerConfig(name="bloom-176b", architecture="gpt", num_layers=70, hidden_size=14336,
+                      num_attention_heads=112, seq_length=2048, vocab_size=250880, position_embedding_type="alibi",
+                      embedding_layernorm=True, published_params=176.247271424,
+                      source="BigScience Workshop 2022 (arXiv:2211.05100) Table 3 and the bigscience/bloom model "
+                             "card: 176,247,271,424 parameters"),
 )
 """Megatron GPT sizes from Narayanan et al. SC'21 (arXiv:2104.04473) Table 1 (vocabulary 51200,
-sequence 2048); GPT-3 175B from Brown et al. 2020 (arXiv:2005.14165) Table 2.1."""
+sequence 2048); GPT-3 175B from Brown et al. 2020 (arXiv:2005.14165) Table 2.1; BLOOM 176B (Megatron-
+DeepSpeed GPT with ALiBi and the embedding LayerNorm) from BigScience Workshop 2022 (arXiv:2211.05100)."""

@@ -4,7 +4,9 @@ A local ``config.json`` (path or already-parsed dict) needs nothing extra. A Hub
 directory goes through ``transformers.AutoConfig`` (the optional ``hf`` extra:
 ``pip install 'trainsim[hf]'``), imported only then. Each model family reads its own
 ``model_type`` s (:attr:`workload.zoo.family.ModelFamily.hf_model_types`;
-:func:`workload.zoo.registry.hf_model_types` lists them all).
+:func:`workload.zoo.registry.hf_model_types` lists them all). Attention keys: ``sliding_window`` (null:
+none), ``layer_types`` / ``sliding_window_pattern`` (which layers are local), BLOOM's ALiBi and
+``word_embeddings_layernorm`` (``model_type = "bloom"``) map to the ``[model]`` keys of the same idea.
 """
 
 from __future__ import annotations
@@ -68,7 +70,8 @@ def config_from_hf(source: str | os.PathLike | dict[str, Any], *, name: str | No
 
 _HF_POSITIVE_INTS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
                      "intermediate_size", "vocab_size", "max_position_embeddings", "num_local_experts",
-                     "num_experts_per_tok", "n_layer", "n_embd", "n_head", "n_inner", "n_positions")
+                     "num_experts_per_tok", "n_layer", "n_embd", "n_head", "n_inner", "n_positions", "n_embed",
+                     "sliding_window", "sliding_window_pattern")
 _HF_NUMBERS = ("rope_theta", "rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps")
 
 

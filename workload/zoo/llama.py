@@ -19,7 +19,14 @@ from torch import nn
 from workload.parallel.tp import ColumnParallelLinear, RowParallelLinear, TPContext
 from workload.zoo.config import TransformerConfig
 from workload.zoo.family import ModelFamily
-from workload.zoo.gpt import SERIAL, SelfAttention, VocabParallelEmbedding, dropout, vocab_parallel_loss
+from workload.zoo.gpt import (
+    SERIAL,
+    SelfAttention,
+    VocabParallelEmbedding,
+    dropout,
+    set_attention_patterns,
+    vocab_parallel_loss,
+)
 from workload.zoo.moe import MoE
 
 
@@ -59,7 +66,7 @@ class LlamaBlock(nn.Module):
         self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.norm_epsilon)
         self.mlp = MoE(cfg, tp, ep) if cfg.num_moe_experts else SwiGLU(cfg, tp)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         x = x + dropout(self.attn(self.attn_norm(x), rope), self.p)  # (B, T/tp with SP, C)
         return x + dropout(self.mlp(self.mlp_norm(x)), self.p)
 
@@ -84,15 +91,24 @@ class Llama(nn.Module):
         self.config = cfg
         self.tp = tp
         self.tok_embeddings = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)  # (V/tp, C)
+        self.embedding_norm = None
+        if cfg.embedding_layernorm:
+            self.embedding_norm = (RMSNorm(cfg.hidden_size, cfg.norm_epsilon) if cfg.normalization == "RMSNorm"
+                                   else nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_epsilon))
         self.layers = nn.ModuleList(self.block_type(cfg, tp, ep) for _ in range(cfg.num_layers))
+        set_attention_patterns(self.layers, cfg)
         self.norm = RMSNorm(cfg.hidden_size, cfg.norm_epsilon)
         self.output = ColumnParallelLinear(cfg.hidden_size, cfg.vocab_size, tp, bias=False)  # (V/tp, C)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         B, T = idx.shape
         x = self.tok_embeddings(idx)  # (B, T/tp with SP, C)
-        cos, sin = rope_tables(T, self.config.kv_channels, self.config.rotary_base, idx.device)
-        rope = (cos.to(x.dtype), sin.to(x.dtype))  # (T, hs/2) each
+        if self.embedding_norm is not None:
+            x = self.embedding_norm(x)
+        rope = None  # ALiBi (a bias inside the attention kernel) or no positions: no RoPE kernels
+        if self.config.position_embedding_type not in ("alibi", "none"):
+            cos, sin = rope_tables(T, self.config.kv_channels, self.config.rotary_base, idx.device)
+            rope = (cos.to(x.dtype), sin.to(x.dtype))  # (T, hs/2) each
         for block in self.layers:
             x = block(x, rope)
         return vocab_parallel_loss(self.norm(x), self.output.weight, targets, self.tp)
@@ -122,9 +138,12 @@ class LlamaFamily(ModelFamily):
         return Llama(cfg, tp, ep) if tp is not None else Llama(cfg, ep=ep)
 
     def from_hf(self, d: dict, *, name: str, seq_length: int | None) -> TransformerConfig:
-        """``llama``, ``mistral`` and ``mixtral`` configs (``num_local_experts`` makes it Mixtral)."""
+        """``llama``, ``mistral`` and ``mixtral`` configs (``num_local_experts`` makes it Mixtral); a
+        non-null ``sliding_window`` (Mistral 7B v0.1: 4096) is the window of every layer (Hugging Face's
+        ``layer_types``, when given, says which layers are ``"sliding_attention"``)."""
         experts = d.get("num_local_experts")
         seq = seq_length or min(d.get("max_position_embeddings", 4096), 8192)
+        window = hf_window_keys(d)
         return TransformerConfig(
             name=name, architecture="mixtral" if experts else "llama",
             num_layers=d["num_hidden_layers"], hidden_size=d["hidden_size"],
@@ -135,7 +154,22 @@ class LlamaFamily(ModelFamily):
             activation="swiglu", position_embedding_type="rope", rotary_base=d.get("rope_theta", 1e4),
             untie_embeddings_and_output_weights=not d.get("tie_word_embeddings", False),
             add_bias_linear=False, norm_epsilon=d.get("rms_norm_eps", 1e-5), num_moe_experts=experts,
-            moe_router_topk=d.get("num_experts_per_tok", 2), source="Hugging Face config.json")
+            moe_router_topk=d.get("num_experts_per_tok", 2), source="Hugging Face config.json", **window)
+
+
+def hf_window_keys(d: dict) -> dict:
+    """``sliding_window`` / ``window_layers`` / ``sliding_window_pattern`` of a Hugging Face config:
+    ``sliding_window`` when not null (and not switched off by Qwen2's ``use_sliding_window: false``),
+    the layers ``layer_types`` marks ``"sliding_attention"``, or Gemma 3's ``sliding_window_pattern``."""
+    window = d.get("sliding_window")
+    if window is None or d.get("use_sliding_window") is False:
+        return {}
+    keys: dict = {"sliding_window": window}
+    if isinstance(d.get("layer_types"), list):
+        keys["window_layers"] = tuple(i for i, t in enumerate(d["layer_types"]) if t == "sliding_attention")
+    elif d.get("sliding_window_pattern"):
+        keys["sliding_window_pattern"] = d["sliding_window_pattern"]
+    return keys
 
 
 class MixtralFamily(LlamaFamily):
@@ -164,9 +198,11 @@ CONFIGS = (
     _llama("llama3-8b", 8.03, 32, 4096, 32, 8, 14336, 128256, 8192, 5e5, _L3),
     _llama("llama3-70b", 70.6, 80, 8192, 64, 8, 28672, 128256, 8192, 5e5, _L3),
     _llama("llama3-405b", 405.9, 126, 16384, 128, 8, 53248, 128256, 8192, 5e5, _L3),
+    _llama("mistral-7b", 7.24, 32, 4096, 32, 8, 14336, 32000, 8192, 1e4,
+           "Jiang et al. 2023 (arXiv:2310.06825) Table 1 (window 4096, context 8192)", sliding_window=4096),
     _llama("mixtral-8x7b", 46.7, 32, 4096, 32, 8, 14336, 32000, 4096, 1e6,
            "Jiang et al. 2024 (arXiv:2401.04088) Table 1", num_moe_experts=8, moe_router_topk=2),
 )
 """Llama 2 from Touvron et al. 2023 (arXiv:2307.09288) and the released ``params.json``; Llama 3 / 3.1
-from Dubey et al. 2024 (arXiv:2407.21783) Table 3; Mixtral from Jiang et al. 2024 (arXiv:2401.04088)
-Table 1."""
+from Dubey et al. 2024 (arXiv:2407.21783) Table 3; Mistral 7B (v0.1, sliding window 4096) from Jiang
+et al. 2023 (arXiv:2310.06825) Table 1; Mixtral from Jiang et al. 2024 (arXiv:2401.04088) Table 1."""
