@@ -46,6 +46,8 @@ def _simulate(row: Row) -> float:
 
     sc = parse_scenario(row.scenario) if row.scenario is not None else load_scenario(scenario_path(row.name))
     m = run_scenario(sc).metrics
+    if row.unit == "tokens/s":  # per GPU
+        return m["tokens_per_s"] / m["system"]["gpus"]
     return m["tflops_per_gpu"] if row.unit == "TFLOP/s" else m["iteration_time_s"]
 
 

@@ -39,6 +39,7 @@ from scenarios.metrics import run_metrics
 from scenarios.notes import what_if_notes
 from scenarios.scenario import MAX_NODES, Scenario
 from scenarios.user_code import check_trusted, load_factory
+from workload.allocator import with_framework
 from workload.custom import MODULE_KEYS, CustomModel
 from workload.parallel.builder import BuildResult, build_programs
 from workload.parallel.config import ParallelConfig
@@ -519,8 +520,10 @@ def _duration(seconds: float) -> str:
 
 
 def memory_for(prep: Prepared):
-    """Peak memory of the busiest GPU, by the model family's memory model (``None``: it has none)."""
-    return family_of(prep.model_cfg).memory(prep.model_cfg, prep.config, prep.dtype)
+    """Peak memory of the busiest GPU, by the model family's memory model (``None``: it has none), with
+    the framework's own memory on the scenario's GPU (:func:`workload.allocator.with_framework`)."""
+    mem = family_of(prep.model_cfg).memory(prep.model_cfg, prep.config, prep.dtype)
+    return None if mem is None else with_framework(mem, prep.config, prep.topology.gpu_spec)
 
 
 def model_flops(prep: Prepared, trace) -> tuple[float, float, str]:
