@@ -308,7 +308,8 @@ def activation_bytes_per_layer(seq_length: int, micro_batch_size: int, hidden_si
         num_attention_heads: a.
         tp: tensor-parallel size t.
         sequence_parallel: Megatron sequence parallelism (splits the replicated part over t).
-        recompute: ``none``, ``selective`` (attention core recomputed) or ``full`` (only the layer input).
+        recompute: ``none``, ``selective`` (attention core recomputed), ``full`` (only the layer input) or
+            ``selective_op`` (torchtitan's per-op SAC: the region input and the saved op outputs).
         cp: context-parallel size; each rank keeps s/cp queries (the score term uses s/cp x s).
         ffn_hidden_size: f (default 4h).
         num_query_groups: key/value heads (default a).
@@ -549,8 +550,9 @@ def memory_per_gpu(model_cfg: Any, *, tp: int = 1, pp: int = 1, dp: int = 1, cp:
         virtual_pipeline_size: model chunks per stage for the interleaved schedule (1: plain 1F1B); the
             first stage's activations grow by ``1 + (pp-1)/(pp*v)``.
         sequence_parallel: Megatron sequence parallelism (with tp > 1).
-        recompute: ``none``, ``selective`` or ``full``.
-        zero_stage: 0-3 (1: optimizer states, 2: + gradients, 3: + parameters sharded over dp*cp).
+        recompute: ``none``, ``selective``, ``full`` or ``selective_op`` (torchtitan's per-op SAC).
+        zero_stage: 0-3 (1: optimizer states, 2: + gradients, 3: + parameters sharded over dp*cp; 3 adds
+            FSDP's gather buffers, :attr:`MemoryBreakdown.gather_buffers`).
         param_bytes: bytes per parameter (2 for bf16/fp16, 4 for fp32).
         grad_bytes: bytes per gradient element (4: Megatron's fp32 main grads, the default; 2: bf16/fp16).
         optimizer_bytes_per_param: default 12 (fp32 master + Adam m, v) or 8 when ``param_bytes == 4``.
