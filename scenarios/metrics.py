@@ -137,7 +137,7 @@ def memory_dict(mem: Any, gpu: Any) -> dict[str, Any]:
            "optimizer_states_bytes": mem.optimizer_states, "activations_bytes": mem.activations,
            "workspace_bytes": mem.workspace, "fp8_weights_bytes": mem.fp8_weights,
            "hbm_capacity_bytes": gpu.hbm_capacity_bytes, "verdict": mem.verdict(gpu)}
-    if getattr(mem, "usable_hbm", 0.0):  # the framework's memory (workload.allocator): new keys, the old keep their values
+    if getattr(mem, "usable_hbm", 0.0):  # framework memory (workload.allocator): new keys; old ones unchanged
         out.update({"gather_buffers_bytes": mem.gather_buffers, "cublas_workspace_bytes": mem.cublas_workspace,
                     "allocated_bytes": mem.allocated, "fragmentation_bytes": mem.fragmentation,
                     "reserved_bytes": mem.reserved, "cuda_context_bytes": mem.cuda_context,

@@ -57,6 +57,8 @@ class Row:
     (filled for in-sample rows by the leave-one-source-out refit)."""
     measured_memory_gib: float | None = None
     """Published peak memory per GPU where the source gives one (torchtitan: reserved, GiB)."""
+    predicted_memory_gib: float = float("nan")
+    """The model's reserved memory per GPU for such a row (GiB), once predicted."""
 
     @property
     def row_id(self) -> str:

@@ -106,6 +106,6 @@ def test_fsdp_gathers_the_largest_unit_and_prefetches_a_block():
 
 def test_unfused_loss_adds_the_log_softmax_gradients_once():
     c = _llama8b()
-    kw = dict(dp=8, micro_batch_size=2, flash_attention=True, recompute="selective_op")
+    kw = {"dp": 8, "micro_batch_size": 2, "flash_attention": True, "recompute": "selective_op"}
     fused, unfused = memory_per_gpu(c, **kw), memory_per_gpu(c, unfused_loss=True, **kw)
     assert unfused.activations - fused.activations == pytest.approx(8 * c.seq_length * 2 * c.vocab_size)
