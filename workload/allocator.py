@@ -85,9 +85,9 @@ CUBLAS_WORKSPACE_BYTES = {"Volta": 2 * 4 * MIB + 8 * 16 * 1024, "Ampere": 2 * 4 
 """PyTorch's default cuBLAS workspace per handle and stream (``:4096:2:16:8`` before Hopper,
 ``:4096:8`` from Hopper on)."""
 
-MEASURED_TOTAL_GLOBAL_MEM = {"H100-SXM5": 85_045_477_376, "A100-SXM4-80GB": 85_100_068_864}
-"""``totalGlobalMem`` from deviceQuery (module docstring), bytes."""
-DRIVER_RESERVE_FRACTION = 1 - min(MEASURED_TOTAL_GLOBAL_MEM.values()) / (80 * GIB)
+MEASURED_TOTAL_GLOBAL_MEM = {"H100-SXM5": (80, 85_045_477_376), "A100-SXM4-80GB": (80, 85_100_068_864)}
+"""``(nominal GB, totalGlobalMem bytes)`` from deviceQuery (module docstring)."""
+DRIVER_RESERVE_FRACTION = max(1 - mem / (gb * GIB) for gb, mem in MEASURED_TOTAL_GLOBAL_MEM.values())
 """Share of the nominal (binary) capacity the driver keeps where no deviceQuery is at hand: 0.99 %."""
 
 
@@ -101,12 +101,15 @@ def allocator_fragmentation() -> float:
 
 
 def usable_hbm_bytes(gpu: Any) -> float:
-    """HBM a process can allocate on ``gpu`` (a :class:`hwmodel.specs.GPUSpec`), bytes: the measured
-    ``totalGlobalMem`` where :data:`MEASURED_TOTAL_GLOBAL_MEM` has it, else the nominal capacity read in
-    GiB less :data:`DRIVER_RESERVE_FRACTION`."""
+    """HBM a process can allocate on ``gpu`` (a :class:`hwmodel.specs.GPUSpec`), bytes: its nominal
+    capacity read in GiB, less the share the driver keeps -- the measured share where
+    :data:`MEASURED_TOTAL_GLOBAL_MEM` has the part (so its ``totalGlobalMem`` exactly, and an overridden
+    capacity keeps the share), else :data:`DRIVER_RESERVE_FRACTION`."""
+    nominal_gib = gpu.hbm_capacity_bytes / 1e9
     if gpu.name in MEASURED_TOTAL_GLOBAL_MEM:
-        return float(MEASURED_TOTAL_GLOBAL_MEM[gpu.name])
-    return gpu.hbm_capacity_bytes / 1e9 * GIB * (1 - DRIVER_RESERVE_FRACTION)
+        gb, total = MEASURED_TOTAL_GLOBAL_MEM[gpu.name]
+        return float(total) if nominal_gib == gb else nominal_gib * total / gb
+    return nominal_gib * GIB * (1 - DRIVER_RESERVE_FRACTION)
 
 
 def ring_channels(gpu: Any) -> int:

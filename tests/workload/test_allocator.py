@@ -47,6 +47,9 @@ def test_usable_hbm_is_total_global_mem():
     h96 = allocator.usable_hbm_bytes(specs.get_gpu("H100-SXM5-96GB-500W"))
     assert h96 == pytest.approx(96 * GIB * 85_045_477_376 / (80 * GIB))
     assert 96e9 < h96 < 96 * GIB
+    # a what-if capacity keeps the part's measured driver share
+    small = specs.with_overrides(specs.get_gpu("A100-SXM4-80GB"), hbm_capacity_bytes=2e9)
+    assert allocator.usable_hbm_bytes(small) == pytest.approx(2 * 85_100_068_864 / 80)
 
 
 def test_reserved_adds_fragmentation_on_activations_and_the_verdict_uses_it():
