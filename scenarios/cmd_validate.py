@@ -46,6 +46,10 @@ def _simulate(row: Row) -> float:
 
     sc = parse_scenario(row.scenario) if row.scenario is not None else load_scenario(scenario_path(row.name))
     m = run_scenario(sc).metrics
+    if row.measured_memory_gib is not None and m["memory"] and "reserved_bytes" in m["memory"]:
+        row.predicted_memory_gib = m["memory"]["reserved_bytes"] / 2**30  # torchtitan logs reserved GiB
+    if row.unit == "tokens/s":  # per GPU
+        return m["tokens_per_s"] / m["system"]["gpus"]
     return m["tflops_per_gpu"] if row.unit == "TFLOP/s" else m["iteration_time_s"]
 
 
@@ -143,6 +147,9 @@ def report(rows_: list[Row]) -> dict[str, Any]:
     return {"rows": [{"table": r.table, "row": r.name, "metric": r.metric, "unit": r.unit,
                       "measured": r.measured, "in_sample": r.in_sample, "gpus": r.gpus,
                       **({"clock_curve_a_b": list(r.curve)} if r.curve is not None else {}),
+                      **({"reserved_memory_gib": {"measured": r.measured_memory_gib,
+                                                  "predicted": r.predicted_memory_gib}}
+                         if r.measured_memory_gib is not None and r.expressible else {}),
                       **({"predicted": r.predicted, "error": r.error} if r.expressible
                          else {"not_expressible": r.not_expressible})} for r in rows_],
             "summary": summary(rows_),
@@ -168,6 +175,9 @@ def format_table(rows_: list[Row]) -> str:
         head = f"{r.table:22s} {r.name:36s} {r.metric:16s} {'in' if r.in_sample else 'out':6s} {r.measured:>10.4g}"
         lines.append(f"{head} {r.predicted:>10.4g} {100 * r.error:>+7.1f}%" if r.expressible
                      else f"{head}   not expressible: {r.not_expressible}")
+        if r.expressible and r.measured_memory_gib is not None and r.predicted_memory_gib == r.predicted_memory_gib:
+            lines[-1] += (f"   reserved memory {r.measured_memory_gib:.1f} GiB, predicted {r.predicted_memory_gib:.1f} "
+                          f"({100 * (r.predicted_memory_gib / r.measured_memory_gib - 1):+.1f}%)")
     lines += ["", f"{'table':22s} {'rows':>4s}  {'MAPE':>7s} {'max':>7s} | {'in-sample':^17s} | "
               f"{'out-of-sample':^17s} | {'LOSO MAPE':>9s} {'max':>7s}  note"]
     for table, s in rep["summary"].items():

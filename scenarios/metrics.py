@@ -130,11 +130,20 @@ def link_groups(links: Iterable[Any], end_time_s: float, top: int) -> list[tuple
 
 def memory_dict(mem: Any, gpu: Any) -> dict[str, Any]:
     """The JSON's ``memory``: a :class:`workload.memory.MemoryBreakdown` ``mem`` (bytes per GPU)
-    against ``gpu``'s HBM, with the verdict line."""
-    return {"parameters_bytes": mem.parameters, "gradients_bytes": mem.gradients,
-            "optimizer_states_bytes": mem.optimizer_states, "activations_bytes": mem.activations,
-            "workspace_bytes": mem.workspace, "fp8_weights_bytes": mem.fp8_weights,
-            "hbm_capacity_bytes": gpu.hbm_capacity_bytes, "verdict": mem.verdict(gpu)}
+    against ``gpu``'s HBM, with the verdict line; once :func:`workload.allocator.with_framework` has
+    set them, also the peak allocated and reserved bytes (PyTorch's ``max_memory_allocated`` /
+    ``max_memory_reserved``), the framework's own memory and the usable HBM the verdict compares with."""
+    out = {"parameters_bytes": mem.parameters, "gradients_bytes": mem.gradients,
+           "optimizer_states_bytes": mem.optimizer_states, "activations_bytes": mem.activations,
+           "workspace_bytes": mem.workspace, "fp8_weights_bytes": mem.fp8_weights,
+           "hbm_capacity_bytes": gpu.hbm_capacity_bytes, "verdict": mem.verdict(gpu)}
+    if getattr(mem, "usable_hbm", 0.0):  # framework memory (workload.allocator): new keys; old ones unchanged
+        out.update({"gather_buffers_bytes": mem.gather_buffers, "cublas_workspace_bytes": mem.cublas_workspace,
+                    "allocated_bytes": mem.allocated, "fragmentation_bytes": mem.fragmentation,
+                    "reserved_bytes": mem.reserved, "cuda_context_bytes": mem.cuda_context,
+                    "nccl_buffers_bytes": mem.nccl_buffers, "device_used_bytes": mem.device_used,
+                    "usable_hbm_bytes": mem.usable_hbm})
+    return out
 
 
 def run_metrics(rep: Any, flops: tuple[float, float, str]) -> dict[str, Any]:

@@ -136,16 +136,25 @@ def _memory_lines(mem: Mapping[str, Any] | None, oom: bool) -> list[str]:
     if mem is None:
         return ["Memory per GPU: not modelled for this model"]
     fp8 = mem.get("fp8_weights_bytes", 0.0)
-    total = fp8 + sum(mem[k] for k in ("parameters_bytes", "gradients_bytes", "optimizer_states_bytes",
-                                       "activations_bytes", "workspace_bytes"))
-    return [f"Memory per GPU (peak, busiest pipeline stage): {'OOM' if oom else 'fits'}",
+    gather = mem.get("gather_buffers_bytes", 0.0)
+    total = fp8 + gather + sum(mem[k] for k in ("parameters_bytes", "gradients_bytes", "optimizer_states_bytes",
+                                                "activations_bytes", "workspace_bytes"))
+    lines = [f"Memory per GPU (peak, busiest pipeline stage): {'OOM' if oom else 'fits'}",
              f"  parameters {_gb(mem['parameters_bytes'])}, gradients {_gb(mem['gradients_bytes'])}, "
              f"optimizer states {_gb(mem['optimizer_states_bytes'])}, activations {_gb(mem['activations_bytes'])}"
              + (f", fp8 weight copies {_gb(fp8)}" if fp8 else "")
-             + (f", workspace {_gb(mem['workspace_bytes'])}" if mem["workspace_bytes"] else ""),
-             f"  total {_gb(total)} of {_gb(mem['hbm_capacity_bytes'])} HBM "
-             f"({100 * total / mem['hbm_capacity_bytes']:.0f} %)",
-             f"  verdict: {mem['verdict']}"]
+             + (f", workspace {_gb(mem['workspace_bytes'])}" if mem["workspace_bytes"] else "")
+             + (f", FSDP gather buffers {_gb(gather)}" if gather else "")]
+    if "reserved_bytes" in mem:  # the framework's memory (workload.allocator)
+        lines += [f"  allocated {_gb(mem['allocated_bytes'])} (tensors and cuBLAS workspace), reserved "
+                  f"{_gb(mem['reserved_bytes'])} (+ fragmentation {_gb(mem['fragmentation_bytes'])}); CUDA context "
+                  f"{_gb(mem['cuda_context_bytes'])}, NCCL buffers {_gb(mem['nccl_buffers_bytes'])}",
+                  f"  device {_gb(mem['device_used_bytes'])} of {_gb(mem['usable_hbm_bytes'])} usable HBM "
+                  f"({100 * mem['device_used_bytes'] / mem['usable_hbm_bytes']:.0f} %)"]
+    else:
+        lines.append(f"  total {_gb(total)} of {_gb(mem['hbm_capacity_bytes'])} HBM "
+                     f"({100 * total / mem['hbm_capacity_bytes']:.0f} %)")
+    return [*lines, f"  verdict: {mem['verdict']}"]
 
 
 def format_memory_only(prep: Any, memory: Any) -> str:

@@ -39,6 +39,7 @@ from scenarios.metrics import run_metrics
 from scenarios.notes import model_notes, what_if_notes
 from scenarios.scenario import MAX_NODES, Scenario
 from scenarios.user_code import check_trusted, load_factory
+from workload.allocator import with_framework
 from workload.custom import MODULE_KEYS, CustomModel
 from workload.fp8 import DEFAULT_RECIPE, check_param_gather, check_recipe_gpu, get_recipe, with_fp8_params
 from workload.parallel.builder import BuildResult, build_programs
@@ -544,15 +545,18 @@ def _duration(seconds: float) -> str:
 
 def memory_for(prep: Prepared):
     """Peak memory of the busiest GPU, by the model family's memory model (``None``: it has none); FP8
-    parameters with ``fp8_param_gather`` (:func:`workload.fp8.with_fp8_params`)."""
+    parameters with ``fp8_param_gather`` (:func:`workload.fp8.with_fp8_params`), and the framework's own
+    memory on the scenario's GPU (:func:`workload.allocator.with_framework`)."""
     tr = prep.scenario.training
     dtype = prep.dtype  # a recipe that keeps no FP8 state between passes (torchao's) holds bf16's memory
     if dtype == "fp8" and not get_recipe(tr.get("fp8_recipe", DEFAULT_RECIPE)).fp8_saved_state:
         dtype = "bf16"
     mem = family_of(prep.model_cfg).memory(prep.model_cfg, prep.config, dtype)
-    if mem is not None and tr.get("fp8_param_gather", False):
+    if mem is None:
+        return None
+    if tr.get("fp8_param_gather", False):
         mem = with_fp8_params(mem, prep.config.memory_zero_stage)
-    return mem
+    return with_framework(mem, prep.config, prep.topology.gpu_spec)
 
 
 def model_flops(prep: Prepared, trace) -> tuple[float, float, str]:

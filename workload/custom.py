@@ -221,9 +221,9 @@ class CustomModel:
                 raise ValueError(f"[parallel] {fname} = {v}: {why}; {what}, so it must be 1 (a custom module "
                                  f"supports data parallelism, ZeRO-1/2/3, FSDP, full recomputation and, with "
                                  f"repeated blocks, pipeline parallelism)")
-        if cfg.recompute_granularity == "selective":
-            raise ValueError(f"[parallel] recompute_granularity = 'selective' recomputes the zoo transformers' "
-                             f"attention core; for {self.name}, a custom module, use 'none' or 'full'")
+        if cfg.recompute_granularity in ("selective", "selective_op"):
+            raise ValueError(f"[parallel] recompute_granularity = {cfg.recompute_granularity!r} is for the zoo "
+                             f"transformers' layers; for {self.name}, a custom module, use 'none' or 'full'")
         if cfg.recompute_granularity == "full" and not any(True for _ in self.container.children()):
             raise ValueError(f"[parallel] recompute_granularity = 'full' re-runs each block's forward; "
                              f"{self.name} has no submodules to checkpoint: use 'none'")

@@ -72,8 +72,19 @@ so GPT with FlashAttention stores ``s*b*h*(8 + 21/t)`` per layer instead of ``s*
 softmax statistics). The layer input saved by full recomputation, the norm inputs, Q/K/V and the GeLU/SwiGLU
 input stay bf16.
 
-Not modelled: CUDA context and allocator fragmentation, communication buffers, temporary GEMM workspace;
-leave headroom with :meth:`MemoryBreakdown.fits` ``headroom_bytes``.
+**torchtitan's per-op selective checkpointing** (``recompute = "selective_op"``, torchtitan
+``activation_checkpoint.mode = "selective"``, ``selective_ac_option = "op"``, ``_save_list`` in
+``torchtitan/models/llama3/parallelize_llama.py``): each block is a checkpoint region whose input is kept
+(``2sbh``, /t with SP); inside it the outputs of ``aten.mm`` are saved except every second one, and those
+of SDPA (output and fp32 log-sum-exp) and of the TP reduce-scatters; everything else is recomputed.
+torchtitan's Llama runs wq, wk, wv, wo, w1, w3, w2 as seven ``mm``: wq, wv, w1 (gate) and w2 outputs are
+kept (w2's before its reduce-scatter: a TP partial sum, ``2sbh`` whole), wk, wo, w3 recomputed; a
+non-gated MLP keeps fc1. See :func:`activation_bytes_per_layer`.
+
+The framework's own memory (CUDA context, NCCL buffers, cuBLAS workspace, the caching allocator's
+reserved-but-unallocated bytes) and the HBM a process can use are :mod:`workload.allocator`'s;
+:meth:`MemoryBreakdown.fits` compares them once :func:`workload.allocator.with_framework` has set them.
+Not modelled: temporary GEMM workspace beyond cuBLAS's, Inductor's memory planning under compile.
 """
 
 from __future__ import annotations
@@ -84,8 +95,9 @@ from typing import Any
 
 from workload.fp8 import FP8_WEIGHT_COPY_BYTES
 
-RECOMPUTE_MODES = ("none", "selective", "full")
-"""Activation recomputation: none, selective (attention core, Korthikanti §5), full (whole layer)."""
+RECOMPUTE_MODES = ("none", "selective", "full", "selective_op")
+"""Activation recomputation: none, selective (attention core, Korthikanti §5), full (whole layer),
+selective_op (torchtitan's per-op selective checkpointing, module docstring)."""
 
 _MISSING = object()
 
@@ -305,7 +317,8 @@ def activation_bytes_per_layer(seq_length: int, micro_batch_size: int, hidden_si
         num_attention_heads: a.
         tp: tensor-parallel size t.
         sequence_parallel: Megatron sequence parallelism (splits the replicated part over t).
-        recompute: ``none``, ``selective`` (attention core recomputed) or ``full`` (only the layer input).
+        recompute: ``none``, ``selective`` (attention core recomputed), ``full`` (only the layer input) or
+            ``selective_op`` (torchtitan's per-op SAC: the region input and the saved op outputs).
         cp: context-parallel size; each rank keeps s/cp queries (the score term uses s/cp x s).
         ffn_hidden_size: f (default 4h).
         num_query_groups: key/value heads (default a).
@@ -346,6 +359,8 @@ def activation_bytes_per_layer(seq_length: int, micro_batch_size: int, hidden_si
     f = ffn_hidden_size if ffn_hidden_size is not None else 4 * h
     q = a * head_dim if head_dim else h  # query / attention-output width
     kv = (num_query_groups or a) * head_dim if head_dim else h * (num_query_groups or a) / a
+    if recompute == "selective_op":
+        return _op_sac_bytes(s * b, h, q, kv, f * moe_tokens_factor, a, t, sp, gated_mlp)
     gemm_in = 1.0 if fp8 else 2.0  # bytes per element of a saved FP8-GEMM input
     masks = 2.0 if hidden_dropout > 0 else 0.0  # two 1-byte hidden-dropout masks
     # layer-norm inputs 4, QKV and MLP inputs (norm outputs) 2 x gemm_in, dropout masks
@@ -363,6 +378,20 @@ def activation_bytes_per_layer(seq_length: int, micro_batch_size: int, hidden_si
     else:  # softmax output 2, attention-dropout mask 1 and output 2 (bytes per score)
         core = (5.0 if attention_dropout > 0 else 2.0) * a * s * s_full * b / t
     return replicated + split + core
+
+
+def _op_sac_bytes(tokens: float, h: int, q: float, kv: float, f: float, a: int, t: int, sp: int,
+                  gated_mlp: bool) -> float:
+    """Bytes one block keeps under torchtitan's per-op selective checkpointing (module docstring), for
+    ``tokens`` = s*b local tokens: the region's input, the odd-numbered ``mm`` outputs (wq, wv, the MLP's
+    first and, gated, its down projection), SDPA's output and fp32 log-sum-exp, and with TP the two
+    reduce-scatter outputs."""
+    layer_input = 2.0 * h / sp
+    mm_widths = [q / t, kv / t, kv / t, h, f / t] + ([f / t, h] if gated_mlp else [h])
+    kept_mm = sum(mm_widths[0::2])  # mm 1, 3, 5, 7: every second one is recomputed
+    sdpa = 2.0 * q / t + 4.0 * a / t
+    reduce_scatter = 2.0 * 2.0 * h / t if t > 1 else 0.0
+    return tokens * (layer_input + 2.0 * kept_mm + sdpa + reduce_scatter)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -392,12 +421,25 @@ class MemoryBreakdown:
     """Transient: one layer's activations rematerialised during backward under recomputation."""
     fp8_weights: float = 0.0
     """FP8 training: Transformer Engine's cached FP8 copies of the FP8-GEMM weights (and transposes)."""
+    gather_buffers: float = 0.0
+    """ZeRO-3 / FSDP: the unsharded parameters and gradient of the units being gathered and reduced."""
     stage: int = 0
     """Pipeline stage this breakdown is for (the one with the largest total unless asked)."""
     params_per_gpu: float = 0.0
     """Parameter elements this GPU owns before ZeRO sharding."""
     detail: Mapping[str, float] = field(default_factory=dict, compare=False, repr=False)
     """Intermediate figures (per-layer activations, micro-batches in flight, ...)."""
+    cuda_context: float = 0.0
+    """CUDA context and library handles, outside the caching allocator (:mod:`workload.allocator`)."""
+    nccl_buffers: float = 0.0
+    """NCCL's connection buffers, outside the caching allocator."""
+    cublas_workspace: float = 0.0
+    """cuBLAS's workspace, allocated through the caching allocator."""
+    fragmentation: float = 0.0
+    """The caching allocator's reserved-but-unallocated bytes at the peak."""
+    usable_hbm: float = 0.0
+    """HBM the process can use (``totalGlobalMem``); 0 until :func:`workload.allocator.with_framework`
+    has set the framework's figures."""
 
     @property
     def model_states(self) -> float:
@@ -406,32 +448,59 @@ class MemoryBreakdown:
 
     @property
     def total(self) -> float:
-        """Everything (bytes)."""
-        return self.model_states + self.fp8_weights + self.activations + self.workspace
+        """The tensors the model counts (bytes): model states, FP8 copies, activations, recompute workspace."""
+        return self.model_states + self.fp8_weights + self.activations + self.workspace + self.gather_buffers
+
+    @property
+    def allocated(self) -> float:
+        """Peak bytes the caching allocator hands out (``torch.cuda.max_memory_allocated``): :attr:`total`
+        and cuBLAS's workspace."""
+        return self.total + self.cublas_workspace
+
+    @property
+    def reserved(self) -> float:
+        """Peak bytes the caching allocator holds (``torch.cuda.max_memory_reserved``, torchtitan's logged
+        memory): :attr:`allocated` and fragmentation."""
+        return self.allocated + self.fragmentation
+
+    @property
+    def device_used(self) -> float:
+        """Bytes used on the device: :attr:`reserved`, the CUDA context and NCCL's buffers."""
+        return self.reserved + self.cuda_context + self.nccl_buffers
+
+    def _need_and_cap(self, gpu_hbm_bytes: float | Any, headroom_bytes: float) -> tuple[float, float, str]:
+        if self.usable_hbm and hasattr(gpu_hbm_bytes, "hbm_capacity_bytes"):
+            return self.device_used + headroom_bytes, self.usable_hbm, "usable HBM"
+        cap = float(getattr(gpu_hbm_bytes, "hbm_capacity_bytes", gpu_hbm_bytes))
+        return self.total + headroom_bytes, cap, "HBM"
 
     def fits(self, gpu_hbm_bytes: float | Any, headroom_bytes: float = 0.0) -> bool:
-        """Whether :attr:`total` + ``headroom_bytes`` fits in ``gpu_hbm_bytes`` (a number, or a GPUSpec
-        whose ``hbm_capacity_bytes`` is used)."""
-        cap = float(getattr(gpu_hbm_bytes, "hbm_capacity_bytes", gpu_hbm_bytes))
-        return self.total + headroom_bytes <= cap
+        """Whether the memory + ``headroom_bytes`` fits: for a GPUSpec once the framework's figures are set,
+        :attr:`device_used` (reserved + context + NCCL) against :attr:`usable_hbm`; otherwise
+        :attr:`total` against ``gpu_hbm_bytes`` (a number, or a GPUSpec's ``hbm_capacity_bytes``)."""
+        need, cap, _ = self._need_and_cap(gpu_hbm_bytes, headroom_bytes)
+        return need <= cap
 
     def verdict(self, gpu_hbm_bytes: float | Any, headroom_bytes: float = 0.0) -> str:
-        """One line: ``fits`` or ``OOM`` with the numbers, e.g.
+        """One line: ``fits`` or ``OOM`` with the numbers (the comparison of :meth:`fits`), e.g.
         ``OOM: needs 3.1 TB > 80.0 GB HBM (parameters 349.2 GB, gradients ..., ...)``."""
-        cap = float(getattr(gpu_hbm_bytes, "hbm_capacity_bytes", gpu_hbm_bytes))
+        need, cap, what = self._need_and_cap(gpu_hbm_bytes, headroom_bytes)
         parts = (f"parameters {_fmt(self.parameters)}, gradients {_fmt(self.gradients)}, "
                  f"optimizer {_fmt(self.optimizer_states)}, activations {_fmt(self.activations)}")
         if self.fp8_weights:
             parts += f", fp8 weight copies {_fmt(self.fp8_weights)}"
         if self.workspace:
             parts += f", recompute workspace {_fmt(self.workspace)}"
+        if what == "usable HBM":
+            parts += (f", cuBLAS workspace {_fmt(self.cublas_workspace)}, fragmentation {_fmt(self.fragmentation)}"
+                      f" (reserved {_fmt(self.reserved)}), CUDA context {_fmt(self.cuda_context)}, "
+                      f"NCCL buffers {_fmt(self.nccl_buffers)}")
         if headroom_bytes:
             parts += f", headroom {_fmt(headroom_bytes)}"
-        need = self.total + headroom_bytes
         if need <= cap:
             share = f"{100 * need / cap:.0f} %"
-            return f"fits: {_fmt(need)} of {_fmt(cap)} HBM ({share}; {parts}; stage {self.stage})"
-        return f"OOM: needs {_fmt(need)} > {_fmt(cap)} HBM ({parts}; stage {self.stage})"
+            return f"fits: {_fmt(need)} of {_fmt(cap)} {what} ({share}; {parts}; stage {self.stage})"
+        return f"OOM: needs {_fmt(need)} > {_fmt(cap)} {what} ({parts}; stage {self.stage})"
 
 
 def _layers_per_stage(m: TransformerShape, *, tp: int, pp: int, dp: int, cp: int, ep: int,
@@ -475,7 +544,7 @@ def memory_per_gpu(model_cfg: Any, *, tp: int = 1, pp: int = 1, dp: int = 1, cp:
                    num_microbatches: int | None = None, virtual_pipeline_size: int = 1,
                    sequence_parallel: bool = False, recompute: str = "none", zero_stage: int = 0,
                    param_bytes: int = 2, grad_bytes: int = 4, optimizer_bytes_per_param: int | None = None,
-                   flash_attention: bool = False, fp8: bool = False,
+                   flash_attention: bool = False, fp8: bool = False, unfused_loss: bool = False,
                    stage: int | None = None, stage_layers: Sequence[int] | None = None) -> MemoryBreakdown:
     """Peak memory of one GPU training ``model_cfg`` under a parallel configuration.
 
@@ -490,8 +559,9 @@ def memory_per_gpu(model_cfg: Any, *, tp: int = 1, pp: int = 1, dp: int = 1, cp:
         virtual_pipeline_size: model chunks per stage for the interleaved schedule (1: plain 1F1B); the
             first stage's activations grow by ``1 + (pp-1)/(pp*v)``.
         sequence_parallel: Megatron sequence parallelism (with tp > 1).
-        recompute: ``none``, ``selective`` or ``full``.
-        zero_stage: 0-3 (1: optimizer states, 2: + gradients, 3: + parameters sharded over dp*cp).
+        recompute: ``none``, ``selective``, ``full`` or ``selective_op`` (torchtitan's per-op SAC).
+        zero_stage: 0-3 (1: optimizer states, 2: + gradients, 3: + parameters sharded over dp*cp; 3 adds
+            FSDP's gather buffers, :attr:`MemoryBreakdown.gather_buffers`).
         param_bytes: bytes per parameter (2 for bf16/fp16, 4 for fp32).
         grad_bytes: bytes per gradient element (4: Megatron's fp32 main grads, the default; 2: bf16/fp16).
         optimizer_bytes_per_param: default 12 (fp32 master + Adam m, v) or 8 when ``param_bytes == 4``.
@@ -499,6 +569,11 @@ def memory_per_gpu(model_cfg: Any, *, tp: int = 1, pp: int = 1, dp: int = 1, cp:
         fp8: FP8 training (Transformer Engine hybrid recipe): FP8 weight copies of
             ``FP8_WEIGHT_COPY_BYTES`` (2) bytes per FP8-GEMM weight and FP8 saved GEMM inputs (module
             docstring). ``param_bytes`` and ``grad_bytes`` keep their bf16-training meaning.
+        unfused_loss: the loss as ``F.cross_entropy(logits.float(), labels)`` on the bf16 logits
+            (torchtitan's ``cross_entropy_loss``), not Megatron's vocab-parallel cross entropy, which
+            keeps one fp32 ``4sbV/t`` and computes its gradient in place: at the loss's backward the
+            bf16 logits (``2sbV/t``, held by the training loop) and the fp32 upcast (``4sbV/t``), then
+            the log-softmax output's and input's gradients, ``8sbV/t`` once beyond the saved ``4sbV/t``.
         stage: report this pipeline stage; default the stage with the largest total.
         stage_layers: layers of each virtual pipeline stage, ``pp * virtual_pipeline_size`` entries in
             Megatron's order (chunk ``c`` of stage ``i`` is entry ``c*pp + i``), as
@@ -567,6 +642,8 @@ def memory_per_gpu(model_cfg: Any, *, tp: int = 1, pp: int = 1, dp: int = 1, cp:
             extra += 2.0 * s_local * b * h / (tp if sp else 1) * in_flight
         if i == pp - 1:  # final norm input, output projection input, fp32 logits (§4.3)
             extra += (4.0 * s_local * b * h / (tp if sp else 1) + 4.0 * s_local * b * v / tp) * in_flight
+            if unfused_loss:  # the log-softmax's two fp32 gradients at the loss's backward, once
+                extra += 8.0 * s_local * b * v / tp
         # ZeRO: expert weights are replicated over dp*cp/ep ranks only
         dense_params = params - expert_params
         expert_shard = max(1, shard // ep) if m.num_experts > 1 else shard
@@ -585,6 +662,8 @@ def memory_per_gpu(model_cfg: Any, *, tp: int = 1, pp: int = 1, dp: int = 1, cp:
             activations=act + extra,
             workspace=workspace,
             fp8_weights=fp8_copies,
+            gather_buffers=_gather_buffers(counts, m, tp=tp, ep=ep, param_bytes=param_bytes,
+                                           grad_bytes=grad_bytes) if zero_stage >= 3 and shard > 1 else 0.0,
             stage=i,
             params_per_gpu=params,
             detail={"activation_bytes_per_layer": per_layer_act, "layers": layers,
@@ -594,6 +673,18 @@ def memory_per_gpu(model_cfg: Any, *, tp: int = 1, pp: int = 1, dp: int = 1, cp:
     if stage is not None:
         return one_stage(stage)
     return max((one_stage(i) for i in range(pp)), key=lambda r: (r.total, -r.stage))
+
+
+def _gather_buffers(counts: ParamCounts, m: TransformerShape, *, tp: int, ep: int, param_bytes: int,
+                    grad_bytes: int) -> float:
+    """ZeRO-3 / FSDP's unsharded buffers at the backward's peak, bytes: PyTorch FSDP2 (``fully_shard``,
+    one unit per block, the embedding and the output layer units of their own, as torchtitan wraps them)
+    all-gathers a unit's parameters before its backward and prefetches the next unit's, and reduce-scatters
+    the unit's whole gradient (``param_bytes`` each, gradient at ``grad_bytes``: torchtitan reduces in
+    fp32). The largest unit is gathered and reduced while the next block is prefetched."""
+    layer = (counts.layer_dense - counts.layer_norms) / tp + counts.layer_norms + counts.layer_experts / (ep * tp)
+    units = [layer, counts.embedding / tp, (counts.output or m.vocab_size * m.hidden_size) / tp]
+    return max(units) * (param_bytes + grad_bytes) + layer * param_bytes
 
 
 def gb(nbytes: float) -> float:

@@ -55,6 +55,10 @@ class Row:
     curve: tuple[float, float] | None = field(default=None, repr=False)
     """``(a, b)`` with time(f) = a + b / f in the row's unit of time, f the sustained clock fraction
     (filled for in-sample rows by the leave-one-source-out refit)."""
+    measured_memory_gib: float | None = None
+    """Published peak memory per GPU where the source gives one (torchtitan: reserved, GiB)."""
+    predicted_memory_gib: float = float("nan")
+    """The model's reserved memory per GPU for such a row (GiB), once predicted."""
 
     @property
     def row_id(self) -> str:
@@ -205,22 +209,51 @@ def megatron_readme_2020() -> list[Row]:
     return out
 
 
+TORCHTITAN_MODELS = {"Llama 3.1 8B": "llama3-8b", "Llama 3 8B": "llama3-8b", "Llama 3 70B": "llama3-70b"}
+TORCHTITAN_RECOMPUTE = {"selective (op)": "selective_op", "per-op SAC": "selective_op", "full": "full"}
+
+
+def _torchtitan_scenario(name: str, r: dict[str, str], *, compile_: bool, async_tp: bool) -> dict[str, Any]:
+    """A torchtitan run (FSDP2, optionally TP) on Grand Teton nodes: 8 H100 SXM5 96 GB at 500 W per node on
+    NVLink, one 400 Gb/s NIC per GPU (dgx-h100's node with the 500 W part), BF16, PyTorch SDPA (its flash
+    kernel is FlashAttention-2), one micro-batch of the local batch per step (torchtitan has no gradient
+    accumulation by default)."""
+    gpus, tp, local_batch = int(r["num_gpus"]), int(r["TP"] or 1), int(r["micro_batch"])
+    dp = gpus // tp
+    par: dict[str, Any] = {"tensor_model_parallel_size": tp, "data_parallel_size": dp, "fsdp": True,
+                           "recompute_granularity": TORCHTITAN_RECOMPUTE[r["recompute"]]}
+    if tp > 1:  # torchtitan's TP plan shards the norms' sequence: Megatron's sequence parallelism
+        par["sequence_parallel"] = True
+        par["async_tp"] = async_tp
+    return {"name": name, "system": {"name": "dgx-h100", "nodes": gpus // GPUS_PER_DGX, "gpu": "H100-SXM5-96GB-500W"},
+            "model": {"name": TORCHTITAN_MODELS[r["model"]], "seq_length": 8192, "attention_backend": "flash2"},
+            "parallel": par,
+            "training": {"dtype": "bf16", "global_batch_size": local_batch * dp, "micro_batch_size": local_batch,
+                         "compile": compile_},
+            "simulation": {"mode": "auto"}}
+
+
 def torchtitan_h100() -> list[Row]:
-    """torchtitan Llama 3 on H100 SXM 96 GB at 500 W, BF16, tokens/s per GPU: every row is listed as not
-    expressible (the SKU and the software features it measures are not modelled)."""
-    sku = "H100 SXM 96 GB HBM2e at a 500 W limit is not in hwmodel/data/gpus.toml"
+    """torchtitan Llama 3 on H100 SXM5 96 GB at 500 W (Grand Teton), BF16, tokens/s per GPU. The async-TP
+    rows (both with torch.compile, per their commands) give two rows each: vanilla TP and async TP. The
+    sequence is torchtitan's default config's 8192 (not stated in the tables). Reserved memory, where
+    published ('mem 82.4 GiB'), is kept on the row (``measured_memory_gib``) for the memory comparison."""
     out = []
     for r in _csv("torchtitan_llama3_h100_bf16.csv"):
-        run = r["run"]
-        reasons = [sku]
-        if "torch.compile" in run:
-            reasons.append("torch.compile kernel fusion is not modelled")
+        run = r["run"].split("torchtitan ")[-1]
+        compile_ = "torch.compile" in run or "async-TP" in run
+        other = r["other_metric"]
+        mem = other.removeprefix("mem ").removesuffix(" GiB") if other.startswith("mem ") else ""
+        variants = [("", r["tokens_per_s_per_gpu"], False)]
         if "async-TP" in run:
-            reasons.append("the row is vanilla vs async TP (async TP is not modelled; no measured global batch)")
-        tokens = float(r["tokens_per_s_per_gpu"].split()[0])
-        out.append(Row("torchtitan H100 BF16", f"torchtitan-{run.split('torchtitan ')[-1]}", "tokens/s per GPU",
-                       "tokens/s", tokens, key="torchtitan", not_expressible="; ".join(reasons),
-                       group=r["model"], gpus=int(r["num_gpus"])))
+            vanilla, async_ = (v.split()[0] for v in r["tokens_per_s_per_gpu"].split(" / "))
+            variants = [(" vanilla TP", vanilla, False), (" async TP", async_, True)]
+        for suffix, tokens, async_tp in variants:
+            name = f"torchtitan-{run}{suffix}"
+            out.append(Row("torchtitan H100 BF16", name, "tokens/s per GPU", "tokens/s", float(tokens),
+                           key="torchtitan", scenario=_torchtitan_scenario(name, r, compile_=compile_,
+                                                                           async_tp=async_tp),
+                           group=r["model"], gpus=int(r["num_gpus"]), measured_memory_gib=float(mem) if mem else None))
     return out
 
 

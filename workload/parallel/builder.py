@@ -46,6 +46,7 @@ from hwmodel.ir import Collective, Compute, Program, SendRecv
 from workload.fp8 import params as fp8p
 from workload.parallel.config import ParallelConfig
 from workload.parallel.placement import Layout
+from workload.parallel.sac import op_sac_recomputed
 from workload.parallel.schedules import schedule
 from workload.parallel.tp import COLLECTIVE_PREFIX
 
@@ -483,8 +484,8 @@ class RankBuilder:
 
     def recompute(self, layer: int, deps: list) -> list:
         """Activation recomputation before a layer's backward: the whole forward (full, including its
-        TP collectives) or the attention core (selective: Korthikanti et al. 2022 §5); returns the
-        dependencies still to honour."""
+        TP collectives), the attention core (selective: Korthikanti et al. 2022 §5) or torchtitan's
+        per-op SAC's re-run kernels (selective_op); returns the dependencies still to honour."""
         g = self.cfg.recompute_granularity
         if g == "none":
             return deps
@@ -492,6 +493,9 @@ class RankBuilder:
         if g == "selective":
             fwd = [replace(o, name=f"recompute:{o.name}") for o in fwd
                    if isinstance(o, Compute) and o.kind in SELECTIVE_KINDS and o.layer.endswith(".attn")]
+        elif g == "selective_op":  # torchtitan's per-op SAC (workload.parallel.sac)
+            fwd = [replace(o, name=f"recompute:{o.name}")
+                   for o in op_sac_recomputed(o for o in fwd if isinstance(o, Compute))]
         if not fwd:
             return deps
         self.emit(fwd, deps, blocks=True)

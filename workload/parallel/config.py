@@ -11,6 +11,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 RECOMPUTE = ("none", "selective", "full")
+"""Megatron-LM's ``--recompute-granularity`` (and none); the strategy search explores these."""
+RECOMPUTE_ALL = (*RECOMPUTE, "selective_op")
+"""Every accepted value: also torchtitan's per-op selective checkpointing (:mod:`workload.parallel.sac`)."""
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 AXES = ("tp", "cp", "ep", "dp", "pp")
 
@@ -38,7 +41,8 @@ class ParallelConfig:
     global_batch_size: int | None = None
     """Sequences per iteration; default micro_batch_size * data_parallel_size (one micro-batch)."""
     recompute_granularity: str = "none"
-    """none, selective (attention core only) or full (every layer's forward re-run)."""
+    """none, selective (attention core only), full (every layer's forward re-run) or selective_op
+    (torchtitan's per-op SAC: every second GEMM and the non-GEMM kernels re-run)."""
     zero_stage: int = 0
     """0: DDP; 1: distributed optimizer (optimizer states sharded); 2: + gradients; 3: + parameters."""
     use_distributed_optimizer: bool = False
@@ -166,9 +170,9 @@ class ParallelConfig:
             raise ValueError(f"grad_bucket_size_bytes must be an integer, got {self.grad_bucket_size_bytes!r}")
 
     def _check_values(self) -> None:
-        if self.recompute_granularity not in RECOMPUTE:
+        if self.recompute_granularity not in RECOMPUTE_ALL:
             raise ValueError(f"recompute_granularity: unknown value {self.recompute_granularity!r}; "
-                             f"allowed: {', '.join(RECOMPUTE)}")
+                             f"allowed: {', '.join(RECOMPUTE_ALL)}")
         if self.pipeline_schedule is not None and self.pipeline_schedule not in SCHEDULES:
             raise ValueError(f"pipeline_schedule: unknown value {self.pipeline_schedule!r}; "
                              f"allowed: {', '.join(SCHEDULES)}")

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from hwmodel.attention_masks import attended_keys
 from hwmodel.ir import Compute
+from workload.parallel.sac import op_sac_recomputed
 
 Part = Literal["pre", "block", "post"]
 
@@ -155,13 +156,14 @@ class OpGraph:
         """Ops of the part after the blocks: final norm, output head, loss (in ``bwd``: issued first)."""
         return self._lookup("post", phase or "*")
 
-    def recompute_flops(self, granularity: Literal["full", "selective"] = "full") -> float:
+    def recompute_flops(self, granularity: Literal["full", "selective", "selective_op"] = "full") -> float:
         """Extra model FLOPs of activation recomputation for one micro-batch (FLOP).
 
         ``full`` re-runs every block's forward before its backward (Megatron ``--recompute-granularity
         full``): fwd+bwd+recompute of a GPT then equals Megatron's ``96·B·s·l·h²·(1 + s/6h +
         V/16lh)`` (SC'21 eq. 3; the logit layer is not recomputed). ``selective`` re-runs only the
-        attention core (Korthikanti et al. 2022, arXiv:2205.05198).
+        attention core (Korthikanti et al. 2022, arXiv:2205.05198); ``selective_op`` what torchtitan's
+        per-op SAC re-runs (:mod:`workload.parallel.sac`).
         """
         fwd = [o for o in self.ops if o.phase == "fwd" and o.part == "block"]
         if not fwd and self.num_blocks == 0:
@@ -170,7 +172,11 @@ class OpGraph:
             return float(sum(o.flops for o in fwd))
         if granularity == "selective":
             return float(sum(o.flops for o in fwd if o.kind == "attention"))
-        raise ValueError(f"granularity must be 'full' or 'selective', got {granularity!r}")
+        if granularity == "selective_op":  # per block, as the builder re-runs them
+            blocks = sorted({o.block for o in fwd if o.block is not None})
+            return float(sum(sum(o.flops for o in op_sac_recomputed([x for x in fwd if x.block == i]))
+                             for i in blocks))
+        raise ValueError(f"granularity must be 'full', 'selective' or 'selective_op', got {granularity!r}")
 
     def to_compute_tasks(self, phase: str | None = None, *, causal_discount: bool = True) -> list[Compute]:
         """The ops as :class:`hwmodel.ir.Compute` kernels (see :meth:`OpRecord.to_compute`)."""

@@ -199,7 +199,9 @@ def traced_flops(parallel: ParallelConfig, graph: Any) -> Flops:
 
 def transformer_memory(cfg: Any, parallel: ParallelConfig, dtype: str) -> MemoryBreakdown:
     """:func:`workload.memory.memory_per_gpu` (Korthikanti et al. 2022 closed forms, model states by ZeRO
-    stage) for a transformer configuration under ``parallel``, training in ``dtype``."""
+    stage) for a transformer configuration under ``parallel``, training in ``dtype``. ``fsdp = true`` is
+    PyTorch FSDP, torchtitan's stack: its loss is PyTorch's cross entropy on upcast logits
+    (``unfused_loss``)."""
     p = parallel
     param_bytes, grad_bytes = state_bytes(dtype)
     return memory_per_gpu(
@@ -207,7 +209,7 @@ def transformer_memory(cfg: Any, parallel: ParallelConfig, dtype: str) -> Memory
         num_microbatches=p.num_microbatches, virtual_pipeline_size=p.vpp, sequence_parallel=p.sequence_parallel,
         recompute=p.recompute_granularity, zero_stage=p.memory_zero_stage, param_bytes=param_bytes,
         grad_bytes=grad_bytes, flash_attention=getattr(cfg, "attention_backend", "flash") != "unfused",
-        fp8=dtype == "fp8", stage_layers=p.stage_layers(cfg.num_layers))
+        fp8=dtype == "fp8", unfused_loss=p.fsdp, stage_layers=p.stage_layers(cfg.num_layers))
 
 
 def saved_tensor_memory(module: nn.Module, name: str, parallel: ParallelConfig, dtype: str) -> MemoryBreakdown:
