@@ -438,7 +438,8 @@ class RankBuilder:
 
     def backward(self, mb: int, chunk: int, first_v: bool, last_v: bool, deps: list, last_mb: bool) -> None:
         if self.deepspeed is not None:
-            return self.deepspeed.backward(first_v, last_v, deps)
+            self.deepspeed.backward(first_v, last_v, deps)
+            return
         zero3 = self.zero == 3
         once = self.cfg.fsdp_keeps_unsharded  # FSDP with PP: no gathers; one reduce-scatter, last
         gather = zero3 and not once
