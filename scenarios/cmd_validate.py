@@ -7,7 +7,8 @@ the assumptions each row makes in :mod:`scenarios.validation.tables`):
   ``sc21-gpt-*``);
 * ``t5``: Korthikanti et al. 2022 Table 5, iteration time of 22B-1T (catalog ``korthikanti-*``);
 * ``t4``: Korthikanti et al. 2022 Table 4, forward and backward time of one 22B layer, TP 8;
-* ``sc21t2``: SC'21 Table 2, ZeRO-3 vs PTD-P on 175B / 530B (ZeRO-3 rows not expressible);
+* ``sc21t2``: SC'21 Table 2, the PTD-P rows on 175B / 530B;
+* ``sc21t2-zero3``: SC'21 Table 2, the DeepSpeed ZeRO-3 rows (``zero_impl = "deepspeed"``; slow: opt-in);
 * ``megascale``: MegaScale Table 2, Megatron-LM 175B on 256-12,288 GPUs (slow: opt-in);
 * ``readme2020``: Megatron-LM README 2020, 1.2B-8.3B, one node and 128-way data parallel;
 * ``torchtitan``: torchtitan Llama 3 on H100 96 GB / 500 W (not expressible; listed).
@@ -214,7 +215,7 @@ def register(sub) -> None:
                        description=__doc__.split("\n\n")[0])
     p.add_argument("--tables", default=",".join(DEFAULT_TABLES),
                    help=f"comma list of: {', '.join(f'{k} ({v[0]})' for k, v in TABLES.items())}; "
-                        f"default all but megascale (slow), 'all' for every table")
+                        f"default all but megascale and sc21t2-zero3 (slow), 'all' for every table")
     p.add_argument("--only", default=None, help="only rows whose name contains this text")
     p.add_argument("--json", metavar="PATH", help="write rows, summary, leave-one-source-out and ranking as JSON")
     p.set_defaults(func=_main)

@@ -10,8 +10,8 @@ from scenarios.validation import provenance, stats
 from scenarios.validation.tables import DATA, TABLE4, TABLES, interleave_depth, rows
 
 # (table key, rows, rows not expressible)
-COUNTS = {"sc21": (10, 0), "t5": (8, 0), "t4": (10, 0), "sc21t2": (12, 6), "megascale": (8, 0),
-          "readme2020": (8, 3), "torchtitan": (8, 0)}
+COUNTS = {"sc21": (10, 0), "t5": (8, 0), "t4": (10, 0), "sc21t2": (6, 0), "sc21t2-zero3": (6, 0),
+          "megascale": (8, 0), "readme2020": (8, 3), "torchtitan": (8, 0)}
 
 
 @pytest.mark.parametrize("key", list(TABLES))
@@ -42,10 +42,16 @@ def test_megascale_rows_follow_the_paper():
     assert sc["training"]["global_batch_size"] == 6144 and rs[0].measured == 40.0
 
 
-def test_sc21_table2_zero3_rows_are_not_expressible_and_ptdp_rows_are_built():
-    rs = rows(("sc21t2",))
-    zero3 = [r for r in rs if "zero3" in r.name]
-    assert len(zero3) == 6 and all("ZeRO-3" in r.not_expressible for r in zero3)
+def test_sc21_table2_zero3_rows_run_deepspeed_and_ptdp_rows_are_built():
+    rs = rows(("sc21t2", "sc21t2-zero3"))
+    zero3 = {r.name: r.scenario for r in rs if "zero3" in r.name}
+    assert len(zero3) == 6
+    for sc in zero3.values():
+        par = sc["parallel"]
+        assert (par["zero_stage"], par["zero_impl"]) == (3, "deepspeed")
+        assert par["tensor_model_parallel_size"] == par["pipeline_model_parallel_size"] == 1
+    assert zero3["sc21t2-530b-zero3-640gpu"]["training"] == {"dtype": "fp16", "global_batch_size": 2560,
+                                                             "micro_batch_size": 4}
     ptdp = {r.name: r.scenario for r in rs if "ptdp" in r.name}
     assert ptdp["sc21t2-530b-ptdp-2240gpu"]["parallel"]["virtual_pipeline_model_parallel_size"] == 3
     assert ptdp["sc21t2-175b-ptdp-1536gpu"]["parallel"]["data_parallel_size"] == 16

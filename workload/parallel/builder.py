@@ -45,6 +45,7 @@ from hwmodel.dtypes import ELEMENT_BYTES, TRAINING_DTYPES
 from hwmodel.ir import Collective, Compute, Program, SendRecv
 from workload.fp8 import params as fp8p
 from workload.parallel.config import ParallelConfig
+from workload.parallel.deepspeed_zero import DeepSpeedStage3
 from workload.parallel.placement import Layout
 from workload.parallel.sac import op_sac_recomputed
 from workload.parallel.schedules import schedule
@@ -105,6 +106,10 @@ class ModelTrace:
     params_per_block: tuple[int, ...] | None = None
     """Blocks that differ (a custom module's top-level children): elements of each; ``None``: every
     block has ``params_block``."""
+    block_modules: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    """The modules of one block that own parameters: (path inside the block, e.g. ``attn.qkv``; elements
+    of each of its own parameters), for DeepSpeed's per-module fetch
+    (:mod:`workload.parallel.deepspeed_zero`); ``()``: one module with ``params_block``."""
     attention_kernel: str = ""
     """The attention kernel the model's ``attention_backend`` names (:func:`attention_kernel`), set on
     every traced attention op (:attr:`hwmodel.ir.Compute.attention_kernel`); ``""``: the default."""
@@ -280,6 +285,8 @@ class RankBuilder:
         """How TP collectives are pipelined with their GEMMs ("": not at all)."""
         self.overlap_carry: list[int] = []
         """A pipelined reduce-scatter's last chunk, which the next compute task waits for."""
+        self.deepspeed: DeepSpeedStage3 | None = None
+        """DeepSpeed's ZeRO-3 program structure (``zero_impl = "deepspeed"``), made by :meth:`build`."""
 
     # -- public ----------------------------------------------------------------------------------
     @property
@@ -402,6 +409,8 @@ class RankBuilder:
         return fp8p.layer_weight_kernels(self.t, layer, phase, zero3=self.zero == 3)
 
     def forward(self, mb: int, chunk: int, first_v: bool, last_v: bool, deps: list) -> int | None:
+        if self.deepspeed is not None:  # DeepSpeed's per-module fetch (no pipeline stages)
+            return self.deepspeed.forward(first_v, last_v, deps)
         zero3 = self.zero == 3
         first_pass = chunk not in self.fp8_cast_chunks  # the chunk's first forward of the iteration
         self.fp8_cast_chunks.add(chunk)
@@ -433,6 +442,9 @@ class RankBuilder:
         return self.last_compute
 
     def backward(self, mb: int, chunk: int, first_v: bool, last_v: bool, deps: list, last_mb: bool) -> None:
+        if self.deepspeed is not None:
+            self.deepspeed.backward(first_v, last_v, deps)
+            return
         zero3 = self.zero == 3
         once = self.cfg.fsdp_keeps_unsharded  # FSDP with PP: no gathers; one reduce-scatter, last
         gather = zero3 and not once
@@ -562,6 +574,8 @@ class RankBuilder:
         buckets, the optimizer. Returns the program."""
         cfg, s = self.cfg, self.c["pp"]
         self.plan_buckets()
+        if cfg.zero_impl == "deepspeed":
+            self.deepspeed = DeepSpeedStage3(self)
         if self.zero in (1, 2) and cfg.overlap_param_gather:
             self._prefetch_param_gathers()
         steps = schedule(cfg.schedule, p, m, s, v)

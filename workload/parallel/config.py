@@ -16,6 +16,11 @@ RECOMPUTE_ALL = (*RECOMPUTE, "selective_op")
 """Every accepted value: also torchtitan's per-op selective checkpointing (:mod:`workload.parallel.sac`)."""
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 AXES = ("tp", "cp", "ep", "dp", "pp")
+ZERO_IMPLS = ("megatron", "deepspeed")
+"""How ``zero_stage = 3`` runs: ``megatron``, one unit per layer gathered whole with the next unit
+prefetched and gradients reduce-scattered per layer in Megatron's reduction dtype (the behaviour since
+ZeRO-3 was added; PyTorch FSDP and Megatron-Core's FSDP run it this way); ``deepspeed``, DeepSpeed's
+per-module parameter fetch and gradient buckets (:mod:`workload.parallel.deepspeed_zero`)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,6 +52,8 @@ class ParallelConfig:
     """0: DDP; 1: distributed optimizer (optimizer states sharded); 2: + gradients; 3: + parameters."""
     use_distributed_optimizer: bool = False
     """Megatron's flag; equivalent to zero_stage = 1."""
+    zero_impl: str = "megatron"
+    """Which implementation runs ``zero_stage = 3``: one of :data:`ZERO_IMPLS`."""
     fsdp: bool = False
     """PyTorch FSDP (= ZeRO-3 with per-layer all-gather / reduce-scatter and prefetch)."""
     pipeline_schedule: str | None = None
@@ -161,7 +168,7 @@ class ParallelConfig:
             v = getattr(self, name)
             if not isinstance(v, bool):
                 raise ValueError(f"{name} must be true or false, got {v!r}")
-        for name in ("recompute_granularity", "rank_order", "moe_tokens_per_expert"):
+        for name in ("recompute_granularity", "rank_order", "moe_tokens_per_expert", "zero_impl"):
             if not isinstance(getattr(self, name), str):
                 raise ValueError(f"{name} must be a string, got {getattr(self, name)!r}")
         if not isinstance(self.zero_stage, int) or isinstance(self.zero_stage, bool):
@@ -178,6 +185,8 @@ class ParallelConfig:
                              f"allowed: {', '.join(SCHEDULES)}")
         if self.zero_stage not in (0, 1, 2, 3):
             raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
+        if self.zero_impl not in ZERO_IMPLS:
+            raise ValueError(f"zero_impl: unknown value {self.zero_impl!r}; allowed: {', '.join(ZERO_IMPLS)}")
         if self.grad_bucket_size_bytes <= 0:
             raise ValueError(f"grad_bucket_size_bytes must be > 0, got {self.grad_bucket_size_bytes}")
         order = self.rank_order.split("-")
@@ -189,6 +198,8 @@ class ParallelConfig:
             raise ValueError(f"fsdp=true is ZeRO stage 3; it conflicts with zero_stage={self.zero_stage}")
         if self.fsdp and self.use_distributed_optimizer:
             raise ValueError("fsdp=true conflicts with use_distributed_optimizer=true (ZeRO-1); choose one")
+        if self.zero_impl == "deepspeed":
+            self._check_deepspeed()
         if self.sequence_parallel and self.tp == 1:
             raise ValueError("sequence_parallel=True needs tensor_model_parallel_size > 1")
         if self.tp_comm_overlap and not self.sequence_parallel:
@@ -206,6 +217,17 @@ class ParallelConfig:
         if self.vpp > 1 and self.schedule != "interleaved_1f1b":
             raise ValueError(f"virtual_pipeline_model_parallel_size={self.vpp} needs pipeline_schedule="
                              f"'interleaved_1f1b', got {self.schedule!r}")
+
+    def _check_deepspeed(self) -> None:
+        if self.fsdp:
+            raise ValueError("zero_impl='deepspeed' conflicts with fsdp=true (PyTorch FSDP); set zero_stage = 3 "
+                             "without fsdp")
+        if self.zero_stage != 3:
+            raise ValueError(f"zero_impl='deepspeed' models DeepSpeed ZeRO stage 3; it needs zero_stage = 3, "
+                             f"got zero_stage={self.zero_stage}")
+        if self.pp > 1:
+            raise ValueError(f"zero_impl='deepspeed' needs pipeline_model_parallel_size = 1, got {self.pp} "
+                             f"(DeepSpeed's pipeline engine does not run ZeRO stage 3)")
 
     # -- resolution against a world and a model ------------------------------------------------
     def resolve(self, world_size: int) -> ParallelConfig:

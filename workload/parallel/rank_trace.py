@@ -83,8 +83,17 @@ def trace_rank(model_cfg, config: ParallelConfig, *, dtype: str = "bf16", compil
         micro_batch_size=config.micro_batch_size,
         params_pre=pre, params_block=block, params_post=post, params_block_expert=expert, params_post_tied=tied,
         dtype="bf16" if dtype == "fp8" else dtype, fp8_params_block=fp8_params, fp8_recipe=fp8_recipe,
-        fp8_param_gather=fp8_param_gather and dtype == "fp8",
+        fp8_param_gather=fp8_param_gather and dtype == "fp8", block_modules=_block_modules(model, graph),
         attention_kernel=attention_kernel(model_cfg))
+
+
+def _block_modules(model: torch.nn.Module, graph) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """The first block's modules that own parameters: (path inside the block, elements per parameter)."""
+    layers = getattr(model, graph.block_attr, None)
+    if layers is None or not len(layers):
+        return ()
+    return tuple((name, tuple(p.numel() for p in m.parameters(recurse=False)))
+                 for name, m in layers[0].named_modules() if next(m.parameters(recurse=False), None) is not None)
 
 
 def _param_counts(model: torch.nn.Module, graph, family: ModelFamily) -> tuple[int, int, int, int]:
