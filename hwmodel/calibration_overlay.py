@@ -28,9 +28,9 @@ MODEL_SECTIONS = ("default", "architecture", "gpu", "nccl")
 """Sections of a profile that change the model (merged over the shipped calibration)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Overlay:
-    """A loaded profile."""
+    """A loaded profile (compared and hashed by identity: the NCCL constants are cached per profile)."""
 
     path: str
     """The file it was read from."""

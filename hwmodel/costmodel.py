@@ -193,9 +193,16 @@ class ArchCalibration:
 
 
 def gemm_class(task: Compute) -> str:
-    """The shape class a profile may fit a GEMM efficiency to: ``conv`` (an implicit GEMM of a
-    convolution) or ``matmul``, and ``fwd`` or ``bwd`` (``conv_fwd``, ``matmul_bwd``, ...)."""
-    op = "conv" if "convolution" in task.name else "matmul"
+    """The shape class a profile may fit a GEMM efficiency to, and ``fwd`` or ``bwd``: ``matmul``, or for
+    a convolution's implicit GEMM (``K = C_in x kh x kw``) ``conv1x1`` or ``conv3x3`` -- a ``K`` that is a
+    multiple of 9 is taken for a filter of 9 taps or more, the shapes cuDNN runs with Winograd or FFT
+    algorithms (fewer multiplies than the implicit GEMM), a 1x1 filter is a plain GEMM
+    (``conv3x3_fwd``, ``matmul_bwd``, ...)."""
+    if "convolution" in task.name:
+        k = int(task.shape[3]) if len(task.shape) == 4 else 0
+        op = "conv3x3" if k and k % 9 == 0 else "conv1x1"
+    else:
+        op = "matmul"
     return f"{op}_{'bwd' if _is_backward(task) else 'fwd'}"
 
 
