@@ -7,7 +7,7 @@ and Perfetto and Holistic Trace Analysis read: ``{"traceEvents": [...], "deviceP
 (aten op) that launched it, and ``args["correlation"]`` linking it to its ``cuda_runtime`` launch.
 
 Steps are the ``ProfilerStep#N`` annotations: a kernel belongs to the step during which its launch ran
-on the CPU. The step time on the GPU is from its first kernel's start to the next step's first kernel's
+on the CPU (one whose launch is not in the trace belongs to none). The step time on the GPU is from its first kernel's start to the next step's first kernel's
 start (the last step: to its last kernel's end). The *steady* step is the one whose GPU time is the
 median (warm-up steps are slower). A trace without step annotations is one step.
 
@@ -103,7 +103,7 @@ def _load_json(path: Path) -> Any:
     except UnicodeDecodeError:
         raise CalibrationInputError(f"{path}: not a Kineto trace (not UTF-8 JSON text)") from None
     except json.JSONDecodeError as exc:
-        what = "truncated JSON" if exc.pos >= len(raw.rstrip()) - 1 else "not valid JSON"
+        what = "truncated JSON" if exc.pos >= len(raw.rstrip()) - 1 or "Unterminated" in exc.msg else "not valid JSON"
         raise CalibrationInputError(f"{path}: not a Kineto trace ({what}: {exc.msg} at byte {exc.pos})") from None
 
 
@@ -206,8 +206,9 @@ def _assign_steps(gpu_events: list[dict], steps: list[tuple[float, float, str]],
     for e in gpu_events:
         args = e.get("args") or {}
         t = launches.get(int(args["correlation"])) if args.get("correlation") is not None else None
-        if t is None:
-            t = float(e.get("ts", 0.0))
+        if t is None:  # launched before the trace began (or by no traced call): in no step
+            out.append("")
+            continue
         i = bisect.bisect_right(starts, t) - 1
         out.append(steps[i][2] if i >= 0 and t <= steps[i][1] else "")
     return out
