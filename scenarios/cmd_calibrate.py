@@ -66,7 +66,7 @@ def _output(args: argparse.Namespace) -> Path:
     first = args.kineto or (args.nccl_log[0] if args.nccl_log else None) or args.scenario
     src = Path(first)
     name = src.name.removesuffix(".gz").removesuffix(".json").removesuffix(".toml").removesuffix(".log")
-    folder = src.parent if src.parent.is_dir() and src.exists() else Path(".")
+    folder = src.parent if src.parent.is_dir() and src.exists() else Path()
     return folder / f"{name}.calibration.toml"
 
 

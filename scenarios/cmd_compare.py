@@ -18,7 +18,8 @@ from scenarios.cli import UserError, add_trust_code
 def register(subparsers) -> None:
     p = subparsers.add_parser("compare", help="predicted vs measured per kernel kind and layer, from a Kineto trace",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--kineto", metavar="TRACE", required=True, help="PyTorch profiler (Kineto) trace, .json or .json.gz")
+    p.add_argument("--kineto", metavar="TRACE", required=True,
+                   help="PyTorch profiler (Kineto) trace, .json or .json.gz")
     p.add_argument("--scenario", required=True, help="the traced model's scenario (a TOML file or catalog name)")
     add_trust_code(p)
     p.set_defaults(func=run)

@@ -80,7 +80,7 @@ def test_trace_of_another_model(capsys, tmp_path):
 def test_nccl_fit_on_the_a100_table():
     log = read_nccl_log(DATA / "nccl_tests_a100_8gpu.log")
     fit = fit_nccl(log, "dgx-a100")
-    eff = dict((k, b) for k, _, b in fit.changed)["nccl.nvlink_efficiency.ampere"]
+    eff = {k: b for k, _, b in fit.changed}["nccl.nvlink_efficiency.ampere"]
     # the shipped 0.783 was read off this table's 16 GiB row; refitting to its large sizes lands beside it
     assert eff == pytest.approx(234.9 / 300, rel=0.01)
     by_size = {c["size_bytes"]: c for c in fit.comparison}
