@@ -113,3 +113,19 @@ def test_nccl_log_debug_lines(tmp_path):
 def test_bad_nccl_logs(tmp_path, text, message):
     with pytest.raises(CalibrationInputError, match=message):
         read_nccl_log(_write(tmp_path / "run.log", text))
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    ([], "give --kineto"),
+    (["--kineto", str(RESNET)], "need --scenario"),
+    (["--nccl-log", "x.log"], "needs --system"),
+    (["--measured", "iteration=3", "--scenario", "s"], "expected iteration_time_s=SECONDS"),
+    (["--measured", "iteration_time_s=-1", "--scenario", "s"], "must be > 0"),
+    (["--kineto", str(RESNET), "--scenario", "s", "--output", "/nonexistent/dir/p.toml"], "does not exist"),
+])
+def test_calibrate_command_line_errors(capsys, argv, message):
+    from scenarios.cli import main
+
+    assert main(["calibrate", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
