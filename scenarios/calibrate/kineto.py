@@ -8,8 +8,9 @@ and Perfetto and Holistic Trace Analysis read: ``{"traceEvents": [...], "deviceP
 
 Steps are the ``ProfilerStep#N`` annotations: a kernel belongs to the step during which its launch ran
 on the CPU (one whose launch is not in the trace belongs to none). The step time on the GPU is from its
-first kernel's start to the next step's first kernel's start (the last step: to its last kernel's end). The *steady* step is the one whose GPU time is the
-median (warm-up steps are slower). A trace without step annotations is one step.
+first kernel's start to the next step's first kernel's start (the last step: to its last kernel's end).
+The *steady* step is the one whose GPU time is the median (warm-up steps are slower). A trace without
+step annotations is one step.
 
 Plain ``json`` on the whole file (gzip read transparently): ``bench/bench_calibrate.py`` measures a
 100 MB trace within the budget (60 s, 2 GB), so no streaming parser is needed.
