@@ -107,8 +107,9 @@ def with_value(cal: ArchCalibration, path: tuple[str, ...], value: float) -> Arc
     if path[0] == "attention":
         table, d = path[-2], int(path[-1])
         if len(path) == 3:
-            attr = "attention_fwd_efficiency" if table == "fwd_efficiency" else "attention_bwd_efficiency"
-            return replace(cal, **{attr: {**getattr(cal, attr), d: value}})
+            if table == "fwd_efficiency":
+                return replace(cal, attention_fwd_efficiency={**cal.attention_fwd_efficiency, d: value})
+            return replace(cal, attention_bwd_efficiency={**cal.attention_bwd_efficiency, d: value})
         kernel = path[2]
         own = dict(cal.attention_kernels.get(kernel, {}))
         own[table] = {**{int(k): v for k, v in own.get(table, {}).items()}, d: value}

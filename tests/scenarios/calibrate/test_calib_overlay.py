@@ -85,3 +85,27 @@ def test_missing_profile_on_the_command_line(capsys):
 
     assert main(["list", "gpus", "--calibration", str(Path("/nonexistent/p.toml"))]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_attention_and_memory_constants():
+    from scenarios.calibrate.fit_kernels import constant_of, with_value
+
+    cal = Calibration.load().for_gpu(get_gpu("H100-SXM5"))
+    fwd = Compute("aten._scaled_dot_product_flash_attention", "attention", 1.0, 0, "bf16", (1, 16, 4096, 4096, 128))
+    path, shipped, _ = constant_of(fwd, cal)
+    assert path == ("attention", "fwd_efficiency", "128") and shipped == cal.attention_params(128)[0]
+    assert with_value(cal, path, 0.5).attention_params(128)[0] == 0.5
+    cudnn = Compute("x_bwd", "attention", 1.0, 0, "bf16", (1, 16, 4096, 4096, 64), phase="bwd",
+                    attention_kernel="cudnn")
+    path, shipped, _ = constant_of(cudnn, cal)
+    assert path == ("attention", "kernels", "cudnn", "bwd_efficiency", "64")
+    assert with_value(cal, path, 0.3).attention_params(64, "cudnn")[1] == 0.3
+    norm = Compute("aten.native_layer_norm", "norm", 0.0, 1e8, "bf16")
+    path, shipped, _ = constant_of(norm, cal)
+    assert path == ("hbm_efficiency_by_kind", "norm") and shipped == cal.hbm_efficiency
+    slow = with_value(cal, path, 0.45)
+    m = KernelCostModel(get_gpu("H100-SXM5"))
+    t0 = m.cost(norm).solo_time_s
+    m.cal = slow
+    m._cache.clear()
+    assert m.cost(norm).solo_time_s - cal.launch_overhead_s == pytest.approx((t0 - cal.launch_overhead_s) * 2, rel=1e-9)
