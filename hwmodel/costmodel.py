@@ -652,7 +652,9 @@ class KernelCostModel:
                           {"memory_s": t_mem, "vector_s": t_vec})
 
 
-_DEFAULT_CAL: tuple[object, Calibration] | None = None
+_DEFAULT_CAL: tuple[object, Calibration] | Calibration | None = None
+"""(active profile, calibration built for it); a plain :class:`Calibration` installed here by a caller
+(``scenarios.validation.provenance.clock_fraction``) is used as is."""
 _SHIPPED: dict[str, Any] | None = None
 
 
@@ -667,6 +669,8 @@ def _shipped_data() -> dict[str, Any]:
 def _default_calibration() -> Calibration:
     """The shipped calibration with the active profile, rebuilt when the active profile changes."""
     global _DEFAULT_CAL
+    if isinstance(_DEFAULT_CAL, Calibration):
+        return _DEFAULT_CAL
     token = calibration_overlay.active()
     if _DEFAULT_CAL is None or _DEFAULT_CAL[0] is not token:
         _DEFAULT_CAL = (token, Calibration.load())
