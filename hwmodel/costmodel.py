@@ -71,6 +71,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hwmodel import calibration_overlay
 from hwmodel.attention_masks import ALIBI_FLOPS_PER_SCORE, attended_keys, attention_key_blocks
 from hwmodel.dtypes import ELEMENT_BYTES
 from hwmodel.ir import Compute
@@ -163,11 +164,21 @@ class ArchCalibration:
     per-tensor-scaled FP8 GEMM's (absent: 1)."""
     name: str = "default"
     """Which sections were merged, e.g. ``default+ampere``."""
+    gemm_class_efficiency: Mapping[str, float] = field(default_factory=dict)
+    """GEMM shape class (:func:`gemm_class`) -> efficiency replacing the dtype's; empty in the shipped
+    calibration, set by a user's fitted profile (``trainsim calibrate``)."""
+    hbm_efficiency_by_kind: Mapping[str, float] = field(default_factory=dict)
+    """Memory-bound kind -> HBM efficiency replacing :attr:`hbm_efficiency` for that kind; empty in the
+    shipped calibration, set by a user's fitted profile."""
 
-    def gemm_eff(self, dtype: str) -> float:
-        """GEMM efficiency for ``dtype`` (falls back to the ``default`` key)."""
+    def gemm_eff(self, dtype: str, shape_class: str = "") -> float:
+        """GEMM efficiency for ``dtype`` (falls back to the ``default`` key), or the fitted one of
+        ``shape_class`` where a profile gives one."""
+        if shape_class and shape_class in self.gemm_class_efficiency:
+            return float(self.gemm_class_efficiency[shape_class])
         e = self.gemm_efficiency
         return float(e.get(dtype, e.get("default", 0.8)))
+
 
     def attention_params(self, head_dim: int, kernel: str = "") -> tuple[float, float, float]:
         """(fwd efficiency, bwd efficiency, CTA overhead) of attention ``kernel`` (``""``: the default
@@ -192,6 +203,20 @@ class ArchCalibration:
                       for k, v in tables.items()}
         return (_interp(tables["fwd_efficiency"], head_dim), _interp(tables["bwd_efficiency"], head_dim),
                 _interp(tables["cta_overhead_blocks"], head_dim))
+
+
+def gemm_class(task: Compute) -> str:
+    """The shape class a profile may fit a GEMM efficiency to, and ``fwd`` or ``bwd``: ``matmul``, or for
+    a convolution's implicit GEMM (``K = C_in x kh x kw``) ``conv1x1`` or ``conv3x3`` -- a ``K`` that is a
+    multiple of 9 is taken for a filter of 9 taps or more, the shapes cuDNN runs with Winograd or FFT
+    algorithms (fewer multiplies than the implicit GEMM), a 1x1 filter is a plain GEMM
+    (``conv3x3_fwd``, ``matmul_bwd``, ...)."""
+    if "convolution" in task.name:
+        k = int(task.shape[3]) if len(task.shape) == 4 else 0
+        op = "conv3x3" if k and k % 9 == 0 else "conv1x1"
+    else:
+        op = "matmul"
+    return f"{op}_{'bwd' if _is_backward(task) else 'fwd'}"
 
 
 def _interp(table: Mapping[int, float], x: float) -> float:
@@ -242,8 +267,11 @@ class Calibration:
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> Calibration:
-        """Read a calibration TOML file; ``None`` reads the shipped one."""
-        p = Path(path) if path is not None else DEFAULT_CALIBRATION_PATH
+        """Read a calibration TOML file; ``None`` reads the shipped one, with the active user profile
+        (:mod:`hwmodel.calibration_overlay`) merged in if there is one."""
+        if path is None:
+            return cls(calibration_overlay.overlaid(_shipped_data()), DEFAULT_CALIBRATION_PATH)
+        p = Path(path)
         with p.open("rb") as f:
             return cls(tomllib.load(f), p)
 
@@ -298,6 +326,10 @@ class Calibration:
                 sustained_clock_fraction=float(merged.get("sustained_clock_fraction", 1.0)),
                 fp8_gemm_time_factor={str(k): float(v) for k, v in merged.get("fp8_gemm_time_factor", {}).items()},
                 name="+".join(parts),
+                gemm_class_efficiency={str(k): float(v)
+                                       for k, v in merged.get("gemm_class_efficiency", {}).items()},
+                hbm_efficiency_by_kind={str(k): float(v)
+                                        for k, v in merged.get("hbm_efficiency_by_kind", {}).items()},
             )
         except KeyError as e:
             raise ValueError(f"calibration {self.path or ''}: missing key {e} for {'+'.join(parts)}") from e
@@ -540,12 +572,13 @@ class KernelCostModel:
         clock = self.cal.sustained_clock_fraction if self.sustained else 1.0
         return float(self.gpu.peak_flops(dtype)) * clock
 
-    def _hbm_time(self, nbytes: float) -> float:
-        return nbytes / (self.gpu.hbm_bandwidth_Bps * self.cal.hbm_efficiency)
+    def _hbm_time(self, nbytes: float, kind: str = "") -> float:
+        eff = self.cal.hbm_efficiency_by_kind.get(kind, self.cal.hbm_efficiency) if kind else self.cal.hbm_efficiency
+        return nbytes / (self.gpu.hbm_bandwidth_Bps * eff)
 
     def _gemm(self, task: Compute) -> KernelCost:
         dtype = normalise_dtype(task.dtype)
-        eff = self.cal.gemm_eff(dtype)
+        eff = self.cal.gemm_eff(dtype, gemm_class(task) if self.cal.gemm_class_efficiency else "")
         peak = self._peak(dtype)
         launch = self.cal.launch_overhead_s
         if not task.shape:  # no shape: plain FLOPs at the calibrated efficiency, whole GPU
@@ -639,18 +672,33 @@ class KernelCostModel:
 
     def _memory_bound(self, task: Compute) -> KernelCost:
         nbytes = float(task.bytes_accessed)
-        t_mem = self._hbm_time(nbytes)
+        t_mem = self._hbm_time(nbytes, task.kind)
         t_vec = task.flops / (float(self.gpu.fp32_flops) * self.cal.vector_efficiency) if task.flops else 0.0
         sms = min(self.sm_count, max(1, math.ceil(nbytes / self.cal.memory_bytes_per_sm)))
         return KernelCost(max(t_mem, t_vec) + self.cal.launch_overhead_s, sms, nbytes,
                           {"memory_s": t_mem, "vector_s": t_vec})
 
 
-_DEFAULT_CAL: Calibration | None = None
+_DEFAULT_CAL: tuple[object, Calibration] | Calibration | None = None
+"""(active profile, calibration built for it); a plain :class:`Calibration` installed here by a caller
+(``scenarios.validation.provenance.clock_fraction``) is used as is."""
+_SHIPPED: dict[str, Any] | None = None
+
+
+def _shipped_data() -> dict[str, Any]:
+    global _SHIPPED
+    if _SHIPPED is None:
+        with DEFAULT_CALIBRATION_PATH.open("rb") as f:
+            _SHIPPED = tomllib.load(f)
+    return _SHIPPED
 
 
 def _default_calibration() -> Calibration:
+    """The shipped calibration with the active profile, rebuilt when the active profile changes."""
     global _DEFAULT_CAL
-    if _DEFAULT_CAL is None:
-        _DEFAULT_CAL = Calibration.load()
-    return _DEFAULT_CAL
+    if isinstance(_DEFAULT_CAL, Calibration):
+        return _DEFAULT_CAL
+    token = calibration_overlay.active()
+    if _DEFAULT_CAL is None or _DEFAULT_CAL[0] is not token:
+        _DEFAULT_CAL = (token, Calibration.load())
+    return _DEFAULT_CAL[1]

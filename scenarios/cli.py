@@ -14,7 +14,7 @@ import re
 import sys
 from pathlib import Path
 
-COMMANDS = ("run", "sweep", "validate", "list", "nccl_tests", "synth", "search")
+COMMANDS = ("run", "sweep", "validate", "list", "nccl_tests", "synth", "search", "calibrate", "compare")
 """Sub-command modules, ``scenarios.cmd_<name>``."""
 
 
@@ -85,7 +85,24 @@ def build_parser() -> argparse.ArgumentParser:
     for p in sub.choices.values():  # module docstrings double as help: drop their reST markup
         if p.description:
             p.description = plain_text(p.description)
+        if not any("--calibration" in a.option_strings for a in p._actions):
+            p.add_argument("--calibration", metavar="PROFILE", default=None,
+                           help="apply a calibration profile (written by `trainsim calibrate`) on top of the "
+                                "shipped calibration.toml; overrides a scenario's [simulation] calibration")
     return parser
+
+
+def _profile(args: argparse.Namespace):
+    """The ``--calibration`` profile of a command line, loaded (``None`` if not given)."""
+    path = getattr(args, "calibration", None)
+    if not path:
+        return None
+    from hwmodel.calibration_overlay import load_overlay
+
+    try:
+        return load_overlay(path)
+    except ValueError as exc:
+        raise UserError(f"--calibration: {exc}") from None
 
 
 def plain_text(doc: str) -> str:
@@ -102,7 +119,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
-        return int(args.func(args) or 0)
+        from hwmodel.calibration_overlay import applied
+
+        with applied(_profile(args)):
+            return int(args.func(args) or 0)
     except (UserError, ValueError, KeyError, FileNotFoundError, IsADirectoryError, PermissionError) as exc:
         msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         print(f"trainsim {args.command}: error: {one_line(msg)}", file=sys.stderr)

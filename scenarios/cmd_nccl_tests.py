@@ -25,6 +25,7 @@ import json
 import sys
 from pathlib import Path
 
+from hwmodel import calibration_overlay
 from hwmodel.nccl import nccltests as N
 from hwmodel.nccl.channels import MAXCHANNELS as MAX_CHANNELS_NOTE
 from hwmodel.nccl.engine import FIDELITIES, simulate_nccl_tests
@@ -129,11 +130,13 @@ def run(args: argparse.Namespace) -> int:
     rows = simulate_nccl_tests(topo, coll, sizes, gpus_per_thread=args.ngpus, dtype=args.datatype,
                                algorithm=args.algo, protocol=args.proto, fidelity=args.fidelity,
                                gpus=gpus, tuner_config=rules)
+    profile = calibration_overlay.active()
     print(f"# trainsim nccl-tests: {topo.name}, {nodes} node(s) x {args.ngpus} GPU(s), "
           f"fidelity {args.fidelity}, NCCL {NCCL_VERSION} tuning model"
           + (f", NCCL_ALGO={args.algo}" if args.algo else "")
           + (f", NCCL_PROTO={args.proto}" if args.proto else "")
-          + (f", tuner rules {args.tuner_config} ({len(rules)})" if rules is not None else ""))
+          + (f", tuner rules {args.tuner_config} ({len(rules)})" if rules is not None else "")
+          + (f", calibration {profile.name} ({profile.path}: {', '.join(profile.changed)})" if profile else ""))
     print(N.format_table(rows, n_threads=1, n_gpus=args.ngpus,
                          step_factor=args.stepfactor if args.stepfactor > 1 else None,
                          min_bytes=N.parse_size(args.minbytes), max_bytes=N.parse_size(args.maxbytes)), end="")

@@ -243,6 +243,11 @@ def format_report(rep: Any, *, max_rank_rows: int = MAX_RANK_ROWS, top_links: in
     elif dtype == "fp32":
         peak_dtype += " CUDA cores: GEMMs without TF32, as PyTorch's default"
     lines = _header(rep.scenario, m, rep.prepared)
+    if m.get("calibration"):
+        cal = m["calibration"]
+        lines.append(f"Calibration {cal['name']} ({cal['profile']}) on top of the shipped calibration.toml; "
+                     f"changes {len(cal['changed'])} constant(s): {', '.join(cal['changed'][:6])}"
+                     + (", ..." if len(cal["changed"]) > 6 else ""))
     lines += [
         "",
         f"Iteration time   {_ms(T)}",

@@ -44,7 +44,7 @@ TRAINING_KEYS = {"global_batch_size": int, "micro_batch_size": int, "dtype": str
                  "compile": bool, "fp8_recipe": str, "fp8_param_gather": bool}
 SIMULATION_KEYS = {
     "fidelity": str, "mode": str, "host_launch_overhead_s": (int, float), "nccl_algo": str, "nccl_proto": str,
-    "record_links": bool, "nccl_tuner_config": str,
+    "record_links": bool, "nccl_tuner_config": str, "calibration": str,
 }
 MAX_NODES = 16384
 """The most servers a scenario (or ``nccl-tests --nodes``) may have: 131,072 GPUs at 8 per node, the size

@@ -1,7 +1,9 @@
 """NCCL constants fitted to measurements, read from ``hwmodel/data/calibration.toml`` (``[nccl]``).
 
 What is copied from NCCL's source stays in code next to its citation; what was fitted or read off
-measurements is here, with the rows it was fitted to documented in the TOML file.
+measurements is here, with the rows it was fitted to documented in the TOML file. A user's calibration
+profile (:mod:`hwmodel.calibration_overlay`), when one is active, is merged over the shipped table, so
+these functions are read where the engine uses them, not once at import.
 """
 
 from __future__ import annotations
@@ -10,17 +12,23 @@ import functools
 from collections.abc import Mapping
 from typing import Any
 
+from hwmodel import calibration_overlay
 from hwmodel.costmodel import Calibration
 
 
-@functools.cache
 def nccl_calibration() -> Mapping[str, Any]:
-    """The ``[nccl]`` table of the shipped calibration file.
+    """The ``[nccl]`` table of the shipped calibration file, with the active profile's merged in.
 
     Raises:
         ValueError: the file has no ``[nccl]`` table.
     """
-    cal = Calibration.load()
+    return _nccl_table(calibration_overlay.active())
+
+
+@functools.cache
+def _nccl_table(overlay: calibration_overlay.Overlay | None) -> Mapping[str, Any]:
+    with calibration_overlay.applied(overlay):
+        cal = Calibration.load()
     table = cal.data.get("nccl")
     if not isinstance(table, Mapping):
         raise ValueError(f"calibration {cal.path}: no [nccl] table")

@@ -133,7 +133,7 @@ class NcclEngine:
         spec = topo.gpu_spec
         if nvlink_efficiency is None:
             arch = _tuner.arch_of(spec.compute_capability)
-            nvlink_efficiency = NVLINK_EFFICIENCY_FIT.get(arch)
+            nvlink_efficiency = _calibration.nvlink_efficiency_fit().get(arch)
         if nvlink_efficiency is None and spec.nvlink_bandwidth_per_link_Bps > 0:
             nvlink_efficiency = spec.nccl_nvlink_bandwidth_per_link_Bps / spec.nvlink_bandwidth_per_link_Bps
         if nvlink_efficiency is not None and not 0 < nvlink_efficiency <= 1:
@@ -352,7 +352,7 @@ class NcclEngine:
         if kind == "nvlink":
             return self.nvlink_efficiency
         if kind in ("ib", "net", "ethernet"):
-            return _tuner.NET_APP_EFFICIENCY
+            return _calibration.ib_app_efficiency()
         return 1.0
 
     # -- what an algorithm asks to lay out its flows (algorithms.base.FlowContext) -------------
@@ -462,6 +462,8 @@ def simulate_nccl_tests(topology: Topology, collective: str, sizes: Iterable[int
     eng = NcclEngine(cluster, fidelity=fidelity, algorithm=algorithm, protocol=protocol,
                      tuner_config=tuner_config)
     env = cluster.env
+    host_launch = _calibration.host_launch_per_gpu_s()
+    host_per_channel = _calibration.host_per_channel_per_gpu_s()
     rows = []
     for size in sizes:
         b = _nt.parse_size(size)
@@ -480,9 +482,9 @@ def simulate_nccl_tests(topology: Topology, collective: str, sizes: Iterable[int
         env.run(until=done)
         t = env.now - t0
         if gpus_per_thread > 1:
-            t = max(t, gpus_per_thread * (HOST_LAUNCH_PER_GPU_S + HOST_PER_CHANNEL_PER_GPU_S * nch))
+            t = max(t, gpus_per_thread * (host_launch + host_per_channel * nch))
         if n == 1:
-            t = max(t, HOST_LAUNCH_PER_GPU_S)
+            t = max(t, host_launch)
         rows.append(_nt.make_row(coll, b, t, n, dt, algorithm=algo, protocol=proto))
     return rows
 

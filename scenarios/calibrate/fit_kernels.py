@@ -1,0 +1,215 @@
+"""Fit the kernel cost model's efficiencies to a profiled step (:mod:`.matcher` pairs).
+
+Each paired task belongs to one *constant* of the cost model (:func:`constant_of`), set in the profile's
+``[gpu."<name>"]`` section so it applies to that GPU only:
+
+- GEMM: ``gemm_class_efficiency.<class>`` by shape class (:func:`hwmodel.costmodel.gemm_class`:
+  convolution or matmul, forward or backward -- cuDNN's Winograd and FFT convolutions do fewer
+  multiplies than the implicit GEMM the model prices, so a convolution class may exceed 1);
+- attention: ``attention.fwd_efficiency.<head_dim>`` / ``bwd_efficiency`` (of the named kernel's table
+  where the task names one); causality stays the model's (it prices only the executed key blocks);
+- memory-bound kinds: ``hbm_efficiency_by_kind.<kind>``.
+
+Every constant is solved alone (their tasks are disjoint) by bisection so that the model's execution
+time of its rows (solo time less the launch overhead) equals their measured kernel time: a constant is
+fitted to kernel rows only, the rows are listed with their residuals. Then ``launch_overhead_s`` -- what
+the step spends between and beside the modelled kernels -- is fitted to the time that is no paired
+kernel's: ``(idle + unmatched trace work - modelled time of unmatched tasks) / tasks``. It uses no paired
+row, so holding kernels out (``holdout``) leaves it unchanged and the held-out rows are a true
+out-of-sample check.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from hwmodel.costmodel import MEMORY_BOUND_KINDS, ArchCalibration, KernelCostModel, gemm_class, normalise_dtype
+from hwmodel.ir import Compute
+from scenarios.calibrate.matcher import Matching, Pair
+
+BOUNDS = {"gemm": (0.02, 4.0), "attention": (0.02, 1.5), "memory": (0.02, 1.5)}
+"""Search range of each constant kind (fractions of the datasheet peak): a convolution class above 1
+is cuDNN's Winograd/FFT arithmetic saving; an HBM fraction above 1 means the model over-counts bytes."""
+
+
+MIN_CLASS_SUPPORT = 0.5
+"""A GEMM class is fitted only where its fitted rows carry at least half of the class's modelled time
+(held-out rows excluded): otherwise its few rows are one algorithm's, and the class keeps the pooled
+``gemm_efficiency.<dtype>`` fitted to every GEMM row."""
+
+
+@dataclass
+class ConstantFit:
+    """One fitted constant."""
+
+    path: tuple[str, ...]
+    """Keys below the GPU's section, e.g. ``("gemm_class_efficiency", "conv_fwd")``."""
+    shipped: float
+    fitted: float
+    rows: int
+    measured_s: float
+    predicted_before_s: float
+    predicted_after_s: float
+    note: str = ""
+
+
+@dataclass
+class KernelFit:
+    """The result of :func:`fit_kernels`."""
+
+    constants: list[ConstantFit]
+    launch_overhead_s: float
+    shipped_launch_overhead_s: float
+    cal: ArchCalibration
+    """The calibration with every fitted value in."""
+    held_out: frozenset[str] = field(default_factory=frozenset)
+    launch_terms: dict[str, float] = field(default_factory=dict)
+
+    def values(self) -> dict[tuple[str, ...], float]:
+        """Profile key path (below the GPU section) -> fitted value."""
+        out = {c.path: c.fitted for c in self.constants}
+        out[("launch_overhead_s",)] = self.launch_overhead_s
+        return out
+
+
+def constant_of(task: Compute, cal: ArchCalibration) -> tuple[tuple[str, ...], float, str] | None:
+    """(profile key path, shipped value, bounds key) of the constant ``task``'s time depends on, or
+    ``None`` (a fixed-time task)."""
+    if task.fixed_time_s is not None:
+        return None
+    if task.kind == "gemm":
+        return ("gemm_class_efficiency", gemm_class(task)), cal.gemm_eff(normalise_dtype(task.dtype)), "gemm"
+    if task.kind == "attention" and len(task.shape) == 5:
+        d = int(task.shape[4])
+        bwd = task.phase == "bwd" or "bwd" in task.name.lower() or "backward" in task.name.lower()
+        f, b, _ = cal.attention_params(d, task.attention_kernel)
+        table = "bwd_efficiency" if bwd else "fwd_efficiency"
+        prefix: tuple[str, ...] = ("attention",) if not task.attention_kernel else (
+            "attention", "kernels", task.attention_kernel)
+        return (*prefix, table, str(d)), (b if bwd else f), "attention"
+    if task.kind in MEMORY_BOUND_KINDS:
+        return ("hbm_efficiency_by_kind", task.kind), cal.hbm_efficiency, "memory"
+    return None
+
+
+def with_value(cal: ArchCalibration, path: tuple[str, ...], value: float) -> ArchCalibration:
+    """``cal`` with the constant at ``path`` set to ``value``."""
+    if path[0] == "gemm_efficiency":
+        return replace(cal, gemm_efficiency={**cal.gemm_efficiency, path[1]: value})
+    if path[0] == "gemm_class_efficiency":
+        return replace(cal, gemm_class_efficiency={**cal.gemm_class_efficiency, path[1]: value})
+    if path[0] == "hbm_efficiency_by_kind":
+        return replace(cal, hbm_efficiency_by_kind={**cal.hbm_efficiency_by_kind, path[1]: value})
+    if path[0] == "launch_overhead_s":
+        return replace(cal, launch_overhead_s=value)
+    if path[0] == "attention":
+        table, d = path[-2], int(path[-1])
+        if len(path) == 3:
+            if table == "fwd_efficiency":
+                return replace(cal, attention_fwd_efficiency={**cal.attention_fwd_efficiency, d: value})
+            return replace(cal, attention_bwd_efficiency={**cal.attention_bwd_efficiency, d: value})
+        kernel = path[2]
+        own = dict(cal.attention_kernels.get(kernel, {}))
+        own[table] = {**{int(k): v for k, v in own.get(table, {}).items()}, d: value}
+        return replace(cal, attention_kernels={**cal.attention_kernels, kernel: own})
+    raise ValueError(f"unknown calibration constant {'.'.join(path)}")
+
+
+def exec_time(model: KernelCostModel, cal: ArchCalibration, tasks: Any) -> float:
+    """Modelled execution time (solo time less launch) of ``tasks`` under ``cal``, seconds."""
+    saved = model.cal
+    model.cal = cal
+    model._cache.clear()
+    try:
+        return sum(model.cost(t).solo_time_s - cal.launch_overhead_s for t in tasks)
+    finally:
+        model.cal = saved
+        model._cache.clear()
+
+
+def _solve(model: KernelCostModel, cal: ArchCalibration, path: tuple[str, ...], tasks: list[Compute],
+           measured: float, bounds: tuple[float, float]) -> tuple[float, str]:
+    lo, hi = bounds
+    f_lo = exec_time(model, with_value(cal, path, lo), tasks)
+    f_hi = exec_time(model, with_value(cal, path, hi), tasks)
+    if abs(f_lo - f_hi) <= 1e-12 * max(f_lo, 1e-30):
+        return float("nan"), "not identifiable (time does not depend on it)"
+    if measured >= f_lo:
+        return lo, "at the lower bound"
+    if measured <= f_hi:
+        return hi, "at the upper bound"
+    a, b = math.log(lo), math.log(hi)
+    for _ in range(60):  # time falls as the efficiency rises
+        m = (a + b) / 2
+        if exec_time(model, with_value(cal, path, math.exp(m)), tasks) > measured:
+            a = m
+        else:
+            b = m
+    return math.exp((a + b) / 2), ""
+
+
+def fit_kernels(matching: Matching, model: KernelCostModel, step_time_s: float, busy_s: float,
+                holdout: frozenset[str] = frozenset()) -> KernelFit:
+    """Fit the constants of :func:`constant_of` and ``launch_overhead_s`` (see the module docstring).
+
+    Args:
+        matching: the paired step.
+        model: a cost model of the traced GPU (``sustained=True``, as the simulator prices training).
+        step_time_s, busy_s: the step's GPU time and the sum of its GPU event durations.
+        holdout: kernel names whose op instances (by longest kernel) stay out of the fit.
+    """
+    base = model.cal
+    groups: dict[tuple[str, ...], tuple[float, str, list[Pair]]] = {}
+    support: dict[tuple[str, ...], list[Pair]] = {}
+    for pair in matching.pairs:
+        c = constant_of(pair.task, base)
+        if c is None or not pair.op.events:
+            continue
+        support.setdefault(c[0], []).append(pair)
+        if pair.op.main_kernel in holdout:
+            continue
+        groups.setdefault(c[0], (c[1], c[2], []))[2].append(pair)
+        if c[2] == "gemm":  # the pooled GEMM efficiency of the dtype, behind every class
+            dtype = normalise_dtype(pair.task.dtype)
+            groups.setdefault(("gemm_efficiency", dtype), (base.gemm_eff(dtype), "gemm", []))[2].append(pair)
+    cal = base
+    fits = []
+    for path in sorted(groups, key=lambda p: (p[0] != "gemm_efficiency", p)):
+        shipped, bounds_key, pairs = groups[path]
+        tasks = [t for p in pairs for t in p.tasks]
+        if path in support:  # a class whose rows are mostly held out keeps the pooled value
+            whole = exec_time(model, cal, [t for p in support[path] for t in p.tasks])
+            if exec_time(model, cal, tasks) < MIN_CLASS_SUPPORT * whole:
+                continue
+        measured = sum(p.op.dur_s for p in pairs)
+        before = exec_time(model, base, tasks)
+        value, note = _solve(model, cal, path, tasks, measured, BOUNDS[bounds_key])
+        if math.isnan(value):
+            value = shipped
+        cal = with_value(cal, path, value)
+        after = exec_time(model, cal, tasks)
+        fits.append(ConstantFit(path, shipped, value, len(pairs), measured, before, after, note))
+    unmatched_busy = sum(op.dur_s for _, op in matching.unmatched_ops)
+    idle = max(step_time_s - busy_s, 0.0)
+    n_tasks = sum(len(p.tasks) for p in matching.pairs) + len(matching.unmatched_tasks)
+    unmatched_model = exec_time(model, cal, matching.unmatched_tasks)
+    launch = max((idle + unmatched_busy - unmatched_model) / max(n_tasks, 1), 0.0)
+    cal = replace(cal, launch_overhead_s=launch)
+    return KernelFit(fits, launch, base.launch_overhead_s, cal, holdout,
+                     {"idle_s": idle, "unmatched_trace_s": unmatched_busy, "unmatched_model_s": unmatched_model,
+                      "tasks": float(n_tasks)})
+
+
+def holdout_names(matching: Matching, every: int = 3) -> frozenset[str]:
+    """Every ``every``-th distinct kernel name (by longest kernel of the paired op instances, sorted):
+    a third of the kernels by name for ``every = 3``."""
+    names = sorted({p.op.main_kernel for p in matching.pairs if p.op.events})
+    return frozenset(n for i, n in enumerate(names) if i % every == every - 1)
+
+
+def predicted_step_s(matching: Matching, model: KernelCostModel, cal: ArchCalibration) -> float:
+    """The step as the sum of every model task's solo time under ``cal`` (one stream, one GPU)."""
+    tasks = [t for p in matching.pairs for t in p.tasks] + matching.unmatched_tasks
+    return exec_time(model, cal, tasks) + cal.launch_overhead_s * len(tasks)

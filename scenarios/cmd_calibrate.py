@@ -1,0 +1,227 @@
+"""``trainsim calibrate``: fit the model's constants to your own measurements; write a profile.
+
+    trainsim calibrate --kineto trace.json.gz --scenario my-model.toml [--output cluster.toml]
+    trainsim calibrate --nccl-log all_reduce_perf.log ... --system dgx-a100
+    trainsim calibrate --measured iteration_time_s=1.23 --scenario my-model.toml
+
+``--kineto``: a PyTorch profiler trace of the scenario's model on one GPU of the scenario's kind. Its
+steady step's kernels are paired with the traced model's tasks, and the kernel efficiencies (GEMM by
+shape class, attention by head dim, memory-bound kinds) and the launch overhead are fitted
+(:mod:`scenarios.calibrate.fit_kernels`); the simulated iteration is then compared with the step, and the
+fit is repeated with a third of the kernels (by name) held out (out-of-sample error).
+``--nccl-log``: nccl-tests output; fits the NCCL constants of ``calibration.toml [nccl]``
+(:mod:`scenarios.calibrate.fit_nccl`). ``--measured iteration_time_s=X``: one end-to-end number; it moves
+only what the other inputs leave free (the GPU's sustained clock fraction, unless a trace fitted the
+kernels, in which case it is compared, not fitted) and says by how much.
+
+The profile (``--output``, default beside the first input: ``<input>.calibration.toml``) holds the
+fitted values in calibration.toml's layout, the rows they were fitted to, the residuals and the
+unmatched kernels; it is written atomically. Apply it with ``--calibration PATH`` on any command or
+``[simulation] calibration = "PATH"``. The shipped calibration.toml is never changed.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from scenarios.cli import UserError, add_trust_code, output_file
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("calibrate", help="fit the model's constants to a Kineto trace, nccl-tests logs or a "
+                                                "measured iteration time; write a calibration profile",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--kineto", metavar="TRACE", default=None,
+                   help="PyTorch profiler (Kineto) Chrome-trace JSON, .json or .json.gz, of the model on one GPU")
+    p.add_argument("--scenario", default=None, help="the traced model's scenario (a TOML file or catalog name)")
+    p.add_argument("--nccl-log", metavar="FILE", nargs="+", default=None, help="nccl-tests output file(s)")
+    p.add_argument("--system", default=None, help="the system the nccl-tests ran on (trainsim list systems)")
+    p.add_argument("--measured", metavar="iteration_time_s=X", default=None,
+                   help="a measured end-to-end iteration time of --scenario, seconds")
+    p.add_argument("--output", metavar="PATH", default=None, help="the profile to write (default beside the input)")
+    add_trust_code(p)
+    p.set_defaults(func=run)
+
+
+def _measured(text: str | None) -> float | None:
+    if text is None:
+        return None
+    key, _, value = text.partition("=")
+    if key.strip() != "iteration_time_s":
+        raise UserError(f"--measured: expected iteration_time_s=SECONDS, got {text!r}")
+    try:
+        x = float(value)
+    except ValueError:
+        raise UserError(f"--measured: iteration_time_s must be a number of seconds, got {value!r}") from None
+    if not x > 0:
+        raise UserError(f"--measured: iteration_time_s must be > 0, got {x:g}")
+    return x
+
+
+def _output(args: argparse.Namespace) -> Path:
+    if args.output:
+        return output_file("--output", args.output)
+    first = args.kineto or (args.nccl_log[0] if args.nccl_log else None) or args.scenario
+    src = Path(first)
+    name = src.name.removesuffix(".gz").removesuffix(".json").removesuffix(".toml").removesuffix(".log")
+    folder = src.parent if src.parent.is_dir() and src.exists() else Path()
+    return folder / f"{name}.calibration.toml"
+
+
+def run(args: argparse.Namespace) -> int:
+    from scenarios.calibrate import CalibrationInputError
+
+    measured = _measured(args.measured)
+    if not (args.kineto or args.nccl_log or measured is not None):
+        raise UserError("give --kineto TRACE, --nccl-log FILE... or --measured iteration_time_s=X")
+    if (args.kineto or measured is not None) and not args.scenario:
+        raise UserError("--kineto and --measured need --scenario (the measured model)")
+    if args.nccl_log and not args.system:
+        raise UserError("--nccl-log needs --system (the system the nccl-tests ran on)")
+    out = _output(args)
+    try:
+        return _calibrate(args, measured, out)
+    except CalibrationInputError as exc:
+        raise UserError(str(exc)) from None
+
+
+def _calibrate(args: argparse.Namespace, measured: float | None, out: Path) -> int:
+    from hwmodel.calibration_overlay import load_overlay, merge
+    from scenarios.calibrate.profile import write_profile
+
+    doc: dict[str, Any] = {"profile": {"name": out.stem, "created_by": "trainsim calibrate",
+                                       "inputs": [str(x) for x in [args.kineto, *(args.nccl_log or [])] if x]}}
+    sections: dict[str, Any] = {}
+    scenario = prep = None
+    kernels_fitted = False
+    if args.scenario:
+        from scenarios.cmd_run import load
+
+        scenario = load(args.scenario, [], args.trust_code)
+        doc["profile"]["scenario"] = scenario.name
+    if args.kineto:
+        from scenarios.calibrate.pipeline import pair_trace
+
+        paired = pair_trace(args.kineto, scenario)
+        prep = paired.prep
+        kernel_doc, kernel_sections = _kernels(paired)
+        doc.update(kernel_doc)
+        sections = merge(sections, kernel_sections)
+        kernels_fitted = True
+    if args.nccl_log:
+        sections = merge(sections, _nccl(args.nccl_log, args.system, doc))
+    if measured is not None:
+        from scenarios.runner import prepare
+
+        prep = prep or prepare(scenario)
+        sections = merge(sections, _end_to_end(prep, measured, sections, kernels_fitted, doc))
+    doc.update(sections)
+    write_profile(out, doc)
+    back = load_overlay(out)  # reads what was written, as --calibration will
+    print(f"\nWrote {out} ({len(back.changed)} constant(s): {', '.join(back.changed[:8])}"
+          + (", ..." if len(back.changed) > 8 else "") + ")")
+    return 0
+
+
+def _kernels(paired: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Fit the kernel constants; print the comparison; return the profile's tables and model sections."""
+    from hwmodel.calibration_overlay import Overlay
+    from scenarios.calibrate.compare import pair_rows
+    from scenarios.calibrate.fit_kernels import fit_kernels, holdout_names
+    from scenarios.calibrate.pipeline import simulate
+    from scenarios.calibrate.profile import nested
+
+    tr, m, gpu = paired.trace, paired.matching, paired.prep.topology.gpu_spec.name
+    fit = fit_kernels(m, paired.model, tr.step_time_s, tr.busy_s)
+    held = holdout_names(m)
+    fit_out = fit_kernels(m, paired.model, tr.step_time_s, tr.busy_s, holdout=held)
+
+    def sections_of(f: Any) -> dict[str, Any]:
+        return nested({("gpu", gpu, *path): value for path, value in f.values().items()})
+
+    before = simulate(paired.prep, None)
+    after = simulate(paired.prep, Overlay("(fit)", "fit", sections_of(fit), ()))
+    out_of_sample = simulate(paired.prep, Overlay("(holdout)", "holdout", sections_of(fit_out), ()))
+    T = tr.step_time_s
+    print(f"# trainsim calibrate: {tr.path}, {tr.step_name} of {len(tr.steps)} step(s) on {tr.gpu_name or gpu}")
+    print(f"  measured step          {T * 1e3:10.3f} ms  ({len(tr.ops)} op instances, "
+          f"{sum(len(o.events) for o in tr.ops)} GPU events)")
+    print(f"  simulated, shipped     {before * 1e3:10.3f} ms  ({before / T - 1:+.1%})")
+    print(f"  simulated, fitted      {after * 1e3:10.3f} ms  ({after / T - 1:+.1%})")
+    print(f"  out of sample          {out_of_sample * 1e3:10.3f} ms  ({out_of_sample / T - 1:+.1%}; fitted "
+          f"without {len(held)} of {len({p.op.main_kernel for p in m.pairs if p.op.events})} kernel names)")
+    print(f"  {'constant':42s} {'shipped':>8s} {'fitted':>8s} {'rows':>5s} {'measured':>11s} {'before':>11s}")
+    for c in fit.constants:
+        print(f"  {'.'.join(c.path):42s} {c.shipped:8.4f} {c.fitted:8.4f} {c.rows:5d} {c.measured_s * 1e3:8.3f} ms "
+              f"{c.predicted_before_s * 1e3:8.3f} ms {c.note}")
+    print(f"  {'launch_overhead_s':42s} {fit.shipped_launch_overhead_s:8.2e} {fit.launch_overhead_s:8.2e}")
+    unmatched = m.unmatched_kernels()
+    if unmatched:
+        print(f"  unmatched trace work: {len(unmatched)} kernel name(s), "
+              f"{sum(r[2] for r in unmatched) * 1e3:.3f} ms (listed in the profile)")
+    doc = {"fit": {"kernels": {
+        "trace": tr.path, "step": tr.step_name, "measured_step_s": T, "simulated_shipped_s": before,
+        "simulated_fitted_s": after, "error": after / T - 1, "simulated_out_of_sample_s": out_of_sample,
+        "out_of_sample_error": out_of_sample / T - 1, "held_out_kernel_names": len(held),
+        "launch_overhead_terms": dict(fit.launch_terms),
+        "constants": [{"path": ".".join(("gpu", gpu, *c.path)), "shipped": c.shipped, "fitted": c.fitted,
+                       "rows": c.rows, "measured_s": c.measured_s, "predicted_shipped_s": c.predicted_before_s,
+                       "predicted_fitted_s": c.predicted_after_s, "note": c.note} for c in fit.constants]}},
+        "rows": pair_rows(m, paired.model, fit.cal),
+        "unmatched": [{"kernel": n, "launches": k, "total_s": s} for n, k, s in unmatched]
+        + [{"model_task": t.name, "layer": t.layer, "kind": t.kind} for t in m.unmatched_tasks]}
+    return doc, sections_of(fit)
+
+
+def _nccl(paths: list[str], system: str, doc: dict[str, Any]) -> dict[str, Any]:
+    from hwmodel.calibration_overlay import merge
+    from scenarios.calibrate.fit_nccl import fit_nccl
+    from scenarios.calibrate.nccl_log import read_nccl_log
+
+    sections: dict[str, Any] = {}
+    fits = []
+    for path in paths:
+        log = read_nccl_log(path)
+        f = fit_nccl(log, system)
+        sections = merge(sections, f.sections)
+        print(f"# trainsim calibrate: {path}: {log.collective}, {log.ranks} ranks on {log.nodes} node(s) of {system}"
+              + (f", NCCL {log.nccl_version}" if log.nccl_version else ""))
+        for key, a, b in f.changed:
+            print(f"  {key:40s} {a:.4g} -> {b:.4g}")
+        print(f"  {'size':>12s} {'measured':>9s} {'simulated':>9s} {'error':>7s}  (busbw GB/s)")
+        for c in f.comparison:
+            print(f"  {c['size_bytes']:12d} {c['measured_busbw_GBps']:9.2f} {c['simulated_busbw_GBps']:9.2f} "
+                  f"{c['error']:+7.1%}" + ("  held out" if c["held_out"] else ""))
+        fits.append({"log": path, "system": system, "collective": log.collective, "ranks": log.ranks,
+                     "nodes": log.nodes, "gpus_per_thread": log.gpus_per_thread, "nccl_version": log.nccl_version,
+                     "changed": [{"path": k, "shipped": a, "fitted": b} for k, a, b in f.changed],
+                     "sizes": f.comparison})
+    doc.setdefault("fit", {})["nccl"] = fits
+    return {"nccl": sections}
+
+
+def _end_to_end(prep: Any, measured: float, sections: dict[str, Any], kernels_fitted: bool,
+                doc: dict[str, Any]) -> dict[str, Any]:
+    from hwmodel.calibration_overlay import Overlay
+    from hwmodel.costmodel import Calibration
+    from scenarios.calibrate.fit_measured import fit_clock
+    from scenarios.calibrate.pipeline import simulate
+
+    gpu = prep.topology.gpu_spec
+    if kernels_fitted:
+        t = simulate(prep, Overlay("(fit)", "fit", sections, ()))
+        print(f"# measured iteration {measured:.6g} s, simulated with the fitted kernels {t:.6g} s "
+              f"({t / measured - 1:+.1%}); the trace fixed the kernel constants: nothing moved")
+        doc.setdefault("fit", {})["measured"] = {"iteration_time_s": measured, "simulated_s": t, "moved": ""}
+        return {}
+    shipped = Calibration.load().for_gpu(gpu).sustained_clock_fraction
+    value, t0, t1 = fit_clock(prep, measured, sections, shipped)
+    print(f"# measured iteration {measured:.6g} s: simulated {t0:.6g} s before, {t1:.6g} s after; moved "
+          f"gpu.{gpu.name}.sustained_clock_fraction {shipped:.4f} -> {value:.4f} ({value / shipped - 1:+.1%})")
+    doc.setdefault("fit", {})["measured"] = {"iteration_time_s": measured, "simulated_before_s": t0,
+                                             "simulated_after_s": t1,
+                                             "moved": f"gpu.{gpu.name}.sustained_clock_fraction",
+                                             "shipped": shipped, "fitted": value}
+    return {"gpu": {gpu.name: {"sustained_clock_fraction": value}}}
