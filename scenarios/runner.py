@@ -37,7 +37,7 @@ from scenarios.hierarchical import macro_programs
 from scenarios.metrics import peak_dtype_for as peak_dtype_for  # re-exported, as scenario_path
 from scenarios.metrics import run_metrics
 from scenarios.notes import what_if_notes
-from scenarios.scenario import MAX_NODES, Scenario
+from scenarios.scenario import MAX_GPUS, MAX_NODES, Scenario
 from scenarios.user_code import check_trusted, load_factory
 from workload.custom import MODULE_KEYS, CustomModel
 from workload.parallel.builder import BuildResult, build_programs
@@ -147,12 +147,18 @@ def _is_cluster_file(path: Path) -> bool:
 
 
 def check_nodes(system: dict) -> int:
-    """``[system] nodes``, checked against 1..:data:`MAX_NODES`."""
+    """``[system] nodes``, checked against 1..:data:`MAX_NODES` and the GPUs against :data:`MAX_GPUS`
+    (nodes x the node's GPUs, which differ by system: 8 on a DGX, 72 on a GB200 NVL72 rack)."""
     nodes = system.get("nodes", 1)
-    if not 1 <= nodes <= MAX_NODES:
-        raise ValueError(f"[system] nodes must be in 1..{MAX_NODES}, got {nodes} ({MAX_NODES} nodes = "
-                         f"{MAX_NODES * 8:,} GPUs, as today's largest training clusters, is the most "
-                         f"trainsim is built to simulate)")
+    try:
+        per_node = system.get("gpus_per_node") or get_system(system["name"]).gpus_per_node
+    except (KeyError, ValueError):  # an unknown system is named by build_topology's own error
+        per_node = 1
+    if not 1 <= nodes <= MAX_NODES or nodes * per_node > MAX_GPUS:
+        most = min(MAX_NODES, MAX_GPUS // per_node)
+        raise ValueError(f"[system] nodes must be in 1..{most}, got {nodes} ({most:,} nodes x {per_node} GPUs; "
+                         f"{MAX_GPUS:,} GPUs, as today's largest training clusters, is the most trainsim is "
+                         f"built to simulate)")
     return nodes
 
 
@@ -175,11 +181,12 @@ def build_topology(system: dict, base_dir: str | Path | None = None, gpu=None) -
     if gpu is None:
         gpu = system_gpu(system, base_dir)
     nodes = check_nodes(system)
-    return build_system(system["name"], nodes, fabric=system.get("fabric", "rail_optimized"),
-                        oversubscription=float(system.get("oversubscription", 1.0)), gpu_override=gpu,
+    ratio = {k: float(system[k]) for k in ("oversubscription", "core_oversubscription") if k in system}
+    return build_system(system["name"], nodes, fabric=system.get("fabric"), gpu_override=gpu,
                         nic_override=system.get("nic"), su_size=system.get("su_size"),
                         fabric_switch=system.get("fabric_switch"), nodes_per_leaf=system.get("nodes_per_leaf"),
-                        num_spines=system.get("spines"), **node_shape_keys(system))
+                        num_spines=system.get("spines"), leaves_per_pod=system.get("leaves_per_pod"),
+                        **ratio, **node_shape_keys(system))
 
 
 def build_model_config(model: dict, training: dict, base_dir: str | Path | None = None, *,

@@ -95,19 +95,37 @@ class Layout:
 
     def mirror(self, ranks: tuple[int, ...]) -> list[tuple[int, ...]]:
         """``ranks`` shifted by every (tp, cp, dp) offset: the tuples that act like ``ranks`` at the
-        same time in a symmetric run, ``ranks`` first, duplicates (as sets) removed."""
+        same time in a symmetric run, ``ranks`` first, duplicates (as sets) removed.
+
+        With expert parallelism a data-parallel offset ``q * ep + e`` moves whole expert-parallel blocks
+        by ``q`` and rotates each block by ``e`` (:meth:`_shift_dp`), so that an expert-parallel group
+        maps onto an expert-parallel group (a plain shift by ``e`` would straddle two blocks: a
+        communicator no rank uses, with all-to-all traffic across nodes that never happens)."""
         coords = [self.coords(r) for r in ranks]
         T, C, D = self.sizes["tp"], self.sizes["cp"], self.sizes["dp"]
+        shift = self._shift_dp
         out: list[tuple[int, ...]] = [tuple(ranks)]
         seen = {frozenset(ranks)}
         for dt in range(T):
             for dc in range(C):
                 for dd in range(D):
                     other = tuple(self.rank(tp=(c["tp"] + dt) % T, cp=(c["cp"] + dc) % C,
-                                            dp=(c["dp"] + dd) % D, pp=c["pp"]) for c in coords)
+                                            dp=shift(c["dp"], dd), pp=c["pp"]) for c in coords)
                     key = frozenset(other)
                     if key not in seen:
                         seen.add(key)
                         out.append(other)
         return out
 
+    def _shift_dp(self, dp: int, offset: int) -> int:
+        """Data-parallel coordinate ``dp`` under the mirror offset ``offset`` (0 <= offset < dp size):
+        ``offset = q * ep + e`` moves ``dp``'s expert-parallel block by ``q`` blocks and its place in the
+        block by ``e``, both cyclically; ``(dp + offset) % dp size`` when ``ep`` is 1. It is a symmetry
+        of every communicator: data-parallel groups, expert-parallel blocks and expert data-parallel
+        groups (one place in every block) map onto their own kind."""
+        ep = self.config.ep
+        if ep == 1:
+            return (dp + offset) % self.sizes["dp"]
+        q, e = divmod(offset, ep)
+        blocks = self.sizes["dp"] // ep
+        return ((dp // ep + q) % blocks) * ep + (dp % ep + e) % ep
