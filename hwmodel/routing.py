@@ -7,7 +7,8 @@ point-to-point traffic of a large cluster cost O(NICs) per route (issue 14: 75 %
 4,096 GPUs). This module gives the SAME routes from the structure instead:
 
 - :class:`ClosRoutes`, the fabric between two NICs when the fabric is a two-level Clos (rail-optimised
-  or plain fat tree), a three-level one (below), or a single switch: every NIC has exactly one fabric switch (its leaf), switches
+  or plain fat tree), a three-level one (below), or a single switch: every NIC has exactly one fabric
+  switch (its leaf), switches
   are leaves (with NICs) and spines (without), every leaf is joined both ways to every spine and to
   nothing else, and every fabric link has the same routing cost. Then a route is ``nic -> leaf -> nic``
   on one leaf, else ``nic -> leaf -> spine -> leaf -> nic`` with the spine chosen among ALL spines,
@@ -67,36 +68,13 @@ class ClosRoutes:
         switches = [n for n, k in kinds.items() if k == "ib_switch"]
         if not switches:
             return None
-        leaf_of: dict[str, str] = {}
         costs: set[float] = set()
-        for n, k in kinds.items():
-            if k != "nic":
-                continue
-            up = [v for v in succ_cost[n] if kinds[v] == "ib_switch"]
-            down = [u for u in pred_cost[n] if kinds[u] == "ib_switch"]
-            if any(kinds[v] == "nic" for v in succ_cost[n]) or len(up) != 1 or down != up:
-                return None
-            leaf_of[n] = up[0]
-            costs.update((succ_cost[n][up[0]], pred_cost[n][up[0]]))
+        leaf_of = _leaf_of(kinds, succ_cost, pred_cost, costs)
+        if leaf_of is None:
+            return None
         leaves = set(leaf_of.values())
-        for n, leaf in leaf_of.items():  # a leaf's NIC links are exactly its own NICs'
-            if succ_cost[leaf].get(n) is None:
-                return None
-        for leaf in leaves:
-            if any(leaf_of.get(v) != leaf for v in succ_cost[leaf] if kinds[v] == "nic"):
-                return None
-        nbrs = {}  # switch -> its switch neighbours, the same both ways (else None)
-        for sw in switches:
-            out = {v for v in succ_cost[sw] if kinds[v] == "ib_switch"}
-            if out != {u for u in pred_cost[sw] if kinds[u] == "ib_switch"}:
-                return None
-            if any(kinds[v] not in ("ib_switch", "nic") for t in (succ_cost[sw], pred_cost[sw]) for v in t):
-                return None
-            if sw not in leaves and any(kinds[v] == "nic" for v in succ_cost[sw]):
-                return None
-            nbrs[sw] = out
-            costs.update(c for v, c in succ_cost[sw].items() if kinds[v] == "ib_switch")
-        if len(costs) > 1:
+        nbrs = _switch_neighbours(switches, leaves, kinds, succ_cost, pred_cost, costs)
+        if nbrs is None or len(costs) > 1:
             return None
         spine_set = set().union(*(nbrs[leaf] for leaf in leaves)) if leaves else set()
         if spine_set & leaves:
@@ -161,6 +139,48 @@ class ClosRoutes:
         assert c is not None
         t = self.spine_to_pod[(c, self.pod_of[lb])]
         return [(a, la), (la, s), (s, c), (c, t), (t, lb), (lb, b)]
+
+
+def _leaf_of(kinds: dict[str, str], succ_cost: dict[str, dict[str, float]],
+             pred_cost: dict[str, dict[str, float]], costs: set[float]) -> dict[str, str] | None:
+    """NIC -> its one leaf (joined both ways, and the leaf's NIC links exactly its own NICs'), the link
+    costs added to ``costs``; None when a NIC has no single leaf or joins another NIC."""
+    leaf_of: dict[str, str] = {}
+    for n, k in kinds.items():
+        if k != "nic":
+            continue
+        up = [v for v in succ_cost[n] if kinds[v] == "ib_switch"]
+        down = [u for u in pred_cost[n] if kinds[u] == "ib_switch"]
+        if any(kinds[v] == "nic" for v in succ_cost[n]) or len(up) != 1 or down != up:
+            return None
+        leaf_of[n] = up[0]
+        costs.update((succ_cost[n][up[0]], pred_cost[n][up[0]]))
+    for n, leaf in leaf_of.items():
+        if succ_cost[leaf].get(n) is None:
+            return None
+    for leaf in set(leaf_of.values()):
+        if any(leaf_of.get(v) != leaf for v in succ_cost[leaf] if kinds[v] == "nic"):
+            return None
+    return leaf_of
+
+
+def _switch_neighbours(switches: list[str], leaves: set[str], kinds: dict[str, str],
+                       succ_cost: dict[str, dict[str, float]], pred_cost: dict[str, dict[str, float]],
+                       costs: set[float]) -> dict[str, set[str]] | None:
+    """Switch -> its switch neighbours (the same both ways), the link costs added to ``costs``; None when
+    a switch joins anything but switches and NICs, or a non-leaf joins a NIC."""
+    nbrs: dict[str, set[str]] = {}
+    for sw in switches:
+        out = {v for v in succ_cost[sw] if kinds[v] == "ib_switch"}
+        if out != {u for u in pred_cost[sw] if kinds[u] == "ib_switch"}:
+            return None
+        if any(kinds[v] not in ("ib_switch", "nic") for t in (succ_cost[sw], pred_cost[sw]) for v in t):
+            return None
+        if sw not in leaves and any(kinds[v] == "nic" for v in succ_cost[sw]):
+            return None
+        nbrs[sw] = out
+        costs.update(c for v, c in succ_cost[sw].items() if kinds[v] == "ib_switch")
+    return nbrs
 
 
 def _pick(cands: tuple[str, ...], hkey: str, at: str) -> str | None:

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from hwmodel import systems
-from hwmodel.systems import SystemSpec
 from hwmodel.specs import UnknownNameError, get_gpu, get_nic, get_switch, load_gpu_file
+from hwmodel.systems import SystemSpec
 from hwmodel.topology import (
     Topology,
     build_cluster,
