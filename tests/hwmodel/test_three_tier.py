@@ -156,3 +156,14 @@ def test_scenario_keys_reach_the_fabric(tmp_path):
     t = build_topology({"name": "dgx-h100", "nodes": 6, "fabric": "fat_tree", "nodes_per_leaf": 1,
                         "leaves_per_pod": 2, "core_oversubscription": 4})
     assert len(_switches(t, "core")) >= 1 and t.graph.graph["core_oversubscription"] == 4.0
+
+
+def test_node_cap_counts_the_nodes_gpus():
+    """131,072 GPUs at most: 16,384 DGX nodes, but 1,820 GB200 NVL72 racks (the cap once assumed 8 per node)."""
+    from scenarios.runner import check_nodes
+
+    assert check_nodes({"name": "gb200-nvl72", "nodes": 1820}) == 1820
+    with pytest.raises(ValueError, match=r"nodes must be in 1\.\.1820, got 1821 \(1,820 nodes x 72 GPUs"):
+        check_nodes({"name": "gb200-nvl72", "nodes": 1821})
+    with pytest.raises(ValueError, match=r"nodes must be in 1\.\.16384, got 16385 \(16,384 nodes x 8 GPUs"):
+        check_nodes({"name": "dgx-h100", "nodes": 16385})
