@@ -117,7 +117,7 @@ class Runtime:
     def __init__(self, cluster: Cluster, programs: Mapping[int, Program] | Iterable[Program], *,
                  placement: Mapping[int, str] | None = None,
                  host_launch_overhead_s: float = DEFAULT_HOST_LAUNCH_OVERHEAD_S, nccl: NcclEngine | None = None,
-                 mirror: Callable[[tuple[int, ...]], Iterable[tuple[int, ...]]] | None = None) -> None:
+                 mirror: Callable[..., Iterable[tuple[int, ...]]] | None = None) -> None:
         self.cluster = cluster
         self.env = cluster.env
         progs = dict(programs) if isinstance(programs, Mapping) else {p.rank: p for p in programs}
