@@ -1,7 +1,8 @@
 """Multi-node fabrics: the InfiniBand switches joining the nodes' NICs, and :func:`build_cluster`.
 
 Rail-optimised (NIC *i* of every node -> leaf *i* of its scalable unit, as the DGX SuperPOD reference
-architectures), plain two-level fat tree, or a single switch. The parallel cables between a leaf and a
+architectures), plain two-level fat tree, either with a core layer above pods of leaves (three tiers,
+:class:`Pods`), or a single switch. The parallel cables between a leaf and a
 spine are ONE edge with their summed bandwidth, and every leaf connects to every spine, so the flow
 solver stays small. Each NIC<->switch edge runs at the slower of NIC and switch port and pays half the
 NIC's base latency (~1 us NIC to NIC, perftest issue 131); an edge leaving a switch adds its hop latency.
@@ -37,8 +38,13 @@ def _fabric_link(g: nx.DiGraph, nic: str, sw: str, nic_spec: NICSpec, swspec: Sw
 
 
 def _add_tree(g: nx.DiGraph, leaves: dict[str, list[str]], leaf_uplink_Bps: float, uplink_ports: float,
-              swspec: SwitchSpec, num_spines: int | None) -> None:
-    """Spines above ``leaves``: each leaf joins every spine by ONE edge of uplink capacity / spines."""
+              swspec: SwitchSpec, num_spines: int | None, pods: Pods | None = None) -> None:
+    """Spines above ``leaves``: each leaf joins every spine by ONE edge of uplink capacity / spines.
+    With ``pods`` (and more than one pod), each pod of consecutive leaves gets its own spines and a
+    core layer joins the pods (:func:`_add_core`)."""
+    if pods is not None and len(leaves) > pods.leaves_per_pod:
+        _add_pods(g, list(leaves), leaf_uplink_Bps, uplink_ports, swspec, num_spines, pods)
+        return
     spines = num_spines if num_spines is not None else _spines_for(len(leaves), uplink_ports, swspec.radix)
     if spines < 1:
         raise ValueError(f"num_spines must be >= 1, got {spines}")
@@ -51,20 +57,66 @@ def _add_tree(g: nx.DiGraph, leaves: dict[str, list[str]], leaf_uplink_Bps: floa
             add_link(g, leaf, f"spine{s}", leaf_uplink_Bps / spines, "ib", swspec.hop_latency_s)
 
 
-def _check_oversub(oversubscription: float) -> float:
+class Pods:
+    """The third tier of a Clos: ``leaves_per_pod`` consecutive leaves share a pod's spines, and the
+    spines' uplinks (their downlink capacity / ``core_oversubscription``) go to a core layer."""
+
+    def __init__(self, leaves_per_pod: int, core_oversubscription: float = 1.0) -> None:
+        if isinstance(leaves_per_pod, bool) or not isinstance(leaves_per_pod, int) or leaves_per_pod < 1:
+            raise ValueError(f"leaves_per_pod must be an integer >= 1, got {leaves_per_pod!r}")
+        self.leaves_per_pod = leaves_per_pod
+        self.core_oversubscription = _check_oversub(core_oversubscription, "core_oversubscription")
+
+
+def _add_pods(g: nx.DiGraph, leaves: list[str], leaf_uplink_Bps: float, uplink_ports: float,
+              swspec: SwitchSpec, num_spines: int | None, pods: Pods) -> None:
+    """A three-tier Clos (leaf / spine / core), as the DGX SuperPOD RAs above 4 SUs and Meta's Llama 3
+    clusters (arXiv:2407.21783 sec. 3.3.1): pod *p* holds leaves ``p*L .. p*L+L-1`` and spines
+    ``pod{p}.spine{s}`` (each joined to every leaf of its pod, as the two-tier tree); spine *s* of every
+    pod joins each core of *plane s*, ``core{s}.{c}`` (the usual fat-tree planes), by ONE edge of the
+    spine's uplink capacity / cores per plane. Core count per plane: enough ports for the pods' spine
+    uplinks at the switch radix, at most one per uplink port (as the spines of a two-tier tree)."""
+    per_pod = pods.leaves_per_pod
+    num_pods = math.ceil(len(leaves) / per_pod)
+    spines = num_spines if num_spines is not None else _spines_for(per_pod, uplink_ports, swspec.radix)
+    if spines < 1:
+        raise ValueError(f"num_spines must be >= 1, got {spines}")
+    spine_down_Bps = per_pod * leaf_uplink_Bps / spines  # a full pod's cabling, as a partly filled SU
+    spine_up_ports = per_pod * uplink_ports / spines / pods.core_oversubscription
+    cores = _spines_for(num_pods, spine_up_ports, swspec.radix)
+    hop = swspec.hop_latency_s
+    for s in range(spines):
+        for c in range(cores):
+            g.add_node(f"core{s}.{c}", kind="ib_switch", tier="core", plane=s, index=c, spec=swspec.name)
+    for p in range(num_pods):
+        names = [f"pod{p}.spine{s}" for s in range(spines)]
+        for s, name in enumerate(names):
+            g.add_node(name, kind="ib_switch", tier="spine", pod=p, index=s, spec=swspec.name)
+        for leaf in leaves[p * per_pod:(p + 1) * per_pod]:
+            g.nodes[leaf]["pod"] = p
+            for name in names:
+                add_link(g, leaf, name, leaf_uplink_Bps / spines, "ib", hop)
+        for s, name in enumerate(names):
+            for c in range(cores):
+                add_link(g, name, f"core{s}.{c}", spine_down_Bps / pods.core_oversubscription / cores, "ib", hop)
+
+
+def _check_oversub(oversubscription: float, key: str = "oversubscription") -> float:
     if isinstance(oversubscription, bool) or not isinstance(oversubscription, (int, float)) \
             or not math.isfinite(oversubscription) or oversubscription < 1:
-        raise ValueError(f"oversubscription must be a number >= 1 (k for k:1), got {oversubscription!r}")
+        raise ValueError(f"{key} must be a number >= 1 (k for k:1), got {oversubscription!r}")
     return float(oversubscription)
 
 
 def rail_optimized(g: nx.DiGraph, node_nics: Sequence[Sequence[str]], *, nic: NICSpec, switch: SwitchSpec,
-                   su_size: int, oversubscription: float = 1.0, num_spines: int | None = None) -> None:
+                   su_size: int, oversubscription: float = 1.0, num_spines: int | None = None,
+                   pods: Pods | None = None) -> None:
     """Add a rail-optimised two-level fat tree (DGX SuperPOD RA): NIC *r* of every node of scalable
     unit *u* -> leaf ``su{u}.leaf{r}``; every leaf -> every spine. Leaf uplink capacity is
     ``su_size x NIC bandwidth / oversubscription`` (the SU's full cabling, so a partly filled SU is not
     throttled); the spine count fills the uplink ports at the switch radix (H100 RA: 1 SU = 8 leaves,
-    4 spines)."""
+    4 spines). ``pods``: a core layer above pods of leaves (``su{u}.leaf{r}`` in order, so a pod of
+    ``8 x m`` leaves is ``m`` DGX H100 SUs)."""
     k = _check_oversub(oversubscription)
     if su_size < 1:
         raise ValueError(f"su_size must be >= 1, got {su_size}")
@@ -79,14 +131,15 @@ def rail_optimized(g: nx.DiGraph, node_nics: Sequence[Sequence[str]], *, nic: NI
             leaves[leaf].append(n)
             _fabric_link(g, n, leaf, nic, switch)
     port = min(nic.bandwidth_Bps, switch.port_bandwidth_Bps)
-    _add_tree(g, leaves, su_size * port / k, su_size / k, switch, num_spines)
+    _add_tree(g, leaves, su_size * port / k, su_size / k, switch, num_spines, pods)
 
 
 def fat_tree(g: nx.DiGraph, node_nics: Sequence[Sequence[str]], *, nic: NICSpec, switch: SwitchSpec,
              nodes_per_leaf: int | None = None, oversubscription: float = 1.0,
-             num_spines: int | None = None) -> None:
+             num_spines: int | None = None, pods: Pods | None = None) -> None:
     """Add a plain two-level fat tree: leaves take whole nodes in blocks of ``nodes_per_leaf`` (default:
-    as many as fit in the leaf's downlink ports, ``radix x k/(k+1)``), spines above."""
+    as many as fit in the leaf's downlink ports, ``radix x k/(k+1)``), spines above; with ``pods``, a
+    core layer above pods of leaves (three tiers)."""
     k = _check_oversub(oversubscription)
     nics_per_node = max((len(n) for n in node_nics), default=1) or 1
     if nodes_per_leaf is None:
@@ -104,7 +157,7 @@ def fat_tree(g: nx.DiGraph, node_nics: Sequence[Sequence[str]], *, nic: NICSpec,
             _fabric_link(g, n, leaf, nic, switch)
     port = min(nic.bandwidth_Bps, switch.port_bandwidth_Bps)
     down = nodes_per_leaf * nics_per_node
-    _add_tree(g, leaves, down * port / k, down / k, switch, num_spines)
+    _add_tree(g, leaves, down * port / k, down / k, switch, num_spines, pods)
 
 
 def single_switch(g: nx.DiGraph, node_nics: Sequence[Sequence[str]], *, nic: NICSpec,
@@ -119,11 +172,14 @@ def single_switch(g: nx.DiGraph, node_nics: Sequence[Sequence[str]], *, nic: NIC
 def build_cluster(node: NodeSpec, num_nodes: int = 1, *, fabric: str = "rail_optimized",
                   oversubscription: float = 1.0, fabric_switch: str | SwitchSpec = "QM9700",
                   su_size: int = 32, nodes_per_leaf: int | None = None, num_spines: int | None = None,
+                  leaves_per_pod: int | None = None, core_oversubscription: float = 1.0,
                   name: str = "custom") -> Topology:
     """``num_nodes`` identical servers joined by ``fabric`` (one of :data:`FABRICS`).
 
     ``oversubscription`` k means k:1 (leaf uplink capacity = downlink capacity / k); ``su_size`` is
-    the rail-optimised scalable unit in nodes; ``num_spines`` overrides the spine count. Bad values
+    the rail-optimised scalable unit in nodes; ``num_spines`` overrides the spine count (per pod).
+    ``leaves_per_pod`` makes a tree fabric three-tier when it has more leaves than that (:class:`Pods`;
+    ``core_oversubscription`` k': spine uplink capacity = spine downlink capacity / k'). Bad values
     raise ValueError naming the argument; an unknown switch raises UnknownNameError.
     """
     from hwmodel.topology import Topology  # here, not at the top: hwmodel.topology re-exports this module
@@ -138,17 +194,23 @@ def build_cluster(node: NodeSpec, num_nodes: int = 1, *, fabric: str = "rail_opt
                          f"known IB switches: {', '.join(known_switches('ib'))}")
     g = nx.DiGraph(name=name, num_nodes=num_nodes, gpus_per_node=node.gpus_per_node, fabric=fabric,
                    oversubscription=float(oversubscription), su_size=su_size, fabric_switch=sw.name)
+    pods = None if leaves_per_pod is None else Pods(leaves_per_pod, core_oversubscription)
+    if pods is None and core_oversubscription != 1:
+        _check_oversub(core_oversubscription, "core_oversubscription")
+        raise ValueError("core_oversubscription needs leaves_per_pod (a core layer above pods of leaves)")
+    if pods is not None:
+        g.graph.update(leaves_per_pod=leaves_per_pod, core_oversubscription=pods.core_oversubscription)
     node_nics = [add_node(g, node, i, i * node.gpus_per_node) for i in range(num_nodes)]
     if fabric != "none" and node.nics_per_node > 0:
         assert node.nic is not None
         if fabric == "rail_optimized":
             rail_optimized(g, node_nics, nic=node.nic, switch=sw, su_size=su_size,
-                           oversubscription=oversubscription, num_spines=num_spines)
+                           oversubscription=oversubscription, num_spines=num_spines, pods=pods)
         elif fabric == "fat_tree":
             fat_tree(g, node_nics, nic=node.nic, switch=sw, nodes_per_leaf=nodes_per_leaf,
-                     oversubscription=oversubscription, num_spines=num_spines)
+                     oversubscription=oversubscription, num_spines=num_spines, pods=pods)
         else:
-            if oversubscription != 1:
-                raise ValueError("oversubscription applies to tree fabrics, not to 'single_switch'")
+            if oversubscription != 1 or pods is not None:
+                raise ValueError("oversubscription and leaves_per_pod apply to tree fabrics, not to 'single_switch'")
             single_switch(g, node_nics, nic=node.nic, switch=sw)
     return Topology(g, node.gpu, node.nic)

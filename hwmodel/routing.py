@@ -7,7 +7,8 @@ point-to-point traffic of a large cluster cost O(NICs) per route (issue 14: 75 %
 4,096 GPUs). This module gives the SAME routes from the structure instead:
 
 - :class:`ClosRoutes`, the fabric between two NICs when the fabric is a two-level Clos (rail-optimised
-  or plain fat tree) or a single switch: every NIC has exactly one fabric switch (its leaf), switches
+  or plain fat tree), a three-level one (below), or a single switch: every NIC has exactly one fabric
+  switch (its leaf), switches
   are leaves (with NICs) and spines (without), every leaf is joined both ways to every spine and to
   nothing else, and every fabric link has the same routing cost. Then a route is ``nic -> leaf -> nic``
   on one leaf, else ``nic -> leaf -> spine -> leaf -> nic`` with the spine chosen among ALL spines,
@@ -15,6 +16,11 @@ point-to-point traffic of a large cluster cost O(NICs) per route (issue 14: 75 %
   distance from the destination leaf, so all are equal-cost next hops; the other hops are unique).
   :meth:`ClosRoutes.detect` checks these conditions on the graph itself, so a user's topology file
   that has this shape is routed the same way, and any other shape keeps the graph search.
+  *Three levels* (leaf / spine / core): leaves with the same spines form a pod, a pod's spines join
+  exactly its leaves and some cores, and every core joins exactly one spine of every pod (fat-tree
+  planes). Between pods the route is ``nic -> leaf -> spine -> core -> spine -> leaf -> nic``: the
+  search's hash picks the spine among the source pod's (at the source leaf) and the core among that
+  spine's (at the spine); the core's spine in the destination pod and the rest are unique.
 - :class:`NodeClasses`, node-local segments (GPU <-> NIC, GPU <-> GPU) searched once per *equivalence
   class* of nodes: nodes whose devices, named ``n{i}.<local>``, have the same local names, kinds and
   routing costs between them route alike, so a segment found in the class's first node is renamed for
@@ -30,16 +36,26 @@ Edge = tuple[str, str]
 
 
 class ClosRoutes:
-    """Constructed NIC-to-NIC routes over a two-level Clos or a single switch (see the module docstring).
+    """Constructed NIC-to-NIC routes over a two- or three-level Clos or a single switch (see the module
+    docstring).
 
     Args:
         leaf_of: NIC -> its leaf switch.
-        spines: spine switch names, sorted (the search's order of equal-cost next hops).
+        spines: spine switch names, sorted (the search's order of equal-cost next hops). On a three-tier
+            Clos: leaf -> its pod's spines, sorted.
+        cores: three tiers only: spine -> its cores (its plane), sorted; and ``spine_to_pod``: (core,
+            pod) -> the one spine of that pod below the core (``pod_of``: leaf -> pod).
     """
 
-    def __init__(self, leaf_of: dict[str, str], spines: tuple[str, ...]) -> None:
+    def __init__(self, leaf_of: dict[str, str], spines: tuple[str, ...] | dict[str, tuple[str, ...]],
+                 cores: dict[str, tuple[str, ...]] | None = None,
+                 spine_to_pod: dict[tuple[str, int], str] | None = None,
+                 pod_of: dict[str, int] | None = None) -> None:
         self.leaf_of = leaf_of
         self.spines = spines
+        self.cores = cores
+        self.spine_to_pod = spine_to_pod or {}
+        self.pod_of = pod_of or {}
 
     @classmethod
     def detect(cls, kinds: dict[str, str], succ_cost: dict[str, dict[str, float]],
@@ -52,40 +68,58 @@ class ClosRoutes:
         switches = [n for n, k in kinds.items() if k == "ib_switch"]
         if not switches:
             return None
-        leaf_of: dict[str, str] = {}
-        leaves: set[str] = set()
         costs: set[float] = set()
-        for n, k in kinds.items():
-            if k != "nic":
-                continue
-            up = [v for v in succ_cost[n] if kinds[v] == "ib_switch"]
-            down = [u for u in pred_cost[n] if kinds[u] == "ib_switch"]
-            if any(kinds[v] == "nic" for v in succ_cost[n]) or len(up) != 1 or down != up:
-                return None
-            leaf_of[n] = up[0]
-            leaves.add(up[0])
-            costs.update((succ_cost[n][up[0]], pred_cost[n][up[0]]))
-        spines = sorted(set(switches) - leaves)
-        spine_set = set(spines)
-        for sw in switches:
-            want = spine_set if sw in leaves else leaves  # a leaf's switches are the spines and back
-            for table in (succ_cost[sw], pred_cost[sw]):
-                if {v for v in table if kinds[v] == "ib_switch"} != want:
-                    return None
-                if any(kinds[v] not in ("ib_switch", "nic") for v in table):
-                    return None
-                if sw in spine_set and any(kinds[v] == "nic" for v in table):
-                    return None
-                costs.update(c for v, c in table.items() if kinds[v] == "ib_switch")
-        for n, leaf in leaf_of.items():  # a leaf's NIC links are exactly its own NICs'
-            if succ_cost[leaf].get(n) is None:
-                return None
-        for leaf in leaves:
-            if any(leaf_of.get(v) != leaf for v in succ_cost[leaf] if kinds[v] == "nic"):
-                return None
-        if len(costs) > 1:
+        leaf_of = _leaf_of(kinds, succ_cost, pred_cost, costs)
+        if leaf_of is None:
             return None
-        return cls(leaf_of, tuple(spines))
+        leaves = set(leaf_of.values())
+        nbrs = _switch_neighbours(switches, leaves, kinds, succ_cost, pred_cost, costs)
+        if nbrs is None or len(costs) > 1:
+            return None
+        spine_set = set().union(*(nbrs[leaf] for leaf in leaves)) if leaves else set()
+        if spine_set & leaves:
+            return None
+        if spine_set | leaves == set(switches):
+            spines = sorted(spine_set)
+            if any(nbrs[sw] != (spine_set if sw in leaves else leaves) for sw in switches):
+                return None
+            return cls(leaf_of, tuple(spines))
+        return cls._three_tier(leaf_of, leaves, spine_set, set(switches) - leaves - spine_set, nbrs)
+
+    @classmethod
+    def _three_tier(cls, leaf_of: dict[str, str], leaves: set[str], spines: set[str], cores: set[str],
+                    nbrs: dict[str, set[str]]) -> ClosRoutes | None:
+        """Pods (leaves with the same spines; a pod's spines join exactly its leaves and some cores), each
+        core joined to exactly one spine of every pod and to nothing else; else None."""
+        pods: dict[frozenset[str], int] = {}
+        pod_of: dict[str, int] = {}
+        for leaf in sorted(leaves):
+            pod_of[leaf] = pods.setdefault(frozenset(nbrs[leaf]), len(pods))
+        members: dict[int, set[str]] = {}
+        for leaf, p in pod_of.items():
+            members.setdefault(p, set()).add(leaf)
+        spine_pod: dict[str, int] = {}
+        for key, p in pods.items():
+            for sp in key:
+                if sp in spine_pod:  # a spine shared by two pods
+                    return None
+                spine_pod[sp] = p
+        up: dict[str, tuple[str, ...]] = {}
+        for sp in spines:
+            below = nbrs[sp] & leaves
+            if below != members[spine_pod[sp]] or not (nbrs[sp] - below) or not (nbrs[sp] - below) <= cores:
+                return None
+            up[sp] = tuple(sorted(nbrs[sp] - below))
+        down: dict[tuple[str, int], str] = {}
+        for c in cores:
+            if not nbrs[c] <= spines:
+                return None
+            seen = sorted(spine_pod[sp] for sp in nbrs[c])
+            if seen != list(range(len(pods))):  # exactly one spine of every pod
+                return None
+            for sp in nbrs[c]:
+                down[(c, spine_pod[sp])] = sp
+        return cls(leaf_of, {leaf: tuple(sorted(nbrs[leaf])) for leaf in leaves}, up, down, pod_of)
 
     def route(self, a: str, b: str, hkey: str) -> list[Edge] | None:
         """Links from NIC ``a`` to NIC ``b`` (``a != b``), the tie-break hashing ``hkey`` as the search
@@ -95,11 +129,66 @@ class ClosRoutes:
             return None
         if la == lb:
             return [(a, la), (la, b)]
-        n = len(self.spines)
-        if n == 0:
+        spines = self.spines if isinstance(self.spines, tuple) else self.spines[la]
+        s = _pick(spines, hkey, la)
+        if s is None:
             return None
-        s = self.spines[0] if n == 1 else self.spines[zlib.crc32(f"{hkey}|{la}".encode()) % n]
-        return [(a, la), (la, s), (s, lb), (lb, b)]
+        if self.cores is None or self.pod_of[la] == self.pod_of[lb]:
+            return [(a, la), (la, s), (s, lb), (lb, b)]
+        c = _pick(self.cores[s], hkey, s)
+        assert c is not None
+        t = self.spine_to_pod[(c, self.pod_of[lb])]
+        return [(a, la), (la, s), (s, c), (c, t), (t, lb), (lb, b)]
+
+
+def _leaf_of(kinds: dict[str, str], succ_cost: dict[str, dict[str, float]],
+             pred_cost: dict[str, dict[str, float]], costs: set[float]) -> dict[str, str] | None:
+    """NIC -> its one leaf (joined both ways, and the leaf's NIC links exactly its own NICs'), the link
+    costs added to ``costs``; None when a NIC has no single leaf or joins another NIC."""
+    leaf_of: dict[str, str] = {}
+    for n, k in kinds.items():
+        if k != "nic":
+            continue
+        up = [v for v in succ_cost[n] if kinds[v] == "ib_switch"]
+        down = [u for u in pred_cost[n] if kinds[u] == "ib_switch"]
+        if any(kinds[v] == "nic" for v in succ_cost[n]) or len(up) != 1 or down != up:
+            return None
+        leaf_of[n] = up[0]
+        costs.update((succ_cost[n][up[0]], pred_cost[n][up[0]]))
+    for n, leaf in leaf_of.items():
+        if succ_cost[leaf].get(n) is None:
+            return None
+    for leaf in set(leaf_of.values()):
+        if any(leaf_of.get(v) != leaf for v in succ_cost[leaf] if kinds[v] == "nic"):
+            return None
+    return leaf_of
+
+
+def _switch_neighbours(switches: list[str], leaves: set[str], kinds: dict[str, str],
+                       succ_cost: dict[str, dict[str, float]], pred_cost: dict[str, dict[str, float]],
+                       costs: set[float]) -> dict[str, set[str]] | None:
+    """Switch -> its switch neighbours (the same both ways), the link costs added to ``costs``; None when
+    a switch joins anything but switches and NICs, or a non-leaf joins a NIC."""
+    nbrs: dict[str, set[str]] = {}
+    for sw in switches:
+        out = {v for v in succ_cost[sw] if kinds[v] == "ib_switch"}
+        if out != {u for u in pred_cost[sw] if kinds[u] == "ib_switch"}:
+            return None
+        if any(kinds[v] not in ("ib_switch", "nic") for t in (succ_cost[sw], pred_cost[sw]) for v in t):
+            return None
+        if sw not in leaves and any(kinds[v] == "nic" for v in succ_cost[sw]):
+            return None
+        nbrs[sw] = out
+        costs.update(c for v, c in succ_cost[sw].items() if kinds[v] == "ib_switch")
+    return nbrs
+
+
+def _pick(cands: tuple[str, ...], hkey: str, at: str) -> str | None:
+    """The search's ECMP choice among sorted equal-cost next hops ``cands`` at device ``at``."""
+    n = len(cands)
+    if n == 0:
+        return None
+    return cands[0] if n == 1 else cands[zlib.crc32(f"{hkey}|{at}".encode()) % n]
 
 
 class NodeClasses:

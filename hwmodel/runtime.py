@@ -35,6 +35,7 @@ from hwmodel.events import (  # re-exported: the trace's record types belong to 
     P2PInfo,
     TraceEvent,
 )
+from hwmodel.fluid import Activity, Resource
 from hwmodel.ir import Collective, Compute, Memcpy, Program, SendRecv, Task
 
 if TYPE_CHECKING:
@@ -101,10 +102,12 @@ class Runtime:
         nccl: the collective engine; default :class:`hwmodel.nccl.engine.NcclEngine` on ``cluster``.
         mirror: symmetry mode. When only representative ranks have programs, ``mirror(ranks)`` returns
             the rank tuples that do the same thing at the same time on the ranks they stand for (the
-            argument first). Their collectives and transfers are started on the fabric too, so shared
-            links carry the whole cluster's traffic; mirrors that stay inside a node hosting no
-            simulated rank are skipped (they share no resource with simulated work). Collectives then
-            complete when their *simulated* members have arrived. ``placement`` must cover every rank.
+            argument first; ``mirror((src, dst), directed=True)`` for transfers, keeping a reverse
+            transfer a set-wise duplicate would drop). Their collectives and transfers are started on
+            the fabric too, so shared links carry the whole cluster's traffic; mirrors that stay
+            inside a node hosting no simulated rank are skipped (they share no resource with simulated
+            work). Collectives then complete when their *simulated* members have arrived.
+            ``placement`` must cover every rank.
 
     Raises:
         ValueError: a placement names an unknown GPU, two ranks share a GPU, or there are more ranks
@@ -114,7 +117,7 @@ class Runtime:
     def __init__(self, cluster: Cluster, programs: Mapping[int, Program] | Iterable[Program], *,
                  placement: Mapping[int, str] | None = None,
                  host_launch_overhead_s: float = DEFAULT_HOST_LAUNCH_OVERHEAD_S, nccl: NcclEngine | None = None,
-                 mirror: Callable[[tuple[int, ...]], Iterable[tuple[int, ...]]] | None = None) -> None:
+                 mirror: Callable[..., Iterable[tuple[int, ...]]] | None = None) -> None:
         self.cluster = cluster
         self.env = cluster.env
         progs = dict(programs) if isinstance(programs, Mapping) else {p.rank: p for p in programs}
@@ -151,7 +154,7 @@ class Runtime:
         self._rank_end: dict[int, float] = dict.fromkeys(self.programs, 0.0)
         self._copy_engines: dict[str, simpy.Resource] = {}
         self.mirror = mirror
-        self._mirror_cache: dict[tuple[int, ...], list[tuple[str, ...]]] = {}
+        self._mirror_cache: dict[tuple[tuple[int, ...], bool], list[tuple[str, ...]]] = {}
         topo = cluster.topology
         self._sim_nodes = {topo.node_of(self.placement[r]) for r in self.programs}
         self.mirrored_activities = 0
@@ -311,7 +314,7 @@ class Runtime:
             mirrors = self._mirror_plans.get(mkey)
             if mirrors is None:
                 mirrors = self._mirror_plans[mkey] = [self.nccl.plan_p2p(src, dst, op.size_bytes)
-                                                      for src, dst in self._mirrors(pair[:2])]
+                                                      for src, dst in self._mirrors(pair[:2], directed=True)]
             self.mirrored_activities += len(mirrors)
             self.nccl.start_together([plan, *mirrors]).callbacks.append(lambda _ev: done.succeed(now))
         else:
@@ -325,15 +328,16 @@ class Runtime:
         self.events.append(TraceEvent(rank, stream, t.id, op.name or op.direction, op.direction, start,
                                       self.env.now, "", "", P2PInfo(op.peer, op.size_bytes), xfer_start))
 
-    def _mirrors(self, ranks: tuple[int, ...]) -> list[tuple[str, ...]]:
-        """GPU tuples of the mirrors of ``ranks`` worth simulating (see ``mirror``)."""
+    def _mirrors(self, ranks: tuple[int, ...], *, directed: bool = False) -> list[tuple[str, ...]]:
+        """GPU tuples of the mirrors of ``ranks`` worth simulating (see ``mirror``); ``directed``: ``ranks``
+        is a transfer ``(src, dst)``, whose reverse is another transfer (``mirror(ranks, directed=True)``)."""
         if self.mirror is None:
             return []
-        hit = self._mirror_cache.get(ranks)
+        hit = self._mirror_cache.get((ranks, directed))
         if hit is None:
             topo = self.cluster.topology
             hit = []
-            for other in self.mirror(ranks):
+            for other in (self.mirror(ranks, directed=True) if directed else self.mirror(ranks)):
                 if other == ranks:
                     continue
                 gpus = tuple(self.placement[r] for r in other)
@@ -341,7 +345,7 @@ class Runtime:
                 if len(nodes) == 1 and not nodes & self._sim_nodes:
                     continue  # inside a node no simulated rank uses: disjoint from simulated work
                 hit.append(gpus)
-            self._mirror_cache[ranks] = hit
+            self._mirror_cache[(ranks, directed)] = hit
         return hit
 
     def _memcpy(self, rank: int, stream: str, t: Task, op: Memcpy, start: float):
@@ -358,13 +362,35 @@ class Runtime:
             elif op.direction == "peer":
                 if op.peer is None or op.peer not in self.placement:
                     raise ValueError(f"rank {rank} task {t.id}: peer memcpy needs a valid peer rank")
-                act = self.cluster.transfer(gname, self.placement[op.peer], op.size_bytes)
+                act = self._peer_copy(rank, op.peer, op.size_bytes)
             else:  # d2d on one GPU: read and write through HBM
                 gpu = self.cluster.gpus[gname]
                 act = self.cluster.fs.start(op.size_bytes, {gpu.hbm: 2.0}, name=op.name or "memcpy_d2d")
             yield act.done
         self.events.append(TraceEvent(rank, stream, t.id, op.name or f"memcpy_{op.direction}", "memcpy",
                                       start, self.env.now, "", "", MemcpyInfo(op.size_bytes)))
+
+    def _peer_copy(self, rank: int, peer: int, size_bytes: float) -> Activity:
+        """A copy-engine copy from ``rank``'s GPU to ``peer``'s, started with its mirrors (symmetry
+        mode) as one activity, as :meth:`NcclEngine.start_together` merges collectives: the copy's own
+        links, links several mirrors use, and links of its two GPUs that a mirror uses (the previous
+        rank's copy into this one, in a TP-overlap ring)."""
+        src, dst = self.placement[rank], self.placement[peer]
+        mirrors = self._mirrors((rank, peer), directed=True)
+        if not mirrors:
+            return self.cluster.transfer(src, dst, size_bytes)
+        links, lat = self.cluster.path(src, dst)
+        weights = dict.fromkeys(links, 1.0)
+        users: dict[Resource, int] = {}
+        for a, b in mirrors:
+            for r in self.cluster.path(a, b)[0]:
+                weights[r] = weights.get(r, 0.0) + 1.0
+                users[r] = users.get(r, 0) + 1
+        ends = {src, dst}
+        own = set(links)
+        keep = {r: w for r, w in weights.items() if r in own or users.get(r, 0) > 1
+                or (isinstance(r.meta, tuple) and (r.meta[1] in ends or r.meta[2] in ends))}
+        return self.cluster.fs.start(size_bytes, keep, latency_s=lat, name=f"{src}->{dst}")
 
     def _deadlock_report(self, stuck: list[tuple[int, str]]) -> str:
         lines = [f"deadlock: {len(stuck)} stream(s) can never finish"]

@@ -63,13 +63,25 @@ class SystemSpec:
     """InfiniBand switch name (``network.toml``) of the leaves and spines."""
     su_size: int
     """Nodes per scalable unit of the rail-optimised fabric."""
+    fabric: str = "rail_optimized"
+    """Default fabric kind (:data:`hwmodel.fabric.FABRICS`); a scenario's ``fabric`` replaces it."""
+    nodes_per_leaf: int | None = None
+    """Default nodes under each leaf of a ``fat_tree`` (None: as many as the leaf's ports allow)."""
+    oversubscription: float = 1.0
+    """Default k:1 at the leaf uplinks."""
+    leaves_per_pod: int | None = None
+    """Default leaves per pod of a three-tier fabric (None: two tiers)."""
+    core_oversubscription: float = 1.0
+    """Default k:1 at the spine uplinks to the core layer (three tiers)."""
     sources: dict[str, str] = field(default_factory=dict)
     """Key -> source of the figure."""
 
 
-_STR_KEYS = ("description", "gpu", "nvswitch", "nic", "fabric_switch")
+_STR_KEYS = ("description", "gpu", "nvswitch", "nic", "fabric_switch", "fabric")
 _MIN_INT = {"gpus_per_node": 1, "nvswitch_count": 0, "nics_per_node": 0, "pcie_switches": 1,
-            "pcie_generation": 1, "cpus": 1, "su_size": 1}
+            "pcie_generation": 1, "cpus": 1, "su_size": 1, "nodes_per_leaf": 1, "leaves_per_pod": 1}
+_RATIO_KEYS = ("oversubscription", "core_oversubscription")
+_OPTIONAL = ("description", "sources", "fabric", "nodes_per_leaf", "leaves_per_pod") + _RATIO_KEYS
 _KEYS = tuple(f.name for f in dataclasses.fields(SystemSpec) if f.name != "name")
 _SYSTEMS: dict[str, SystemSpec] = {}
 _LOADED = False
@@ -83,6 +95,9 @@ def _check_value(where: str, key: str, value: Any) -> None:
     elif key in _MIN_INT:
         if isinstance(value, bool) or not isinstance(value, int) or value < _MIN_INT[key]:
             raise ValueError(f"{where}: key {key!r} must be an integer >= {_MIN_INT[key]}, got {value!r}")
+    elif key in _RATIO_KEYS:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 1:
+            raise ValueError(f"{where}: key {key!r} must be a number >= 1 (k for k:1), got {value!r}")
     elif key == "sources":
         if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
             raise ValueError(f"{where}: 'sources' must be a table of key = \"source\"")
@@ -98,7 +113,7 @@ def system_from_table(name: str, table: dict[str, Any], where: str = "systems.to
     unknown = sorted(set(table) - set(_KEYS))
     if unknown:
         raise ValueError(f"{where}: unknown keys {unknown}; allowed keys: {', '.join(_KEYS)}")
-    missing = [k for k in _KEYS if k not in table and k not in ("description", "sources")]
+    missing = [k for k in _KEYS if k not in table and k not in _OPTIONAL]
     if missing:
         raise ValueError(f"{where}: missing keys {missing}")
     for key, value in table.items():
@@ -184,17 +199,21 @@ def node_shape(system: SystemSpec, gpus_per_node: int | None = None, nics_per_no
                      nvswitch_count=system.nvswitch_count if g > 1 else 0)
 
 
-def build_system(name: str, num_nodes: int = 1, fabric: str = "rail_optimized", oversubscription: float = 1.0,
+def build_system(name: str, num_nodes: int = 1, fabric: str | None = None, oversubscription: float | None = None,
                  gpu_override: str | GPUSpec | None = None, nic_override: str | NICSpec | None = None, *,
                  su_size: int | None = None, num_spines: int | None = None,
                  nodes_per_leaf: int | None = None, fabric_switch: str | SwitchSpec | None = None,
-                 gpus_per_node: int | None = None, nics_per_node: int | None = None) -> Topology:
+                 gpus_per_node: int | None = None, nics_per_node: int | None = None,
+                 leaves_per_pod: int | None = None, core_oversubscription: float | None = None) -> Topology:
     """Build a named system (:func:`known_systems`: dgx-a100, dgx-a100-40gb, dgx-h100, hgx-h200,
     dgx-b200, dgx-2-v100, gb200-nvl72, gb200-nvl36) of ``num_nodes`` servers. ``gpu_override`` /
     ``nic_override`` swap in another (e.g. what-if) GPU or NIC, by name or spec, ``fabric_switch`` the
     InfiniBand switch (a NIC link runs at the slower of NIC and switch port, so a faster NIC needs a
     faster switch); the node layout stays. ``gpus_per_node`` / ``nics_per_node`` (default: the
-    system's) shape a smaller node of the same design (:func:`node_shape`). Unknown names raise
+    system's) shape a smaller node of the same design (:func:`node_shape`). The fabric keys
+    (``fabric``, ``oversubscription``, ``nodes_per_leaf``, ``leaves_per_pod``, ``core_oversubscription``;
+    :func:`~hwmodel.fabric.build_cluster`) default to the system's (a published cluster's layout); a
+    fabric other than the system's drops its ``nodes_per_leaf`` and pods. Unknown names raise
     :class:`~hwmodel.specs.UnknownNameError`; a bad node shape or fabric arguments ValueError
     (:func:`node_shape`, :func:`~hwmodel.fabric.build_cluster`)."""
     s = get_system(name)
@@ -206,10 +225,17 @@ def build_system(name: str, num_nodes: int = 1, fabric: str = "rail_optimized", 
                         nvswitch_count=shape.nvswitch_count, nics_per_node=shape.nics_per_node,
                         nic=nic_override if nic_override is not None else s.nic,
                         pcie_switches=shape.pcie_switches, pcie_generation=s.pcie_generation, cpus=shape.cpus)
-    return build_cluster(node, num_nodes, fabric=fabric, oversubscription=oversubscription,
+    own = fabric is None or fabric == s.fabric  # the system's own fabric keeps its layout defaults
+    return build_cluster(node, num_nodes, fabric=s.fabric if fabric is None else fabric,
+                         oversubscription=s.oversubscription if oversubscription is None else oversubscription,
                          fabric_switch=fabric_switch or s.fabric_switch,
                          su_size=s.su_size if su_size is None else su_size,
-                         nodes_per_leaf=nodes_per_leaf, num_spines=num_spines, name=s.name)
+                         nodes_per_leaf=s.nodes_per_leaf if nodes_per_leaf is None and own else nodes_per_leaf,
+                         num_spines=num_spines,
+                         leaves_per_pod=s.leaves_per_pod if leaves_per_pod is None and own else leaves_per_pod,
+                         core_oversubscription=(s.core_oversubscription if core_oversubscription is None
+                                                else core_oversubscription),
+                         name=s.name)
 
 
 def dgx_a100(num_nodes: int = 1, *, fabric: str = "rail_optimized", oversubscription: float = 1.0,
@@ -235,12 +261,14 @@ def dgx_h100(num_nodes: int = 1, *, fabric: str = "rail_optimized", oversubscrip
 
 
 _CLUSTER_KEYS = ("system", "num_nodes", "fabric", "oversubscription", "gpu", "gpu_file", "nic", "su_size",
-                 "num_spines", "nodes_per_leaf", "gpus_per_node", "nics_per_node")
+                 "num_spines", "nodes_per_leaf", "gpus_per_node", "nics_per_node", "leaves_per_pod",
+                 "core_oversubscription")
 
 
 def load_cluster_file(path: str | Path) -> Topology:
     """Build a cluster from a TOML file: ``system`` (see :func:`known_systems`), ``num_nodes``, and
     optionally ``fabric``, ``oversubscription``, ``su_size``, ``num_spines``, ``nodes_per_leaf``,
+    ``leaves_per_pod``, ``core_oversubscription``,
     ``gpus_per_node``, ``nics_per_node`` (:func:`node_shape`), ``gpu`` (a GPU name), ``gpu_file`` (a
     what-if GPU file, relative to this file) and ``nic``.
     The keys may sit in a ``[cluster]`` table. Unknown keys raise ValueError listing the allowed ones."""
@@ -261,8 +289,10 @@ def load_cluster_file(path: str | Path) -> Topology:
     gpu: str | GPUSpec | None = data.get("gpu")
     if "gpu_file" in data:
         gpu = load_gpu_file(path.parent / data["gpu_file"])
-    return build_system(data["system"], data.get("num_nodes", 1), fabric=data.get("fabric", "rail_optimized"),
-                        oversubscription=data.get("oversubscription", 1.0), gpu_override=gpu,
+    return build_system(data["system"], data.get("num_nodes", 1), fabric=data.get("fabric"),
+                        oversubscription=data.get("oversubscription"), gpu_override=gpu,
                         nic_override=data.get("nic"), su_size=data.get("su_size"),
                         num_spines=data.get("num_spines"), nodes_per_leaf=data.get("nodes_per_leaf"),
-                        gpus_per_node=data.get("gpus_per_node"), nics_per_node=data.get("nics_per_node"))
+                        gpus_per_node=data.get("gpus_per_node"), nics_per_node=data.get("nics_per_node"),
+                        leaves_per_pod=data.get("leaves_per_pod"),
+                        core_oversubscription=data.get("core_oversubscription"))

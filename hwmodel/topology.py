@@ -1,7 +1,7 @@
 """Cluster topology: typed devices joined by directed links, with deterministic routing.
 
 A :class:`Topology` wraps an ``nx.DiGraph``. Nodes carry ``kind``: ``gpu``, ``nvswitch``,
-``pcie_switch``, ``nic``, ``cpu`` or ``ib_switch`` (with ``tier``: leaf or spine). Node-local devices
+``pcie_switch``, ``nic``, ``cpu`` or ``ib_switch`` (with ``tier``: leaf, spine or core). Node-local devices
 also carry ``node`` (node index) and ``index`` (index within the node); GPUs are named ``n{node}.gpu{i}``
 and carry ``rank`` (global index, node-major) and ``nic`` (their GPUDirect-RDMA NIC). Edges are
 DIRECTED links (a full-duplex link is two edges) with ``bandwidth_Bps`` (per direction), ``latency_s``
@@ -15,11 +15,13 @@ Modelling choices (see also ``docs/DESIGN.md``):
   (NVIDIA HGX A100/H100 blogs: every NVSwitch is non-blocking and connects all eight GPUs, so the
   aggregate is exact for the per-GPU limits). A GPU-to-GPU transfer crosses two edges.
 - **PCIe tree.** GPUs and NICs hang off PCIe switches (DGX A100: 4 Gen4 switches, each with 2 GPUs and
-  2 HDR NICs; servethehome.com), the switches off the CPUs. One compute NIC per GPU (``nic_of``).
+  2 HDR NICs; servethehome.com), the switches off the CPUs. A GPU's compute NIC is ``nic_of`` (one per
+  GPU, or GPUs sharing NICs in equal groups: ``gpus_per_node`` / ``nics_per_node``).
 - **Fabric.** Rail-optimised (NIC *i* of every node -> leaf *i* of its scalable unit, as the DGX
-  SuperPOD reference architectures), plain two-level fat tree, or a single switch. The parallel cables
-  between a leaf and a spine are ONE edge with their summed bandwidth, and every leaf connects to every
-  spine, so the flow solver stays small.
+  SuperPOD reference architectures), plain two-level fat tree, either with a core layer above pods of
+  leaves (three tiers, ``leaves_per_pod``), or a single switch. The parallel cables between two
+  switches are ONE edge with their summed bandwidth, and every leaf connects to every spine (of its
+  pod), so the flow solver stays small.
 - **Latency.** An edge leaving a switch pays that switch's hop latency; each NIC<->fabric-switch edge
   pays half the NIC's base latency (~1 us NIC to NIC, perftest issue 131).
 - **Routing.** Deterministic shortest paths by routing cost (hops; a PCIe hop costs 1.5 so that an

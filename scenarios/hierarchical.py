@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 from hwmodel.cluster import Cluster
 from hwmodel.ir import Compute
@@ -83,7 +84,7 @@ def pass_profiles(trace: ModelTrace, cfg: ParallelConfig, topology, engine_facto
             continue
         cluster = Cluster(topology, record=False)
         res = Runtime(cluster, programs, placement=placement, host_launch_overhead_s=host_launch_overhead_s,
-                      nccl=engine_factory(cluster), mirror=layout.mirror).run()
+                      nccl=engine_factory(cluster), mirror=partial(layout.mirror, fixed=("tp",))).run()
         t = max(res.end_time_s - host_launch_overhead_s, 0.0)
         split = breakdown(res.events, res.end_time_s, pipeline=False).get(ranks[0])
         if split is None:

@@ -38,7 +38,7 @@ from scenarios.hierarchical import macro_programs
 from scenarios.metrics import peak_dtype_for as peak_dtype_for  # re-exported, as scenario_path
 from scenarios.metrics import run_metrics
 from scenarios.notes import model_notes, what_if_notes
-from scenarios.scenario import MAX_NODES, Scenario
+from scenarios.scenario import MAX_GPUS, MAX_NODES, Scenario
 from scenarios.user_code import check_trusted, load_factory
 from workload.allocator import with_framework
 from workload.custom import MODULE_KEYS, CustomModel
@@ -150,12 +150,18 @@ def _is_cluster_file(path: Path) -> bool:
 
 
 def check_nodes(system: dict) -> int:
-    """``[system] nodes``, checked against 1..:data:`MAX_NODES`."""
+    """``[system] nodes``, checked against 1..:data:`MAX_NODES` and the GPUs against :data:`MAX_GPUS`
+    (nodes x the node's GPUs, which differ by system: 8 on a DGX, 72 on a GB200 NVL72 rack)."""
     nodes = system.get("nodes", 1)
-    if not 1 <= nodes <= MAX_NODES:
-        raise ValueError(f"[system] nodes must be in 1..{MAX_NODES}, got {nodes} ({MAX_NODES} nodes = "
-                         f"{MAX_NODES * 8:,} GPUs, as today's largest training clusters, is the most "
-                         f"trainsim is built to simulate)")
+    try:
+        per_node = system.get("gpus_per_node") or get_system(system["name"]).gpus_per_node
+    except (KeyError, ValueError):  # an unknown system is named by build_topology's own error
+        per_node = 1
+    if not 1 <= nodes <= MAX_NODES or nodes * per_node > MAX_GPUS:
+        most = min(MAX_NODES, MAX_GPUS // per_node)
+        raise ValueError(f"[system] nodes must be in 1..{most}, got {nodes} ({most:,} nodes x {per_node} GPUs; "
+                         f"{MAX_GPUS:,} GPUs, as today's largest training clusters, is the most trainsim is "
+                         f"built to simulate)")
     return nodes
 
 
@@ -178,11 +184,12 @@ def build_topology(system: dict, base_dir: str | Path | None = None, gpu=None) -
     if gpu is None:
         gpu = system_gpu(system, base_dir)
     nodes = check_nodes(system)
-    return build_system(system["name"], nodes, fabric=system.get("fabric", "rail_optimized"),
-                        oversubscription=float(system.get("oversubscription", 1.0)), gpu_override=gpu,
+    ratio = {k: float(system[k]) for k in ("oversubscription", "core_oversubscription") if k in system}
+    return build_system(system["name"], nodes, fabric=system.get("fabric"), gpu_override=gpu,
                         nic_override=system.get("nic"), su_size=system.get("su_size"),
                         fabric_switch=system.get("fabric_switch"), nodes_per_leaf=system.get("nodes_per_leaf"),
-                        num_spines=system.get("spines"), **node_shape_keys(system))
+                        num_spines=system.get("spines"), leaves_per_pod=system.get("leaves_per_pod"),
+                        **ratio, **node_shape_keys(system))
 
 
 def build_model_config(model: dict, training: dict, base_dir: str | Path | None = None, *,
@@ -440,7 +447,7 @@ def _run_prepared(prep: Prepared, memory: Any, *, progress: bool, max_tasks: flo
     trace = prep.trace if prep.trace is not None else trace_rank(
         prep.model_cfg, cfg, **trace_options(prep.scenario.training))
     layout = Layout(cfg)
-    mode = _simulation_mode(prep, trace)
+    mode, mode_note = _simulation_mode(prep, trace)
     if max_tasks is not None:
         check_task_budget(prep, trace, mode, max_tasks)
     ranks = None if mode == "full" else layout.representatives()
@@ -459,14 +466,16 @@ def _run_prepared(prep: Prepared, memory: Any, *, progress: bool, max_tasks: flo
     per_rank = breakdown(result.events, result.end_time_s, pipeline=cfg.pp > 1)
     report = RunReport(prep.scenario, prep, result, build, mode, per_rank, memory)
     report.metrics = run_metrics(report, model_flops(prep, trace))
-    notes = what_if_notes(prep.scenario.system, topo, scenario_dir(prep.scenario)) + model_notes(prep.model_cfg)
+    notes = (what_if_notes(prep.scenario.system, topo, scenario_dir(prep.scenario)) + model_notes(prep.model_cfg)
+             + mode_note)
     if notes:  # only then: the JSON of a scenario without notes keeps its bytes
         report.metrics["warnings"] = notes
     return report
 
 
-def _simulation_mode(prep: Prepared, trace) -> str:
-    """``[simulation] mode`` resolved: ``auto`` picks full, symmetric or hierarchical by size.
+def _simulation_mode(prep: Prepared, trace) -> tuple[str, list[str]]:
+    """``[simulation] mode`` resolved, and the report's note on it: ``auto`` picks full, symmetric or
+    hierarchical by size, and symmetric (saying so) where hierarchical is not exact (:func:`_inexact_macro`).
 
     Raises:
         ValueError: hierarchical asked for a model whose blocks differ.
@@ -478,13 +487,31 @@ def _simulation_mode(prep: Prepared, trace) -> str:
         raise ValueError(f"[simulation] mode = 'hierarchical' times one block and reuses it for every block; "
                          f"{getattr(prep.model_cfg, 'name', 'the model')}'s blocks differ: use auto, full or "
                          f"symmetric")
+    why = _inexact_macro(cfg)
     if asked != "auto":
-        return asked
+        note = [f"mode = \"hierarchical\" is not exact with {why}: within a few % of the full simulation; "
+                f"mode = \"symmetric\" is"] if asked == "hierarchical" and why else []
+        return asked, note
     mode = "full" if cfg.world_size <= SYMMETRY_THRESHOLD_GPUS else "symmetric"
     ranks = 0 if mode == "full" else len(Layout(cfg).representatives())
     if uniform and estimate_tasks(trace, cfg, ranks) > HIERARCHICAL_THRESHOLD_TASKS:
-        return "hierarchical"
-    return mode
+        if why:
+            return mode, [f"auto ran {mode} mode (exact), not the hierarchical engine its size calls for, "
+                          f"because of {why}"]
+        return "hierarchical", []
+    return mode, []
+
+
+def _inexact_macro(cfg: ParallelConfig) -> str:
+    """Why the hierarchical engine is not exact for ``cfg`` ('' when it is): a macro task times a layer
+    pass alone, for one micro-batch, which misses work that overlaps across passes (context-parallel
+    ring attention: -6 % against the full simulation; TP-overlap chunk pipelines: +1.5 %; both in
+    ``tests/scenarios/test_mode_equivalence.py``)."""
+    if cfg.cp > 1:
+        return "context parallelism (ring attention overlapping across layer passes)"
+    if cfg.tp_comm_overlap or cfg.async_tp:
+        return "TP overlap (chunked GEMM/communication pipelines across layer passes)"
+    return ""
 
 
 def _engine_factory(sim: dict, base_dir: Path | None = None) -> Callable[[Cluster], NcclEngine]:

@@ -37,7 +37,7 @@ from workload.parallel.config import ParallelConfig
 SYSTEM_KEYS = {
     "name": str, "nodes": int, "fabric": str, "oversubscription": (int, float), "su_size": int,
     "gpu": str, "gpu_file": str, "nic": str, "fabric_switch": str, "gpu_overrides": dict,
-    "nodes_per_leaf": int, "spines": int,
+    "nodes_per_leaf": int, "spines": int, "leaves_per_pod": int, "core_oversubscription": (int, float),
     "gpus_per_node": int, "nics_per_node": int,
 }
 TRAINING_KEYS = {"global_batch_size": int, "micro_batch_size": int, "dtype": str, "seq_length": int,
@@ -47,6 +47,8 @@ SIMULATION_KEYS = {
     "record_links": bool, "nccl_tuner_config": str, "calibration": str,
 }
 MAX_NODES = 16384
+MAX_GPUS = 131072
+"""The most GPUs a scenario may have (nodes x GPUs per node)."""
 """The most servers a scenario (or ``nccl-tests --nodes``) may have: 131,072 GPUs at 8 per node, the size
 of today's largest training clusters (Llama 3 405B ran on 16,384 H100). Building the fabric grows with the
 node count (16,384 nodes: ~400,000 topology vertices, tens of seconds to build); routes, link resources
@@ -138,7 +140,7 @@ def _check_finite(section: str, table: dict, prefix: str = "") -> None:
 
 def _check_ranges(system: dict, simulation: dict) -> None:
     """Bounds of the numeric ``[system]`` / ``[simulation]`` keys the fabric and runtime take as is."""
-    for key in ("nodes_per_leaf", "spines"):
+    for key in ("nodes_per_leaf", "spines", "leaves_per_pod"):
         if key in system and system[key] < 1:
             raise ValueError(f"[system] {key} must be >= 1, got {system[key]}")
     if simulation.get("host_launch_overhead_s", 0) < 0:

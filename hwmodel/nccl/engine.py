@@ -288,14 +288,28 @@ class NcclEngine:
                         users[r] = users.get(r, 0) + 1
                 # A link only one mirror uses is, by symmetry, loaded exactly like its counterpart on
                 # the representative's own path, so it adds no constraint: keep the representative's
-                # links and the links several members share (leaf uplinks, spines).
-                weights = {r: x for r, x in weights.items() if r in own or users[r] > 1}
+                # links and the links several members share (leaf uplinks, spines). Links between
+                # fabric switches stay even with one user: a mirror may cross a spine where the
+                # representative stays under its leaf (a scalable-unit or pod boundary between them).
+                # So are the links of the representative's own GPUs that a mirror uses (a ring's
+                # send from the previous rank into the representative, CP or TP-overlap rings).
+                ends = set(members[0].gpus) if members[0] is first else set()
+                weights = {r: x for r, x in weights.items() if r in own or users[r] > 1
+                           or self._between_switches(r) or _touches(r, ends)}
                 hit = self._merged_cache[key] = (weights, side)
             act = self.cluster.fs.start(work, hit[0], latency_s=lat, rate_bound=bound, side_loads=hit[1],
                                         name=first.name or first.op)
             if first in members:
                 first_done = act.done
         return first_done if first_done is not None else self.start(first)
+
+    def _between_switches(self, r: Resource) -> bool:
+        """Whether link resource ``r`` joins two fabric switches (a leaf uplink, a spine or core link)."""
+        meta = r.meta
+        if not isinstance(meta, tuple) or len(meta) < 3:
+            return False
+        nodes = self.cluster.topology.graph.nodes
+        return bool(nodes[meta[1]]["kind"] == nodes[meta[2]]["kind"] == "ib_switch")
 
     def run(self, coll: Collective, gpus: Sequence[str]) -> simpy.Event:
         """Plan and start ``coll`` on ``gpus`` now (standalone use, e.g. nccl-tests)."""
@@ -509,3 +523,9 @@ def _nvswitch_generation(topo) -> int:
         digits = "".join(ch for ch in spec.rsplit("gen", 1)[-1] if ch.isdigit())
         return int(digits) if "gen" in spec and digits else 0
     return 0
+
+
+def _touches(r: Resource, devices: set[str]) -> bool:
+    """Whether link resource ``r`` (``meta = ("link", u, v, kind)``) starts or ends at one of ``devices``."""
+    meta = r.meta
+    return bool(devices) and isinstance(meta, tuple) and len(meta) >= 3 and (meta[1] in devices or meta[2] in devices)

@@ -89,25 +89,51 @@ class Layout:
         return [r for r in range(self.world_size) if self.coords(r)["pp"] == stage]
 
     def representatives(self) -> list[int]:
-        """One rank per pipeline stage (tp = cp = dp = 0): data-parallel replicas and tensor/context-
-        parallel peers run the same program, shifted, so these stand for all (symmetry mode)."""
-        return [self.rank(pp=s) for s in range(self.sizes["pp"])]
+        """The context-parallel ranks of each pipeline stage (tp = dp = 0; one rank per stage without
+        CP): data-parallel replicas and tensor-parallel peers run the same program, shifted, so these
+        stand for all (symmetry mode). Context-parallel peers run the same program too, but their ring
+        attention is point-to-point: a send needs its receiver simulated, so every CP rank is, and
+        :meth:`mirror` does not shift the CP coordinate."""
+        return sorted(self.rank(cp=c, pp=s) for s in range(self.sizes["pp"]) for c in range(self.sizes["cp"]))
 
-    def mirror(self, ranks: tuple[int, ...]) -> list[tuple[int, ...]]:
-        """``ranks`` shifted by every (tp, cp, dp) offset: the tuples that act like ``ranks`` at the
-        same time in a symmetric run, ``ranks`` first, duplicates (as sets) removed."""
+    def mirror(self, ranks: tuple[int, ...], *, directed: bool = False,
+               fixed: tuple[str, ...] = ()) -> list[tuple[int, ...]]:
+        """``ranks`` shifted by every (tp, dp) offset, except along the axes in ``fixed`` (axes whose every
+        coordinate is simulated, as TP in the hierarchical engine's step 1; CP is never shifted, see
+        :meth:`representatives`): the tuples that act like ``ranks`` at the same time in a symmetric
+        run, ``ranks`` first, duplicates (as sets) removed -- as tuples when ``directed`` (a send
+        ``(a, b)``: its shift ``(b, a)``, the reverse send in a ring of two, is another transfer).
+
+        With expert parallelism a data-parallel offset ``q * ep + e`` moves whole expert-parallel blocks
+        by ``q`` and rotates each block by ``e`` (:meth:`_shift_dp`), so that an expert-parallel group
+        maps onto an expert-parallel group (a plain shift by ``e`` would straddle two blocks: a
+        communicator no rank uses, with all-to-all traffic across nodes that never happens)."""
         coords = [self.coords(r) for r in ranks]
-        T, C, D = self.sizes["tp"], self.sizes["cp"], self.sizes["dp"]
+        T = self.sizes["tp"]
+        shifts_tp = range(1) if "tp" in fixed else range(T)
+        shifts_dp = range(1) if "dp" in fixed else range(self.sizes["dp"])
+        shift = self._shift_dp
         out: list[tuple[int, ...]] = [tuple(ranks)]
-        seen = {frozenset(ranks)}
-        for dt in range(T):
-            for dc in range(C):
-                for dd in range(D):
-                    other = tuple(self.rank(tp=(c["tp"] + dt) % T, cp=(c["cp"] + dc) % C,
-                                            dp=(c["dp"] + dd) % D, pp=c["pp"]) for c in coords)
-                    key = frozenset(other)
-                    if key not in seen:
-                        seen.add(key)
-                        out.append(other)
+        seen: set[tuple[int, ...] | frozenset[int]] = {tuple(ranks) if directed else frozenset(ranks)}
+        for dt in shifts_tp:
+            for dd in shifts_dp:
+                other = tuple(self.rank(tp=(c["tp"] + dt) % T, cp=c["cp"], dp=shift(c["dp"], dd), pp=c["pp"])
+                              for c in coords)
+                key = other if directed else frozenset(other)
+                if key not in seen:
+                    seen.add(key)
+                    out.append(other)
         return out
 
+    def _shift_dp(self, dp: int, offset: int) -> int:
+        """Data-parallel coordinate ``dp`` under the mirror offset ``offset`` (0 <= offset < dp size):
+        ``offset = q * ep + e`` moves ``dp``'s expert-parallel block by ``q`` blocks and its place in the
+        block by ``e``, both cyclically; ``(dp + offset) % dp size`` when ``ep`` is 1. It is a symmetry
+        of every communicator: data-parallel groups, expert-parallel blocks and expert data-parallel
+        groups (one place in every block) map onto their own kind."""
+        ep = self.config.ep
+        if ep == 1:
+            return (dp + offset) % self.sizes["dp"]
+        q, e = divmod(offset, ep)
+        blocks = self.sizes["dp"] // ep
+        return ((dp // ep + q) % blocks) * ep + (dp % ep + e) % ep
