@@ -82,11 +82,13 @@ def given_plan(scenario: Scenario, world: int) -> Candidate | None:
         cfg = ParallelConfig(**kw).resolve(world)
     except (ValueError, TypeError):
         return None
-    if cfg.num_layers_in_first_pipeline_stage or cfg.num_layers_in_last_pipeline_stage:
-        return None  # uneven stages are outside the search space
-    return Candidate(tp=cfg.tp, cp=cfg.cp, ep=cfg.ep, pp=cfg.pp, vpp=cfg.vpp, dp=cfg.dp, sp=cfg.sequence_parallel,
-                     zero=cfg.effective_zero_stage, mbs=cfg.micro_batch_size, recompute=cfg.recompute_granularity,
-                     overlap_grad_reduce=cfg.overlap_grad_reduce, overlap_param_gather=cfg.overlap_param_gather)
+    return normalise(Candidate(
+        tp=cfg.tp, cp=cfg.cp, ep=cfg.ep, pp=cfg.pp, vpp=cfg.vpp, dp=cfg.dp, sp=cfg.sequence_parallel,
+        zero=cfg.effective_zero_stage, mbs=cfg.micro_batch_size, recompute=cfg.recompute_granularity,
+        overlap_grad_reduce=cfg.overlap_grad_reduce, overlap_param_gather=cfg.overlap_param_gather,
+        tp_comm_overlap=cfg.tp_comm_overlap, async_tp=cfg.async_tp, rank_order=cfg.rank_order,
+        first_layers=cfg.num_layers_in_first_pipeline_stage or 0,
+        last_layers=cfg.num_layers_in_last_pipeline_stage or 0))
 
 
 def baseline_plans(ctx: ScreenContext) -> list[tuple[str, Candidate]]:
