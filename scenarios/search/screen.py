@@ -448,7 +448,8 @@ class _StageTimes:
         their GEMMs (``tp_comm_overlap``, ``async_tp``; :mod:`workload.parallel.tp_overlap`): with the
         GEMM ``G`` and the collective ``C`` in ``n`` pieces, an all-gather pair takes
         ``max(G, (n-1) C/n + G/n)`` and a reduce-scatter pair ``max(G + C/n, C + G/n)`` instead of
-        ``G + C``; async TP's reduce-scatter adds its reduction kernel. The copy engines' peer copies
+        ``G + C``; userbuffers' reduce-scatter chunks hold their SMs beside the GEMM (the SM tax), async
+        TP's reduce-scatter adds its reduction kernel. The copy engines' peer copies
         are priced as NCCL's collective (the simulation has the copies)."""
         c, ctx = self.c, self.ctx
         mode = "userbuffers" if c.tp_comm_overlap else "async" if c.async_tp else ""
@@ -459,13 +460,15 @@ class _StageTimes:
         if hit is None:
             hit = 0.0
             for op, size, gemm_s in self.sc.tp_pairs.get((mode, phase), []):
-                comm = ctx.coll_s(op, size, self.g["tp"])
+                comm, channels = ctx.coll(op, size, self.g["tp"])
                 n = n_chunks(op, mode, c.tp)
                 if op == "all_gather":
                     paired = max(gemm_s, comm * (n - 1) / n + gemm_s / n)
                 else:
                     paired = max(gemm_s + comm / n, comm + gemm_s / n)
-                    if mode == "async":
+                    if mode == "userbuffers":  # NCCL chunks hold their SMs beside the GEMM pieces
+                        paired += ctx.sm_tax(min(gemm_s, comm), channels)
+                    else:
                         k = Compute("tp_async_reduce", "elementwise", 0.0, float(size // n * (n + 1)),
                                     dtype=self.sc.dtype)
                         paired += ctx.cost_model.cost(k).solo_time_s
