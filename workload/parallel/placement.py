@@ -89,13 +89,17 @@ class Layout:
         return [r for r in range(self.world_size) if self.coords(r)["pp"] == stage]
 
     def representatives(self) -> list[int]:
-        """One rank per pipeline stage (tp = cp = dp = 0): data-parallel replicas and tensor/context-
-        parallel peers run the same program, shifted, so these stand for all (symmetry mode)."""
-        return [self.rank(pp=s) for s in range(self.sizes["pp"])]
+        """One rank per pipeline stage (tp = dp = 0) and, under context parallelism, per context-parallel
+        index: data-parallel replicas and tensor-parallel peers run the same program, shifted, so these
+        stand for all (symmetry mode). Context-parallel peers are all kept because ring attention passes
+        K/V blocks between them by send/recv, and a send needs its receiving rank simulated."""
+        return [self.rank(pp=s, cp=c) for s in range(self.sizes["pp"]) for c in range(self.sizes["cp"])]
 
     def mirror(self, ranks: tuple[int, ...]) -> list[tuple[int, ...]]:
         """``ranks`` shifted by every (tp, cp, dp) offset: the tuples that act like ``ranks`` at the
-        same time in a symmetric run, ``ranks`` first, duplicates (as sets) removed."""
+        same time in a symmetric run, ``ranks`` first, duplicates (as sets) removed. Under context
+        parallelism a shift along CP alone is left out: it lands on a tuple that the simulated
+        context-parallel peers (:meth:`representatives`) issue themselves."""
         coords = [self.coords(r) for r in ranks]
         T, C, D = self.sizes["tp"], self.sizes["cp"], self.sizes["dp"]
         out: list[tuple[int, ...]] = [tuple(ranks)]
@@ -106,7 +110,9 @@ class Layout:
                     other = tuple(self.rank(tp=(c["tp"] + dt) % T, cp=(c["cp"] + dc) % C,
                                             dp=(c["dp"] + dd) % D, pp=c["pp"]) for c in coords)
                     key = frozenset(other)
-                    if key not in seen:
+                    if dc and not dt and not dd:  # simulated: the CP peers are representatives too
+                        seen.add(key)
+                    elif key not in seen:
                         seen.add(key)
                         out.append(other)
         return out
