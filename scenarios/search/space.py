@@ -366,8 +366,8 @@ def enumerate_space(facts: ModelFacts, model_cfg: Any, knobs: Mapping[str, list[
     values.update(knobs or {})
     if facts.num_experts <= 1 and "ep" not in (knobs or {}):
         values["ep"] = [1]
-    order = ("tp", "sp", "cp", "ep", "pp", "vpp", "zero", "mbs", "recompute", "overlap_grad_reduce",
-             "overlap_param_gather", "tp_comm_overlap", "async_tp", "rank_order", "first_layers", "last_layers")
+    outer = ("tp", "sp", "cp", "ep", "pp", "vpp", "zero", "mbs", "overlap_param_gather", "first_layers", "last_layers")
+    inner = ("recompute", "overlap_grad_reduce", "tp_comm_overlap", "async_tp", "rank_order")
     seen: set[Candidate] = set()
     valid: list[Candidate] = []
     reasons: dict[str, list[Any]] = {}
@@ -376,30 +376,54 @@ def enumerate_space(facts: ModelFacts, model_cfg: Any, knobs: Mapping[str, list[
     def asked(field: str) -> bool:
         return field in (knobs or {})
 
-    for combo in itertools.product(*(values[k] for k in order)):
-        kw = dict(zip(order, combo, strict=True))
-        model_par = kw["tp"] * kw["cp"] * kw["pp"]
+    for combo in itertools.product(*(values[k] for k in outer)):
+        shape = dict(zip(outer, combo, strict=True))
+        model_par = shape["tp"] * shape["cp"] * shape["pp"]
         if facts.world_size % model_par:
             continue  # not a factorisation of the cluster: no plan at all
-        if _not_a_plan_of_its_own(kw, asked):
+        dp = facts.world_size // model_par
+        if _folded_shape(shape, dp, values):
             continue
-        if not (asked("first_layers") or asked("last_layers")) and kw["vpp"] == 1:
-            kw["first_layers"], kw["last_layers"] = balanced_ends(facts.num_layers, kw["pp"])
-        c = normalise(Candidate(dp=facts.world_size // model_par, **kw))
-        if c in seen:
-            continue
-        seen.add(c)
-        key = (c.tp, c.sp, c.cp, c.ep, c.pp, c.vpp, c.dp, c.zero, c.mbs, c.overlap_param_gather, c.tp_comm_overlap,
-               c.async_tp, c.rank_order, c.first_layers, c.last_layers)
-        if key not in check_cache:
-            check_cache[key] = check_plan(c, facts, model_cfg, base_parallel)
-        why = check_cache[key]
-        if why is None:
-            valid.append(c)
-        else:
-            reasons.setdefault(why, [0, c])[0] += 1
+        if not (asked("first_layers") or asked("last_layers")) and shape["vpp"] == 1:
+            shape["first_layers"], shape["last_layers"] = balanced_ends(facts.num_layers, shape["pp"])
+        # knobs without effect in this shape (normalise would fold them) are not expanded
+        options = dict(values)
+        if not shape["sp"] and not (asked("tp_comm_overlap") or asked("async_tp")):
+            options["tp_comm_overlap"] = options["async_tp"] = [False]
+        if (shape["pp"] == 1 or dp * shape["cp"] == 1) and not asked("rank_order"):
+            options["rank_order"] = [DEFAULT_RANK_ORDER]
+        if (shape["zero"] == 3 or dp * shape["cp"] == 1) and False in values["overlap_grad_reduce"]:
+            options["overlap_grad_reduce"] = [False]
+        for rest in itertools.product(*(options[k] for k in inner)):
+            kw = {**shape, **dict(zip(inner, rest, strict=True))}
+            if _not_a_plan_of_its_own(kw, asked):
+                continue
+            c = normalise(Candidate(dp=dp, **kw))
+            if c in seen:
+                continue
+            seen.add(c)
+            # what validity depends on (a rank order, checked when parsed, never makes a plan invalid)
+            key = (c.tp, c.sp, c.cp, c.ep, c.pp, c.vpp, c.dp, c.zero, c.mbs, c.overlap_param_gather,
+                   c.tp_comm_overlap, c.async_tp, c.first_layers, c.last_layers)
+            if key not in check_cache:
+                check_cache[key] = check_plan(c, facts, model_cfg, base_parallel)
+            why = check_cache[key]
+            if why is None:
+                valid.append(c)
+            else:
+                reasons.setdefault(why, [0, c])[0] += 1
     rejections = sorted((Rejection(r, n, ex) for r, (n, ex) in reasons.items()), key=lambda r: (-r.count, r.reason))
     return valid, rejections
+
+
+def _folded_shape(shape: Mapping[str, Any], dp: int, values: Mapping[str, list[Any]]) -> bool:
+    """A shape :func:`normalise` folds onto another one that the enumeration also visits (ZeRO without
+    a data-parallel group, a parameter-gather overlap without the distributed optimizer): skipped
+    before any candidate is built."""
+    if dp * shape["cp"] == 1 and shape["zero"] and 0 in values["zero"] and not (shape["tp"] == 1 and shape["sp"]):
+        return True
+    return bool(shape["overlap_param_gather"] and shape["zero"] not in (1, 2)
+                and False in values["overlap_param_gather"])
 
 
 def _not_a_plan_of_its_own(kw: Mapping[str, Any], asked) -> bool:
