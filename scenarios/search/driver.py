@@ -162,7 +162,9 @@ def run_search(scenario: Scenario, *, fix: Sequence[str] = (), space: Sequence[s
     """
     knobs = parse_knobs(fix, space)
     ctx = context or ScreenContext(scenario)
+    t_enum = time.perf_counter()
     cands, rejections = enumerate_space(ctx.facts, ctx.model_cfg, knobs, ctx.base_parallel)
+    enumerate_s = time.perf_counter() - t_enum
     if not cands:
         why = rejections[0].reason if rejections else "the space is empty"
         raise NoFeasiblePlan(f"no valid plan in the space ({sum(r.count for r in rejections)} rejected); "
@@ -192,7 +194,8 @@ def run_search(scenario: Scenario, *, fix: Sequence[str] = (), space: Sequence[s
         unfit + [e for e in extras if not e.fits]
     return SearchResult(scenario, ordered, rejections, simulated, base, kind, given, rate, screen_s,
                         ctx.traces, trace_s, sim_s, float(ctx.gpu.hbm_capacity_bytes), ctx.world,
-                        info={"candidates": len(cands), "fitting": len(fit), "top_k": top_k})
+                        info={"candidates": len(cands), "fitting": len(fit), "top_k": top_k,
+                              "enumerate_s": enumerate_s})
 
 
 def kendall_tau(xs: Sequence[float], ys: Sequence[float]) -> float:
