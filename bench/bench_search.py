@@ -6,6 +6,11 @@ default space is enumerated and screened (the screen's rate is printed, traces e
 Target (2 cores): >= 1,000 plans screened and the top 20 simulated in <= 5 minutes.
 
 Run: ``python bench/bench_search.py [--top-k K] [--workers N] [--nodes N] [--scenario NAME] [--set K=V]``.
+
+Llama 3 405B on 16,384 H100 (target <= 10 minutes)::
+
+    python bench/bench_search.py --scenario llama3-70b-tp8-pp4-dgx-h100 --nodes 2048 \
+        --set model.name=llama3-405b --set training.global_batch_size=2048
 """
 
 from __future__ import annotations
@@ -42,7 +47,8 @@ def main() -> None:
     print(format_search(res))
     ag, sp = agreement(res), speedups(res)
     print()
-    print(f"plans screened: {len(res.estimates):,} ({res.info['fitting']:,} fit); screen rate "
+    print(f"plans screened: {len(res.estimates):,} ({res.info['fitting']:,} fit), enumerated in "
+          f"{res.info.get('enumerate_s', float('nan')):.1f} s; screen rate "
           f"{res.screen_rate_per_s:,.0f} plans/s (one core, traces excluded); {res.traces} shard traces in "
           f"{res.trace_wall_s:.1f} s; {len(res.simulated)} plans simulated in {res.simulate_wall_s:.1f} s "
           f"({args.workers} workers)")

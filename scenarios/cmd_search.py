@@ -6,8 +6,10 @@
 
 The scenario gives the model, the system and the training (global batch, sequence, dtype); its own
 ``[parallel]`` plan is simulated beside the search's for comparison. Every plan of the space -- TP
-(+SP), CP, EP (MoE), PP (1F1B or interleaved, with its depth), DP with ZeRO 0-3 (3 = FSDP), micro-batch
-size, recomputation, gradient-reduce and parameter-gather overlap -- is checked (invalid plans are
+(+SP), CP, EP (MoE), PP (1F1B or interleaved, with its depth; uneven first/last stages where PP does not
+divide the layers), DP with ZeRO 0-3 (3 = FSDP, also with PP), micro-batch size, recomputation,
+gradient-reduce and parameter-gather overlap, TP communication overlap (tp_comm_overlap or async_tp),
+rank order -- is checked (invalid plans are
 reported by reason) and estimated by an analytic screen (memory model, kernel cost model, NCCL's tuner,
 the pipeline-bubble closed form); the fastest ``--top-k`` that fit, the baseline (plain DP or FSDP if it
 fits, else Megatron-LM's recipe) and the scenario's plan are then co-simulated in parallel, and ranked.
@@ -16,7 +18,9 @@ fits, else Megatron-LM's recipe) and the scenario's plan are then co-simulated i
 parallel.tensor_model_parallel_size, parallel.sequence_parallel, parallel.context_parallel_size,
 parallel.expert_model_parallel_size, parallel.pipeline_model_parallel_size,
 parallel.virtual_pipeline_model_parallel_size, parallel.zero_stage, parallel.recompute_granularity,
-parallel.overlap_grad_reduce, parallel.overlap_param_gather, training.micro_batch_size).
+parallel.overlap_grad_reduce, parallel.overlap_param_gather, parallel.tp_comm_overlap, parallel.async_tp,
+parallel.rank_order, parallel.num_layers_in_first_pipeline_stage, parallel.num_layers_in_last_pipeline_stage
+(a layer count or none), training.micro_batch_size).
 
 Exit status: 0 with a recommended plan; 2 for bad input (one line on stderr); 3 when no plan fits in
 GPU memory (stderr names the closest plan and what it lacks).

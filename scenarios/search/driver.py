@@ -82,11 +82,13 @@ def given_plan(scenario: Scenario, world: int) -> Candidate | None:
         cfg = ParallelConfig(**kw).resolve(world)
     except (ValueError, TypeError):
         return None
-    if cfg.num_layers_in_first_pipeline_stage or cfg.num_layers_in_last_pipeline_stage:
-        return None  # uneven stages are outside the search space
-    return Candidate(tp=cfg.tp, cp=cfg.cp, ep=cfg.ep, pp=cfg.pp, vpp=cfg.vpp, dp=cfg.dp, sp=cfg.sequence_parallel,
-                     zero=cfg.effective_zero_stage, mbs=cfg.micro_batch_size, recompute=cfg.recompute_granularity,
-                     overlap_grad_reduce=cfg.overlap_grad_reduce, overlap_param_gather=cfg.overlap_param_gather)
+    return normalise(Candidate(
+        tp=cfg.tp, cp=cfg.cp, ep=cfg.ep, pp=cfg.pp, vpp=cfg.vpp, dp=cfg.dp, sp=cfg.sequence_parallel,
+        zero=cfg.effective_zero_stage, mbs=cfg.micro_batch_size, recompute=cfg.recompute_granularity,
+        overlap_grad_reduce=cfg.overlap_grad_reduce, overlap_param_gather=cfg.overlap_param_gather,
+        tp_comm_overlap=cfg.tp_comm_overlap, async_tp=cfg.async_tp, rank_order=cfg.rank_order,
+        first_layers=cfg.num_layers_in_first_pipeline_stage or 0,
+        last_layers=cfg.num_layers_in_last_pipeline_stage or 0))
 
 
 def baseline_plans(ctx: ScreenContext) -> list[tuple[str, Candidate]]:
@@ -160,7 +162,9 @@ def run_search(scenario: Scenario, *, fix: Sequence[str] = (), space: Sequence[s
     """
     knobs = parse_knobs(fix, space)
     ctx = context or ScreenContext(scenario)
+    t_enum = time.perf_counter()
     cands, rejections = enumerate_space(ctx.facts, ctx.model_cfg, knobs, ctx.base_parallel)
+    enumerate_s = time.perf_counter() - t_enum
     if not cands:
         why = rejections[0].reason if rejections else "the space is empty"
         raise NoFeasiblePlan(f"no valid plan in the space ({sum(r.count for r in rejections)} rejected); "
@@ -190,7 +194,8 @@ def run_search(scenario: Scenario, *, fix: Sequence[str] = (), space: Sequence[s
         unfit + [e for e in extras if not e.fits]
     return SearchResult(scenario, ordered, rejections, simulated, base, kind, given, rate, screen_s,
                         ctx.traces, trace_s, sim_s, float(ctx.gpu.hbm_capacity_bytes), ctx.world,
-                        info={"candidates": len(cands), "fitting": len(fit), "top_k": top_k})
+                        info={"candidates": len(cands), "fitting": len(fit), "top_k": top_k,
+                              "enumerate_s": enumerate_s})
 
 
 def kendall_tau(xs: Sequence[float], ys: Sequence[float]) -> float:

@@ -56,6 +56,7 @@ from workload.parallel.builder import (
 from workload.parallel.config import ParallelConfig
 from workload.parallel.placement import Layout
 from workload.parallel.rank_trace import trace_rank
+from workload.parallel.tp_overlap import Pipelined, n_chunks, pair_collectives
 from workload.zoo.gpt import sc21_flops_per_iteration as megatron_flops_per_iteration
 
 DEFAULT_BUCKET_BYTES = ParallelConfig().grad_bucket_size_bytes
@@ -126,6 +127,9 @@ class ShardCosts:
     params: dict[str, int]
     act_bytes: int
     dtype: str
+    tp_pairs: dict[tuple[str, str], list[tuple[str, int, float]]] = field(default_factory=dict)
+    """(mode, phase) -> one layer's TP collectives pipelined with their GEMM under ``tp_comm_overlap``
+    (mode ``userbuffers``) or ``async_tp`` (``async``): (op, bytes, the GEMM's solo time)."""
 
 
 class ScreenContext:
@@ -179,6 +183,8 @@ class ScreenContext:
         self._groups: dict[tuple, dict[str, tuple[str, ...]]] = {}
         self._coll: dict[tuple, tuple[float, int]] = {}
         self._opt: dict[int, float] = {}
+        self._stage_layers: dict[tuple, list[int]] = {}
+        self._tpo: dict[tuple, float] = {}
         self._dp: dict[tuple, tuple[float, float, float, float, int, int]] = {}
         self.traces = 0
         self.model_flops = self._megatron_flops()
@@ -233,18 +239,25 @@ class ScreenContext:
                   "expert": trace.params_block_expert, "tied": trace.params_post_tied,
                   "fp8_block": trace.fp8_params_block}
         act = trace.micro_batch_size * trace.seq_length * trace.hidden_size * ELEM_BYTES.get(trace.dtype, 2) // c.tp
-        return ShardCosts(compute, colls, selective, attn, flops, params, act, trace.dtype)
+        pairs: dict[tuple[str, str], list[tuple[str, int, float]]] = {}
+        if c.sp and c.tp > 1:  # the builder's pairing (workload.parallel.tp_overlap), per mode
+            for mode in ("userbuffers", "async"):
+                for phase in ("fwd", "bwd"):
+                    paired = pair_collectives(ops.get("block", phase, 0), hidden=trace.hidden_size, tp=c.tp, mode=mode)
+                    pairs[(mode, phase)] = [(it.collective.op, it.collective.size_bytes,
+                                             self.cost_model.cost(it.gemm).solo_time_s)
+                                            for it in paired if isinstance(it, Pipelined)]
+        return ShardCosts(compute, colls, selective, attn, flops, params, act, trace.dtype, pairs)
 
     # -- communication -------------------------------------------------------------------------------
     def groups(self, c: Candidate) -> dict[str, Group]:
         """Rank 0's communicators (tp, cp, dp = dp x cp, edp, ep) and its pipeline peer pair."""
-        key = (c.tp, c.cp, c.ep, c.pp, c.dp)
+        key = (c.tp, c.cp, c.ep, c.pp, c.dp, c.rank_order)
         hit = self._groups.get(key)
         if hit is None:
             cfg = ParallelConfig(tensor_model_parallel_size=c.tp, context_parallel_size=c.cp,
                                  expert_model_parallel_size=c.ep, pipeline_model_parallel_size=c.pp,
-                                 data_parallel_size=c.dp,
-                                 rank_order=self.base_parallel.get("rank_order", "tp-cp-ep-dp-pp"))
+                                 data_parallel_size=c.dp, rank_order=c.rank_order)
             lay = Layout(cfg)
             names = {"tp": "tp", "cp": "cp", "ep": "ep", "dp": ("dp", "cp"), "edp": ("edp", "cp")}
             gpus = {k: tuple(self.gpus[r] for r in lay.group(0, ax)) for k, ax in names.items()}
@@ -301,27 +314,41 @@ class ScreenContext:
 
     # -- memory ----------------------------------------------------------------------------------------
     def memory(self, c: Candidate) -> MemoryBreakdown:
-        """Peak memory per GPU (:func:`workload.memory.memory_per_gpu`, as the runner calls it). Only
-        the first and last stages are evaluated: a middle stage holds no embedding or head and fewer
-        micro-batches in flight, so it never exceeds the first."""
+        """Peak memory per GPU (:func:`workload.memory.memory_per_gpu`, as the runner calls it, with
+        FSDP under PP at its memory ZeRO stage, ``ParallelConfig.memory_zero_stage``). Only the first and
+        last stages are evaluated, and a middle one under uneven stages: a middle stage holds no
+        embedding or head and fewer micro-batches in flight, so with as many layers it never exceeds the
+        first."""
         m = self.global_batch_size // (c.mbs * c.dp)
-        key = (c.tp, c.cp, c.ep, c.pp, c.vpp, c.dp, c.sp, c.zero, c.mbs, c.recompute, m)
+        key = (c.tp, c.cp, c.ep, c.pp, c.vpp, c.dp, c.sp, c.zero, c.mbs, c.recompute, m, c.first_layers, c.last_layers)
         hit = self._memory.get(key)
         if hit is None:
             mc = self.model_cfg
-            L = mc.num_layers
+            layers = self.stage_layers(c)
             flash = getattr(mc, "attention_backend", "flash") == "flash"
+            zero = 1 if c.zero == 3 and c.pp > 1 else c.zero  # FSDP with PP keeps units unsharded
 
             def stage(s: int) -> MemoryBreakdown:
                 return memory_per_gpu(
                     mc, tp=c.tp, pp=c.pp, dp=c.dp, cp=c.cp, ep=c.ep, micro_batch_size=c.mbs, num_microbatches=m,
-                    virtual_pipeline_size=c.vpp, sequence_parallel=c.sp, recompute=c.recompute, zero_stage=c.zero,
+                    virtual_pipeline_size=c.vpp, sequence_parallel=c.sp, recompute=c.recompute, zero_stage=zero,
                     param_bytes=4 if self.dtype == "fp32" else 2, grad_bytes=2 if self.dtype == "fp16" else 4,
-                    flash_attention=flash, fp8=self.dtype == "fp8", stage=s,
-                    stage_layers=[L // (c.pp * c.vpp)] * (c.pp * c.vpp))
+                    flash_attention=flash, fp8=self.dtype == "fp8", stage=s, stage_layers=layers)
 
-            hit = max((stage(s) for s in {0, c.pp - 1}), key=lambda r: (r.total, -r.stage))
+            stages = {0, c.pp - 1} | ({1} if (c.first_layers or c.last_layers) and c.pp > 2 else set())
+            hit = max((stage(s) for s in stages), key=lambda r: (r.total, -r.stage))
             self._memory[key] = hit
+        return hit
+
+    def stage_layers(self, c: Candidate) -> list[int]:
+        """Layers per pipeline stage (per model chunk when interleaved), as ``ParallelConfig.stage_layers``."""
+        key = (c.pp, c.vpp, c.first_layers, c.last_layers)
+        hit = self._stage_layers.get(key)
+        if hit is None:
+            cfg = ParallelConfig(pipeline_model_parallel_size=c.pp, virtual_pipeline_model_parallel_size=c.vpp,
+                                 num_layers_in_first_pipeline_stage=c.first_layers or None,
+                                 num_layers_in_last_pipeline_stage=c.last_layers or None)
+            hit = self._stage_layers[key] = cfg.stage_layers(self.model_cfg.num_layers)
         return hit
 
     def oom_reason(self, mem: MemoryBreakdown) -> str:
@@ -371,17 +398,21 @@ class ScreenContext:
         L = self.model_cfg.num_layers
         p, v = c.pp, c.vpp
         m = self.global_batch_size // (c.mbs * c.dp)
-        Ls = L // p
+        per_stage = self.stage_layers(c)
+        if v > 1:  # chunks: a stage's layers are v chunks' worth
+            per_stage = [L // p] * p
+        # (layers, first, last) of the first, a middle (under uneven stages) and the last stage
+        kinds = [(per_stage[0], True, p == 1)] + ([(per_stage[1], False, False)] if p > 2 and (
+            c.first_layers or c.last_layers) else []) + ([(per_stage[-1], False, True)] if p > 1 else [])
         stage = _StageTimes(self, sc, c, g)
-        f0, b0, cf0, cb0 = stage.pass_times(Ls, first=True, last=p == 1)
-        fl, bl, cfl, cbl = stage.pass_times(Ls, first=p == 1, last=True) if p > 1 else (f0, b0, cf0, cb0)
-        t_mb = max(f0 + b0, fl + bl)
-        compute_mb = max(cf0 + cb0, cfl + cbl)
+        passes = [stage.pass_times(n, first=fi, last=la) for n, fi, la in kinds]
+        t_mb = max(f + b for f, b, _, _ in passes)
+        compute_mb = max(cf + cb for _, _, cf, cb in passes)
         bubble = (p - 1) / v * t_mb
         p2p = 2 * (p * v - 1) * self.coll_s("p2p", sc.act_bytes, g["pp"]) if p > 1 else 0.0
-        tail, opt = max(stage.tail(Ls, first=True, last=p == 1, t_fwd=f0, t_bwd=b0),
-                        stage.tail(Ls, first=p == 1, last=True, t_fwd=fl, t_bwd=bl))
-        T = m * t_mb + bubble + p2p + tail + stage.fp8_casts(Ls)
+        tail, opt = max(stage.tail(n, first=fi, last=la, t_fwd=ps[0], t_bwd=ps[1])
+                        for (n, fi, la), ps in zip(kinds, passes, strict=True))
+        T = m * t_mb + bubble + p2p + tail + stage.fp8_casts(max(per_stage))
         compute = m * compute_mb + opt
         tokens = self.global_batch_size * self.model_cfg.seq_length
         flops = self.model_flops
@@ -400,8 +431,8 @@ class _StageTimes:
         comp, co = sc.compute, sc.colls
         self.slow = self._ring_sm_slowdown()
         self.blk_cf, self.blk_cb = comp[("block", "fwd")] * self.slow, comp[("block", "bwd")] * self.slow
-        self.blk_f = self.blk_cf + ctx._colls_s(co[("block", "fwd")], g)
-        self.blk_b = self.blk_cb + ctx._colls_s(co[("block", "bwd")], g)
+        self.blk_f = self.blk_cf + ctx._colls_s(co[("block", "fwd")], g) - self._tp_overlap_saved("fwd")
+        self.blk_b = self.blk_cb + ctx._colls_s(co[("block", "bwd")], g) - self._tp_overlap_saved("bwd")
         rc = {"none": 0.0, "selective": sc.selective_s * self.slow, "full": self.blk_f}[c.recompute]
         self.rc_compute = {"none": 0.0, "selective": sc.selective_s * self.slow, "full": self.blk_cf}[c.recompute]
         self.blk_b += rc
@@ -411,6 +442,54 @@ class _StageTimes:
         self.eb = eb
         # without SP the received 1/tp activation slices are all-gathered over TP before use
         self.recv_ag = ctx.coll_s("all_gather", sc.act_bytes * c.tp, g["tp"]) if c.pp > 1 and not c.sp else 0.0
+
+    def _tp_overlap_saved(self, phase: str) -> float:
+        """Time one layer's pass saves when its TP all-gathers and reduce-scatters are pipelined with
+        their GEMMs (``tp_comm_overlap``, ``async_tp``; :mod:`workload.parallel.tp_overlap`): with the
+        GEMM ``G`` and the collective ``C`` in ``n`` pieces, an all-gather pair takes
+        ``max(G, (n-1) C/n + G/n)`` and a reduce-scatter pair ``max(G + C/n, C + G/n)`` instead of
+        ``G + C``; userbuffers' reduce-scatter chunks hold their SMs beside the GEMM (the SM tax), async
+        TP's reduce-scatter adds its reduction kernel. The copy engines' peer copies
+        are priced as NCCL's collective (the simulation has the copies)."""
+        c, ctx = self.c, self.ctx
+        mode = "userbuffers" if c.tp_comm_overlap else "async" if c.async_tp else ""
+        if not mode:
+            return 0.0
+        key = (mode, phase, ctx.shard_key(c), self.g["tp"].key)
+        hit = ctx._tpo.get(key)
+        if hit is None:
+            hit = 0.0
+            for op, size, gemm_s in self.sc.tp_pairs.get((mode, phase), []):
+                comm, channels = ctx.coll(op, size, self.g["tp"])
+                n = n_chunks(op, mode, c.tp)
+                if op == "all_gather":
+                    paired = max(gemm_s, comm * (n - 1) / n + gemm_s / n)
+                else:
+                    paired = max(gemm_s + comm / n, comm + gemm_s / n)
+                    if mode == "userbuffers":  # NCCL chunks hold their SMs beside the GEMM pieces
+                        paired += ctx.sm_tax(min(gemm_s, comm), channels)
+                    else:
+                        k = Compute("tp_async_reduce", "elementwise", 0.0, float(size // n * (n + 1)),
+                                    dtype=self.sc.dtype)
+                        paired += ctx.cost_model.cost(k).solo_time_s
+                hit += gemm_s + comm - paired
+            ctx._tpo[key] = hit
+        return hit
+
+    def _fsdp_once(self, Ls: int, first: bool, last: bool, t_bwd: float) -> float:
+        """FSDP with PP (``ParallelConfig.fsdp_keeps_unsharded``): each of the stage's units is gathered
+        once, before its first forward (prefetched behind the previous unit), and reduce-scattered once,
+        after its last backward, behind the rest of that backward; the exposed part of both."""
+        ctx, sc, g, pr = self.ctx, self.sc, self.g, self.sc.params
+        units = ([(pr["pre"], sc.compute[("pre", "fwd")])] if first else []) + [(pr["block"], self.blk_f)] * Ls + (
+            [(self.part_params("post"), sc.compute[("post", "fwd")])] if last else [])
+        ag = [ctx.coll("all_gather", n * self.eb, g["dp"]) for n, _ in units]
+        exposed = ag[0][0] + sum(max(0.0, ag[k][0] - units[k - 1][1])
+                                 + ctx.sm_tax(min(ag[k][0], units[k - 1][1]), ag[k][1]) for k in range(1, len(units)))
+        rs = [ctx.coll("reduce_scatter", n * ctx.grad_bytes, g["dp"]) for n, _ in units]
+        total = sum(t for t, _ in rs)
+        rs_exposed = max(rs[0][0], total - t_bwd)  # the first unit's backward is the last to end
+        return exposed + rs_exposed + ctx.sm_tax(total - rs_exposed, max(ch for _, ch in rs))
 
     def _fsdp_pass(self, Ls: int, phase: str) -> float:
         """FSDP's extra time in one pass over the units (pre, the layers, post; backward reversed; one
@@ -475,7 +554,7 @@ class _StageTimes:
             f += pf + ctx._colls_s(sc.colls[(part, "fwd")], g)
             b += pb + ctx._colls_s(sc.colls[(part, "bwd")], g)
             cf, cb = cf + pf, cb + pb
-        if self.c.zero == 3:
+        if self.c.zero == 3 and self.c.pp == 1:  # under PP: once per step (tail)
             f += self._fsdp_pass(Ls, "fwd")
             b += self._fsdp_pass(Ls, "bwd")
         if not (first and last):
@@ -508,6 +587,8 @@ class _StageTimes:
             opt += ctx._optimizer_s(self.sc.params["pre"] * scale)
         if last:
             opt += ctx._optimizer_s(self.part_params("post") * scale)
+        if c.zero == 3 and c.pp > 1 and g["dp"].n > 1:
+            return opt + self._fsdp_once(Ls, first, last, t_bwd), opt
         if c.zero == 3 or g["dp"].n == 1:
             return opt, opt
         red_total, red_last, ag_total, ag_last, red_ch, ag_ch = self._dp_comm(Ls, first, last)

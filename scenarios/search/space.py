@@ -21,8 +21,17 @@ Knobs, named as scenario keys (``section.key``):
 ``parallel.recompute_granularity``             none, selective, full
 ``parallel.overlap_grad_reduce``               true, false
 ``parallel.overlap_param_gather``              true, false (ZeRO 1/2 only)
+``parallel.tp_comm_overlap``                   true, false (SP only; Megatron-Core ``--tp-comm-overlap``)
+``parallel.async_tp``                          true, false (SP only; torchtitan's async TP)
+``parallel.rank_order``                        tp-cp-ep-dp-pp (Megatron's default), tp-cp-ep-pp-dp
+                                               (``--use-tp-pp-dp-mapping``); only when DP and PP > 1
+``parallel.num_layers_in_first_pipeline_stage``  uneven stages: by default only where PP does not
+``parallel.num_layers_in_last_pipeline_stage``   divide the layers (balanced ends); ``none`` = even
 ``training.micro_batch_size``                  1, 2, 4
 =============================================  ===============================================
+
+Recomputation of only ``k`` layers (Megatron's ``--recompute-method block --recompute-num-layers k``)
+is not a knob: the workload has no such setting (``recompute_granularity`` is none, selective or full).
 """
 
 from __future__ import annotations
@@ -33,7 +42,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from workload.parallel.config import RECOMPUTE, ParallelConfig
+from workload.parallel.config import AXES, RECOMPUTE, ParallelConfig
 
 KNOBS: dict[str, str] = {
     "parallel.tensor_model_parallel_size": "tp",
@@ -46,12 +55,23 @@ KNOBS: dict[str, str] = {
     "parallel.recompute_granularity": "recompute",
     "parallel.overlap_grad_reduce": "overlap_grad_reduce",
     "parallel.overlap_param_gather": "overlap_param_gather",
+    "parallel.tp_comm_overlap": "tp_comm_overlap",
+    "parallel.async_tp": "async_tp",
+    "parallel.rank_order": "rank_order",
+    "parallel.num_layers_in_first_pipeline_stage": "first_layers",
+    "parallel.num_layers_in_last_pipeline_stage": "last_layers",
     "training.micro_batch_size": "mbs",
 }
 """``--fix``/``--space`` key -> :class:`Candidate` field."""
 
-BOOL_KNOBS = ("sp", "overlap_grad_reduce", "overlap_param_gather")
+BOOL_KNOBS = ("sp", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "async_tp")
 INT_KNOBS = ("tp", "cp", "ep", "pp", "vpp", "zero", "mbs")
+STAGE_KNOBS = ("first_layers", "last_layers")
+"""Layers on the first / last pipeline stage; 0 (``none`` on the command line) = an even split."""
+DEFAULT_RANK_ORDER = ParallelConfig().rank_order
+RANK_ORDERS = (DEFAULT_RANK_ORDER, "tp-cp-ep-pp-dp")
+"""Megatron-LM's two mappings: the default, and ``--use-tp-pp-dp-mapping`` (pipeline stages inner to
+data-parallel replicas: a stage's p2p peers nearer, the gradient all-reduce across more nodes)."""
 VPP_DEPTHS = (1, 2, 4)
 """Model chunks per stage in the default space: plain 1F1B, and interleaving 2 or 4 deep (Megatron-LM's
 published runs use 2-6 chunks per stage; ``--space`` opens others)."""
@@ -75,6 +95,13 @@ class Candidate:
     recompute: str = "none"
     overlap_grad_reduce: bool = False
     overlap_param_gather: bool = False
+    tp_comm_overlap: bool = False
+    async_tp: bool = False
+    rank_order: str = DEFAULT_RANK_ORDER
+    first_layers: int = 0
+    """Layers on the first pipeline stage (0: an even split)."""
+    last_layers: int = 0
+    """Layers on the last pipeline stage (0: an even split)."""
 
     @property
     def schedule(self) -> str:
@@ -82,8 +109,8 @@ class Candidate:
 
     def parallel_section(self, base: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """The scenario's ``[parallel]`` table for this plan; ``base``'s keys the search does not vary
-        (rank_order, grad_bucket_size_bytes, moe_tokens_per_expert) are kept."""
-        keep = ("rank_order", "grad_bucket_size_bytes", "moe_tokens_per_expert")
+        (grad_bucket_size_bytes, moe_tokens_per_expert) are kept."""
+        keep = ("grad_bucket_size_bytes", "moe_tokens_per_expert")
         out: dict[str, Any] = {k: v for k, v in (base or {}).items() if k in keep}
         out.update(tensor_model_parallel_size=self.tp, pipeline_model_parallel_size=self.pp)
         if self.cp > 1:
@@ -102,10 +129,14 @@ class Candidate:
             out["zero_stage"] = self.zero
         if self.recompute != "none":
             out["recompute_granularity"] = self.recompute
-        if self.overlap_grad_reduce:
-            out["overlap_grad_reduce"] = True
-        if self.overlap_param_gather:
-            out["overlap_param_gather"] = True
+        out.update({k: True for k in ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "async_tp")
+                    if getattr(self, k)})
+        if self.rank_order != DEFAULT_RANK_ORDER:
+            out["rank_order"] = self.rank_order
+        if self.first_layers:
+            out["num_layers_in_first_pipeline_stage"] = self.first_layers
+        if self.last_layers:
+            out["num_layers_in_last_pipeline_stage"] = self.last_layers
         return out
 
     def config(self, global_batch_size: int, base: Mapping[str, Any] | None = None) -> ParallelConfig:
@@ -115,8 +146,13 @@ class Candidate:
             self.tp * self.cp * self.pp * self.dp)
 
     def megatron_flags(self) -> str:
-        """The plan as Megatron-LM command-line flags (``--use-torch-fsdp2`` for ZeRO-3)."""
+        """The plan as Megatron-LM command-line flags (``--use-torch-fsdp2`` for ZeRO-3; async TP, which
+        Megatron-LM does not have, as torchtitan's ``--parallelism.enable_async_tensor_parallel``)."""
         f = [f"--tensor-model-parallel-size {self.tp}", f"--pipeline-model-parallel-size {self.pp}"]
+        if self.first_layers:
+            f.append(f"--num-layers-in-first-pipeline-stage {self.first_layers}")
+        if self.last_layers:
+            f.append(f"--num-layers-in-last-pipeline-stage {self.last_layers}")
         if self.vpp > 1:
             f.append(f"--virtual-pipeline-model-parallel-size {self.vpp}")
         if self.cp > 1:
@@ -134,10 +170,14 @@ class Candidate:
             f.append("--use-torch-fsdp2")
         if self.recompute != "none":
             f.append(f"--recompute-granularity {self.recompute}")
-        if self.overlap_grad_reduce:
-            f.append("--overlap-grad-reduce")
-        if self.overlap_param_gather:
-            f.append("--overlap-param-gather")
+        f += [flag for on, flag in ((self.overlap_grad_reduce, "--overlap-grad-reduce"),
+                                    (self.overlap_param_gather, "--overlap-param-gather"),
+                                    (self.tp_comm_overlap, "--tp-comm-overlap"),
+                                    (self.async_tp, "--parallelism.enable_async_tensor_parallel")) if on]
+        if self.rank_order == "tp-cp-ep-pp-dp":
+            f.append("--use-tp-pp-dp-mapping")
+        elif self.rank_order != DEFAULT_RANK_ORDER:
+            f.append(f"[rank order {self.rank_order}]")
         return " ".join(f)
 
     def short(self) -> str:
@@ -147,7 +187,9 @@ class Candidate:
             parts.append(f"CP{self.cp}")
         if self.ep > 1:
             parts.append(f"EP{self.ep}")
-        parts.append(f"PP{self.pp}" + (f"x{self.vpp}" if self.vpp > 1 else ""))
+        parts.append(f"PP{self.pp}" + (f"x{self.vpp}" if self.vpp > 1 else "")
+                     + (f"({self.first_layers or '-'}/{self.last_layers or '-'})" if self.first_layers or
+                        self.last_layers else ""))
         parts.append(f"DP{self.dp}")
         parts.append("FSDP" if self.zero == 3 else f"Z{self.zero}")
         parts.append(f"mbs{self.mbs}")
@@ -156,6 +198,12 @@ class Candidate:
             parts.append("ogr")
         if self.overlap_param_gather:
             parts.append("opg")
+        if self.tp_comm_overlap:
+            parts.append("tpo")
+        if self.async_tp:
+            parts.append("atp")
+        if self.rank_order != DEFAULT_RANK_ORDER:
+            parts.append(self.rank_order)
         return " ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
@@ -202,8 +250,25 @@ def default_values(f: ModelFacts) -> dict[str, list[Any]]:
         "recompute": list(RECOMPUTE),
         "overlap_grad_reduce": [False, True],
         "overlap_param_gather": [False, True],
+        "tp_comm_overlap": [False, True],
+        "async_tp": [False, True],
+        "rank_order": list(RANK_ORDERS),
+        "first_layers": [0],
+        "last_layers": [0],
         "mbs": list(MICRO_BATCH_SIZES),
     }
+
+
+def balanced_ends(num_layers: int, pp: int) -> tuple[int, int]:
+    """(first, last) stage layers when ``pp`` does not divide ``num_layers``: the middle stages take
+    ``ceil(num_layers / pp)`` layers each, the first and last share the rest (the first the smaller
+    half, as it also holds the embedding); ``(0, 0)`` if that leaves an end stage without a layer."""
+    if pp < 2 or num_layers % pp == 0:
+        return 0, 0
+    per = -(-num_layers // pp)
+    rest = num_layers - (pp - 2) * per
+    first, last = rest // 2, rest - rest // 2
+    return (first, last) if first >= 1 else (0, 0)
 
 
 def _parse_value(field: str, raw: str, key: str) -> Any:
@@ -222,6 +287,21 @@ def _parse_value(field: str, raw: str, key: str) -> Any:
         if v < 1 and field != "zero":
             raise ValueError(f"{key}: {v} must be a positive integer")
         return v
+    if field in STAGE_KNOBS:
+        if raw.lower() in ("none", "0"):
+            return 0
+        try:
+            v = int(raw)
+        except ValueError:
+            raise ValueError(f"{key}: {raw!r} is not a layer count; allowed: a positive integer or none") from None
+        if v < 1:
+            raise ValueError(f"{key}: {v} must be a positive integer (or none for an even split)")
+        return v
+    if field == "rank_order":
+        if sorted(raw.split("-")) != sorted(AXES):
+            raise ValueError(f"{key}: {raw!r} is not an order of the axes; allowed: a permutation of "
+                             f"{'-'.join(AXES)}, e.g. {', '.join(RANK_ORDERS)}")
+        return raw
     if raw not in RECOMPUTE:
         raise ValueError(f"{key}: unknown value {raw!r}; allowed: {', '.join(RECOMPUTE)}")
     return raw
@@ -260,7 +340,19 @@ def normalise(c: Candidate) -> Candidate:
         c = replace(c, overlap_param_gather=False)
     if c.zero == 3 and c.overlap_grad_reduce:  # FSDP reduce-scatters each unit as its backward ends
         c = replace(c, overlap_grad_reduce=False)
+    if not c.sp and (c.tp_comm_overlap or c.async_tp):
+        return c  # left for the config's reason (TP overlap needs sequence parallelism)
+    if c.rank_order != DEFAULT_RANK_ORDER and _effective_order(c, c.rank_order) == _effective_order(
+            c, DEFAULT_RANK_ORDER):
+        c = replace(c, rank_order=DEFAULT_RANK_ORDER)
     return c
+
+
+def _effective_order(c: Candidate, order: str) -> list[str]:
+    """The axes of ``order`` that have more than one rank (EP is carved out of DP): two orders with the
+    same list lay every rank out alike."""
+    sizes = {"tp": c.tp, "cp": c.cp, "dp": c.dp, "pp": c.pp, "ep": 1}
+    return [a for a in order.split("-") if sizes[a] > 1]
 
 
 def enumerate_space(facts: ModelFacts, model_cfg: Any, knobs: Mapping[str, list[Any]] | None = None,
@@ -274,8 +366,8 @@ def enumerate_space(facts: ModelFacts, model_cfg: Any, knobs: Mapping[str, list[
     values.update(knobs or {})
     if facts.num_experts <= 1 and "ep" not in (knobs or {}):
         values["ep"] = [1]
-    order = ("tp", "sp", "cp", "ep", "pp", "vpp", "zero", "mbs", "recompute", "overlap_grad_reduce",
-             "overlap_param_gather")
+    outer = ("tp", "sp", "cp", "ep", "pp", "vpp", "zero", "mbs", "overlap_param_gather", "first_layers", "last_layers")
+    inner = ("recompute", "overlap_grad_reduce", "tp_comm_overlap", "async_tp", "rank_order")
     seen: set[Candidate] = set()
     valid: list[Candidate] = []
     reasons: dict[str, list[Any]] = {}
@@ -284,33 +376,69 @@ def enumerate_space(facts: ModelFacts, model_cfg: Any, knobs: Mapping[str, list[
     def asked(field: str) -> bool:
         return field in (knobs or {})
 
-    for combo in itertools.product(*(values[k] for k in order)):
-        kw = dict(zip(order, combo, strict=True))
-        model_par = kw["tp"] * kw["cp"] * kw["pp"]
+    for combo in itertools.product(*(values[k] for k in outer)):
+        shape = dict(zip(outer, combo, strict=True))
+        model_par = shape["tp"] * shape["cp"] * shape["pp"]
         if facts.world_size % model_par:
             continue  # not a factorisation of the cluster: no plan at all
-        if not asked("sp") and kw["tp"] == 1 and kw["sp"] or not asked("vpp") and kw["pp"] == 1 and kw["vpp"] > 1:
-            continue  # a TP (PP) knob without TP (PP): not a plan of its own unless asked for
-        c = normalise(Candidate(dp=facts.world_size // model_par, **kw))
-        if c in seen:
+        dp = facts.world_size // model_par
+        if _folded_shape(shape, dp, values):
             continue
-        seen.add(c)
-        key = (c.tp, c.sp, c.cp, c.ep, c.pp, c.vpp, c.dp, c.zero, c.mbs, c.overlap_param_gather)
-        if key not in check_cache:
-            check_cache[key] = check_plan(c, facts, model_cfg, base_parallel)
-        why = check_cache[key]
-        if why is None:
-            valid.append(c)
-        else:
-            reasons.setdefault(why, [0, c])[0] += 1
+        if not (asked("first_layers") or asked("last_layers")) and shape["vpp"] == 1:
+            shape["first_layers"], shape["last_layers"] = balanced_ends(facts.num_layers, shape["pp"])
+        # knobs without effect in this shape (normalise would fold them) are not expanded
+        options = dict(values)
+        if not shape["sp"] and not (asked("tp_comm_overlap") or asked("async_tp")):
+            options["tp_comm_overlap"] = options["async_tp"] = [False]
+        if (shape["pp"] == 1 or dp * shape["cp"] == 1) and not asked("rank_order"):
+            options["rank_order"] = [DEFAULT_RANK_ORDER]
+        if (shape["zero"] == 3 or dp * shape["cp"] == 1) and False in values["overlap_grad_reduce"]:
+            options["overlap_grad_reduce"] = [False]
+        for rest in itertools.product(*(options[k] for k in inner)):
+            kw = {**shape, **dict(zip(inner, rest, strict=True))}
+            if _not_a_plan_of_its_own(kw, asked):
+                continue
+            c = normalise(Candidate(dp=dp, **kw))
+            if c in seen:
+                continue
+            seen.add(c)
+            # what validity depends on (a rank order, checked when parsed, never makes a plan invalid)
+            key = (c.tp, c.sp, c.cp, c.ep, c.pp, c.vpp, c.dp, c.zero, c.mbs, c.overlap_param_gather,
+                   c.tp_comm_overlap, c.async_tp, c.first_layers, c.last_layers)
+            if key not in check_cache:
+                check_cache[key] = check_plan(c, facts, model_cfg, base_parallel)
+            why = check_cache[key]
+            if why is None:
+                valid.append(c)
+            else:
+                reasons.setdefault(why, [0, c])[0] += 1
     rejections = sorted((Rejection(r, n, ex) for r, (n, ex) in reasons.items()), key=lambda r: (-r.count, r.reason))
     return valid, rejections
 
 
+def _folded_shape(shape: Mapping[str, Any], dp: int, values: Mapping[str, list[Any]]) -> bool:
+    """A shape :func:`normalise` folds onto another one that the enumeration also visits (ZeRO without
+    a data-parallel group, a parameter-gather overlap without the distributed optimizer): skipped
+    before any candidate is built."""
+    if dp * shape["cp"] == 1 and shape["zero"] and 0 in values["zero"] and not (shape["tp"] == 1 and shape["sp"]):
+        return True
+    return bool(shape["overlap_param_gather"] and shape["zero"] not in (1, 2)
+                and False in values["overlap_param_gather"])
+
+
+def _not_a_plan_of_its_own(kw: Mapping[str, Any], asked) -> bool:
+    """A knob of an axis the plan does not use (SP without TP, interleaving without PP, TP overlap
+    without SP, both TP overlaps at once): not a plan of its own unless asked for with ``--space``."""
+    if not asked("sp") and kw["tp"] == 1 and kw["sp"] or not asked("vpp") and kw["pp"] == 1 and kw["vpp"] > 1:
+        return True
+    overlap = kw["tp_comm_overlap"] or kw["async_tp"]
+    if overlap and not kw["sp"] and not (asked("tp_comm_overlap") or asked("async_tp")):
+        return True
+    return bool(kw["tp_comm_overlap"] and kw["async_tp"] and not (asked("tp_comm_overlap") and asked("async_tp")))
+
+
 def check_plan(c: Candidate, facts: ModelFacts, model_cfg: Any, base_parallel: Mapping[str, Any] | None) -> str | None:
     """``None`` if the plan is valid, else the one-line reason (the parallel config's own words)."""
-    if c.zero == 3 and c.pp > 1:
-        return "ZeRO-3/FSDP with pipeline_model_parallel_size > 1 is not supported (Megatron-LM and trainsim)"
     if c.overlap_param_gather and c.zero not in (1, 2):
         return "overlap_param_gather needs the distributed optimizer (zero_stage 1 or 2)"
     try:

@@ -1,0 +1,215 @@
+"""Published parallel plans against the search's screen (tier 1; no simulation, to keep this modest).
+
+* SC'21 Table 1 and Korthikanti et al. 2022 Table 5: the authors chose their plans by hand; each
+  published plan must be within :data:`BEST_TOLERANCE` of the fastest plan the screen finds in the space
+  of the software they ran (SC'21: full recomputation, no sequence parallelism, no distributed optimizer;
+  Korthikanti: sequence parallelism and selective recomputation available, no data parallelism).
+* SC'21 Table 2: at every published size PTD-P (the screen's best plan with TP or PP) has more
+  throughput per GPU than ZeRO-3 without model parallelism (PyTorch FSDP here; DeepSpeed's ZeRO-3 is not
+  modelled), as measured.
+* torchtitan's async TP measurements: async TP is faster than vanilla TP on the same plan.
+* BLOOM's 48-node topology search (``tests/data/bloom_tr11_48node_contenders.csv``): Kendall tau
+  between the screen's and the measured order of seven plans, with an explicit floor.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scenarios.runner import scenario_path
+from scenarios.scenario import load_scenario, parse_scenario
+from scenarios.search import Candidate, ScreenContext, enumerate_space, parse_knobs
+from scenarios.search.driver import given_plan, kendall_tau
+
+BEST_TOLERANCE = 0.05
+"""A published plan's screened time may exceed the best screened time by at most this fraction."""
+BLOOM_TAU_FLOOR = 0.4
+"""Kendall tau the screen's order of BLOOM's seven plans must reach (1 = the measured order)."""
+DATA = Path(__file__).resolve().parents[2] / "data"
+SC21_NAMES = ["1.7b", "3.6b", "7.5b", "18b", "39b", "76b", "145b", "310b", "530b", "1t"]
+KORTHIKANTI = ["22b", "175b", "530b", "1t"]
+MEGATRON_2021_MODEL = {"attention_backend": "unfused", "hidden_dropout": 0.1, "attention_dropout": 0.1}
+NO_NEW_KNOBS = ["parallel.context_parallel_size=1", "parallel.tp_comm_overlap=false", "parallel.async_tp=false",
+                "parallel.rank_order=tp-cp-ep-dp-pp"]
+"""Knobs the 2021-2022 Megatron-LM runs did not have (or, for the rank order, did not use)."""
+
+
+@cache
+def _context(name: str) -> ScreenContext:
+    return ScreenContext(load_scenario(scenario_path(name), []))
+
+
+def _space_with(values: list[int], extra: list[int]) -> str:
+    return ",".join(str(v) for v in sorted(set(values) | set(extra)))
+
+
+def _powers(upto: int) -> list[int]:
+    return [1 << i for i in range(upto.bit_length()) if 1 << i <= upto]
+
+
+def best_and_published(ctx: ScreenContext, given: Candidate, fix: list[str], space: list[str]) -> tuple[float, float,
+                                                                                                    Candidate]:
+    """(the best screened time in the space, the published plan's screened time, the best plan)."""
+    cands, _ = enumerate_space(ctx.facts, ctx.model_cfg, parse_knobs(fix, space), ctx.base_parallel)
+    ests = [e for e in (ctx.estimate(c) for c in cands) if e.fits]
+    assert ests, "no plan of the space fits"
+    best = min(ests, key=lambda e: e.iteration_time_s)
+    pub = ctx.estimate(given)
+    assert pub.fits, f"the published plan does not fit by the memory model: {pub.oom_reason}"
+    return best.iteration_time_s, pub.iteration_time_s, best.candidate
+
+
+def _plan_space(ctx: ScreenContext, given: Candidate) -> list[str]:
+    """TP up to a node, PP powers of two and the published PP, interleaving 1, 2 or the published depth."""
+    f = ctx.facts
+    return [f"parallel.tensor_model_parallel_size={_space_with(_powers(f.gpus_per_node), [given.tp])}",
+            f"parallel.pipeline_model_parallel_size={_space_with(_powers(min(f.num_layers, 64)), [given.pp])}",
+            f"parallel.virtual_pipeline_model_parallel_size={_space_with([1, 2], [given.vpp])}"]
+
+
+_SMALL_TP = ("the screen prefers less TP and more DP or PP than the paper's weak-scaling plan: it prices "
+             "TP's per-layer all-reduces on NVLink above the data-parallel all-reduce and the pipeline bubble")
+SC21_XFAIL: dict[str, str] = {
+    "3.6b": f"{_SMALL_TP}: TP2 DP32 3.80 s vs TP1 DP64 3.44 s (+10.5 %)",
+    "7.5b": f"{_SMALL_TP}: TP4 DP32 4.01 s vs TP1 PP2x2 DP64 3.29 s (+21.7 %)",
+    "18b": f"{_SMALL_TP}: TP8 DP32 10.16 s vs TP2 PP2x2 DP64 7.67 s (+32.6 %)",
+    "39b": f"{_SMALL_TP}: TP8 PP2x2 DP32 14.16 s vs TP2 PP8x2 DP32 11.74 s (+20.6 %)",
+}
+"""Rows where the published plan is not within the tolerance of the screen's best (measured by this test)."""
+KORTHIKANTI_XFAIL: dict[str, str] = {}
+ZERO3_XFAIL = ("ZeRO-3 in the screen is PyTorch FSDP-like (the screen does not price zero_impl = \"deepspeed\"), "
+               "whose per-unit gathers it hides behind compute across all GPUs' NICs; SC'21 measured DeepSpeed's "
+               "2021 ZeRO-3, so the screen ranks FSDP above PTD-P at every size (e.g. 175B on 1536 GPUs: PTD-P "
+               "19.1 s vs FSDP 15.2 s; measured 141 vs 44 TFLOP/s per GPU); 530B at micro-batch 4 on 640 GPUs "
+               "does not fit by the screen's memory (nominal HBM), though it ran")
+
+
+@pytest.mark.parametrize("size", [pytest.param(s, marks=pytest.mark.xfail(strict=True, reason=SC21_XFAIL[s]))
+                                  if s in SC21_XFAIL else s for s in SC21_NAMES])
+def test_sc21_table1_published_plan_is_near_the_best(size):
+    ctx = _context(f"sc21-gpt-{size}")
+    given = given_plan(ctx.scenario, ctx.world)
+    assert given is not None
+    fix = [*NO_NEW_KNOBS, "parallel.recompute_granularity=full", "parallel.sequence_parallel=false",
+           "parallel.zero_stage=0", "parallel.overlap_grad_reduce=false", "training.micro_batch_size=1"]
+    best, pub, plan = best_and_published(ctx, given, fix, _plan_space(ctx, given))
+    assert pub <= best * (1 + BEST_TOLERANCE), (
+        f"published {given.short()} {pub:.3f} s vs the best {plan.short()} {best:.3f} s (+{pub / best - 1:.1%})")
+
+
+@pytest.mark.parametrize("size", [pytest.param(s, marks=pytest.mark.xfail(strict=True, reason=KORTHIKANTI_XFAIL[s]))
+                                  if s in KORTHIKANTI_XFAIL else s for s in KORTHIKANTI])
+def test_korthikanti_table5_published_plan_is_near_the_best(size):
+    ctx = _context(f"korthikanti-{size}-sp-selective")
+    given = given_plan(ctx.scenario, ctx.world)
+    assert given is not None
+    fix = [*NO_NEW_KNOBS, "parallel.zero_stage=0", "parallel.overlap_grad_reduce=false",
+           f"training.micro_batch_size={given.mbs}"]
+    space = _plan_space(ctx, given) + ["parallel.tensor_model_parallel_size=2,4,8"]
+    best, pub, plan = best_and_published(ctx, given, fix, space)
+    assert pub <= best * (1 + BEST_TOLERANCE), (
+        f"published {given.short()} {pub:.3f} s vs the best {plan.short()} {best:.3f} s (+{pub / best - 1:.1%})")
+
+
+def _megatron(name: str, *, gpus: int, model: dict[str, Any], gbs: int, dtype: str = "fp16") -> ScreenContext:
+    return ScreenContext(parse_scenario({
+        "name": name, "system": {"name": "dgx-a100", "nodes": gpus // 8}, "model": model,
+        "parallel": {}, "training": {"dtype": dtype, "global_batch_size": gbs, "micro_batch_size": 1}}))
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+SC21_TABLE2 = Path(__file__).resolve().parents[3] / "scenarios" / "data" / "megatron_sc21_table2.csv"
+
+
+def _zero3_rows() -> list[dict[str, str]]:
+    return [r for r in _rows(SC21_TABLE2) if "(ZeRO-3" in r["subtable"]]
+
+
+@pytest.mark.xfail(strict=True, reason=ZERO3_XFAIL)
+@pytest.mark.parametrize("row", _zero3_rows(), ids=lambda r: f"{r['model_params_B']}B-{r['num_gpus']}gpu")
+def test_sc21_table2_ptdp_ranks_above_zero3(row):
+    """On the ZeRO-3 row's cluster and batch: ZeRO-3 (FSDP, no TP/PP, the row's micro-batch) against the
+    screen's best PTD-P plan (TP x PP x DP, full recomputation as SC'21), throughput per GPU."""
+    gpus, gbs, mbs = int(row["num_gpus"]), int(row["global_batch_size"].rstrip("*")), int(row["micro_batch_size"])
+    model = {"name": "gpt3-175b" if row["model_params_B"].startswith("174") else "gpt-530b", **MEGATRON_2021_MODEL}
+    ctx = _megatron(f"t2-{gpus}", gpus=gpus, model=model, gbs=gbs)
+    zero3 = [ctx.estimate(Candidate(dp=gpus, zero=3, mbs=mbs, recompute=r)) for r in ("none", "selective", "full")]
+    fit3 = [e.iteration_time_s for e in zero3 if e.fits]
+    ptdp_space = ["parallel.tensor_model_parallel_size=8", "parallel.pipeline_model_parallel_size=4,8,16,32",
+                  "parallel.virtual_pipeline_model_parallel_size=1,2", "parallel.zero_stage=0,1"]
+    fix = [*NO_NEW_KNOBS, "parallel.recompute_granularity=full", "parallel.sequence_parallel=false",
+           "training.micro_batch_size=1", "parallel.overlap_grad_reduce=false"]
+    cands, _ = enumerate_space(ctx.facts, ctx.model_cfg, parse_knobs(fix, ptdp_space), ctx.base_parallel)
+    ptdp = min(e.iteration_time_s for e in map(ctx.estimate, cands) if e.fits)
+    assert fit3, "the ZeRO-3 plan does not fit by the screen's memory model, though the published run completed"
+    assert ptdp < min(fit3), f"PTD-P {ptdp:.2f} s vs ZeRO-3 {min(fit3):.2f} s"
+
+
+@pytest.mark.parametrize("model, gpus, recompute", [("llama3-8b", 64, "selective"), ("llama3-70b", 256, "full")])
+def test_async_tp_above_vanilla_tp(model, gpus, recompute):
+    """torchtitan (asyncTP_llama3_h100_2025-06): TP 8 x FSDP, async TP 1.10x (8B) and 1.09x (70B) over
+    vanilla TP. Here on H100 SXM 80 GB (the 96 GB, 500 W part is not in the specs), one micro-batch of 2
+    sequences of 8192 per data-parallel rank."""
+    dp = gpus // 8
+    ctx = ScreenContext(parse_scenario({
+        "name": f"async-{model}", "system": {"name": "dgx-h100", "nodes": gpus // 8}, "model": {"name": model},
+        "parallel": {}, "training": {"global_batch_size": 2 * dp, "micro_batch_size": 2, "seq_length": 8192}}))
+    plan = Candidate(tp=8, sp=True, dp=dp, zero=3, mbs=2, recompute=recompute)
+    vanilla, fused = ctx.estimate(plan), ctx.estimate(Candidate(**{**plan.to_dict(), "async_tp": True}))
+    assert vanilla.fits and fused.fits
+    speedup = vanilla.iteration_time_s / fused.iteration_time_s
+    assert 1.0 < speedup < 1.3, f"async TP speedup {speedup:.3f} (measured 1.09-1.10)"
+
+
+@cache
+def _bloom() -> tuple[list[dict[str, str]], list[float]]:
+    """BLOOM's seven 48-node contenders and the screen's time of each (full recomputation, bf16)."""
+    rows = _rows(DATA / "bloom_tr11_48node_contenders.csv")
+    r0 = rows[0]
+    ctx = ScreenContext(parse_scenario({
+        "name": "bloom-181b-48-nodes", "system": {"name": "dgx-a100", "nodes": int(r0["nodes"])},
+        "model": {"name": "gpt3-175b", "num_layers": int(r0["layers"]), "hidden_size": int(r0["hidden_size"]),
+                  "ffn_hidden_size": 4 * int(r0["hidden_size"]), "num_attention_heads": int(r0["attention_heads"]),
+                  "vocab_size": int(r0["vocab"]), "seq_length": int(r0["seq_len"])},
+        "parallel": {}, "training": {"dtype": "bf16", "global_batch_size": int(r0["global_batch_size"])}}))
+    predicted = []
+    for r in rows:
+        c = Candidate(tp=int(r["TP"]), pp=int(r["PP"]), dp=int(r["DP"]), mbs=int(r["micro_batch_size"]),
+                      zero=int(r["zero_stage"]), recompute="full")
+        e = ctx.estimate(c)
+        assert e.fits, f"{c.short()}: {e.oom_reason} (measured {r['max_mem_GB']} GB)"
+        predicted.append(e.iteration_time_s)
+    return rows, predicted
+
+
+def test_bloom_pipeline_depth_order():
+    """At every micro-batch size both were measured at, PP 6 x DP 8 was faster than PP 12 x DP 4; so is
+    the screen's estimate."""
+    rows, predicted = _bloom()
+    by = {(int(r["PP"]), int(r["micro_batch_size"])): (t, float(r["sec_per_iteration"]))
+          for r, t in zip(rows, predicted, strict=True)}
+    for mbs in (1, 2, 4):
+        assert by[(6, mbs)][1] < by[(12, mbs)][1]  # the measurement, as the CSV has it
+        assert by[(6, mbs)][0] < by[(12, mbs)][0], (mbs, by[(6, mbs)], by[(12, mbs)])
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "Kendall tau -0.05: the measured runs get 12-14 % faster from micro-batch 1 to 4 (per-micro-batch "
+    "overheads of the 2022 Megatron-DeepSpeed pipeline engine, which the screen does not have); the screen "
+    "sees only the larger bubble of fewer micro-batches and the GEMMs' small efficiency gain"))
+def test_bloom_topology_search_order():
+    """The screen orders BLOOM's seven plans as measured: Kendall tau >= the floor."""
+    rows, predicted = _bloom()
+    measured = [float(r["sec_per_iteration"]) for r in rows]
+    tau = kendall_tau(predicted, measured)
+    assert not math.isnan(tau) and tau >= BLOOM_TAU_FLOOR, (tau, predicted, measured)
