@@ -45,8 +45,6 @@ from workload.custom import CustomModel
 from workload.fp8 import CAST_TRANSPOSE_BYTES
 from workload.memory import MemoryBreakdown, memory_per_gpu
 from workload.parallel.builder import (
-    ADAM_BYTES_PER_PARAM,
-    ADAM_FLOPS_PER_PARAM,
     ELEM_BYTES,
     GRAD_REDUCE_BYTES,
     SELECTIVE_KINDS,
@@ -54,6 +52,7 @@ from workload.parallel.builder import (
     TracedOps,
 )
 from workload.parallel.config import ParallelConfig
+from workload.parallel.optimizer import ADAM_BYTES_PER_PARAM, ADAM_FLOPS_PER_PARAM
 from workload.parallel.placement import Layout
 from workload.parallel.rank_trace import trace_rank
 from workload.parallel.tp_overlap import Pipelined, n_chunks, pair_collectives

@@ -12,11 +12,10 @@ from hwmodel.costmodel import (
     Calibration,
     KernelCost,
     KernelCostModel,
-    ProfileOverrides,
     attention_flops,
-    normalise_op_name,
 )
 from hwmodel.ir import Compute
+from hwmodel.profile_overrides import ProfileOverrides, normalise_op_name
 from hwmodel.specs import get_gpu, with_overrides
 
 KERNELS_CSV = Path(__file__).parents[1] / "data" / "kernels.csv"

@@ -46,6 +46,7 @@ from hwmodel.ir import Collective, Compute, Program, SendRecv
 from workload.fp8 import params as fp8p
 from workload.parallel.config import ParallelConfig
 from workload.parallel.deepspeed_zero import DeepSpeedStage3
+from workload.parallel.optimizer import fused_adam, optimizer_kernel
 from workload.parallel.placement import Layout
 from workload.parallel.sac import op_sac_recomputed
 from workload.parallel.schedules import schedule
@@ -658,9 +659,9 @@ class RankBuilder:
         # the gradient norm for clipping, Adam, copy the fp32 master weights to the model's dtype,
         # zero the gradient buffers for the next iteration.
         passes = [("grad_norm", 4)] + ([("unscale_grads", 8)] if self.t.dtype == "fp16" else [])
-        items = [_optimizer_kernel(name, n * b, layer) for name, b in passes for n, layer in shards]
-        items += [_fused_adam(n, layer) for n, layer in shards]
-        items += [_optimizer_kernel(name, n * b, layer) for name, b in (("copy_main_to_model_params", 6),
+        items = [optimizer_kernel(name, n * b, layer) for name, b in passes for n, layer in shards]
+        items += [fused_adam(n, layer) for n, layer in shards]
+        items += [optimizer_kernel(name, n * b, layer) for name, b in (("copy_main_to_model_params", 6),
                                                                        ("zero_grad_buffers", 4))
                   for n, layer in shards]
         wait = list(self.dp_tasks)
@@ -693,18 +694,3 @@ class RankBuilder:
         """The parameter all-gather a layer's first forward waits for (overlap_param_gather)."""
         t = self.param_ag.pop(key, None)
         return [t] if t is not None else []
-
-
-ADAM_BYTES_PER_PARAM = 4 + 3 * (4 + 4)
-"""Fused Adam traffic per parameter: read the fp32 gradient; read and write the fp32 master weight
-and both fp32 moments (apex ``multi_tensor_adam``)."""
-ADAM_FLOPS_PER_PARAM = 12
-
-
-def _optimizer_kernel(name: str, nbytes: float, layer: str) -> Compute:
-    return Compute(name, "optimizer", 0.0, nbytes, dtype="fp32", layer=layer, phase="opt")
-
-
-def _fused_adam(params: float, layer: str) -> Compute:
-    return Compute("fused_adam", "optimizer", ADAM_FLOPS_PER_PARAM * params, ADAM_BYTES_PER_PARAM * params,
-                   dtype="fp32", layer=layer, phase="opt")
