@@ -7,7 +7,8 @@
 [parallel]    # ParallelConfig fields, Megatron names (tensor_model_parallel_size, ...)
 [training]    # global_batch_size, micro_batch_size, dtype (bf16, fp16, fp32, fp8), seq_length, compile
 [simulation]  # fidelity (flow/step), mode (auto/full/symmetric/hierarchical), nccl_algo, nccl_proto,
-              # nccl_tuner_config (a path: NCCL tuner-plugin CSV rules), host_launch_overhead_s, record_links
+              # nccl_tuner_config (a path: NCCL tuner-plugin CSV rules), host_launch_overhead_s, record_links,
+              # gpu_speed_spread (per-GPU compute-time variation, default 0.02: hwmodel/variation.py)
 ```
 
 Unknown sections and keys are rejected by name with the allowed ones listed; values are type-checked.
@@ -42,7 +43,7 @@ TRAINING_KEYS = {"global_batch_size": int, "micro_batch_size": int, "dtype": str
                  "compile": bool}
 SIMULATION_KEYS = {
     "fidelity": str, "mode": str, "host_launch_overhead_s": (int, float), "nccl_algo": str, "nccl_proto": str,
-    "record_links": bool, "nccl_tuner_config": str,
+    "record_links": bool, "nccl_tuner_config": str, "gpu_speed_spread": (int, float),
 }
 MAX_NODES = 16384
 """The most servers a scenario (or ``nccl-tests --nodes``) may have: 131,072 GPUs at 8 per node, the size
@@ -139,6 +140,9 @@ def _check_ranges(system: dict, simulation: dict) -> None:
     for key in ("nodes_per_leaf", "spines"):
         if key in system and system[key] < 1:
             raise ValueError(f"[system] {key} must be >= 1, got {system[key]}")
+    if not 0 <= simulation.get("gpu_speed_spread", 0) < 0.5:
+        raise ValueError(f"[simulation] gpu_speed_spread must be in [0, 0.5) (coefficient of variation of "
+                         f"per-GPU compute time), got {simulation['gpu_speed_spread']}")
     if simulation.get("host_launch_overhead_s", 0) < 0:
         raise ValueError(f"[simulation] host_launch_overhead_s must be >= 0 seconds, "
                          f"got {simulation['host_launch_overhead_s']}")

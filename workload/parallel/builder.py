@@ -506,7 +506,10 @@ class RankBuilder:
                 order.append((layer, self.t.block_params(layer), self.t.params_block_expert))
             if vs == 0:
                 order.append(("pre", self.t.params_pre, 0))
-        cap = cfg.grad_bucket_size_bytes
+        # Megatron-Core's default bucket holds max(40M, 1M x dp) parameters
+        # (DistributedDataParallelConfig.bucket_size): at least 1M elements per DP rank, so that a large
+        # data-parallel group's collectives do not become latency-bound
+        cap = max(cfg.grad_bucket_size_bytes, DDP_BUCKET_ELEMENTS_PER_DP_RANK * cfg.dp * self.grad_bytes)
         self.buckets: list[list[object]] = []
         self.bucket_bytes: list[tuple[int, int]] = []
         self.key_bucket: dict[object, int] = {}
@@ -666,6 +669,9 @@ class RankBuilder:
         t = self.param_ag.pop(key, None)
         return [t] if t is not None else []
 
+
+DDP_BUCKET_ELEMENTS_PER_DP_RANK = 1_000_000
+"""Megatron-Core ``DistributedDataParallelConfig.bucket_size``: unset, max(40M, 1M x dp) parameters."""
 
 ADAM_BYTES_PER_PARAM = 4 + 3 * (4 + 4)
 """Fused Adam traffic per parameter: read the fp32 gradient; read and write the fp32 master weight
