@@ -364,11 +364,21 @@ class KernelCostModel:
             ``architecture``, ``name``).
         calibration: efficiencies; the shipped ``hwmodel/data/calibration.toml`` if ``None``.
         overrides: measured durations that replace the model for matching ops.
+        speed_scale: tensor-core throughput multiplier on top of the clock, in (0, 1]: a run's
+            straggler factor (1 / :func:`hwmodel.variation.straggler_slowdown`).
+
+    Raises:
+        ValueError: ``speed_scale`` outside (0, 1].
     """
 
     def __init__(self, gpu: Any, calibration: Calibration | None = None,
-                 overrides: ProfileOverrides | None = None, *, sustained: bool = False) -> None:
+                 overrides: ProfileOverrides | None = None, *, sustained: bool = False,
+                 speed_scale: float = 1.0) -> None:
+        if not 0 < speed_scale <= 1:
+            raise ValueError(f"speed_scale must be in (0, 1], got {speed_scale!r}")
         self.gpu = gpu
+        self.speed_scale = speed_scale
+        """Tensor-core throughput multiplier (the slowest synchronised GPU's share, 1: none)."""
         self.sustained = sustained
         """Price tensor-core work at the sustained (power-limited) clock, as in a training run, rather
         than the microbenchmark clock (see :attr:`ArchCalibration.sustained_clock_fraction`)."""
@@ -392,7 +402,7 @@ class KernelCostModel:
     def with_profile(self, path: str | Path) -> KernelCostModel:
         """A copy of this model whose durations are overridden by a Kineto Chrome trace at ``path``."""
         return KernelCostModel(self.gpu, self.calibration, ProfileOverrides.from_chrome_trace(path),
-                               sustained=self.sustained)
+                               sustained=self.sustained, speed_scale=self.speed_scale)
 
     # -- public ---------------------------------------------------------------------------------
     def cost(self, task: Compute) -> KernelCost:
@@ -435,7 +445,7 @@ class KernelCostModel:
     # -- pieces -----------------------------------------------------------------------------------
     def _peak(self, dtype: str) -> float:
         clock = self.cal.sustained_clock_fraction if self.sustained else 1.0
-        return float(self.gpu.peak_flops(dtype)) * clock
+        return float(self.gpu.peak_flops(dtype)) * clock * self.speed_scale
 
     def _hbm_time(self, nbytes: float, kind: str = "") -> float:
         eff = self.cal.hbm_efficiency_by_kind.get(kind, self.cal.hbm_efficiency) if kind else self.cal.hbm_efficiency

@@ -54,32 +54,65 @@ def _simulate(row: Row) -> float:
     return m["tflops_per_gpu"] if row.unit == "TFLOP/s" else m["iteration_time_s"]
 
 
-def predict(rows_: list[Row], progress=None, *, refit: bool = False) -> list[Row]:
-    """Fill ``predicted`` for every expressible row (one simulation each; Table 4's forward and backward
-    share one). With ``refit``, in-sample rows are simulated once more at ``provenance.REFIT_PROBE`` and
-    get their clock curve (``Row.curve``) for the leave-one-source-out error."""
+def _row_value(row: Row, f: float, table4: dict[tuple[str, float], tuple[float, float]]) -> float:
+    """The model's value of ``row`` at sustained clock fraction ``f``; Table 4's forward and backward
+    come from one simulation, kept in ``table4``."""
+    with provenance.clock_fraction(f):
+        if row.key != "t4":
+            return _simulate(row)
+        if (row.name, f) not in table4:
+            table4[(row.name, f)] = layer_times_22b(TABLE4[row.name])
+    fwd, bwd = table4[(row.name, f)]
+    return 1e3 * (fwd if row.metric == "layer forward" else bwd)
+
+
+def _predict_group(group: list[Row], refit: bool) -> list[tuple[float, tuple[float, float] | None, float]]:
+    """``(predicted, clock curve or None, wall seconds)`` of each row of ``group`` (rows sharing a
+    simulation: Table 4's forward and backward of one setting). Runs in a worker process, too."""
     f0 = provenance.shipped_clock()
     table4: dict[tuple[str, float], tuple[float, float]] = {}
-
-    def value(row: Row, f: float) -> float:
-        with provenance.clock_fraction(f):
-            if row.key != "t4":
-                return _simulate(row)
-            if (row.name, f) not in table4:  # forward and backward come from one simulation
-                table4[(row.name, f)] = layer_times_22b(TABLE4[row.name])
-        fwd, bwd = table4[(row.name, f)]
-        return 1e3 * (fwd if row.metric == "layer forward" else bwd)
-
-    for row in rows_:
-        if not row.expressible:
-            continue
+    out = []
+    for row in group:
         t0 = time.perf_counter()
-        row.predicted = value(row, f0)
+        row.predicted = _row_value(row, f0, table4)
         if refit and row.in_sample:
-            provenance.set_curve(row, f0, row.predicted, provenance.REFIT_PROBE, value(row, provenance.REFIT_PROBE))
-        row.wall_s = time.perf_counter() - t0
-        if progress is not None:
-            progress(row)
+            provenance.set_curve(row, f0, row.predicted, provenance.REFIT_PROBE,
+                                 _row_value(row, provenance.REFIT_PROBE, table4))
+        out.append((row.predicted, row.curve, time.perf_counter() - t0))
+    return out
+
+
+def predict(rows_: list[Row], progress=None, *, refit: bool = False, jobs: int = 1) -> list[Row]:
+    """Fill ``predicted`` for every expressible row (one simulation each; Table 4's forward and backward
+    share one). With ``refit``, in-sample rows are simulated once more at ``provenance.REFIT_PROBE`` and
+    get their clock curve (``Row.curve``) for the leave-one-source-out error. ``jobs`` > 1 runs the rows
+    in that many worker processes (results do not depend on it; ``progress`` is then called in order of
+    completion)."""
+    groups: dict[tuple[str, str], list[Row]] = {}
+    for row in rows_:
+        if row.expressible:
+            groups.setdefault((row.key, row.name) if row.key == "t4" else (row.key, f"{id(row)}"), []).append(row)
+
+    def done(group: list[Row], results) -> None:
+        for row, (pred, curve, wall) in zip(group, results, strict=True):
+            row.predicted, row.curve, row.wall_s = pred, curve, wall
+            if progress is not None:
+                progress(row)
+
+    if jobs <= 1 or len(groups) <= 1:
+        for group in groups.values():
+            done(group, _predict_group(group, refit))
+        return rows_
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    # spawn, not fork: the parent has torch (and its thread pools) loaded
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        # the slowest rows (most GPUs) first, so that two workers finish together
+        order = sorted(groups.values(), key=lambda g: -g[0].gpus)
+        futures = {pool.submit(_predict_group, g, refit): g for g in order}
+        for fut in as_completed(futures):
+            done(futures[fut], fut.result())
     return rows_
 
 
@@ -89,7 +122,7 @@ def layer_times_22b(parallel: dict) -> tuple[float, float]:
     from hwmodel.nccl.engine import NcclEngine
     from hwmodel.runtime import DEFAULT_HOST_LAUNCH_OVERHEAD_S
     from scenarios.hierarchical import pass_times
-    from scenarios.runner import prepare
+    from scenarios.runner import prepare, run_cost_model
     from scenarios.scenario import parse_scenario
     from workload.parallel.rank_trace import trace_rank
 
@@ -101,7 +134,7 @@ def layer_times_22b(parallel: dict) -> tuple[float, float]:
         "training": {"global_batch_size": 4, "micro_batch_size": 4}})
     prep = prepare(sc)
     tr = trace_rank(prep.model_cfg, prep.config)
-    t = pass_times(tr, prep.config, prep.topology, NcclEngine, DEFAULT_HOST_LAUNCH_OVERHEAD_S)
+    t = pass_times(tr, prep.config, prep.topology, NcclEngine, DEFAULT_HOST_LAUNCH_OVERHEAD_S, run_cost_model(prep))
     return t[("block", "fwd")], t[("block", "bwd")]
 
 
@@ -210,6 +243,12 @@ def _no_nan(x: Any) -> Any:
     return None if isinstance(x, float) and math.isnan(x) else x
 
 
+def _default_jobs() -> int:
+    import os
+
+    return max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+
+
 def register(sub) -> None:
     p = sub.add_parser("validate", help="compare predictions with published measurements",
                        description=__doc__.split("\n\n")[0])
@@ -218,6 +257,9 @@ def register(sub) -> None:
                         f"default all but megascale and sc21t2-zero3 (slow), 'all' for every table")
     p.add_argument("--only", default=None, help="only rows whose name contains this text")
     p.add_argument("--json", metavar="PATH", help="write rows, summary, leave-one-source-out and ranking as JSON")
+    p.add_argument("--jobs", type=int, default=_default_jobs(),
+                   help="worker processes simulating rows side by side (default: the CPUs this process may use, "
+                        "at most 4); 1 runs them in this process")
     p.set_defaults(func=_main)
 
 
@@ -227,6 +269,8 @@ def _main(args) -> int:
     rs = [r for r in rows(tables) if args.only is None or args.only in r.name]
     if not rs:
         raise ValueError(f"--only {args.only!r} matches no row")
+    if args.jobs < 1:
+        raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
     provenance.mark_in_sample(rs, provenance.fitted_to())
 
     from tqdm import tqdm
@@ -245,7 +289,7 @@ def _main(args) -> int:
             bar.update()
 
     try:
-        predict(rs, progress=show, refit=True)
+        predict(rs, progress=show, refit=True, jobs=args.jobs)
     finally:
         if bar is not None:
             bar.close()

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from hwmodel.cluster import Cluster
+from hwmodel.costmodel import KernelCostModel
 from hwmodel.ir import Compute
 from hwmodel.runtime import Runtime
 from scenarios.analysis import breakdown
@@ -56,16 +57,18 @@ class PassProfile:
 
 
 def pass_times(trace: ModelTrace, cfg: ParallelConfig, topology, engine_factory: Callable,
-               host_launch_overhead_s: float) -> dict[tuple[str, str], float]:
+               host_launch_overhead_s: float, cost_model: KernelCostModel | None = None
+               ) -> dict[tuple[str, str], float]:
     """Seconds of each layer pass for one micro-batch on stage 0's TP x CP ranks (step 1)."""
     return {k: p.time_s for k, p in pass_profiles(trace, cfg, topology, engine_factory,
-                                                  host_launch_overhead_s).items()}
+                                                  host_launch_overhead_s, cost_model).items()}
 
 
 def pass_profiles(trace: ModelTrace, cfg: ParallelConfig, topology, engine_factory: Callable,
-                  host_launch_overhead_s: float) -> dict[tuple[str, str], PassProfile]:
+                  host_launch_overhead_s: float, cost_model: KernelCostModel | None = None
+                  ) -> dict[tuple[str, str], PassProfile]:
     """:class:`PassProfile` of each layer pass for one micro-batch on stage 0's TP x CP ranks (step 1),
-    split on the lowest of those ranks."""
+    split on the lowest of those ranks; ``cost_model``: the run's (default: the cluster's own)."""
     layout = Layout(cfg)
     ops = TracedOps(trace)
     ranks = sorted({layout.rank(tp=t, cp=c) for t in range(cfg.tp) for c in range(cfg.cp)})
@@ -82,7 +85,7 @@ def pass_profiles(trace: ModelTrace, cfg: ParallelConfig, topology, engine_facto
         if not any(p.tasks for p in programs.values()):
             out[(part, phase)] = PassProfile(0.0)
             continue
-        cluster = Cluster(topology, record=False)
+        cluster = Cluster(topology, record=False, cost_model=cost_model)
         res = Runtime(cluster, programs, placement=placement, host_launch_overhead_s=host_launch_overhead_s,
                       nccl=engine_factory(cluster), mirror=partial(layout.mirror, fixed=("tp",))).run()
         t = max(res.end_time_s - host_launch_overhead_s, 0.0)
@@ -119,9 +122,9 @@ class _MacroOps:
 
 
 def macro_programs(trace: ModelTrace, cfg: ParallelConfig, topology, engine_factory: Callable, *,
-                   host_launch_overhead_s: float) -> BuildResult:
+                   host_launch_overhead_s: float, cost_model: KernelCostModel | None = None) -> BuildResult:
     """Representative-rank programs with macro layer passes (step 2); run them in symmetry mode."""
-    profiles = pass_profiles(trace, cfg, topology, engine_factory, host_launch_overhead_s)
+    profiles = pass_profiles(trace, cfg, topology, engine_factory, host_launch_overhead_s, cost_model)
     res = build_programs(trace, cfg, ranks=Layout(cfg).representatives(), ops=_MacroOps(trace, profiles))
     res.info["pass_times_s"] = {f"{p}_{ph}": prof.time_s for (p, ph), prof in profiles.items()}
     return res

@@ -25,6 +25,7 @@ from tqdm import tqdm
 
 from hwmodel import calibration_overlay
 from hwmodel.cluster import Cluster
+from hwmodel.costmodel import KernelCostModel
 from hwmodel.nccl.engine import NcclEngine
 from hwmodel.nccl.tuner_config import TunerConfigError, load_tuner_config
 from hwmodel.runtime import DEFAULT_HOST_LAUNCH_OVERHEAD_S, RunResult, Runtime
@@ -32,6 +33,7 @@ from hwmodel.spec_ranges import check_gpu_ranges
 from hwmodel.specs import get_gpu, known_gpus, load_gpu_file, with_overrides
 from hwmodel.systems import get_system, node_shape
 from hwmodel.topology import Topology, build_system
+from hwmodel.variation import DEFAULT_GPU_SPEED_SPREAD, straggler_slowdown
 from scenarios.analysis import RankBreakdown, breakdown
 from scenarios.catalog import scenario_path as scenario_path  # re-exported: runner.scenario_path is API
 from scenarios.hierarchical import macro_programs
@@ -454,10 +456,11 @@ def _run_prepared(prep: Prepared, memory: Any, *, progress: bool, max_tasks: flo
     build = None if mode == "hierarchical" else build_programs(trace, cfg, ranks=ranks)
     engine = _engine_factory(sim, scenario_dir(prep.scenario))
     host = float(sim.get("host_launch_overhead_s", DEFAULT_HOST_LAUNCH_OVERHEAD_S))
+    cost = run_cost_model(prep)
     if build is None:
-        build = macro_programs(trace, cfg, topo, engine, host_launch_overhead_s=host)
+        build = macro_programs(trace, cfg, topo, engine, host_launch_overhead_s=host, cost_model=cost)
     gpus = topo.gpus()
-    cluster = Cluster(topo, record=sim.get("record_links", True))
+    cluster = Cluster(topo, record=sim.get("record_links", True), cost_model=cost)
     runtime = Runtime(cluster, build.programs, placement={r: gpus[r] for r in range(cfg.world_size)},
                       host_launch_overhead_s=host, nccl=engine(cluster),
                       mirror=None if mode == "full" else layout.mirror)
@@ -512,6 +515,14 @@ def _inexact_macro(cfg: ParallelConfig) -> str:
     if cfg.tp_comm_overlap or cfg.async_tp:
         return "TP overlap (chunked GEMM/communication pipelines across layer passes)"
     return ""
+
+
+def run_cost_model(prep: Prepared) -> KernelCostModel:
+    """The kernel cost model of a run: the sustained training clock, slowed by the expected slowest of
+    the run's GPUs (``[simulation] gpu_speed_spread``, :func:`hwmodel.variation.straggler_slowdown`)."""
+    spread = float(prep.scenario.simulation.get("gpu_speed_spread", DEFAULT_GPU_SPEED_SPREAD))
+    return KernelCostModel(prep.topology.gpu_spec, sustained=True,
+                           speed_scale=1.0 / straggler_slowdown(spread, prep.config.world_size))
 
 
 def _engine_factory(sim: dict, base_dir: Path | None = None) -> Callable[[Cluster], NcclEngine]:

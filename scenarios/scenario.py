@@ -8,7 +8,8 @@
 [training]    # global_batch_size, micro_batch_size, dtype (bf16, fp16, fp32, fp8), seq_length, compile,
               # fp8_recipe (delayed, tensorwise, rowwise, mxfp8), fp8_param_gather
 [simulation]  # fidelity (flow/step), mode (auto/full/symmetric/hierarchical), nccl_algo, nccl_proto,
-              # nccl_tuner_config (a path: NCCL tuner-plugin CSV rules), host_launch_overhead_s, record_links
+              # nccl_tuner_config (a path: NCCL tuner-plugin CSV rules), host_launch_overhead_s, record_links,
+              # gpu_speed_spread (per-GPU compute-time variation, default 0.02: hwmodel/variation.py)
 ```
 
 Unknown sections and keys are rejected by name with the allowed ones listed; values are type-checked.
@@ -44,7 +45,7 @@ TRAINING_KEYS = {"global_batch_size": int, "micro_batch_size": int, "dtype": str
                  "compile": bool, "fp8_recipe": str, "fp8_param_gather": bool}
 SIMULATION_KEYS = {
     "fidelity": str, "mode": str, "host_launch_overhead_s": (int, float), "nccl_algo": str, "nccl_proto": str,
-    "record_links": bool, "nccl_tuner_config": str, "calibration": str,
+    "record_links": bool, "nccl_tuner_config": str, "calibration": str, "gpu_speed_spread": (int, float),
 }
 MAX_NODES = 16384
 MAX_GPUS = 131072
@@ -143,6 +144,9 @@ def _check_ranges(system: dict, simulation: dict) -> None:
     for key in ("nodes_per_leaf", "spines", "leaves_per_pod"):
         if key in system and system[key] < 1:
             raise ValueError(f"[system] {key} must be >= 1, got {system[key]}")
+    if not 0 <= simulation.get("gpu_speed_spread", 0) < 0.5:
+        raise ValueError(f"[simulation] gpu_speed_spread must be in [0, 0.5) (coefficient of variation of "
+                         f"per-GPU compute time), got {simulation['gpu_speed_spread']}")
     if simulation.get("host_launch_overhead_s", 0) < 0:
         raise ValueError(f"[simulation] host_launch_overhead_s must be >= 0 seconds, "
                          f"got {simulation['host_launch_overhead_s']}")

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING
 from hwmodel.dtypes import ELEMENT_BYTES, TRAINING_DTYPES
 from hwmodel.ir import Collective, Compute, Program, SendRecv
 from workload.fp8 import params as fp8p
-from workload.parallel.config import ParallelConfig
+from workload.parallel.config import DDP_BUCKET_ELEMENTS_PER_DP_RANK, ParallelConfig
 from workload.parallel.deepspeed_zero import DeepSpeedStage3
 from workload.parallel.optimizer import fused_adam, optimizer_kernel
 from workload.parallel.placement import Layout
@@ -527,7 +527,10 @@ class RankBuilder:
                 order.append((layer, self.t.block_params(layer), self.t.params_block_expert))
             if vs == 0:
                 order.append(("pre", self.t.params_pre, 0))
-        cap = cfg.grad_bucket_size_bytes
+        # Megatron-Core's default bucket holds max(40M, 1M x dp) parameters
+        # (DistributedDataParallelConfig.bucket_size): at least 1M elements per DP rank, so that a large
+        # data-parallel group's collectives do not become latency-bound
+        cap = max(cfg.grad_bucket_size_bytes, DDP_BUCKET_ELEMENTS_PER_DP_RANK * cfg.dp * self.grad_bytes)
         self.buckets: list[list[object]] = []
         self.bucket_bytes: list[tuple[int, int]] = []
         self.key_bucket: dict[object, int] = {}

@@ -23,6 +23,10 @@ ZeRO-3 was added; PyTorch FSDP and Megatron-Core's FSDP run it this way); ``deep
 per-module parameter fetch and gradient buckets (:mod:`workload.parallel.deepspeed_zero`)."""
 
 
+DDP_BUCKET_ELEMENTS_PER_DP_RANK = 1_000_000
+"""Megatron-Core ``DistributedDataParallelConfig.bucket_size``: unset, max(40M, 1M x dp) parameters."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class ParallelConfig:
     """How one training iteration is split over GPUs (Megatron-LM argument names)."""

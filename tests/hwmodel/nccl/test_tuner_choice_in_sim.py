@@ -1,0 +1,64 @@
+"""NCCL's tuner against the simulator's own model: on every group and size below, the (algorithm,
+protocol) the tuner picks is simulated no more than 10 % slower than the fastest other enabled pair."""
+
+import pytest
+
+from hwmodel.cluster import Cluster
+from hwmodel.nccl import tuner
+from hwmodel.nccl.engine import NcclEngine, simulate_nccl_tests
+from hwmodel.topology import build_system
+
+GROUPS = {  # name -> (system, nodes, GPUs of the group: every GPU, or the first k of each node)
+    "a100-8": ("dgx-a100", 1, None), "a100-4": ("dgx-a100", 1, 4), "a100-2": ("dgx-a100", 1, 2),
+    "h100-8": ("dgx-h100", 1, None), "h100-2x8": ("dgx-h100", 2, None), "a100-4x8": ("dgx-a100", 4, None),
+    "a100-8x1": ("dgx-a100", 8, 1),
+}
+SIZES = [1 << 16, 1 << 20, 1 << 24, 1 << 28, 1 << 31]
+TOLERANCE = 0.10
+_TOPOS: dict = {}
+KNOWN = {  # (group, collective) -> what the simulator gives; NCCL 2.30.7's model picks as the tuner does
+    ("a100-8", "all_reduce"): "64 KiB: ring/ll 30.7 us vs tree/ll 18.6 us",
+    ("a100-4", "all_reduce"): "64 KiB: ring/ll 16.9 us vs tree/ll 13.8 us",
+    ("h100-8", "all_reduce"): "64 KiB: ring/ll 24.8 us vs tree/ll 17.5 us",
+    ("a100-4x8", "all_gather"): "64 KiB: ring/ll 124.2 us vs ring/ll128 82.5 us",
+    ("a100-4x8", "reduce_scatter"): "64 KiB: ring/ll 124.2 us vs ring/ll128 82.5 us",
+    ("a100-8x1", "all_reduce"): "64 KiB: tree/ll128 72.9 us vs tree/ll 64.8 us; 1 MiB: ring/ll128 224.8 us vs "
+                                "tree/ll128 190.7 us",
+}
+"""Cases where the flow model's latency-bound times (one latency, then bandwidth through the links) and
+NCCL's tuning model (latency + size / bandwidth per pair) disagree at small sizes by more than 10 %."""
+
+
+def _cases():
+    for name in GROUPS:
+        for coll in ("all_reduce", "all_gather", "reduce_scatter"):
+            why = KNOWN.get((name, coll))
+            yield pytest.param(name, coll, marks=[pytest.mark.xfail(strict=True, reason=why)] if why else [],
+                               id=f"{name}-{coll}")
+
+
+def _group(name):
+    system, nodes, per_node = GROUPS[name]
+    if (system, nodes) not in _TOPOS:
+        _TOPOS[(system, nodes)] = build_system(system, nodes)
+    topo = _TOPOS[(system, nodes)]
+    gpus = topo.gpus()
+    if per_node is not None:
+        gpus = [g for i, g in enumerate(gpus) if i % 8 < per_node]
+    return topo, tuple(gpus)
+
+
+@pytest.mark.parametrize(("name", "coll"), list(_cases()))
+def test_tuner_pick_is_within_10_percent_of_the_fastest_simulated(name, coll):
+    topo, gpus = _group(name)
+    ct = NcclEngine(Cluster(topo, record=False)).comm_topology(gpus)
+    pairs = tuner.enabled_pairs(coll, ct)
+    bad = []
+    for size in SIZES:
+        chosen = simulate_nccl_tests(topo, coll, [size], gpus=gpus)[0]
+        best = min((simulate_nccl_tests(topo, coll, [size], gpus=gpus, algorithm=a, protocol=p)[0].time_s, a, p)
+                   for a, p in pairs)
+        if chosen.time_s > (1 + TOLERANCE) * best[0]:
+            bad.append(f"{size} B: {chosen.algorithm}/{chosen.protocol} {chosen.time_s * 1e6:.1f} us vs "
+                       f"{best[1]}/{best[2]} {best[0] * 1e6:.1f} us")
+    assert not bad, bad
