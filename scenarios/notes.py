@@ -24,8 +24,9 @@ UNUSED_GPU_FIELDS = {
 
 
 def what_if_notes(system: dict[str, Any], topology: Topology, base_dir: str | Path | None = None) -> list[str]:
-    """One line per ``[system]`` key of this scenario that has no effect on the simulation."""
-    notes = _nic_note(system, topology) + _oversubscription_note(system, topology)
+    """One line per ``[system]`` key of this scenario that has no effect on the simulation (a NIC faster than
+    the switch port, an oversubscription no traffic crosses, a pod holding every leaf, unused GPU fields)."""
+    notes = _nic_note(system, topology) + _oversubscription_note(system, topology) + _pod_note(system, topology)
     if system.get("gpu_overrides"):
         notes += _unused_gpu_notes(system, topology, base_dir)
     return notes
@@ -64,6 +65,19 @@ def _oversubscription_note(system: dict, topo: Topology) -> list[str]:
     return []
 
 
+def _pod_note(system: dict, topo: Topology) -> list[str]:
+    per_pod = system.get("leaves_per_pod")
+    if per_pod is None:
+        return []
+    leaves = sum(1 for _, d in topo.graph.nodes(data=True) if d.get("tier") == "leaf")
+    if leaves > per_pod:
+        return []
+    core = system.get("core_oversubscription")
+    tail = f", so core_oversubscription = {core:g} has no effect" if core is not None else ""
+    return [f"leaves_per_pod = {per_pod} covers all {leaves} leaf switch(es): one pod, no core tier{tail}; "
+            f"set [system] leaves_per_pod below {leaves} for traffic to cross the core"]
+
+
 def _unused_gpu_notes(system: dict, topo: Topology, base_dir: str | Path | None) -> list[str]:
     from scenarios.runner import system_gpu  # deferred: the runner imports this module's caller
 
@@ -75,10 +89,15 @@ def _unused_gpu_notes(system: dict, topo: Topology, base_dir: str | Path | None)
 
 def model_notes(model: Any) -> list[str]:
     """One line per ``[model]`` attention key of this scenario that changes nothing: a sliding window
-    (with its sinks) no shorter than the sequence, or one that no layer uses."""
+    under the unfused (math) attention, one (with its sinks) no shorter than the sequence, or one that
+    no layer uses."""
     window = getattr(model, "sliding_window", None)
     if window is None:
         return []
+    if getattr(model, "attention_backend", "") == "unfused":
+        return [f"[model] sliding_window = {window} with attention_backend = \"unfused\": the math path computes "
+                f"every score and masks it, so the window changes neither time nor memory; a flash backend "
+                f"skips the masked tiles"]
     seq, sinks = int(model.seq_length), int(getattr(model, "attention_sinks", 0))
     if window + sinks >= seq:
         what = f"sliding_window = {window}" + (f" + attention_sinks = {sinks}" if sinks else "")

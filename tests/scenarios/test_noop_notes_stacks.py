@@ -1,0 +1,34 @@
+"""No-op what-ifs of this wave's keys are reported: a pod holding every leaf (no core tier to
+oversubscribe), and a sliding window under the unfused (math) attention, which masks a dense matrix."""
+
+from types import SimpleNamespace
+
+from scenarios.notes import model_notes
+from scenarios.runner import run_scenario
+from scenarios.scenario import parse_scenario
+
+
+def _fabric(leaves_per_pod: int) -> dict:
+    return {"name": "pods", "system": {"name": "dgx-h100", "nodes": 4, "fabric": "fat_tree", "nodes_per_leaf": 1,
+                                       "leaves_per_pod": leaves_per_pod, "core_oversubscription": 4},
+            "model": {"name": "llama3-8b", "num_layers": 1},
+            "parallel": {"tensor_model_parallel_size": 8},
+            "training": {"global_batch_size": 4, "micro_batch_size": 1, "seq_length": 512},
+            "simulation": {"record_links": False}}
+
+
+def test_a_pod_of_every_leaf_says_the_core_changes_nothing():
+    one_pod = run_scenario(parse_scenario(_fabric(4))).metrics
+    assert any("leaves_per_pod = 4 covers all 4 leaf switch(es)" in w for w in one_pod["warnings"])
+    two_pods = run_scenario(parse_scenario(_fabric(2))).metrics
+    assert not any("leaves_per_pod" in w for w in two_pods.get("warnings", []))
+    assert two_pods["iteration_time_s"] > one_pod["iteration_time_s"]  # the 4:1 core binds only with 2 pods
+
+
+def test_a_window_under_unfused_attention_is_a_no_op():
+    model = SimpleNamespace(sliding_window=1024, attention_backend="unfused", seq_length=8192, attention_sinks=0,
+                            num_layers=2, layer_window=lambda i: 1024)
+    (note,) = model_notes(model)
+    assert "unfused" in note and "changes neither time nor memory" in note
+    model.attention_backend = "flash"
+    assert model_notes(model) == []
