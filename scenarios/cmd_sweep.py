@@ -66,9 +66,13 @@ def run(args: argparse.Namespace) -> int:
     trusted = args.trust_code or shipped_and_unchanged(None if name is None else sweep.source,
                                                        [*args.overrides, *args.vary])
     base_dir = Path(sweep.source).parent if name is not None else None
-    # Check that the base and every point parse, and may run their code, before spending time simulating.
+    # Check that every point may run its code before spending time simulating; a point whose
+    # configuration is invalid is not an error of the sweep: its row carries the error (run_point).
     for values in sweep.points():
-        sc = point_scenario(sweep.base, values, sweep.source)
+        try:
+            sc = point_scenario(sweep.base, values, sweep.source)
+        except ValueError:
+            continue
         if "factory" in sc.model:
             check_trusted(sc.model["factory"], trusted, base_dir)
     rows = run_sweep(sweep, workers=args.workers, simulate_oom=args.simulate_oom, progress=sys.stderr.isatty())

@@ -109,3 +109,15 @@ def test_sweep_cli_prints_rows_marks_oom_and_writes_outputs(tmp_path, capsys):
     assert doc["rows"][1]["oom"] is True and doc["rows"][1]["iteration_time_s"] is None
     assert (tmp_path / "s.png").read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / "s_tflops.png").exists()
+
+
+def test_a_point_that_does_not_parse_carries_its_error_and_the_others_run(tmp_path, capsys):
+    """The README: failed points show their error in their row; the other points still run. Here the
+    first point fails in parsing (an FP8 recipe without dtype fp8), which used to abort the sweep."""
+    p = tmp_path / "tiny.toml"
+    p.write_text(TINY.replace('name = "dgx-a100"', 'name = "dgx-h100"'))
+    assert main(["sweep", str(p), "--vary", "training.dtype=bf16,fp8", "--vary", "training.fp8_recipe=tensorwise",
+                 "--json", str(tmp_path / "rows.json")]) == 2  # some points failed (the others ran)
+    rows = json.loads((tmp_path / "rows.json").read_text())["rows"]
+    assert "applies to dtype = 'fp8'" in rows[0]["error"]
+    assert rows[1]["error"] is None and rows[1]["metrics"]["iteration_time_s"] > 0
