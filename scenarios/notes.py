@@ -13,7 +13,7 @@ from typing import Any
 from hwmodel.specs import get_switch
 from hwmodel.topology import Topology, build_system
 
-__all__ = ["UNUSED_GPU_FIELDS", "model_notes", "what_if_notes"]
+__all__ = ["UNUSED_GPU_FIELDS", "model_notes", "parallel_notes", "what_if_notes"]
 
 UNUSED_GPU_FIELDS = {
     "boost_clock_hz": "the cost model takes peaks in FLOP/s (tensor_flops, fp32_flops), not the clock",
@@ -107,3 +107,18 @@ def model_notes(model: Any) -> list[str]:
         return [f"[model] sliding_window = {window}: no layer uses it (sliding_window_pattern / window_layers "
                 f"make every layer global)"]
     return []
+
+
+def parallel_notes(config: Any) -> list[str]:
+    """One line per ``[parallel]`` key that changes nothing: a ``rank_order`` that orders the axes of size
+    > 1 (those that hold more than one rank) as the default does, so every rank keeps its groups."""
+    order = getattr(config, "rank_order", None)
+    default = type(config).rank_order if hasattr(type(config), "rank_order") else None
+    if not order or not isinstance(default, str) or order == default:
+        return []
+    sizes = {"tp": config.tp, "cp": config.cp, "ep": config.ep, "dp": config.dp, "pp": config.pp}
+    used = [a for a in order.split("-") if sizes.get(a, 1) > 1]
+    if used != [a for a in default.split("-") if sizes.get(a, 1) > 1]:
+        return []
+    return [f"[parallel] rank_order = \"{order}\" places ranks as the default \"{default}\" does: only "
+            f"{', '.join(used) or 'no axis'} hold(s) more than one rank, in the same order, so no group changes"]

@@ -32,3 +32,16 @@ def test_a_window_under_unfused_attention_is_a_no_op():
     assert "unfused" in note and "changes neither time nor memory" in note
     model.attention_backend = "flash"
     assert model_notes(model) == []
+
+
+def test_a_rank_order_that_moves_no_group_says_so():
+    from scenarios.notes import parallel_notes
+    from workload.parallel.config import ParallelConfig
+
+    tp_dp = ParallelConfig(tensor_model_parallel_size=2, rank_order="tp-cp-ep-pp-dp").resolve(16)
+    (note,) = parallel_notes(tp_dp)  # PP is 1: pp-dp and dp-pp place every rank alike
+    assert "no group changes" in note and "tp, dp" in note
+    tp_pp_dp = ParallelConfig(tensor_model_parallel_size=2, pipeline_model_parallel_size=2,
+                              rank_order="tp-cp-ep-pp-dp").resolve(16)
+    assert parallel_notes(tp_pp_dp) == []
+    assert parallel_notes(ParallelConfig(tensor_model_parallel_size=2).resolve(16)) == []
