@@ -69,13 +69,14 @@ def test_changed_lists_only_what_applies(tmp_path):
     assert len(ov.applying_to("V100-SXM2-16GB", "volta")) == 4
 
 
-def test_profile_of_another_gpu_warns(tmp_path):
+def test_profile_of_another_gpu_warns(tmp_path, capsys):
     profile = write_profile(tmp_path / "p.toml", PROFILE)
     scenario = tmp_path / "h100.toml"
     scenario.write_text(SCENARIO.read_text().replace('"dgx-2-v100"', '"dgx-h100"').replace(
         'name = "resnet50-v100-1gpu"', 'name = "resnet50-h100-1gpu"'))
     out = tmp_path / "r.json"
     assert main(["run", str(scenario), "--calibration", str(profile), "--json", str(out)]) == 0
+    assert "changes nothing for this run's GPU" in capsys.readouterr().out
     m = json.loads(out.read_text())
     assert m["calibration"]["changed"] == []
     assert any("changes nothing for this run on H100-SXM5" in w for w in m["warnings"])
