@@ -41,6 +41,24 @@ class Overlay:
     changed: tuple[str, ...]
     """Dotted paths of the constants it sets, e.g. ``gpu.V100-SXM2.launch_overhead_s``."""
 
+    def applying_to(self, gpu_name: str, arch: str) -> tuple[str, ...]:
+        """The :attr:`changed` paths that can move a run on GPU ``gpu_name`` of architecture ``arch``
+        (``volta``, ``ampere``, ...): ``default`` and ``nccl`` ones, its architecture's and its GPU's; a
+        ``[gpu."<other>"]``, ``[architecture.<other>]`` or ``nccl.nvlink_efficiency.<other>`` key does not."""
+        own = {"gpu": gpu_name, "architecture": arch.lower()}
+
+        def applies(path: str) -> bool:
+            section, _, rest = path.partition(".")
+            if section in own:
+                key = rest[: len(own[section])]
+                return (key.lower() if section == "architecture" else key) == own[section] and \
+                    rest[len(own[section]):].startswith(".")
+            if path.startswith("nccl.nvlink_efficiency."):
+                return path.split(".")[2].lower() == arch.lower()
+            return True
+
+        return tuple(p for p in self.changed if applies(p))
+
 
 def _leaves(table: Mapping[str, Any], prefix: str) -> list[str]:
     out: list[str] = []

@@ -23,6 +23,7 @@ unmatched kernels; it is written atomically. Apply it with ``--calibration PATH`
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -185,6 +186,8 @@ def _nccl(paths: list[str], system: str, doc: dict[str, Any]) -> dict[str, Any]:
     for path in paths:
         log = read_nccl_log(path)
         f = fit_nccl(log, system)
+        if not log.gpu_name:
+            print(f"note: {path}: no Rank line names the GPU; not checked against {system}", file=sys.stderr)
         sections = merge(sections, f.sections)
         print(f"# trainsim calibrate: {path}: {log.collective}, {log.ranks} ranks on {log.nodes} node(s) of {system}"
               + (f", NCCL {log.nccl_version}" if log.nccl_version else ""))

@@ -246,8 +246,9 @@ def format_report(rep: Any, *, max_rank_rows: int = MAX_RANK_ROWS, top_links: in
     if m.get("calibration"):
         cal = m["calibration"]
         lines.append(f"Calibration {cal['name']} ({cal['profile']}) on top of the shipped calibration.toml; "
-                     f"changes {len(cal['changed'])} constant(s): {', '.join(cal['changed'][:6])}"
-                     + (", ..." if len(cal["changed"]) > 6 else ""))
+                     + (f"changes {len(cal['changed'])} constant(s): {', '.join(cal['changed'][:6])}"
+                        + (", ..." if len(cal["changed"]) > 6 else "") if cal["changed"] else
+                        "changes nothing for this run's GPU (see the warnings)"))
     lines += [
         "",
         f"Iteration time   {_ms(T)}",

@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from hwmodel import calibration_overlay
 from hwmodel.cluster import Cluster
-from hwmodel.costmodel import KernelCostModel
+from hwmodel.costmodel import Calibration, KernelCostModel
 from hwmodel.nccl.engine import NcclEngine
 from hwmodel.nccl.tuner_config import TunerConfigError, load_tuner_config
 from hwmodel.runtime import DEFAULT_HOST_LAUNCH_OVERHEAD_S, RunResult, Runtime
@@ -422,8 +422,14 @@ def run_prepared(prep: Prepared, memory: Any, *, progress: bool = False,
     with calibration_overlay.applied(overlay):
         report = _run_prepared(prep, memory, progress=progress, max_tasks=max_tasks)
     if overlay is not None:  # only then: a run on the shipped calibration keeps its JSON bytes
-        report.metrics["calibration"] = {"profile": overlay.path, "name": overlay.name,
-                                         "changed": list(overlay.changed)}
+        gpu = prep.topology.gpu_spec
+        changed = overlay.applying_to(gpu.name, Calibration.architecture_of(gpu))
+        report.metrics["calibration"] = {"profile": overlay.path, "name": overlay.name, "changed": list(changed)}
+        if not changed:
+            report.metrics.setdefault("warnings", []).append(
+                f"calibration {overlay.name} ({overlay.path}): changes nothing for this run on {gpu.name}; its "
+                f"{len(overlay.changed)} constant(s) are for other GPUs ({', '.join(overlay.changed[:3])}"
+                + (", ..." if len(overlay.changed) > 3 else "") + ")")
     report.wall_s = time.perf_counter() - t0
     return report
 

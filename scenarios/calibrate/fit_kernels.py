@@ -150,6 +150,24 @@ def _solve(model: KernelCostModel, cal: ArchCalibration, path: tuple[str, ...], 
     return math.exp((a + b) / 2), ""
 
 
+def above_peak_note(path: tuple[str, ...]) -> str:
+    """Why a fitted efficiency of the constant at ``path`` above 1 (faster than the datasheet peak) is not
+    a faster GPU: what in the model's count it points at."""
+    if path[0] == "gemm_class_efficiency" and path[1].startswith("conv"):
+        return ("above peak: cuDNN's Winograd/FFT convolutions do fewer multiplies than the direct "
+                "(implicit-GEMM) FLOP count the model prices")
+    if path[0] == "gemm_efficiency":
+        return ("above peak: pooled over every GEMM row of the dtype, convolutions included, whose "
+                "Winograd/FFT kernels do fewer multiplies than the direct FLOP count")
+    if path[0] in ("gemm_class_efficiency", "attention"):
+        return ("above peak: the measured kernels beat the datasheet peak, so the model's FLOP count or "
+                "its small-shape (tile, wave) pricing of these shapes is too high")
+    if path[0] == "hbm_efficiency_by_kind":
+        return ("above peak: the measured kernels move bytes faster than HBM's datasheet rate, so the "
+                "model's byte count for this kind is too high (fused reads, cache hits)")
+    return "above 1"
+
+
 def fit_kernels(matching: Matching, model: KernelCostModel, step_time_s: float, busy_s: float,
                 holdout: frozenset[str] = frozenset()) -> KernelFit:
     """Fit the constants of :func:`constant_of` and ``launch_overhead_s`` (see the module docstring).
@@ -188,6 +206,8 @@ def fit_kernels(matching: Matching, model: KernelCostModel, step_time_s: float, 
         value, note = _solve(model, cal, path, tasks, measured, BOUNDS[bounds_key])
         if math.isnan(value):
             value = shipped
+        if value > 1.0 and not note:
+            note = above_peak_note(path)
         cal = with_value(cal, path, value)
         after = exec_time(model, cal, tasks)
         fits.append(ConstantFit(path, shipped, value, len(pairs), measured, before, after, note))

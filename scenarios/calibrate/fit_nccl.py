@@ -55,11 +55,17 @@ def fit_nccl(log: NcclLog, system: str) -> NcclFit:
     """Fit ``log`` on ``system`` (a ``trainsim list systems`` name).
 
     Raises:
-        CalibrationInputError: the run does not fit the system (more ranks per node than it has GPUs).
+        CalibrationInputError: the run does not fit the system (more ranks per node than it has GPUs), or
+            its ``Rank`` lines name a GPU trainsim knows that is not the system's.
     """
+    from scenarios.calibrate.pipeline import trace_gpu
     from scenarios.runner import build_topology
 
     topo = build_topology({"name": system, "nodes": log.nodes})
+    known = trace_gpu(log.gpu_name) if log.gpu_name else None
+    if known is not None and known != topo.gpu_spec.name:
+        raise CalibrationInputError(f"{log.path}: ran on {log.gpu_name} ({known}); {system} has "
+                                    f"{topo.gpu_spec.name}: give the --system the nccl-tests ran on")
     per_node = log.ranks // log.nodes
     if per_node > topo.gpus_per_node or per_node < 1:
         raise CalibrationInputError(f"{log.path}: {log.ranks} ranks on {log.nodes} node(s) do not fit {system} "

@@ -1,0 +1,92 @@
+"""What calibrate refuses or explains: a log of another GPU, an unreachable measured time, a profile for
+another GPU, fitted efficiencies above the datasheet peak."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hwmodel import calibration_overlay as O
+from scenarios.calibrate import CalibrationInputError
+from scenarios.calibrate.fit_kernels import above_peak_note
+from scenarios.calibrate.fit_measured import BOUNDS
+from scenarios.calibrate.fit_nccl import fit_nccl
+from scenarios.calibrate.nccl_log import read_nccl_log
+from scenarios.calibrate.profile import write_profile
+from scenarios.cli import main
+
+DATA = Path(__file__).resolve().parents[2] / "data"
+SCENARIO = DATA / "resnet50_v100_1gpu.toml"
+A100_LOG = DATA / "nccl_tests_a100_8gpu.log"
+
+
+def test_nccl_log_of_another_gpu(capsys, tmp_path):
+    log = read_nccl_log(A100_LOG)
+    assert log.gpu_name == "NVIDIA A100-SXM4-80GB"
+    with pytest.raises(CalibrationInputError, match="A100-SXM4-80GB.*dgx-h100 has H100-SXM5"):
+        fit_nccl(log, "dgx-h100")
+    out = tmp_path / "x.toml"
+    assert main(["calibrate", "--nccl-log", str(A100_LOG), "--system", "dgx-h100", "--output", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "A100" in err and "H100" in err
+    assert not out.exists()
+
+
+def test_nccl_log_without_a_gpu_line_is_noted(capsys, tmp_path):
+    text = "\n".join(line for line in A100_LOG.read_text().splitlines() if "Rank" not in line)
+    (tmp_path / "nogpu.log").write_text(text + "\n")
+    out = tmp_path / "y.toml"
+    assert main(["calibrate", "--nccl-log", str(tmp_path / "nogpu.log"), "--system", "dgx-a100",
+                 "--output", str(out)]) == 0
+    assert "not checked against dgx-a100" in capsys.readouterr().err
+    assert out.exists()
+
+
+def test_measured_time_out_of_reach(capsys, tmp_path):
+    assert BOUNDS[1] == 1.0  # the microbenchmark clock is the ceiling of a sustained clock
+    out = tmp_path / "m.toml"
+    assert main(["calibrate", "--measured", "iteration_time_s=0.001", "--scenario", str(SCENARIO),
+                 "--output", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "iteration_time_s=0.001" in err and "fastest reachable" in err and "ceiling 1.0" in err
+    assert not out.exists()
+
+
+PROFILE = {"profile": {"name": "v100"},
+           "gpu": {"V100-SXM2": {"launch_overhead_s": 5e-6}},
+           "architecture": {"volta": {"hbm_efficiency": 0.8}},
+           "nccl": {"nvlink_efficiency": {"volta": {"busbw_Bps": 100e9, "line_rate_Bps": 150e9}}}}
+
+
+def test_changed_lists_only_what_applies(tmp_path):
+    ov = O.load_overlay(write_profile(tmp_path / "p.toml", {**PROFILE, "nccl": {
+        **PROFILE["nccl"], "ib_app_efficiency": 0.9}}))
+    assert len(ov.changed) == 5  # the NVLink table has two leaves
+    assert ov.applying_to("H100-SXM5", "hopper") == ("nccl.ib_app_efficiency",)
+    assert set(ov.applying_to("V100-SXM2", "volta")) == set(ov.changed)
+    assert "gpu.V100-SXM2.launch_overhead_s" not in ov.applying_to("V100-SXM2-16GB", "volta")
+    assert len(ov.applying_to("V100-SXM2-16GB", "volta")) == 4
+
+
+def test_profile_of_another_gpu_warns(tmp_path, capsys):
+    profile = write_profile(tmp_path / "p.toml", PROFILE)
+    scenario = tmp_path / "h100.toml"
+    scenario.write_text(SCENARIO.read_text().replace('"dgx-2-v100"', '"dgx-h100"').replace(
+        'name = "resnet50-v100-1gpu"', 'name = "resnet50-h100-1gpu"'))
+    out = tmp_path / "r.json"
+    assert main(["run", str(scenario), "--calibration", str(profile), "--json", str(out)]) == 0
+    assert "changes nothing for this run's GPU" in capsys.readouterr().out
+    m = json.loads(out.read_text())
+    assert m["calibration"]["changed"] == []
+    assert any("changes nothing for this run on H100-SXM5" in w for w in m["warnings"])
+
+
+@pytest.mark.parametrize("path, word", [
+    (("gemm_class_efficiency", "conv3x3_fwd"), "Winograd"),
+    (("gemm_efficiency", "fp32"), "pooled"),
+    (("gemm_class_efficiency", "matmul_bwd"), "FLOP count"),
+    (("hbm_efficiency_by_kind", "optimizer"), "byte count"),
+])
+def test_above_peak_notes(path, word):
+    assert word in above_peak_note(path)
