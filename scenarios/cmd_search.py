@@ -22,7 +22,8 @@ parallel.overlap_grad_reduce, parallel.overlap_param_gather, parallel.tp_comm_ov
 parallel.rank_order, parallel.num_layers_in_first_pipeline_stage, parallel.num_layers_in_last_pipeline_stage
 (a layer count or none), training.micro_batch_size).
 
-Exit status: 0 with a recommended plan; 2 for bad input (one line on stderr); 3 when no plan fits in
+Exit status: 0 with a recommended plan; 2 for bad input (one line on stderr; also a space without a
+valid plan, naming the value at fault); 3 when no plan fits in
 GPU memory (stderr names the closest plan and what it lacks).
 """
 
@@ -34,7 +35,7 @@ import sys
 from scenarios.cli import UserError
 
 EXIT_NO_PLAN = 3
-"""Exit status when no plan of the space fits (or none is valid)."""
+"""Exit status when no valid plan of the space fits (a space without a valid plan is bad input: 2)."""
 
 
 def register(subparsers) -> None:

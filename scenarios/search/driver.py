@@ -3,7 +3,8 @@
 :func:`run_search` returns a :class:`SearchResult`; :mod:`scenarios.search.report` formats it.
 The recommended plan is the fastest *simulated* plan among the screen's top K, the baseline and the
 scenario's own plan, all of which fit by the memory model -- so it is never OOM by that model and never
-slower than the baseline printed beside it.
+slower than the baseline printed beside it, unless ``--fix``/``--space`` exclude the baseline or the
+scenario's plan: those are simulated for comparison only and never recommended.
 """
 
 from __future__ import annotations
@@ -22,7 +23,17 @@ from tqdm import tqdm
 from scenarios.scenario import Scenario
 from scenarios.search.screen import Estimate, ScreenContext
 from scenarios.search.simulate import simulate_plans
-from scenarios.search.space import Candidate, Rejection, check_plan, enumerate_space, normalise, parse_knobs
+from scenarios.search.space import (
+    Candidate,
+    Rejection,
+    check_plan,
+    empty_space_reason,
+    enumerate_space,
+    normalise,
+    parse_knobs,
+    satisfies,
+)
+from workload.allocator import usable_hbm_bytes
 from workload.parallel.config import ParallelConfig
 
 DEFAULT_TOP_K = 20
@@ -51,8 +62,12 @@ class SearchResult:
     trace_wall_s: float
     simulate_wall_s: float
     hbm_bytes: float
+    """The GPU's datasheet HBM, the screen's memory limit (``run`` checks the usable HBM, ``info``)."""
     world_size: int
     info: dict[str, Any] = field(default_factory=dict)
+    outside: frozenset[Candidate] = frozenset()
+    """Plans simulated for comparison only (the baseline or the scenario's plan outside ``--fix``/``--space``):
+    never the recommendation."""
 
     def estimate_of(self, c: Candidate) -> Estimate | None:
         return self._by_plan.get(c)
@@ -68,8 +83,8 @@ class SearchResult:
 
     @property
     def best(self) -> tuple[Candidate, dict[str, Any]] | None:
-        r = self.ranked
-        return r[0] if r else None
+        """The fastest simulated plan inside the space searched."""
+        return next(((c, r) for c, r in self.ranked if c not in self.outside), None)
 
 
 def given_plan(scenario: Scenario, world: int) -> Candidate | None:
@@ -157,7 +172,8 @@ def run_search(scenario: Scenario, *, fix: Sequence[str] = (), space: Sequence[s
     """Search the parallel plans of ``scenario`` (its ``[parallel]`` is the plan to beat, not a constraint).
 
     Raises:
-        ValueError: bad ``fix``/``space`` (one line naming the key or value), or a scenario field at fault.
+        ValueError: bad ``fix``/``space`` (one line naming the key or value; also a space without a valid
+            plan), or a scenario field at fault.
         NoFeasiblePlan: no valid plan fits in memory (the message names the closest and what it lacks).
     """
     knobs = parse_knobs(fix, space)
@@ -165,10 +181,11 @@ def run_search(scenario: Scenario, *, fix: Sequence[str] = (), space: Sequence[s
     t_enum = time.perf_counter()
     cands, rejections = enumerate_space(ctx.facts, ctx.model_cfg, knobs, ctx.base_parallel)
     enumerate_s = time.perf_counter() - t_enum
-    if not cands:
-        why = rejections[0].reason if rejections else "the space is empty"
-        raise NoFeasiblePlan(f"no valid plan in the space ({sum(r.count for r in rejections)} rejected); "
-                             f"the most common reason: {why}")
+    if not cands:  # bad input (exit 2), not a memory verdict
+        if not rejections:  # the values given leave no factorisation of the cluster
+            raise ValueError(empty_space_reason(ctx.facts, knobs))
+        raise ValueError(f"no valid plan in the space ({sum(r.count for r in rejections)} rejected); "
+                         f"the most common reason: {rejections[0].reason}")
     t0 = time.perf_counter()
     estimates, rate, trace_s = screen_all(ctx, cands, progress)
     screen_s = time.perf_counter() - t0
@@ -195,7 +212,8 @@ def run_search(scenario: Scenario, *, fix: Sequence[str] = (), space: Sequence[s
     return SearchResult(scenario, ordered, rejections, simulated, base, kind, given, rate, screen_s,
                         ctx.traces, trace_s, sim_s, float(ctx.gpu.hbm_capacity_bytes), ctx.world,
                         info={"candidates": len(cands), "fitting": len(fit), "top_k": top_k,
-                              "enumerate_s": enumerate_s})
+                              "enumerate_s": enumerate_s, "usable_hbm_bytes": usable_hbm_bytes(ctx.gpu)},
+                        outside=frozenset(c for c in (base, given) if c is not None and not satisfies(c, knobs)))
 
 
 def kendall_tau(xs: Sequence[float], ys: Sequence[float]) -> float:

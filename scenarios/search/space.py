@@ -288,13 +288,13 @@ def _parse_value(field: str, raw: str, key: str) -> Any:
             raise ValueError(f"{key}: {v} must be a positive integer")
         return v
     if field in STAGE_KNOBS:
-        if raw.lower() in ("none", "0"):
+        if raw.lower() == "none":
             return 0
         try:
             v = int(raw)
         except ValueError:
             raise ValueError(f"{key}: {raw!r} is not a layer count; allowed: a positive integer or none") from None
-        if v < 1:
+        if v < 1:  # the same refusal as run's (ParallelConfig): 0 is not an even split, "none" is
             raise ValueError(f"{key}: {v} must be a positive integer (or none for an even split)")
         return v
     if field == "rank_order":
@@ -302,6 +302,9 @@ def _parse_value(field: str, raw: str, key: str) -> Any:
             raise ValueError(f"{key}: {raw!r} is not an order of the axes; allowed: a permutation of "
                              f"{'-'.join(AXES)}, e.g. {', '.join(RANK_ORDERS)}")
         return raw
+    if raw == "selective_op":
+        raise ValueError(f"{key}: 'selective_op' (per-op activation checkpointing) is accepted by run but the "
+                         f"search's screen does not price it yet; allowed here: {', '.join(RECOMPUTE)}")
     if raw not in RECOMPUTE:
         raise ValueError(f"{key}: unknown value {raw!r}; allowed: {', '.join(RECOMPUTE)}")
     return raw
@@ -330,8 +333,40 @@ def parse_knobs(fix: Sequence[str] = (), space: Sequence[str] = ()) -> dict[str,
     return out
 
 
-def normalise(c: Candidate) -> Candidate:
-    """Knobs without effect in this plan set to their neutral value, so equal plans compare equal."""
+def satisfies(c: Candidate, knobs: Mapping[str, list[Any]]) -> bool:
+    """Whether ``c`` takes one of the allowed values of every knob that ``--fix``/``--space`` names (a rank
+    order that lays every rank out alike counts as the same)."""
+    for f, vals in knobs.items():
+        if f == "rank_order":
+            if not any(_effective_order(c, o) == _effective_order(c, c.rank_order) for o in vals):
+                return False
+        elif getattr(c, f) not in vals:
+            return False
+    return True
+
+
+def empty_space_reason(facts: ModelFacts, knobs: Mapping[str, list[Any]]) -> str:
+    """Why the TP/CP/PP values given leave no factorisation of the cluster: one line naming each value."""
+    names = {"tp": "parallel.tensor_model_parallel_size", "cp": "parallel.context_parallel_size",
+             "pp": "parallel.pipeline_model_parallel_size"}
+    why = []
+    for field, key in names.items():
+        for v in knobs.get(field, []):
+            bad = [f"the {facts.world_size} GPUs"] if facts.world_size % v else []
+            if field == "tp" and facts.num_attention_heads % v:
+                bad.append(f"the {facts.num_attention_heads} attention heads")
+            if len(bad) == 2:
+                why.append(f"{key}={v} divides neither {bad[0]} nor {bad[1]}")
+            elif bad:
+                why.append(f"{key}={v} does not divide {bad[0]}")
+    if not why:
+        why.append(f"no product TP x CP x PP of the values given divides the {facts.world_size} GPUs")
+    return "the space is empty: " + "; ".join(why)
+
+
+def normalise(c: Candidate, keep_rank_order: bool = False) -> Candidate:
+    """Knobs without effect in this plan set to their neutral value, so equal plans compare equal
+    (``keep_rank_order``: the rank order is left as given)."""
     if c.tp == 1 and c.sp:
         return c  # left for the config's reason (sequence_parallel needs TP > 1)
     if c.dp * c.cp == 1 and (c.overlap_grad_reduce or c.zero):  # no data-parallel group to reduce over
@@ -342,8 +377,8 @@ def normalise(c: Candidate) -> Candidate:
         c = replace(c, overlap_grad_reduce=False)
     if not c.sp and (c.tp_comm_overlap or c.async_tp):
         return c  # left for the config's reason (TP overlap needs sequence parallelism)
-    if c.rank_order != DEFAULT_RANK_ORDER and _effective_order(c, c.rank_order) == _effective_order(
-            c, DEFAULT_RANK_ORDER):
+    if not keep_rank_order and c.rank_order != DEFAULT_RANK_ORDER and _effective_order(
+            c, c.rank_order) == _effective_order(c, DEFAULT_RANK_ORDER):
         c = replace(c, rank_order=DEFAULT_RANK_ORDER)
     return c
 
@@ -368,6 +403,8 @@ def enumerate_space(facts: ModelFacts, model_cfg: Any, knobs: Mapping[str, list[
         values["ep"] = [1]
     outer = ("tp", "sp", "cp", "ep", "pp", "vpp", "zero", "mbs", "overlap_param_gather", "first_layers", "last_layers")
     inner = ("recompute", "overlap_grad_reduce", "tp_comm_overlap", "async_tp", "rank_order")
+    # a rank order pinned by --fix is kept where it lays ranks out like the default, so it is emitted and shown
+    pinned_order = "rank_order" in (knobs or {}) and len(values["rank_order"]) == 1
     seen: set[Candidate] = set()
     valid: list[Candidate] = []
     reasons: dict[str, list[Any]] = {}
@@ -398,7 +435,7 @@ def enumerate_space(facts: ModelFacts, model_cfg: Any, knobs: Mapping[str, list[
             kw = {**shape, **dict(zip(inner, rest, strict=True))}
             if _not_a_plan_of_its_own(kw, asked):
                 continue
-            c = normalise(Candidate(dp=dp, **kw))
+            c = normalise(Candidate(dp=dp, **kw), keep_rank_order=pinned_order)
             if c in seen:
                 continue
             seen.add(c)
