@@ -121,11 +121,12 @@ def test_bad_nccl_logs(tmp_path, text, message):
     (["--nccl-log", "x.log"], "needs --system"),
     (["--measured", "iteration=3", "--scenario", "s"], "expected iteration_time_s=SECONDS"),
     (["--measured", "iteration_time_s=-1", "--scenario", "s"], "must be > 0"),
-    (["--kineto", str(RESNET), "--scenario", "s", "--output", "/nonexistent/dir/p.toml"], "does not exist"),
+    (["--kineto", str(RESNET), "--scenario", "s", "--output", "{missing}/dir/p.toml"], "does not exist"),
 ])
-def test_calibrate_command_line_errors(capsys, argv, message):
+def test_calibrate_command_line_errors(capsys, tmp_path, argv, message):
     from scenarios.cli import main
 
+    argv = [a.replace("{missing}", str(tmp_path / "missing")) for a in argv]  # a folder that does not exist
     assert main(["calibrate", *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1

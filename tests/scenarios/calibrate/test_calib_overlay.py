@@ -1,7 +1,6 @@
 """Profiles: written atomically, read back, applied over the shipped calibration and only while active."""
 
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -80,10 +79,10 @@ def test_bad_profiles(tmp_path, text, message):
         O.load_overlay(p)
 
 
-def test_missing_profile_on_the_command_line(capsys):
+def test_missing_profile_on_the_command_line(capsys, tmp_path):
     from scenarios.cli import main
 
-    assert main(["list", "gpus", "--calibration", str(Path("/nonexistent/p.toml"))]) == 2
+    assert main(["list", "gpus", "--calibration", str(tmp_path / "missing" / "p.toml")]) == 2
     assert "no such file" in capsys.readouterr().err
 
 
