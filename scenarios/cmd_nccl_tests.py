@@ -64,7 +64,8 @@ def register(subparsers) -> None:
                    help="NCCL tuner-plugin rules (NCCL_TUNER_CONFIG_FILE CSV format: collective_type,min_bytes,"
                         "max_bytes,algorithm,protocol,channels,nNodes,nRanks[,numPipeOps,regBuff]); the first "
                         "matching rule overrides NCCL's model")
-    p.add_argument("--fidelity", default="flow", choices=FIDELITIES, help="flow (default) or step")
+    p.add_argument("--fidelity", default="flow", choices=FIDELITIES,
+                   help="flow (default), step, or chunked (NCCL's chunk/slice pipeline)")
     p.add_argument("--json", metavar="PATH", default=None, help="also write the rows as JSON to PATH")
     p.set_defaults(func=run)
 

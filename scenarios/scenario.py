@@ -7,7 +7,7 @@
 [parallel]    # ParallelConfig fields, Megatron names (tensor_model_parallel_size, ...)
 [training]    # global_batch_size, micro_batch_size, dtype (bf16, fp16, fp32, fp8), seq_length, compile,
               # fp8_recipe (delayed, tensorwise, rowwise, mxfp8), fp8_param_gather
-[simulation]  # fidelity (flow/step), mode (auto/full/symmetric/hierarchical), nccl_algo, nccl_proto,
+[simulation]  # fidelity (flow/step/chunked), mode (auto/full/symmetric/hierarchical), nccl_algo, nccl_proto,
               # nccl_tuner_config (a path: NCCL tuner-plugin CSV rules), host_launch_overhead_s, record_links,
               # gpu_speed_spread (per-GPU compute-time variation, default 0.02: hwmodel/variation.py)
 ```
@@ -189,8 +189,8 @@ def parse_scenario(data: dict[str, Any], source: str = "") -> Scenario:
         raise ValueError("[model] needs name (a zoo model), factory (\"package.module:function\") or hf_config")
     if simulation.get("mode", "auto") not in MODES:
         raise ValueError(f"[simulation] mode: unknown {simulation['mode']!r}; allowed: {', '.join(MODES)}")
-    if simulation.get("fidelity", "flow") not in ("flow", "step"):
-        raise ValueError(f"[simulation] fidelity: unknown {simulation['fidelity']!r}; allowed: flow, step")
+    if simulation.get("fidelity", "flow") not in ("flow", "step", "chunked"):
+        raise ValueError(f"[simulation] fidelity: unknown {simulation['fidelity']!r}; allowed: flow, step, chunked")
     if training.get("dtype", "bf16") not in DTYPES:
         raise ValueError(f"[training] dtype: unknown {training['dtype']!r}; allowed: {', '.join(DTYPES)}")
     if "fp8_recipe" in training:

@@ -17,7 +17,11 @@ per edge, a barrier after each step; the latency is split evenly over the steps)
 NVLSTree and PAT are pipelined algorithms without a barrier per step at this level, and all_to_all is
 one grouped kernel, so they run as ONE synchronised step of per-edge transfers. Both fidelities agree
 where nothing contends (tests/hwmodel/nccl/test_engine.py checks 2 %). Every algorithm runs at the
-tuner's bandwidth (its activity's rate bound) unless a link it loads binds first.
+tuner's bandwidth (its activity's rate bound) unless a link it loads binds first. ``chunked`` times
+every tuned collective with NCCL's chunk/slice pipeline (:mod:`hwmodel.nccl.chunked`: FIFO depth,
+per-step latency, per-channel bandwidth of the links and of one CTA) and runs it as the flow fidelity's
+one activity whose latency and rate bound reproduce that time on an idle machine, so contention still
+slows it through the links it loads.
 
 Bandwidth efficiency enters as link weight: a protocol that carries 8 data bytes per 16-byte line (LL)
 puts 2 bytes on the wire per payload byte; NCCL's app-level link efficiency likewise (NVLink
@@ -33,6 +37,7 @@ The nccl-tests emulation (:func:`simulate_nccl_tests`) adds the host side of a s
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -44,16 +49,18 @@ from hwmodel.fluid import Resource
 from hwmodel.ir import COLLECTIVE_OPS, Collective
 from hwmodel.nccl import algorithms as _algorithms
 from hwmodel.nccl import calibration as _calibration
+from hwmodel.nccl import chunked as _chunked
 from hwmodel.nccl import nccltests as _nt
 from hwmodel.nccl import tuner as _tuner
 from hwmodel.nccl.algorithms.base import Flow
 from hwmodel.nccl.channels import P2PPlan, p2p_plan
+from hwmodel.nccl.comm import PROTOCOL_INDEX
 from hwmodel.nccl.tuner_config import TunerConfig
 
 if TYPE_CHECKING:
     from hwmodel.topology import Topology
 
-FIDELITIES = ("flow", "step")
+FIDELITIES = ("flow", "step", "chunked")
 
 HBM_BYTES_PER_BYTE = {"all_reduce": 3.0, "reduce_scatter": 3.0, "reduce": 3.0,
                       "all_gather": 2.0, "broadcast": 2.0, "all_to_all": 2.0, "p2p": 2.0}
@@ -105,7 +112,7 @@ class NcclEngine:
 
     Args:
         cluster: the machine.
-        fidelity: ``flow`` (default) or ``step``.
+        fidelity: ``flow`` (default), ``step`` or ``chunked`` (see the module docstring).
         algorithm, protocol: global overrides, as ``NCCL_ALGO`` / ``NCCL_PROTO``.
         nvlink_efficiency: achieved / line rate of NVLink for NCCL traffic; default
             :data:`NVLINK_EFFICIENCY_FIT` for the GPU generation, else NCCL's ``SMxx_NVLINK_BW`` ratio.
@@ -216,8 +223,41 @@ class NcclEngine:
             p = Plan(coll.op, coll.size_bytes, gpus, ch.algorithm, ch.protocol, ch.n_channels,
                      ch.latency_s, ch.predicted_time_s, bound, coll.root, coll.name,
                      info={"decided_by": ch.decided_by})
+            if self.fidelity == "chunked" and bound:
+                self._apply_chunked(p, ct, rate / full if full else rate)
         self._plan_cache[key] = p
         return p
+
+    def chunked_time(self, plan: Plan, ct: _tuner.CommTopology, channel_cap_Bps: float) -> _chunked.PipelineTime:
+        """NCCL's chunk pipeline for ``plan`` on an idle machine (:mod:`hwmodel.nccl.chunked`).
+
+        One channel moves ``min(link rate / channels, channel_cap_Bps)`` (bytes of per-edge progress per
+        second): the links' unloaded rate (capacity over this plan's weight per link, protocol and link
+        efficiency included) shared by the active channels, capped by the tuner's per-channel bandwidth.
+        """
+        weights = self._flow(plan)[1]
+        link_rate = min((r.capacity / w for r, w in weights.items() if w > 0), default=math.inf)
+        nch = max(1, plan.n_channels)
+        rate = min(link_rate / nch, channel_cap_Bps)
+        a = _algorithms.get(plan.algorithm)
+        base = a.base_latency_us[PROTOCOL_INDEX[plan.protocol]] * 1e-6
+        total = _tuner.latency_s(plan.op, plan.algorithm, plan.protocol, ct)
+        n = len(plan.gpus)
+        per_byte = a.work_bytes(plan.op, 1.0, n)
+        pipe = _chunked.pipeline_for(plan.op, plan.algorithm, plan.protocol, plan.size_bytes, nch, ct,
+                                     channel_rate_Bps=rate, base_latency_s=base, step_latency_total_s=total - base,
+                                     progress_per_byte=per_byte)
+        return _chunked.pipeline_time(pipe)
+
+    def _apply_chunked(self, plan: Plan, ct: _tuner.CommTopology, channel_cap_Bps: float) -> None:
+        """Give ``plan`` the latency and rate bound that reproduce the chunked pipeline's time when
+        nothing contends: rate bound = channels x per-channel rate (never above the links' rate), the
+        rest of the pipeline's time paid as latency."""
+        t = self.chunked_time(plan, ct, channel_cap_Bps)
+        bound = t.channel_rate_Bps * max(1, plan.n_channels)
+        plan.rate_bound_Bps = bound
+        plan.latency_s = max(0.0, t.time_s - self._work(plan) / bound)
+        plan.info["chunked_time_s"] = t.time_s
 
     def plan_p2p(self, src: str, dst: str, size_bytes: int) -> Plan:
         """A send/recv of ``size_bytes`` from GPU ``src`` to GPU ``dst``."""
@@ -437,7 +477,7 @@ def simulate_nccl_tests(topology: Topology, collective: str, sizes: Iterable[int
                         ) -> list[_nt.NcclTestsRow]:
     """Emulate an nccl-tests sweep on the hardware model: one row per size, as nccl-tests prints it.
 
-    Each size runs once on an otherwise idle cluster (``fidelity`` flow or step). The reported time is
+    Each size runs once on an otherwise idle cluster (``fidelity`` flow, step or chunked). The reported time is
     nccl-tests' time per iteration of back-to-back asynchronous launches, ``max(GPU time, host time)``:
     when one thread drives ``gpus_per_thread`` > 1 GPUs (``-g``), the host enqueues every collective on
     every GPU itself, costing ``G x (HOST_LAUNCH_PER_GPU_S + HOST_PER_CHANNEL_PER_GPU_S x nChannels)``
