@@ -164,6 +164,20 @@ def test_cli_multi_node_step_fidelity(tmp_path):
     assert row["busbw_GBps"] == pytest.approx(8 * 25 * 0.94, rel=0.1)  # 8 HDR rails
 
 
+def test_cli_chunked_fidelity(tmp_path, capsys):
+    path = tmp_path / "rows.json"
+    argv = ["nccl-tests", "all_reduce", "-b", "1M", "-e", "4G", "-f", "64", "-g", "8", "--json", str(path)]
+    assert main([*argv, "--fidelity", "chunked"]) == 0
+    assert "fidelity chunked" in capsys.readouterr().out
+    chunked = json.loads(path.read_text())
+    assert main(argv) == 0
+    flow = json.loads(path.read_text())
+    small, mid, large = (c["busbw_GBps"] / f["busbw_GBps"] for c, f in zip(chunked, flow, strict=True))
+    assert large == pytest.approx(1.0, abs=0.02)  # same asymptotic bandwidth
+    assert mid > 1.05  # a 64 MiB ring streams each step's latency under other slices' transfers
+    assert small == pytest.approx(1.0, abs=0.01)  # 1 MiB with -g 8: the host's launch time binds
+
+
 def test_cli_nvls_on_h100(tmp_path):
     path = tmp_path / "rows.json"
     assert main(["nccl-tests", "all_reduce", "-b", "1G", "-e", "1G", "-g", "8", "--system", "dgx-h100",

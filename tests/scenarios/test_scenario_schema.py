@@ -61,6 +61,11 @@ def test_bad_mode_lists_the_modes(tmp_path, capsys):
     assert "[simulation] mode: unknown 'fast'; allowed: auto, full, symmetric, hierarchical" in err
 
 
+def test_bad_fidelity_lists_the_fidelities(tmp_path, capsys):
+    err = _run_error(tmp_path, capsys, GOOD + '[simulation]\nfidelity = "packet"\n')
+    assert "[simulation] fidelity: unknown 'packet'; allowed: flow, step, chunked" in err
+
+
 def test_malformed_toml_gives_the_line(tmp_path, capsys):
     err = _run_error(tmp_path, capsys, GOOD + "[simulation\nmode = \"full\"\n")
     assert "malformed TOML" in err and "line 12" in err

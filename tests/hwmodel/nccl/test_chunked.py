@@ -31,7 +31,7 @@ def _pipe(*, ring, hops, items, slices=None, slots=8, saf=True, lat=0.0, base=0.
 
 def test_buffer_sizes_are_nccls():
     assert chunked.NCCL_STEPS == 8
-    assert chunked.BUFFSIZE_BYTES == {"simple": 4 * MiB, "ll": 8 * 512 * 8 * 16, "ll128": 120 * 640 * 8 * 8}
+    assert {"simple": 4 * MiB, "ll": 8 * 512 * 8 * 16, "ll128": 120 * 640 * 8 * 8} == chunked.BUFFSIZE_BYTES
 
 
 def _a100_8():
