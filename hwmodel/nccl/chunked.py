@@ -117,6 +117,8 @@ class Pipeline:
     base_latency_s: float
     channel_rate_Bps: float
     """Data bytes per second one channel moves over one hop."""
+    min_slice_bytes: float = 0.0
+    """A two-slice chunk's first slice is at least this (``sliceSize/32``), the second the rest."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,7 +253,8 @@ def pipeline_for(op: str, algo: str, proto: str, n_bytes: int, n_channels: int, 
     slots = NCCL_STEPS // (RING_SLICE_STEPS if ring_simple else 1)
     return Pipeline(ring=ring, hops=hops, loop_bytes=tuple(items), slices_per_item=slices, fifo_slots=slots,
                     store_and_forward=proto == "simple", step_latency_s=max(0.0, step_latency_total_s) / hops,
-                    base_latency_s=base_latency_s, channel_rate_Bps=channel_rate_Bps)
+                    base_latency_s=base_latency_s, channel_rate_Bps=channel_rate_Bps,
+                    min_slice_bytes=slice_min if ring_simple else 0.0)
 
 
 def pipeline_time(p: Pipeline) -> PipelineTime:
@@ -288,10 +291,12 @@ def _ring_run(p: Pipeline, loop_bytes: tuple[float, ...], slices: tuple[int, ...
     E: list[float] = []
     fwd: list[int] = []  # index of the item that forwards item k (-1: consumed on arrival)
     for b, m in zip(loop_bytes, slices, strict=True):
-        s = b / m / rate
+        first = b if m == 1 else min(b, max(b / m, p.min_slice_bytes))
+        times = [first / rate] + ([(b - first) / (m - 1) / rate] * (m - 1) if m > 1 else [])
         base = len(S)
         for h in range(H):
             for j in range(m):
+                s = times[j]
                 i = base + h * m + j
                 t = E[i - 1] if i else 0.0
                 if h:

@@ -76,6 +76,16 @@ def test_ring_without_latency_keeps_the_link_busy():
     assert pipeline_time(p).time_s == pytest.approx(3 * 14 * 2 * 0.5e-3, rel=1e-12)
 
 
+def test_small_simple_chunk_sends_a_minimum_first_slice():
+    # a 40 KiB chunk goes as 32 KiB (sliceSize/32) + 8 KiB (prims_simple.h genericOp); two ring steps
+    # with a long latency: slice 0, its latency, slice 0 and 1 of step 1, the final latency
+    p = Pipeline(ring=True, hops=2, loop_bytes=(40 * KiB,), slices_per_item=(2,), fifo_slots=4,
+                 store_and_forward=True, step_latency_s=100e-6, base_latency_s=0.0, channel_rate_Bps=1e9,
+                 min_slice_bytes=32 * KiB)
+    s0, s1 = 32 * KiB / 1e9, 8 * KiB / 1e9
+    assert pipeline_time(p).time_s == pytest.approx(2 * s0 + s1 + 2 * 100e-6, rel=1e-12)
+
+
 def test_ll_ring_streams_max_of_latency_and_transfer_per_step():
     # LL (cut-through), one item per step: H x max(lat, s) + min(lat, s), not H x (lat + s)
     latency_bound = _pipe(ring=True, hops=14, items=[1e2], saf=False, lat=0.6e-6)  # s = 0.1 us
