@@ -178,7 +178,7 @@ def _kernels(paired: Any) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def _nccl(paths: list[str], system: str, doc: dict[str, Any]) -> dict[str, Any]:
     from hwmodel.calibration_overlay import merge
-    from scenarios.calibrate.fit_nccl import fit_nccl
+    from scenarios.calibrate.fit_nccl import COMPARED_FROM_BYTES, fit_nccl
     from scenarios.calibrate.nccl_log import read_nccl_log
 
     sections: dict[str, Any] = {}
@@ -193,10 +193,17 @@ def _nccl(paths: list[str], system: str, doc: dict[str, Any]) -> dict[str, Any]:
               + (f", NCCL {log.nccl_version}" if log.nccl_version else ""))
         for key, a, b in f.changed:
             print(f"  {key:40s} {a:.4g} -> {b:.4g}")
-        print(f"  {'size':>12s} {'measured':>9s} {'simulated':>9s} {'error':>7s}  (busbw GB/s)")
+        print(f"  {'size':>12s} {'measured':>9s} {'simulated':>9s} {'error':>7s} {'held out':>9s} {'error':>7s}"
+              "  (busbw GB/s; held out: fitted without the sizes marked)")
         for c in f.comparison:
+            out = (f" {c['held_out_simulated_busbw_GBps']:9.2f} {c['held_out_error']:+7.1%}" if c["held_out"] else "")
             print(f"  {c['size_bytes']:12d} {c['measured_busbw_GBps']:9.2f} {c['simulated_busbw_GBps']:9.2f} "
-                  f"{c['error']:+7.1%}" + ("  held out" if c["held_out"] else ""))
+                  f"{c['error']:+7.1%}{out}")
+        band = [c for c in f.comparison if c["size_bytes"] >= COMPARED_FROM_BYTES]
+        if band:
+            print(f"  from 1 MiB: in-sample max {max(abs(c['error']) for c in band):.1%}, held-out max "
+                  f"{max((abs(c['held_out_error']) for c in band if c['held_out']), default=0.0):.1%}"
+                  f" ({f.curve_knots} busbw correction knot(s))")
         fits.append({"log": path, "system": system, "collective": log.collective, "ranks": log.ranks,
                      "nodes": log.nodes, "gpus_per_thread": log.gpus_per_thread, "nccl_version": log.nccl_version,
                      "changed": [{"path": k, "shipped": a, "fitted": b} for k, a, b in f.changed],

@@ -98,6 +98,10 @@ class Plan:
     name: str = ""
     peer_channels: int = 0
     info: dict = field(default_factory=dict)
+    busbw_correction: float = 1.0
+    """The active profile's fitted busbw factor at this size (:func:`_calibration.busbw_correction`):
+    latency and rate bound are divided and multiplied by it and link weights divided, so the
+    collective's time alone is divided by it; 1.0 without a fitted curve."""
 
 
 class NcclEngine:
@@ -216,6 +220,8 @@ class NcclEngine:
             p = Plan(coll.op, coll.size_bytes, gpus, ch.algorithm, ch.protocol, ch.n_channels,
                      ch.latency_s, ch.predicted_time_s, bound, coll.root, coll.name,
                      info={"decided_by": ch.decided_by})
+            if algo is None and proto is None and ch.decided_by == "model":
+                _correct(p, _calibration.busbw_correction(ct.gpu_arch, coll.op, n, ct.n_nodes, coll.size_bytes))
         self._plan_cache[key] = p
         return p
 
@@ -271,7 +277,7 @@ class NcclEngine:
             groups.setdefault((self._work(p), p.latency_s, p.rate_bound_Bps), []).append(p)
         first_done: simpy.Event | None = None
         for (work, lat, bound), members in groups.items():
-            key = tuple((p.op, p.algorithm, p.protocol, p.gpus, p.root) for p in members)
+            key = tuple((p.op, p.algorithm, p.protocol, p.gpus, p.root, p.busbw_correction) for p in members)
             hit = self._merged_cache.get(key)
             if hit is None:
                 weights: dict[Resource, float] = {}
@@ -330,14 +336,14 @@ class NcclEngine:
 
     def _flow(self, plan: Plan) -> tuple[float, dict[Resource, float], dict[Resource, float]]:
         """Work (payload bytes per member per edge) and link/HBM weights of a planned collective."""
-        key = (plan.op, plan.algorithm, plan.protocol, plan.gpus, plan.root)
+        key = (plan.op, plan.algorithm, plan.protocol, plan.gpus, plan.root, plan.busbw_correction)
         hit = self._weights_cache.get(key)
         if hit is None:
             hit = self._weights_cache[key] = self._weights(plan)
         return self._work(plan), hit[0], hit[1]
 
     def _proto_weight(self, plan: Plan) -> float:
-        return 1.0 / _tuner.PROTOCOL_EFFICIENCY[plan.protocol]
+        return 1.0 / (_tuner.PROTOCOL_EFFICIENCY[plan.protocol] * plan.busbw_correction)
 
     def _weights(self, plan: Plan) -> tuple[dict[Resource, float], dict[Resource, float]]:
         weights = self._link_weights(plan, self.flows(plan))
@@ -508,6 +514,17 @@ CPU_VENDOR_BY_SYSTEM: dict[str, str] = {"dgx-a100": "amd", "dgx-a100-40gb": "amd
 """Host CPU vendor of the named systems (NCCL's ``llMaxBws`` row and ``getNetOverhead``): DGX A100 has
 AMD EPYC 7742, DGX H100/H200/B200 Intel Xeon (NVIDIA DGX user guides). Other topologies: AMD, as the
 topology carries no CPU vendor yet."""
+
+
+def _correct(plan: Plan, factor: float) -> None:
+    """Apply a fitted busbw correction to a tuner-chosen plan (nothing when ``factor`` is 1)."""
+    if factor == 1.0:
+        return
+    plan.busbw_correction = factor
+    plan.latency_s /= factor
+    plan.predicted_time_s /= factor
+    if plan.rate_bound_Bps is not None:
+        plan.rate_bound_Bps *= factor
 
 
 def _cpu_vendor(topo) -> str:

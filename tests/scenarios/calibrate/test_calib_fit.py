@@ -85,14 +85,10 @@ def test_nccl_fit_on_the_a100_table():
     eff = {k: b for k, _, b in fit.changed}["nccl.nvlink_efficiency.ampere"]
     # the shipped 0.783 was read off this table's 16 GiB row; refitting to its large sizes lands beside it
     assert eff == pytest.approx(234.9 / 300, rel=0.01)
-    by_size = {c["size_bytes"]: c for c in fit.comparison}
-    for size, c in by_size.items():
-        if size >= 512 << 20 or (1 << 20) <= size <= 4 << 20:
-            assert abs(c["error"]) < 0.05, size
-    assert any(c["held_out"] for c in fit.comparison)
-    # 8-256 MiB: this run used a Tree-like algorithm NCCL's tuning model does not pick (README, validate):
-    # the error there is the algorithm choice, which a bandwidth constant cannot and should not absorb
-    assert by_size[16 << 20]["error"] > 0.2
+    # the mid band (8-256 MiB: a Tree-like choice NCCL's tuning model does not make there, README) is
+    # followed by the fitted busbw correction, not by the bandwidth fraction:
+    # tests/scenarios/calibrate/test_calib_busbw_curve.py checks the errors
+    assert fit.curve_knots > 0
 
 
 def test_nccl_log_larger_than_the_system():
