@@ -33,10 +33,15 @@ def test_fitted_profile_reproduces_the_step(profile):
     assert k["measured_step_s"] == pytest.approx(0.0954, abs=0.0005)
     assert abs(k["simulated_shipped_s"] / k["measured_step_s"] - 1) > 0.2  # the shipped model is 26 % slow here
     assert abs(k["error"]) < 0.02  # acceptance: within 2 % after calibration
-    # Out of sample (a third of the kernel names held out): reported, not pinned. Measured +9.8 %: held-out
-    # names take whole cuDNN algorithm families with them (see docs/DESIGN.md, "Calibrating from your own
-    # measurements"); the bound here is what the model reaches, not the issue's 5 %.
-    assert abs(k["out_of_sample_error"]) < 0.15
+    # Out of sample (a third of the kernel names held out). With the GEMM bands below each class
+    # (hwmodel.costmodel.gemm_classes) the default split is +6.9 % (+10.0 % with classes alone), and over
+    # ten splits the mean |error| is 4.2 %, the max 6.9 % (docs/DESIGN.md). The issue's 5 % holds on the
+    # mean, not on every split, so the bounds are what every split reaches, not 5 %.
+    assert abs(k["out_of_sample_error"]) < 0.08
+    splits = k["out_of_sample_splits"]
+    assert len(splits) == 10
+    assert sum(abs(e) for e in splits.values()) / len(splits) < 0.05
+    assert max(abs(e) for e in splits.values()) < 0.08
     consts = {c["path"]: c for c in k["constants"]}
     # cuDNN's Winograd 3x3 convolutions do ~2.25x fewer multiplies than the implicit GEMM priced
     assert consts["gpu.V100-SXM2.gemm_class_efficiency.conv3x3_fwd"]["fitted"] > 1.5
