@@ -27,6 +27,10 @@ protocol overhead / efficiency. NCCL kernels also move their bytes through HBM, 
 member's HBM (hardware_nccl.md §5(b): at least one read and one write per hop, plus a read for
 reductions).
 
+A user's calibration profile may hold a fitted busbw-vs-size correction per collective and communicator
+shape (:func:`hwmodel.nccl.calibration.busbw_correction`); :meth:`NcclEngine.plan` applies it to plans the
+tuner chose (see :attr:`Plan.busbw_correction`). Without one nothing changes.
+
 The nccl-tests emulation (:func:`simulate_nccl_tests`) adds the host side of a single-threaded
 ``-g G`` run (:data:`HOST_LAUNCH_PER_GPU_S`, :data:`HOST_PER_CHANNEL_PER_GPU_S`).
 """
