@@ -44,7 +44,8 @@ class Overlay:
     def applying_to(self, gpu_name: str, arch: str) -> tuple[str, ...]:
         """The :attr:`changed` paths that can move a run on GPU ``gpu_name`` of architecture ``arch``
         (``volta``, ``ampere``, ...): ``default`` and ``nccl`` ones, its architecture's and its GPU's; a
-        ``[gpu."<other>"]``, ``[architecture.<other>]`` or ``nccl.nvlink_efficiency.<other>`` key does not."""
+        ``[gpu."<other>"]``, ``[architecture.<other>]``, ``nccl.nvlink_efficiency.<other>`` or
+        ``nccl.busbw_correction.<other>`` key does not."""
         own = {"gpu": gpu_name, "architecture": arch.lower()}
 
         def applies(path: str) -> bool:
@@ -53,7 +54,7 @@ class Overlay:
                 key = rest[: len(own[section])]
                 return (key.lower() if section == "architecture" else key) == own[section] and \
                     rest[len(own[section]):].startswith(".")
-            if path.startswith("nccl.nvlink_efficiency."):
+            if path.startswith(("nccl.nvlink_efficiency.", "nccl.busbw_correction.")):
                 return path.split(".")[2].lower() == arch.lower()
             return True
 

@@ -169,11 +169,13 @@ class ArchCalibration:
     """Memory-bound kind -> HBM efficiency replacing :attr:`hbm_efficiency` for that kind; empty in the
     shipped calibration, set by a user's fitted profile."""
 
-    def gemm_eff(self, dtype: str, shape_class: str = "") -> float:
-        """GEMM efficiency for ``dtype`` (falls back to the ``default`` key), or the fitted one of
-        ``shape_class`` where a profile gives one."""
-        if shape_class and shape_class in self.gemm_class_efficiency:
-            return float(self.gemm_class_efficiency[shape_class])
+    def gemm_eff(self, dtype: str, *shape_classes: str) -> float:
+        """GEMM efficiency for ``dtype`` (falls back to the ``default`` key), or the fitted one of the
+        first of ``shape_classes`` (finest first, :func:`gemm_classes`) a
+        profile gives."""
+        for shape_class in shape_classes:
+            if shape_class and shape_class in self.gemm_class_efficiency:
+                return float(self.gemm_class_efficiency[shape_class])
         e = self.gemm_efficiency
         return float(e.get(dtype, e.get("default", 0.8)))
 
@@ -215,6 +217,33 @@ def gemm_class(task: Compute) -> str:
     else:
         op = "matmul"
     return f"{op}_{'bwd' if _is_backward(task) else 'fwd'}"
+
+
+def gemm_classes(task: Compute) -> tuple[str, ...]:
+    """The classes a profile may fit a GEMM efficiency to, finest first, ending with :func:`gemm_class`:
+
+    - ``<class>@i<a>@m<b>n<c>k<d>``: the shape band, each of the implicit GEMM's (m, n, k) rounded to a
+      power of two; repeated layers of one shape share it;
+    - ``<class>@i<a>``: the arithmetic-intensity band, ``round(log2(flops / bytes))``: at one (m, n, k) a
+      strided convolution reads a larger input (ResNet's first 3x3 of a stage: ~2x the bytes of the
+      others), and cuDNN runs it with an implicit-GEMM kernel where the unstrided ones get Winograd;
+    - ``<op>@m<b>n<c>k<d>``: the same shape band in either pass (``conv3x3@m13n8k11``): cuDNN runs a
+      layer's forward and backward with the same algorithm family where it can (Winograd's saving in
+      multiplies is the same in both), so one pass's rows speak for the other's;
+    - ``<class>``.
+
+    cuDNN and cuBLAS choose their algorithm by such features (kernel names in a trace are its families),
+    so rows of one band ran alike. Only a profile sets these; a class without a fitted value falls back to
+    the next, then to the dtype's efficiency. A task without a (batch, m, n, k) shape has its class only.
+    """
+    parent = gemm_class(task)
+    if len(task.shape) != 4 or task.flops <= 0:
+        return (parent,)
+    _, m, n, k = (max(int(x), 1) for x in task.shape)
+    band = f"m{round(math.log2(m))}n{round(math.log2(n))}k{round(math.log2(k))}"
+    intensity = f"{parent}@i{round(math.log2(task.flops / task.bytes_accessed))}" if task.bytes_accessed > 0 \
+        else f"{parent}@i-"
+    return f"{intensity}@{band}", intensity, f"{parent.rsplit('_', 1)[0]}@{band}", parent
 
 
 def _interp(table: Mapping[int, float], x: float) -> float:
@@ -453,7 +482,8 @@ class KernelCostModel:
 
     def _gemm(self, task: Compute) -> KernelCost:
         dtype = normalise_dtype(task.dtype)
-        eff = self.cal.gemm_eff(dtype, gemm_class(task) if self.cal.gemm_class_efficiency else "")
+        classes = gemm_classes(task) if self.cal.gemm_class_efficiency else ()
+        eff = self.cal.gemm_eff(dtype, *classes)
         peak = self._peak(dtype)
         launch = self.cal.launch_overhead_s
         if not task.shape:  # no shape: plain FLOPs at the calibrated efficiency, whole GPU

@@ -130,7 +130,7 @@ def _kernels(paired: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """Fit the kernel constants; print the comparison; return the profile's tables and model sections."""
     from hwmodel.calibration_overlay import Overlay
     from scenarios.calibrate.compare import pair_rows
-    from scenarios.calibrate.fit_kernels import fit_kernels, holdout_names
+    from scenarios.calibrate.fit_kernels import fit_kernels, holdout_names, holdout_splits, predicted_step_s
     from scenarios.calibrate.pipeline import simulate
     from scenarios.calibrate.profile import nested
 
@@ -146,6 +146,8 @@ def _kernels(paired: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     after = simulate(paired.prep, Overlay("(fit)", "fit", sections_of(fit), ()))
     out_of_sample = simulate(paired.prep, Overlay("(holdout)", "holdout", sections_of(fit_out), ()))
     T = tr.step_time_s
+    splits = {name: predicted_step_s(m, paired.model, fit_kernels(m, paired.model, T, tr.busy_s, holdout=h).cal)
+              / T - 1 for name, h in holdout_splits(m).items()}
     print(f"# trainsim calibrate: {tr.path}, {tr.step_name} of {len(tr.steps)} step(s) on {tr.gpu_name or gpu}")
     print(f"  measured step          {T * 1e3:10.3f} ms  ({len(tr.ops)} op instances, "
           f"{sum(len(o.events) for o in tr.ops)} GPU events)")
@@ -153,6 +155,8 @@ def _kernels(paired: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     print(f"  simulated, fitted      {after * 1e3:10.3f} ms  ({after / T - 1:+.1%})")
     print(f"  out of sample          {out_of_sample * 1e3:10.3f} ms  ({out_of_sample / T - 1:+.1%}; fitted "
           f"without {len(held)} of {len({p.op.main_kernel for p in m.pairs if p.op.events})} kernel names)")
+    print(f"  over {len(splits)} held-out splits: mean |error| {sum(map(abs, splits.values())) / len(splits):.1%}, "
+          f"max {max(map(abs, splits.values())):.1%} (each a third of the names; step as the sum of task times)")
     print(f"  {'constant':42s} {'shipped':>8s} {'fitted':>8s} {'rows':>5s} {'measured':>11s} {'before':>11s}")
     for c in fit.constants:
         print(f"  {'.'.join(c.path):42s} {c.shipped:8.4f} {c.fitted:8.4f} {c.rows:5d} {c.measured_s * 1e3:8.3f} ms "
@@ -166,6 +170,7 @@ def _kernels(paired: Any) -> tuple[dict[str, Any], dict[str, Any]]:
         "trace": tr.path, "step": tr.step_name, "measured_step_s": T, "simulated_shipped_s": before,
         "simulated_fitted_s": after, "error": after / T - 1, "simulated_out_of_sample_s": out_of_sample,
         "out_of_sample_error": out_of_sample / T - 1, "held_out_kernel_names": len(held),
+        "out_of_sample_splits": splits,
         "launch_overhead_terms": dict(fit.launch_terms),
         "constants": [{"path": ".".join(("gpu", gpu, *c.path)), "shipped": c.shipped, "fitted": c.fitted,
                        "rows": c.rows, "measured_s": c.measured_s, "predicted_shipped_s": c.predicted_before_s,
@@ -178,7 +183,7 @@ def _kernels(paired: Any) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def _nccl(paths: list[str], system: str, doc: dict[str, Any]) -> dict[str, Any]:
     from hwmodel.calibration_overlay import merge
-    from scenarios.calibrate.fit_nccl import fit_nccl
+    from scenarios.calibrate.fit_nccl import COMPARED_FROM_BYTES, fit_nccl
     from scenarios.calibrate.nccl_log import read_nccl_log
 
     sections: dict[str, Any] = {}
@@ -193,10 +198,17 @@ def _nccl(paths: list[str], system: str, doc: dict[str, Any]) -> dict[str, Any]:
               + (f", NCCL {log.nccl_version}" if log.nccl_version else ""))
         for key, a, b in f.changed:
             print(f"  {key:40s} {a:.4g} -> {b:.4g}")
-        print(f"  {'size':>12s} {'measured':>9s} {'simulated':>9s} {'error':>7s}  (busbw GB/s)")
+        print(f"  {'size':>12s} {'measured':>9s} {'simulated':>9s} {'error':>7s} {'held out':>9s} {'error':>7s}"
+              "  (busbw GB/s; held out: fitted without the sizes marked)")
         for c in f.comparison:
+            out = (f" {c['held_out_simulated_busbw_GBps']:9.2f} {c['held_out_error']:+7.1%}" if c["held_out"] else "")
             print(f"  {c['size_bytes']:12d} {c['measured_busbw_GBps']:9.2f} {c['simulated_busbw_GBps']:9.2f} "
-                  f"{c['error']:+7.1%}" + ("  held out" if c["held_out"] else ""))
+                  f"{c['error']:+7.1%}{out}")
+        band = [c for c in f.comparison if c["size_bytes"] >= COMPARED_FROM_BYTES]
+        if band:
+            print(f"  from 1 MiB: in-sample max {max(abs(c['error']) for c in band):.1%}, held-out max "
+                  f"{max((abs(c['held_out_error']) for c in band if c['held_out']), default=0.0):.1%}"
+                  f" ({f.curve_knots} busbw correction knot(s))")
         fits.append({"log": path, "system": system, "collective": log.collective, "ranks": log.ranks,
                      "nodes": log.nodes, "gpus_per_thread": log.gpus_per_thread, "nccl_version": log.nccl_version,
                      "changed": [{"path": k, "shipped": a, "fitted": b} for k, a, b in f.changed],

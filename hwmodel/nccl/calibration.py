@@ -8,8 +8,11 @@ these functions are read where the engine uses them, not once at import.
 
 from __future__ import annotations
 
+import bisect
 import functools
+import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from hwmodel import calibration_overlay
@@ -61,3 +64,84 @@ def nvlink_efficiency_fit() -> dict[str, float]:
     """Fitted NCCL NVLink efficiency (achieved busbw / line rate) per GPU generation, where measured."""
     table = nccl_calibration().get("nvlink_efficiency", {})
     return {arch: float(row["busbw_Bps"]) / float(row["line_rate_Bps"]) for arch, row in table.items()}
+
+
+BUSBW_CORRECTION_KEY = "busbw_correction"
+"""``[nccl.busbw_correction.<arch>.<curve>]``: fitted busbw-vs-size corrections of a user's profile
+(written by ``trainsim calibrate --nccl-log``; the shipped file has none)."""
+
+
+@dataclass(frozen=True)
+class BusbwCurve:
+    """A fitted busbw correction of one collective on one communicator shape.
+
+    ``factor(size)`` is piecewise linear in ``log2(size_bytes)`` between the knots and clamped to the end
+    knots outside them; the engine divides the collective's GPU time by it (see
+    :func:`busbw_correction`).
+    """
+
+    collective: str
+    ranks: int
+    nodes: int
+    log2_size_bytes: tuple[float, ...]
+    factor: tuple[float, ...]
+
+    def at(self, size_bytes: int) -> float:
+        """The correction at ``size_bytes`` (dimensionless, > 0)."""
+        xs, ys = self.log2_size_bytes, self.factor
+        x = math.log2(max(size_bytes, 1))
+        if x <= xs[0]:
+            return ys[0]
+        if x >= xs[-1]:
+            return ys[-1]
+        i = bisect.bisect_right(xs, x)
+        t = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
+        return ys[i - 1] + t * (ys[i] - ys[i - 1])
+
+
+def busbw_curves() -> dict[tuple[str, str, int, int], BusbwCurve]:
+    """The active profile's busbw corrections, keyed by (arch, collective, ranks, nodes); empty without one.
+
+    Raises:
+        ValueError: a curve table with missing keys, knots not increasing, lists of different lengths,
+            or a factor that is not > 0 (one line naming the table).
+    """
+    return _curves(calibration_overlay.active())
+
+
+@functools.cache
+def _curves(overlay: calibration_overlay.Overlay | None) -> dict[tuple[str, str, int, int], BusbwCurve]:
+    out: dict[tuple[str, str, int, int], BusbwCurve] = {}
+    if overlay is None:
+        return out
+    by_arch = nccl_calibration().get(BUSBW_CORRECTION_KEY, {})
+    for arch, tables in by_arch.items():
+        for name, t in tables.items():
+            where = f"calibration [nccl.{BUSBW_CORRECTION_KEY}.{arch}.{name}]"
+            try:
+                curve = BusbwCurve(str(t["collective"]), int(t["ranks"]), int(t["nodes"]),
+                                   tuple(float(x) for x in t["log2_size_bytes"]),
+                                   tuple(float(y) for y in t["factor"]))
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ValueError(f"{where}: needs collective, ranks, nodes, log2_size_bytes and factor "
+                                 f"({exc})") from None
+            xs, ys = curve.log2_size_bytes, curve.factor
+            if not xs or len(xs) != len(ys) or any(b <= a for a, b in zip(xs, xs[1:], strict=False)) \
+                    or any(not y > 0 for y in ys):
+                raise ValueError(f"{where}: log2_size_bytes must increase, with one factor > 0 per knot")
+            out[(str(arch).lower(), curve.collective, curve.ranks, curve.nodes)] = curve
+    return out
+
+
+def busbw_correction(arch: str, collective: str, ranks: int, nodes: int, size_bytes: int) -> float:
+    """Fitted correction of a collective's busbw (1.0 when the active profile has no curve for it).
+
+    ``arch``: GPU generation (``ampere`` ...), ``collective``: engine op name (``all_reduce`` ...),
+    ``ranks``/``nodes``: the communicator's shape, ``size_bytes``: nccl-tests' S (the engine's collective
+    size). Source: the user's own nccl-tests log, fitted by ``trainsim calibrate --nccl-log``.
+    """
+    curves = busbw_curves()
+    if not curves:
+        return 1.0
+    curve = curves.get((arch.lower(), collective, ranks, nodes))
+    return 1.0 if curve is None else curve.at(size_bytes)

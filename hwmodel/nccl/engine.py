@@ -31,6 +31,10 @@ protocol overhead / efficiency. NCCL kernels also move their bytes through HBM, 
 member's HBM (hardware_nccl.md §5(b): at least one read and one write per hop, plus a read for
 reductions).
 
+A user's calibration profile may hold a fitted busbw-vs-size correction per collective and communicator
+shape (:func:`hwmodel.nccl.calibration.busbw_correction`); :meth:`NcclEngine.plan` applies it to plans the
+tuner chose (see :attr:`Plan.busbw_correction`). Without one nothing changes.
+
 The nccl-tests emulation (:func:`simulate_nccl_tests`) adds the host side of a single-threaded
 ``-g G`` run (:data:`HOST_LAUNCH_PER_GPU_S`, :data:`HOST_PER_CHANNEL_PER_GPU_S`).
 """
@@ -105,6 +109,10 @@ class Plan:
     name: str = ""
     peer_channels: int = 0
     info: dict = field(default_factory=dict)
+    busbw_correction: float = 1.0
+    """The active profile's fitted busbw factor at this size (:func:`_calibration.busbw_correction`):
+    latency and rate bound are divided and multiplied by it and link weights divided, so the
+    collective's time alone is divided by it; 1.0 without a fitted curve."""
 
 
 class NcclEngine:
@@ -225,6 +233,8 @@ class NcclEngine:
                      info={"decided_by": ch.decided_by})
             if self.fidelity == "chunked" and bound:
                 self._apply_chunked(p, ct, rate / full if full else rate)
+            if algo is None and proto is None and ch.decided_by == "model":
+                _correct(p, _calibration.busbw_correction(ct.gpu_arch, coll.op, n, ct.n_nodes, coll.size_bytes))
         self._plan_cache[key] = p
         return p
 
@@ -311,7 +321,7 @@ class NcclEngine:
             groups.setdefault((self._work(p), p.latency_s, p.rate_bound_Bps), []).append(p)
         first_done: simpy.Event | None = None
         for (work, lat, bound), members in groups.items():
-            key = tuple((p.op, p.algorithm, p.protocol, p.gpus, p.root) for p in members)
+            key = tuple((p.op, p.algorithm, p.protocol, p.gpus, p.root, p.busbw_correction) for p in members)
             hit = self._merged_cache.get(key)
             if hit is None:
                 weights: dict[Resource, float] = {}
@@ -370,14 +380,14 @@ class NcclEngine:
 
     def _flow(self, plan: Plan) -> tuple[float, dict[Resource, float], dict[Resource, float]]:
         """Work (payload bytes per member per edge) and link/HBM weights of a planned collective."""
-        key = (plan.op, plan.algorithm, plan.protocol, plan.gpus, plan.root)
+        key = (plan.op, plan.algorithm, plan.protocol, plan.gpus, plan.root, plan.busbw_correction)
         hit = self._weights_cache.get(key)
         if hit is None:
             hit = self._weights_cache[key] = self._weights(plan)
         return self._work(plan), hit[0], hit[1]
 
     def _proto_weight(self, plan: Plan) -> float:
-        return 1.0 / _tuner.PROTOCOL_EFFICIENCY[plan.protocol]
+        return 1.0 / (_tuner.PROTOCOL_EFFICIENCY[plan.protocol] * plan.busbw_correction)
 
     def _weights(self, plan: Plan) -> tuple[dict[Resource, float], dict[Resource, float]]:
         weights = self._link_weights(plan, self.flows(plan))
@@ -548,6 +558,17 @@ CPU_VENDOR_BY_SYSTEM: dict[str, str] = {"dgx-a100": "amd", "dgx-a100-40gb": "amd
 """Host CPU vendor of the named systems (NCCL's ``llMaxBws`` row and ``getNetOverhead``): DGX A100 has
 AMD EPYC 7742, DGX H100/H200/B200 Intel Xeon (NVIDIA DGX user guides). Other topologies: AMD, as the
 topology carries no CPU vendor yet."""
+
+
+def _correct(plan: Plan, factor: float) -> None:
+    """Apply a fitted busbw correction to a tuner-chosen plan (nothing when ``factor`` is 1)."""
+    if factor == 1.0:
+        return
+    plan.busbw_correction = factor
+    plan.latency_s /= factor
+    plan.predicted_time_s /= factor
+    if plan.rate_bound_Bps is not None:
+        plan.rate_bound_Bps *= factor
 
 
 def _cpu_vendor(topo) -> str:

@@ -5,7 +5,10 @@ Each paired task belongs to one *constant* of the cost model (:func:`constant_of
 
 - GEMM: ``gemm_class_efficiency.<class>`` by shape class (:func:`hwmodel.costmodel.gemm_class`:
   convolution or matmul, forward or backward -- cuDNN's Winograd and FFT convolutions do fewer
-  multiplies than the implicit GEMM the model prices, so a convolution class may exceed 1);
+  multiplies than the implicit GEMM the model prices, so a convolution class may exceed 1), and below
+  each class its bands (:func:`hwmodel.costmodel.gemm_classes`: shape, arithmetic intensity, the same
+  shape in the other pass), each fitted where its rows carry enough of its time, else falling back to
+  the next broader one;
 - attention: ``attention.fwd_efficiency.<head_dim>`` / ``bwd_efficiency`` (of the named kernel's table
   where the task names one); causality stays the model's (it prices only the executed key blocks);
 - memory-bound kinds: ``hbm_efficiency_by_kind.<kind>``.
@@ -21,11 +24,19 @@ out-of-sample check.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from hwmodel.costmodel import MEMORY_BOUND_KINDS, ArchCalibration, KernelCostModel, gemm_class, normalise_dtype
+from hwmodel.costmodel import (
+    MEMORY_BOUND_KINDS,
+    ArchCalibration,
+    KernelCostModel,
+    gemm_class,
+    gemm_classes,
+    normalise_dtype,
+)
 from hwmodel.ir import Compute
 from scenarios.calibrate.matcher import Matching, Pair
 
@@ -34,10 +45,15 @@ BOUNDS = {"gemm": (0.02, 4.0), "attention": (0.02, 1.5), "memory": (0.02, 1.5)}
 is cuDNN's Winograd/FFT arithmetic saving; an HBM fraction above 1 means the model over-counts bytes."""
 
 
-MIN_CLASS_SUPPORT = 0.5
-"""A GEMM class is fitted only where its fitted rows carry at least half of the class's modelled time
-(held-out rows excluded): otherwise its few rows are one algorithm's, and the class keeps the pooled
-``gemm_efficiency.<dtype>`` fitted to every GEMM row."""
+SHAPE_BANDS = True
+"""Fit the GEMM bands below each class (:func:`hwmodel.costmodel.gemm_classes`)."""
+
+MIN_CLASS_SUPPORT = 0.25
+"""A class is fitted only where its fitted rows carry at least a quarter of the class's modelled time
+(held-out rows excluded): otherwise its few rows are one algorithm's, and the class falls back to the
+next broader one (:func:`hwmodel.costmodel.gemm_classes`; at the end the pooled ``gemm_efficiency.<dtype>``
+fitted to every GEMM row). Chosen on the ResNet-50 trace over ten held-out splits (DESIGN.md): a half
+left bands with two of three rows fitted on their class's value."""
 
 
 @dataclass
@@ -185,16 +201,22 @@ def fit_kernels(matching: Matching, model: KernelCostModel, step_time_s: float, 
         c = constant_of(pair.task, base)
         if c is None or not pair.op.events:
             continue
-        support.setdefault(c[0], []).append(pair)
+        paths = [c[0]]
+        if c[2] == "gemm" and SHAPE_BANDS:  # the bands below the class, fitted after it, finest last
+            paths.extend(("gemm_class_efficiency", cls) for cls in gemm_classes(pair.task)[:-1])
+        for path in paths:
+            support.setdefault(path, []).append(pair)
         if pair.op.main_kernel in holdout:
             continue
-        groups.setdefault(c[0], (c[1], c[2], []))[2].append(pair)
+        for path in paths:
+            groups.setdefault(path, (c[1], c[2], []))[2].append(pair)
         if c[2] == "gemm":  # the pooled GEMM efficiency of the dtype, behind every class
             dtype = normalise_dtype(pair.task.dtype)
             groups.setdefault(("gemm_efficiency", dtype), (base.gemm_eff(dtype), "gemm", []))[2].append(pair)
     cal = base
     fits = []
-    for path in sorted(groups, key=lambda p: (p[0] != "gemm_efficiency", p)):
+    # broadest first: the pooled GEMM efficiency, the classes, then their shape bands
+    for path in sorted(groups, key=lambda p: (p[0] != "gemm_efficiency", _depth(p), p)):
         shipped, bounds_key, pairs = groups[path]
         tasks = [t for p in pairs for t in p.tasks]
         if path in support:  # a class whose rows are mostly held out keeps the pooled value
@@ -222,11 +244,36 @@ def fit_kernels(matching: Matching, model: KernelCostModel, step_time_s: float, 
                       "tasks": float(n_tasks)})
 
 
+def _depth(path: tuple[str, ...]) -> int:
+    """Fitting order of a GEMM class: the class, the pass-free shape band, the intensity band, the shape band
+    (broadest first, each fitted over what the broader ones set)."""
+    name = path[-1]
+    if "@" not in name:
+        return 0
+    return 1 if "_" not in name.split("@")[0] else name.count("@") + 1
+
+
 def holdout_names(matching: Matching, every: int = 3) -> frozenset[str]:
     """Every ``every``-th distinct kernel name (by longest kernel of the paired op instances, sorted):
     a third of the kernels by name for ``every = 3``."""
     names = sorted({p.op.main_kernel for p in matching.pairs if p.op.events})
     return frozenset(n for i, n in enumerate(names) if i % every == every - 1)
+
+
+HASH_SPLITS = 7
+"""Hash splits :func:`holdout_splits` adds to the three ways of taking every third name."""
+
+
+def holdout_splits(matching: Matching) -> dict[str, frozenset[str]]:
+    """Several ways of holding out about a third of the kernel names: every third name in sorted order
+    from each of the three offsets (``every3+k``), and :data:`HASH_SPLITS` splits by a salted SHA-1 of the
+    name (``sha1/s``: the names whose digest is 0 mod 3) -- reproducible, and not tied to name order."""
+    names = sorted({p.op.main_kernel for p in matching.pairs if p.op.events})
+    out = {f"every3+{k}": frozenset(n for i, n in enumerate(names) if i % 3 == k) for k in range(3)}
+    for salt in range(HASH_SPLITS):
+        out[f"sha1/{salt}"] = frozenset(
+            n for n in names if int(hashlib.sha1(f"{salt}:{n}".encode()).hexdigest(), 16) % 3 == 0)
+    return out
 
 
 def predicted_step_s(matching: Matching, model: KernelCostModel, cal: ArchCalibration) -> float:

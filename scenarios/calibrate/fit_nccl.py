@@ -7,13 +7,22 @@ and the host enqueue cost of one thread driving several GPUs (``host_launch_s``,
 fitted to sizes below 1 MiB when ``-g`` > 1). The profile records the system and group size the fit came
 from. The bandwidth fraction is fitted to the larger half of the sizes of 64 MiB and above (bandwidth-bound
 in NCCL's model: busbw is proportional to it there), as the median ratio of measured to simulated busbw,
-twice (the second pass absorbs protocol switches); sizes from 1 MiB are then compared, every third one held
-out of the fit. NCCL's algorithm choice stays the tuning model's (``trainsim nccl-tests --tuner-config``
-replays another).
+twice (the second pass absorbs protocol switches).
+
+What no global constant can follow -- the log's busbw-vs-size curve where NCCL's own choices (algorithm,
+protocol, channels per size) differ from the tuning model's -- is then fitted as a busbw correction of that
+collective on that communicator shape (``[nccl.busbw_correction.<arch>.<curve>]``, read by
+:func:`hwmodel.nccl.calibration.busbw_correction`): a factor per size knot, piecewise linear in
+``log2(size)`` and clamped outside the knots, each knot's factor iterated until the simulated busbw at
+that size equals the measured one, then knots dropped while the linear interpolation of their
+neighbours stays within :data:`PRUNE_TOLERANCE`. The profile is fitted to every size; the held-out
+error comes from a second fit on the sizes 2^even (and the sizes between them, for logs that are not
+powers of two: every other size) tested on the others.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,7 +37,16 @@ from scenarios.calibrate.nccl_log import NcclLog
 BANDWIDTH_BOUND_BYTES = 64 << 20
 """Sizes from here fit the bandwidth fraction."""
 COMPARED_FROM_BYTES = 1 << 20
-"""Sizes from here are compared (the acceptance band); every third of them is held out of the fit."""
+"""Sizes from here are compared (the acceptance band)."""
+CURVE_PASSES = 4
+"""Fixed-point passes of the knot factors (each moves every knot by measured / simulated busbw)."""
+FACTOR_RANGE = (0.05, 4.0)
+"""Bounds on a knot's factor. A knot whose simulated time does not follow its factor (host-bound in a
+``-g`` > 1 run: the log bounds its GPU time from above only) keeps 1.0, the shipped model."""
+PRUNE_TOLERANCE = 0.02
+"""A knot is dropped while interpolating its neighbours stays within this of every fitted knot's factor."""
+CURVE_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce")
+"""Collectives the tuner plans, and so the ones a busbw correction applies to (not sendrecv/alltoall)."""
 
 
 @dataclass
@@ -40,7 +58,10 @@ class NcclFit:
     changed: list[tuple[str, float, float]]
     """(dotted key, shipped, fitted)."""
     comparison: list[dict[str, Any]] = field(default_factory=list)
-    """Per size: measured and simulated busbw, error, whether held out."""
+    """Per size: measured and simulated busbw, in-sample error, and for sizes held out of the second fit
+    its simulated busbw and error (``held_out_error``)."""
+    curve_knots: int = 0
+    """Knots of the fitted busbw correction (0: none fitted)."""
 
 
 def _simulate(topo: Any, log: NcclLog, gpus: list, sections: dict[str, Any]) -> dict[int, float]:
@@ -51,13 +72,7 @@ def _simulate(topo: Any, log: NcclLog, gpus: list, sections: dict[str, Any]) -> 
     return {r.size_bytes: r.busbw_Bps for r in rows}
 
 
-def fit_nccl(log: NcclLog, system: str) -> NcclFit:
-    """Fit ``log`` on ``system`` (a ``trainsim list systems`` name).
-
-    Raises:
-        CalibrationInputError: the run does not fit the system (more ranks per node than it has GPUs), or
-            its ``Rank`` lines name a GPU trainsim knows that is not the system's.
-    """
+def _topology(log: NcclLog, system: str) -> tuple[Any, list]:
     from scenarios.calibrate.pipeline import trace_gpu
     from scenarios.runner import build_topology
 
@@ -70,21 +85,62 @@ def fit_nccl(log: NcclLog, system: str) -> NcclFit:
     if per_node > topo.gpus_per_node or per_node < 1:
         raise CalibrationInputError(f"{log.path}: {log.ranks} ranks on {log.nodes} node(s) do not fit {system} "
                                     f"({topo.gpus_per_node} GPUs per node)")
-    gpus = [g for n in range(log.nodes) for g in topo.gpus_of_node(n)[:per_node]]
+    return topo, [g for n in range(log.nodes) for g in topo.gpus_of_node(n)[:per_node]]
+
+
+def held_out_sizes(sizes: list[int]) -> set[int]:
+    """The sizes the held-out check leaves out: odd powers of two where every size is one (nccl-tests
+    ``-f 2``), else every other size in order."""
+    if all(s & (s - 1) == 0 for s in sizes):
+        return {s for s in sizes if (s.bit_length() - 1) % 2 == 1}
+    return {s for i, s in enumerate(sorted(sizes)) if i % 2 == 1}
+
+
+def fit_nccl(log: NcclLog, system: str) -> NcclFit:
+    """Fit ``log`` on ``system`` (a ``trainsim list systems`` name): the profile to every size, and a second
+    fit without :func:`held_out_sizes` to report the held-out error.
+
+    Raises:
+        CalibrationInputError: the run does not fit the system (more ranks per node than it has GPUs), or
+            its ``Rank`` lines name a GPU trainsim knows that is not the system's.
+    """
+    topo, gpus = _topology(log, system)
+    measured = {r.size_bytes: r for r in log.rows if r.busbw_Bps > 0}
+    sections, changed, sim = _fit(topo, log, gpus, set(measured))
+    held = held_out_sizes(sorted(measured))
+    _, _, sim_out = _fit(topo, log, gpus, set(measured) - held)
+    comparison = []
+    for s in sorted(measured):
+        row: dict[str, Any] = {"size_bytes": s, "measured_busbw_GBps": measured[s].busbw_Bps / 1e9,
+                               "simulated_busbw_GBps": sim[s] / 1e9, "error": sim[s] / measured[s].busbw_Bps - 1,
+                               "held_out": s in held}
+        if s in held:
+            row["held_out_simulated_busbw_GBps"] = sim_out[s] / 1e9
+            row["held_out_error"] = sim_out[s] / measured[s].busbw_Bps - 1
+        comparison.append(row)
+    knots = sum(len(t["factor"]) for t in sections.get(nccl_cal.BUSBW_CORRECTION_KEY, {}).get(
+        arch_of(topo.gpu_spec.compute_capability), {}).values())
+    return NcclFit(sections, changed, comparison, knots)
+
+
+def _fit(topo: Any, log: NcclLog, gpus: list, fit_sizes: set[int]
+         ) -> tuple[dict[str, Any], list[tuple[str, float, float]], dict[int, float]]:
+    """The global constants, then the busbw correction, fitted to the rows of ``fit_sizes``; returns the
+    ``[nccl]`` sections, the changed constants and the simulated busbw per size with them."""
     shipped = dict(nccl_cal.nccl_calibration())
     spec = topo.gpu_spec
-    sizes = sorted(r.size_bytes for r in log.rows if r.size_bytes >= COMPARED_FROM_BYTES)
-    held = {s for i, s in enumerate(sizes) if i % 3 == 2}
-    measured = {r.size_bytes: r for r in log.rows}
-    fit_bw = [s for s in sizes if s >= BANDWIDTH_BOUND_BYTES and s not in held] or [s for s in sizes if s not in held]
+    rows = [r for r in log.rows if r.size_bytes in fit_sizes]
+    measured = {r.size_bytes: r for r in rows}
+    big = sorted(s for s in fit_sizes if s >= COMPARED_FROM_BYTES)
+    fit_bw = [s for s in big if s >= BANDWIDTH_BOUND_BYTES] or big
     fit_bw = fit_bw[len(fit_bw) // 2:]  # the larger half: the asymptote, past any protocol or algorithm switch
     sections: dict[str, Any] = {}
     changed: list[tuple[str, float, float]] = []
+    arch = arch_of(spec.compute_capability)
     if log.nodes == 1:
-        arch = arch_of(spec.compute_capability)
         line = spec.nvlink_bandwidth_per_link_Bps * spec.nvlink_links
         if line <= 0:
-            raise CalibrationInputError(f"{system}: its GPUs have no NVLink to fit")
+            raise CalibrationInputError(f"{topo.name}: its GPUs have no NVLink to fit")
         before = nccl_cal.nvlink_efficiency_fit().get(arch, spec.nccl_nvlink_bandwidth_per_link_Bps
                                                      / spec.nvlink_bandwidth_per_link_Bps)
         eff = before
@@ -105,17 +161,78 @@ def fit_nccl(log: NcclLog, system: str) -> NcclFit:
                 eff = min(eff * statistics.median(measured[s].busbw_Bps / sim[s] for s in fit_bw), 1.0)
         sections["ib_app_efficiency"] = eff
         changed.append(("nccl.ib_app_efficiency", before, eff))
-    small = [r for r in log.rows if r.size_bytes < COMPARED_FROM_BYTES]
+    small = [r for r in rows if r.size_bytes < COMPARED_FROM_BYTES]
     if log.gpus_per_thread > 1 and small:
         sim_t = {s: s / bw for s, bw in _simulate(topo, log, gpus, sections).items() if bw > 0}
         ratio = statistics.median(r.size_bytes / r.busbw_Bps / sim_t[r.size_bytes] for r in small
-                                  if r.busbw_Bps > 0 and r.size_bytes in sim_t)
+                                  if r.size_bytes in sim_t)
         for key in ("host_launch_s", "host_per_channel_s"):
             sections[key] = float(shipped[key]) * ratio
             changed.append((f"nccl.{key}", float(shipped[key]), sections[key]))
         sections["host_fit_gpus"] = int(shipped["host_fit_gpus"])
-    sim = _simulate(topo, log, gpus, sections)
-    comparison = [{"size_bytes": s, "measured_busbw_GBps": measured[s].busbw_Bps / 1e9,
-                   "simulated_busbw_GBps": sim[s] / 1e9, "error": sim[s] / measured[s].busbw_Bps - 1,
-                   "held_out": s in held} for s in sorted(measured) if measured[s].busbw_Bps > 0]
-    return NcclFit(sections, changed, comparison)
+    if log.collective in CURVE_COLLECTIVES and measured:
+        sections = _fit_curve(topo, log, gpus, sections, measured, arch, changed)
+    return sections, changed, _simulate(topo, log, gpus, sections)
+
+
+def curve_name(log: NcclLog) -> str:
+    """The profile's table name of ``log``'s busbw correction, e.g. ``all_reduce_8ranks_1nodes``."""
+    return f"{log.collective}_{log.ranks}ranks_{log.nodes}nodes"
+
+
+def _fit_curve(topo: Any, log: NcclLog, gpus: list, sections: dict[str, Any], measured: dict[int, Any],
+               arch: str, changed: list[tuple[str, float, float]]) -> dict[str, Any]:
+    """Fit the busbw correction knots (see the module docstring); returns ``sections`` with it."""
+    knots = sorted(measured)
+    factor = dict.fromkeys(knots, 1.0)
+    lo, hi = FACTOR_RANGE
+
+    def with_curve(points: list[int]) -> dict[str, Any]:
+        table = {"collective": log.collective, "ranks": log.ranks, "nodes": log.nodes,
+                 "log2_size_bytes": [math.log2(s) for s in points], "factor": [factor[s] for s in points]}
+        return merge(sections, {nccl_cal.BUSBW_CORRECTION_KEY: {arch: {curve_name(log): table}}})
+
+    before: tuple[dict[int, float], dict[int, float]] | None = None
+    bound_elsewhere: set[int] = set()  # knots whose simulated time did not follow their factor
+    for _ in range(CURVE_PASSES):
+        sim = _simulate(topo, log, gpus, with_curve(knots))
+        if before is not None:
+            for s in knots:
+                moved = factor[s] / before[0][s] - 1
+                if abs(moved) > 1e-3 and abs(sim[s] / before[1][s] - 1) < abs(moved) / 3:
+                    bound_elsewhere.add(s)  # host-bound (-g > 1): the log says nothing of its GPU time
+        before = (dict(factor), sim)
+        for s in knots:
+            new = factor[s] * measured[s].busbw_Bps / sim[s]
+            factor[s] = 1.0 if s in bound_elsewhere else min(max(new, lo), hi)
+    kept = _prune(knots, factor)
+    for s in kept:
+        changed.append((f"nccl.{nccl_cal.BUSBW_CORRECTION_KEY}.{arch}.{curve_name(log)}@{s}", 1.0, factor[s]))
+    return with_curve(kept)
+
+
+def _prune(knots: list[int], factor: dict[int, float]) -> list[int]:
+    """Drop knots (never the end ones) while the curve through the rest reproduces every knot's factor
+    within :data:`PRUNE_TOLERANCE`; the knot whose removal costs least goes first."""
+    kept = list(knots)
+
+    def worst(points: list[int]) -> float:
+        xs = [math.log2(s) for s in points]
+        ys = [factor[s] for s in points]
+        return max(abs(_interp(xs, ys, math.log2(s)) / factor[s] - 1) for s in knots)
+
+    while len(kept) > 2:
+        cost, i = min((worst(kept[:i] + kept[i + 1:]), i) for i in range(1, len(kept) - 1))
+        if cost > PRUNE_TOLERANCE:
+            break
+        del kept[i]
+    return kept
+
+
+def _interp(xs: list[float], ys: list[float], x: float) -> float:
+    if x <= xs[0]:
+        return ys[0]
+    for (x0, y0), (x1, y1) in zip(zip(xs, ys, strict=True), zip(xs[1:], ys[1:], strict=True), strict=False):
+        if x <= x1:
+            return y0 + (x - x0) / (x1 - x0) * (y1 - y0)
+    return ys[-1]

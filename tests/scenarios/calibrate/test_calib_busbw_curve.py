@@ -1,0 +1,121 @@
+"""The fitted busbw correction: reproduces a real nccl-tests log in and out of sample, and the simulator's
+collective path (so ``run`` too) applies it only where the profile holds it."""
+
+from pathlib import Path
+
+import pytest
+
+from hwmodel import calibration_overlay as O
+from hwmodel.cluster import Cluster
+from hwmodel.ir import Collective
+from hwmodel.nccl import calibration as nccl_cal
+from hwmodel.nccl.engine import NcclEngine, simulate_nccl_tests
+from hwmodel.topology import build_system
+from scenarios.calibrate.fit_nccl import fit_nccl, held_out_sizes
+from scenarios.calibrate.nccl_log import read_nccl_log
+from scenarios.calibrate.profile import write_profile
+from scenarios.cli import main
+
+DATA = Path(__file__).resolve().parents[2] / "data"
+A100_LOG = DATA / "nccl_tests_a100_8gpu.log"
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def a100_fit():
+    return fit_nccl(read_nccl_log(A100_LOG), "dgx-a100")
+
+
+def test_fitted_profile_reproduces_the_log_in_and_out_of_sample(a100_fit):
+    band = [c for c in a100_fit.comparison if c["size_bytes"] >= MiB]
+    assert len(band) == 15
+    # acceptance: within 5 % at every size >= 1 MiB with the profile fitted to the log
+    assert max(abs(c["error"]) for c in band) <= 0.05
+    # ... and within 10 % on the sizes held out of a fit to the others (2^odd held out: 7 of them)
+    held = [c for c in band if c["held_out"]]
+    assert [c["size_bytes"] for c in held] == [2 * MiB << (2 * i) for i in range(7)]
+    assert max(abs(c["held_out_error"]) for c in held) <= 0.10
+    # the mid band the tuning model misses (8-256 MiB was 15-55 % off with global constants only)
+    assert abs({c["size_bytes"]: c for c in band}[16 * MiB]["error"]) <= 0.05
+    # few knots: the curve is pruned, not one knot per size
+    assert 2 <= a100_fit.curve_knots <= 10
+
+
+def test_held_out_sizes():
+    assert held_out_sizes([1, 2, 4, 8, 16]) == {2, 8}
+    assert held_out_sizes([3, 5, 7, 9]) == {5, 9}
+
+
+def _profile(tmp_path, fit) -> O.Overlay:
+    return O.load_overlay(write_profile(tmp_path / "p.toml", {"profile": {"name": "a100"}, "nccl": fit.sections}))
+
+
+def test_nccl_tests_with_the_profile_matches_the_log(tmp_path, a100_fit, capsys):
+    prof = tmp_path / "p.toml"
+    write_profile(prof, {"profile": {"name": "a100"}, "nccl": a100_fit.sections})
+    assert main(["nccl-tests", "all_reduce", "-b", "16M", "-e", "64M", "-f", "2", "-g", "8", "--nodes", "1",
+                 "--system", "dgx-a100", "--calibration", str(prof)]) == 0
+    out = capsys.readouterr().out
+    assert "nccl.busbw_correction.ampere.all_reduce_8ranks_1nodes.factor" in out.splitlines()[0]
+    measured = {r.size_bytes: r.busbw_Bps / 1e9 for r in read_nccl_log(A100_LOG).rows}
+    rows = {int(t[0]): float(t[7]) for t in (line.split() for line in out.splitlines())
+            if t and t[0].isdigit()}
+    assert sorted(rows) == [16 * MiB, 32 * MiB, 64 * MiB]
+    for size, busbw in rows.items():
+        assert busbw == pytest.approx(measured[size], rel=0.05), size
+
+
+def test_engine_applies_the_curve_only_where_the_profile_holds_it(tmp_path, a100_fit):
+    ov = _profile(tmp_path, a100_fit)
+    topo = build_system("dgx-a100", 1)
+    gpus = tuple(topo.gpus())
+    coll = Collective("all_reduce", 16 * MiB, tuple(range(8)))
+
+    def time_of(collective, group, **kw) -> float:
+        eng = NcclEngine(Cluster(topo, record=False), **kw)
+        done = eng.run(collective, group)
+        eng.env.run(until=done)
+        return eng.env.now
+
+    shipped = time_of(coll, gpus)
+    with O.applied(ov):
+        factor = nccl_cal.busbw_correction("ampere", "all_reduce", 8, 1, 16 * MiB)
+        assert factor == pytest.approx(106.16 / 168.47, rel=0.05)  # measured / shipped model busbw there
+        fitted = time_of(coll, gpus)
+        # time alone = shipped time / factor (the NVLink fraction refit moves it by < 0.5 %)
+        assert fitted == pytest.approx(shipped / factor, rel=0.01)
+        # another group size, another collective, a forced algorithm: no curve, no change
+        assert nccl_cal.busbw_correction("ampere", "all_reduce", 4, 1, 16 * MiB) == 1.0
+        assert nccl_cal.busbw_correction("ampere", "all_gather", 8, 1, 16 * MiB) == 1.0
+        assert nccl_cal.busbw_correction("hopper", "all_reduce", 8, 1, 16 * MiB) == 1.0
+        forced = NcclEngine(Cluster(topo, record=False), algorithm="ring").plan(coll, gpus)
+        assert forced.busbw_correction == 1.0
+        # clamped outside the knots: the end knots' factors
+        assert nccl_cal.busbw_correction("ampere", "all_reduce", 8, 1, 1 << 40) == \
+            nccl_cal.busbw_correction("ampere", "all_reduce", 8, 1, 16 << 30)
+    assert ov.applying_to("H100-SXM5-80GB", "hopper") == ("nccl.host_launch_s", "nccl.host_per_channel_s",
+                                                          "nccl.host_fit_gpus")
+    assert time_of(coll, gpus) == shipped  # inactive again: the shipped model, exactly
+
+
+def test_simulated_sweep_matches_the_fit(a100_fit, tmp_path):
+    ov = _profile(tmp_path, a100_fit)
+    topo = build_system("dgx-a100", 1)
+    with O.applied(ov):
+        rows = simulate_nccl_tests(topo, "all_reduce", [8 * MiB, 128 * MiB], gpus_per_thread=8)
+    by = {c["size_bytes"]: c["simulated_busbw_GBps"] for c in a100_fit.comparison}
+    for r in rows:
+        assert r.busbw_Bps / 1e9 == pytest.approx(by[r.size_bytes], rel=1e-6)
+
+
+@pytest.mark.parametrize(("table", "message"), [
+    ({"collective": "all_reduce", "ranks": 8, "nodes": 1, "log2_size_bytes": [20.0, 19.0], "factor": [1.0, 1.0]},
+     "must increase"),
+    ({"collective": "all_reduce", "ranks": 8, "nodes": 1, "log2_size_bytes": [20.0], "factor": [0.0]}, "> 0"),
+    ({"collective": "all_reduce", "ranks": 8, "log2_size_bytes": [20.0], "factor": [1.0]}, "needs collective"),
+])
+def test_bad_curve_tables(tmp_path, table, message):
+    ov = O.load_overlay(write_profile(tmp_path / "p.toml", {
+        "profile": {"name": "bad"}, "nccl": {"busbw_correction": {"ampere": {"c": table}}}}))
+    with O.applied(ov), pytest.raises(ValueError, match=message):
+        nccl_cal.busbw_correction("ampere", "all_reduce", 8, 1, MiB)
