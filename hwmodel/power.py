@@ -14,23 +14,25 @@ Throughput-bound figures (tensor-core and FP32 FLOP/s) scale with ``f / f_ref``;
 
 *Per SKU* (:func:`power_limit_clock_ratio`, :func:`sustained_clock_fraction`). Every GPU in ``gpus.toml``
 gives its rated board power ``tdp_W`` (the limit its datasheet peaks are quoted for and the default
-limit it runs at), and may be run at a lower configured limit ``power_limit_W`` (``nvidia-smi -pl``;
-scenario ``[system] gpu_overrides``). The kernel efficiencies of ``calibration.toml`` are fractions of
-the datasheet peak measured on a part at its rated power under the same dense load as training GEMMs:
-the MAMF rows (stas00/ml-engineering ``compute/accelerator/benchmarks/mamf-finder.py``, v2 of 2025-01)
-warm the GPU with 30 s of matmuls, then time ``torch.randn`` GEMMs shape after shape, so the part is
-hot and at its power limit, as in training. Hence the clock a SKU sustains in training, relative to the
-clock its architecture's kernel rows ran at, is ``f(power_limit) / f(tdp)`` of the SKU's own data: 1 at
-the rated limit. No architecture's figure is read from another's: an end-to-end residual fitted on A100
-rows (``[architecture.ampere] sustained_clock_fraction``) multiplies this on Ampere only.
+limit it runs at) and may be run at a lower configured limit ``power_limit_W`` (``nvidia-smi -pl``;
+scenario ``[system] gpu_overrides``): its SM clock, in training and in a microbenchmark alike, is then
+``f(power_limit) / f(tdp)`` of the clock at its rated power.
+
+*Burst and saturated clocks.* The kernel efficiencies of ``calibration.toml`` are fitted to bursts:
+mamf-finder v2 (stas00/ml-engineering ``compute/accelerator/benchmarks/mamf-finder.py``) runs a 256 MiB
+L2 flush and a copy before every timed GEMM, so its best shapes run near the boost clock with the board
+below its limit (its v4 telemetry says so: "the clock sits at boost and the board stays far below its
+power limit"). A training run is one saturated stream, at the power limit, where the clock settles
+lower. That ratio is measured per architecture, on that architecture, at its rated power, and lives in
+``calibration.toml`` (``[architecture.<arch>] sustained_clock_fraction``: H200 MSMF / MAMF for Hopper,
+B200 saturated / burst clock for Blackwell); no architecture reads another's.
 
 Figures used for the H100 SXM5 (``gpus.toml``, ``H100-SXM5-96GB-500W``): ``P_ref`` = 700 W, the H100
 SXM5 maximum thermal design power in NVIDIA's H100 Tensor Core GPU datasheet ("up to 700 W
 (configurable)"); ``f_ref`` = 1830 MHz, the clock NVIDIA's dense peaks are quoted at (989.4 TFLOP/s
 BF16 = 132 SMs x 4096 FLOP/clock x 1.83 GHz, H100 whitepaper table 3); ``f_max`` = 1980 MHz, the
 deviceQuery maximum clock; ``P_static`` = 10 % of ``P_ref`` (70 W), an assumption (idle H100 SXM boards
-report 60-90 W in nvidia-smi, e.g. 88 W in H. He, "Strangely, Matrix Multiplications on GPUs Run Faster
-When Given 'Predictable' Data", thonking.ai 2024; no NVIDIA figure splits static from dynamic power).
+report 60-90 W in nvidia-smi; no NVIDIA figure splits static from dynamic power).
 Nothing here is fitted to a training measurement.
 """
 
@@ -108,8 +110,8 @@ def throughput_scale(power_limit_w: float, **kw: float) -> float:
 
 
 def sustained_clock_fraction(gpu: Any) -> float:
-    """Clock a GPU SKU sustains under dense load at its configured limit / the clock at its rated power,
-    where its datasheet peaks and its architecture's kernel rows hold (dimensionless, in (0, 1]):
+    """Clock a GPU SKU sustains under dense load at its configured limit / the clock it sustains at its
+    rated power, where its datasheet peaks hold (dimensionless, in (0, 1]):
     ``power_limit_clock_ratio(gpu.power_limit_w, gpu.tdp_w)``; 1 when no limit below the rated power is
     set or the spec gives no ``tdp_w`` (a what-if GPU without power data).
 

@@ -88,10 +88,10 @@ def test_no_hopper_or_blackwell_sku_reads_the_a100_fitted_clock():
         assert not [r for r in rows if any(s in r for s in a100_sources)], (name, path, rows)
         value = cal.for_gpu(gpu).sustained_clock_fraction
         assert value != ampere_value, (name, path, "the A100 fit copied to another architecture")
-        if path.startswith("default"):  # not fitted: the power model's clock alone prices the SKU
+        if path.startswith("default"):  # no data for the architecture (Volta): no scaling, no copy
             assert value == 1.0, (name, value)
-            sustained, bench = KernelCostModel(gpu, sustained=True), KernelCostModel(gpu)
-            assert _compute_time(sustained) == _compute_time(bench), name
+        sustained, bench = KernelCostModel(gpu, sustained=True), KernelCostModel(gpu)
+        assert _compute_time(bench) / _compute_time(sustained) == pytest.approx(value, rel=1e-9), name
     # the A100 residual stays where it was fitted, on Ampere only
     a100 = cal.for_gpu(get_gpu("A100-SXM4-80GB"))
     assert a100.sustained_clock_fraction == ampere_value and "ampere" in a100.name
@@ -130,3 +130,17 @@ def test_scenario_power_limit_out_of_range_exits_2_with_one_line(capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err, err
     assert "[system] gpu_overrides" in err and "power_limit_w = 900: allowed (40, 400] W" in err
+
+
+def test_hopper_and_blackwell_ratios_are_their_own_measurements():
+    cal = Calibration.load()
+    # Hopper: H200 SXM at 700 W, saturated / burst matmul (MSMF 755 / MAMF 834 BF16 TFLOP/s)
+    for name in ("H100-SXM5", "H200-SXM", "H100-SXM5-96GB-500W"):
+        assert cal.for_gpu(get_gpu(name)).sustained_clock_fraction == pytest.approx(755 / 834, abs=5e-5)
+    # Blackwell: B200 at 1000 W, saturated ~1450 MHz / burst 1965 MHz
+    for name in ("B200-HGX", "B200-GB200"):
+        assert cal.for_gpu(get_gpu(name)).sustained_clock_fraction == pytest.approx(1450 / 1965, abs=5e-5)
+    # a capped part multiplies its architecture's ratio by the cube-law clock of the cap
+    h100, capped = get_gpu("H100-SXM5"), with_overrides(get_gpu("H100-SXM5"), power_limit_W=500)
+    full, low = KernelCostModel(h100, sustained=True), KernelCostModel(capped, sustained=True)
+    assert _compute_time(full) / _compute_time(low) == pytest.approx((430 / 630) ** (1 / 3), rel=1e-9)
