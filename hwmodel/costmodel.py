@@ -72,6 +72,7 @@ from hwmodel import calibration_overlay
 from hwmodel.attention_masks import ALIBI_FLOPS_PER_SCORE, attended_keys, attention_key_blocks
 from hwmodel.dtypes import ELEMENT_BYTES
 from hwmodel.ir import Compute
+from hwmodel.power import sustained_clock_fraction
 from hwmodel.profile_overrides import ProfileOverrides
 
 if sys.version_info >= (3, 11):
@@ -411,6 +412,10 @@ class KernelCostModel:
         self.sustained = sustained
         """Price tensor-core work at the sustained (power-limited) clock, as in a training run, rather
         than the microbenchmark clock (see :attr:`ArchCalibration.sustained_clock_fraction`)."""
+        self.power_clock = sustained_clock_fraction(gpu)
+        """SM clock at the GPU's configured power limit / at its rated power (1 unless a what-if lowers the
+        limit: :func:`hwmodel.power.sustained_clock_fraction`); scales tensor-core and FP32 throughput of
+        training and microbenchmark pricing alike."""
         self.calibration = calibration or _default_calibration()
         self.cal: ArchCalibration = self.calibration.for_gpu(gpu)
         """The merged efficiencies for this GPU."""
@@ -474,7 +479,7 @@ class KernelCostModel:
     # -- pieces -----------------------------------------------------------------------------------
     def _peak(self, dtype: str) -> float:
         clock = self.cal.sustained_clock_fraction if self.sustained else 1.0
-        return float(self.gpu.peak_flops(dtype)) * clock * self.speed_scale
+        return float(self.gpu.peak_flops(dtype)) * clock * self.power_clock * self.speed_scale
 
     def _hbm_time(self, nbytes: float, kind: str = "") -> float:
         eff = self.cal.hbm_efficiency_by_kind.get(kind, self.cal.hbm_efficiency) if kind else self.cal.hbm_efficiency
@@ -549,7 +554,7 @@ class KernelCostModel:
         per_sm = peak * eff / self.sm_count
         cta_time_total = b * h * (iters + n_q * overhead) * block_flops / per_sm  # summed over CTAs
         if task.attention_alibi:  # the bias FMA per computed score, on the CUDA cores of the CTA's SM
-            vector_per_sm = float(self.gpu.fp32_flops) * self.cal.vector_efficiency / self.sm_count
+            vector_per_sm = float(self.gpu.fp32_flops) * self.power_clock * self.cal.vector_efficiency / self.sm_count
             cta_time_total += b * h * iters * blk * blk * ALIBI_FLOPS_PER_SCORE / vector_per_sm
         waves = math.ceil(ctas / self.sm_count)
         t_compute = waves * cta_time_total / ctas
@@ -578,7 +583,8 @@ class KernelCostModel:
     def _memory_bound(self, task: Compute) -> KernelCost:
         nbytes = float(task.bytes_accessed)
         t_mem = self._hbm_time(nbytes, task.kind)
-        t_vec = task.flops / (float(self.gpu.fp32_flops) * self.cal.vector_efficiency) if task.flops else 0.0
+        vector_flops = float(self.gpu.fp32_flops) * self.power_clock * self.cal.vector_efficiency
+        t_vec = task.flops / vector_flops if task.flops else 0.0
         sms = min(self.sm_count, max(1, math.ceil(nbytes / self.cal.memory_bytes_per_sm)))
         return KernelCost(max(t_mem, t_vec) + self.cal.launch_overhead_s, sms, nbytes,
                           {"memory_s": t_mem, "vector_s": t_vec})

@@ -46,6 +46,8 @@ GPU_KEYS: dict[str, Conv] = {
     "pcie_generation": ("pcie_generation", _ident),
     "pcie_bandwidth_GBps": ("pcie_bandwidth_Bps", _scale(1e9)),
     "copy_engines": ("copy_engines", _ident),
+    "tdp_W": ("tdp_w", _ident),
+    "power_limit_W": ("power_limit_w", _ident),
 }
 GPU_TABLE_SCALE = {"tensor_TFLOPS": 1e12}
 """Table-valued keys -> the scale of each of their values."""

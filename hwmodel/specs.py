@@ -28,6 +28,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from hwmodel.power import power_limit_clock_ratio
 from hwmodel.spec_units import (
     GPU_KEYS,
     GPU_TABLE_SCALE,
@@ -122,6 +123,12 @@ class GPUSpec:
     """Raw PCIe x16 bandwidth per direction (bytes/s)."""
     copy_engines: int
     """Asynchronous copy engines (CUDA ``asyncEngineCount``)."""
+    tdp_w: float | None = None
+    """Rated board power (W): the limit the datasheet peaks are quoted for and the default limit the part
+    runs at (``None``: unknown, a what-if GPU without power data)."""
+    power_limit_w: float | None = None
+    """Configured board power limit (W, ``nvidia-smi -pl``) in ``(static power, tdp_w]``; ``None``: the
+    rated ``tdp_w``. Below it the SM clock falls by :func:`hwmodel.power.power_limit_clock_ratio`."""
     sources: dict[str, str] = field(default_factory=dict)
     """Field name -> source of the figure."""
 
@@ -150,6 +157,21 @@ class GPUSpec:
             check_number(owner, f"tensor_flops[{dtype!r}]", value)
         object.__setattr__(self, "tensor_flops", {k: float(v) for k, v in self.tensor_flops.items()})
         object.__setattr__(self, "sources", dict(self.sources))
+        self._check_power(owner)
+
+    def _check_power(self, owner: str) -> None:
+        for fname in ("tdp_w", "power_limit_w"):
+            if getattr(self, fname) is not None:
+                check_number(owner, fname, getattr(self, fname))
+                object.__setattr__(self, fname, float(getattr(self, fname)))
+        if self.power_limit_w is None:
+            return
+        if self.tdp_w is None:
+            raise ValueError(f"{owner}: field 'power_limit_w' needs the rated power 'tdp_w' (tdp_W) to scale from")
+        try:
+            power_limit_clock_ratio(self.power_limit_w, self.tdp_w)
+        except ValueError as exc:
+            raise ValueError(f"{owner}: field {exc}") from None
 
     def __hash__(self) -> int:  # dict fields are unhashable; a spec is identified by its scalar fields
         return hash((self.name, self.sm_count, self.boost_clock_hz, tuple(sorted(self.tensor_flops.items())),
@@ -340,7 +362,8 @@ def _convert(cls: type, table: Mapping[str, Any], where: str) -> tuple[dict[str,
 
 def _build(cls: type, table: Mapping[str, Any], where: str, *, default_source: str | None = None) -> Any:
     fields, sources = _convert(cls, table, where)
-    missing = [f.name for f in dataclasses.fields(cls) if f.name not in fields and f.name != "sources"]
+    missing = [f.name for f in dataclasses.fields(cls) if f.name not in fields and f.name != "sources"
+               and f.default is dataclasses.MISSING]
     if missing:
         keys, _ = _keys_for(cls)
         hint = {fname: k for k, (fname, _) in keys.items()}

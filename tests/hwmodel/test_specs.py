@@ -72,7 +72,8 @@ def test_every_figure_has_a_source():
     for name in known_gpus()[:6]:
         g = get_gpu(name)
         missing = [f.name for f in dataclasses.fields(g) if f.name not in ("name", "sources")
-                   and not g.sources.get(f.name)]
+                   and getattr(g, f.name) is not None and not g.sources.get(f.name)]  # None: an unset option
+        assert g.tdp_w is not None, name  # every shipped GPU gives its rated power
         assert missing == [], (name, missing)
     for name in specs.known_nics():
         n = get_nic(name)
@@ -307,7 +308,8 @@ def test_new_parts_have_a_source_for_every_figure():
     for name in ("H100-SXM5-96GB-500W", "B200-GB200"):
         g = get_gpu(name)
         missing = [f.name for f in dataclasses.fields(g) if f.name not in ("name", "sources")
-                   and not g.sources.get(f.name)]
+                   and getattr(g, f.name) is not None and not g.sources.get(f.name)]  # None: an unset option
+        assert g.tdp_w is not None, name  # every shipped GPU gives its rated power
         assert missing == [], (name, missing)
         assert all(s.startswith(("[SRC]", "[2ND]", "[DERIVED]", "[UNCERTAIN]")) for s in g.sources.values())
     for name in ("NVSwitch-gen1", "SB7800"):

@@ -31,7 +31,8 @@ def test_fitted_profile_reproduces_the_step(profile):
     _, doc = profile
     k = doc["fit"]["kernels"]
     assert k["measured_step_s"] == pytest.approx(0.0954, abs=0.0005)
-    assert abs(k["simulated_shipped_s"] / k["measured_step_s"] - 1) > 0.2  # the shipped model is 26 % slow here
+    # the shipped model is 11 % slow here (26 % while Volta read the A100 clock fit): calibration has work to do
+    assert abs(k["simulated_shipped_s"] / k["measured_step_s"] - 1) > 0.05
     assert abs(k["error"]) < 0.02  # acceptance: within 2 % after calibration
     # Out of sample (a third of the kernel names held out). With the GEMM bands below each class
     # (hwmodel.costmodel.gemm_classes) the default split is +6.9 % (+10.0 % with classes alone), and over
