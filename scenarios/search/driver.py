@@ -63,7 +63,7 @@ class SearchResult:
     trace_wall_s: float
     simulate_wall_s: float
     hbm_bytes: float
-    """The GPU's datasheet HBM, the screen's memory limit (``run`` checks the usable HBM, ``info``)."""
+    """The GPU's usable HBM, the memory limit of the screen's verdict and ``run``'s (one function)."""
     world_size: int
     info: dict[str, Any] = field(default_factory=dict)
     outside: frozenset[Candidate] = frozenset()
@@ -217,7 +217,7 @@ def run_search(scenario: Scenario, *, fix: Sequence[str] = (), space: Sequence[s
     ordered = sorted(fit + [e for e in extras if e.fits], key=lambda e: (e.iteration_time_s, e.candidate)) + \
         unfit + [e for e in extras if not e.fits]
     return SearchResult(scenario, ordered, rejections, simulated, base, kind, given, rate, screen_s,
-                        ctx.traces, trace_s, sim_s, float(ctx.gpu.hbm_capacity_bytes), ctx.world,
+                        ctx.traces, trace_s, sim_s, usable_hbm_bytes(ctx.gpu), ctx.world,
                         info={"candidates": len(cands), "fitting": len(fit), "top_k": top_k,
                               "enumerate_s": enumerate_s, "usable_hbm_bytes": usable_hbm_bytes(ctx.gpu)},
                         outside=frozenset(c for c in (base, given) if c is not None and not satisfies(c, knobs)))

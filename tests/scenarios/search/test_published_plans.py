@@ -80,6 +80,11 @@ SC21_XFAIL: dict[str, str] = {
     "7.5b": f"{_SMALL_TP}: TP4 DP32 4.01 s vs TP1 PP2x2 DP64 3.29 s (+21.7 %)",
     "18b": f"{_SMALL_TP}: TP8 DP32 10.16 s vs TP2 PP2x2 DP64 7.67 s (+32.6 %)",
     "39b": f"{_SMALL_TP}: TP8 PP2x2 DP32 14.16 s vs TP2 PP8x2 DP32 11.74 s (+20.6 %)",
+    "76b": (f"{_SMALL_TP}: TP8 PP4x3 DP32 14.15 s vs TP4 PP4x3 DP64 12.48 s (+13.3 %); the TP4 plan needs 83.4 GB "
+            "per GPU of the 85.0 GB usable by run's verdict (above the datasheet's 80 GB, which the screen used to "
+            "compare with)"),
+    "145b": (f"{_SMALL_TP}: TP8 PP8x2 DP24 22.65 s vs TP4 PP8x2 DP48 20.64 s (+9.7 %); the TP4 plan needs 84.1 GB "
+             "per GPU of the 85.0 GB usable by run's verdict"),
 }
 """Rows where the published plan is not within the tolerance of the screen's best (measured by this test)."""
 KORTHIKANTI_XFAIL: dict[str, str] = {}
@@ -176,7 +181,8 @@ def test_async_tp_above_vanilla_tp(model, gpus, recompute):
     dp = gpus // 8
     ctx = ScreenContext(parse_scenario({
         "name": f"async-{model}", "system": {"name": "dgx-h100", "nodes": gpus // 8}, "model": {"name": model},
-        "parallel": {}, "training": {"global_batch_size": 2 * dp, "micro_batch_size": 2, "seq_length": 8192}}))
+        "parallel": {}, "training": {"global_batch_size": 2 * dp, "micro_batch_size": 2, "seq_length": 8192,
+                                     "compile": True}}))  # torchtitan runs async TP only compiled; so did both rows
     plan = Candidate(tp=8, sp=True, dp=dp, zero=3, mbs=2, recompute=recompute)
     vanilla, fused = ctx.estimate(plan), ctx.estimate(Candidate(**{**plan.to_dict(), "async_tp": True}))
     assert vanilla.fits and fused.fits
