@@ -31,7 +31,8 @@ def test_single_rank_selective_op_equals_the_builders_kernels():
     """One rank, per-op SAC: the screen's time is the solo-time sum of the builder's kernels, and lies
     between no recomputation and full recomputation."""
     ctx = ScreenContext(parse_scenario(SMALL))
-    times = {r: screen(ctx, [Candidate(dp=1, recompute=r)])[0].iteration_time_s for r in ("none", "selective_op", "full")}
+    times = {r: screen(ctx, [Candidate(dp=1, recompute=r)])[0].iteration_time_s
+             for r in ("none", "selective_op", "full")}
     assert times["selective_op"] == pytest.approx(_kernel_sum(ctx, Candidate(dp=1, recompute="selective_op")), rel=1e-9)
     assert times["none"] < times["selective_op"] < times["full"]
 
