@@ -16,6 +16,7 @@ Llama 3 405B on 16,384 H100 (target <= 10 minutes)::
 from __future__ import annotations
 
 import argparse
+import resource
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -44,6 +45,8 @@ def main() -> None:
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         res = run_search(sc, top_k=args.top_k, executor=pool, cache=args.cache)
     wall = time.perf_counter() - t0
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_main, cpu_workers = own.ru_utime + own.ru_stime, kids.ru_utime + kids.ru_stime  # workers: reaped at exit
     print(format_search(res))
     ag, sp = agreement(res), speedups(res)
     print()
@@ -56,6 +59,9 @@ def main() -> None:
     print(f"wall time: {wall:.1f} s (target <= 300 s on 2 cores); Kendall tau {tau:.2f}; "
           f"best is #{ag.get('best_screen_rank')} by the screen; "
           f"{sp.get('speedup_over_baseline', float('nan')):.2f}x over the baseline")
+    print(f"CPU time: {cpu_main:.1f} s in the main process (enumerate, trace, screen), {cpu_workers:.1f} s in the "
+          f"simulation workers; peak RSS {own.ru_maxrss / 1e6:.2f} GB (main), {kids.ru_maxrss / 1e6:.2f} GB (largest "
+          f"worker) -- on a shared machine the CPU time is the figure that does not depend on the load")
 
 
 if __name__ == "__main__":

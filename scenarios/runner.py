@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -326,6 +326,7 @@ def prepare(scenario: Scenario) -> Prepared:
     dtype = tr.get("dtype", "bf16")
     check_dtype(dtype, one_node.gpu_spec)
     check_fp8_keys(tr, cfg, one_node.gpu_spec)
+    check_async_tp_compile(tr, cfg)
     model_cfg = build_model_config(scenario.model, tr, base_dir, trust_code=scenario.trust_code)
     if isinstance(model_cfg, CustomModel):  # first: says why a plain module cannot use a strategy
         model_cfg.check_parallel(cfg)
@@ -356,6 +357,20 @@ def check_fp8_keys(training: dict, cfg: ParallelConfig, gpu) -> None:
         check_recipe_gpu(recipe, gpu.name, Calibration.architecture_of(gpu))
     if training.get("fp8_param_gather", False):
         check_param_gather(recipe, dtype, cfg.effective_zero_stage)
+
+
+def check_async_tp_compile(training: Mapping[str, Any], cfg: ParallelConfig) -> None:
+    """``[parallel] async_tp`` needs ``[training] compile``: torchtitan's async TP is an Inductor pass
+    (``torch._inductor.config._micro_pipeline_tp``), and torchtitan refuses it without the compiled model
+    (``maybe_enable_async_tp`` in ``torchtitan/distributed/tensor_parallel.py``: "Async TP requires 'model'
+    in --compile.components and --compile.enable").
+
+    Raises:
+        ValueError: one line naming both keys.
+    """
+    if cfg.async_tp and not training.get("compile", False):
+        raise ValueError("[parallel] async_tp = true needs [training] compile = true (torchtitan's async TP is a "
+                         "torch.compile pass; torchtitan refuses it without --compile.enable)")
 
 
 def check_dtype(dtype: str, gpu) -> None:
@@ -615,19 +630,25 @@ def _duration(seconds: float) -> str:
 
 
 def memory_for(prep: Prepared):
-    """Peak memory of the busiest GPU, by the model family's memory model (``None``: it has none); FP8
-    parameters with ``fp8_param_gather`` (:func:`workload.fp8.with_fp8_params`), and the framework's own
-    memory on the scenario's GPU (:func:`workload.allocator.with_framework`)."""
-    tr = prep.scenario.training
-    dtype = prep.dtype  # a recipe that keeps no FP8 state between passes (torchao's) holds bf16's memory
-    if dtype == "fp8" and not get_recipe(tr.get("fp8_recipe", DEFAULT_RECIPE)).fp8_saved_state:
+    """Peak memory of the busiest GPU of a prepared run (:func:`memory_of`; ``None``: not modelled)."""
+    return memory_of(prep.model_cfg, prep.config, prep.scenario.training, prep.topology.gpu_spec)
+
+
+def memory_of(model_cfg: Any, cfg: ParallelConfig, training: Mapping[str, Any], gpu: Any):
+    """Peak memory of the busiest GPU training ``model_cfg`` under the resolved ``cfg`` with the
+    ``[training]`` keys ``training`` on ``gpu``, by the model family's memory model (``None``: it has
+    none); FP8 parameters with ``fp8_param_gather`` (:func:`workload.fp8.with_fp8_params`), and the
+    framework's own memory on the GPU (:func:`workload.allocator.with_framework`). ``run``'s verdict and
+    the search's screen both call this, so they agree on every plan (``MemoryBreakdown.fits(gpu)``)."""
+    dtype = training.get("dtype", "bf16")  # a recipe that keeps no FP8 state between passes holds bf16's memory
+    if dtype == "fp8" and not get_recipe(training.get("fp8_recipe", DEFAULT_RECIPE)).fp8_saved_state:
         dtype = "bf16"
-    mem = family_of(prep.model_cfg).memory(prep.model_cfg, prep.config, dtype)
+    mem = family_of(model_cfg).memory(model_cfg, cfg, dtype)
     if mem is None:
         return None
-    if tr.get("fp8_param_gather", False):
-        mem = with_fp8_params(mem, prep.config.memory_zero_stage)
-    return with_framework(mem, prep.config, prep.topology.gpu_spec)
+    if training.get("fp8_param_gather", False):
+        mem = with_fp8_params(mem, cfg.memory_zero_stage)
+    return with_framework(mem, cfg, gpu)
 
 
 def model_flops(prep: Prepared, trace) -> tuple[float, float, str]:

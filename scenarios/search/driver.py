@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ from scenarios.search.space import (
     satisfies,
 )
 from workload.allocator import usable_hbm_bytes
+from workload.fp8 import DEFAULT_RECIPE
 from workload.parallel.config import ParallelConfig
 
 DEFAULT_TOP_K = 20
@@ -62,7 +63,7 @@ class SearchResult:
     trace_wall_s: float
     simulate_wall_s: float
     hbm_bytes: float
-    """The GPU's datasheet HBM, the screen's memory limit (``run`` checks the usable HBM, ``info``)."""
+    """The GPU's usable HBM, the memory limit of the screen's verdict and ``run``'s (one function)."""
     world_size: int
     info: dict[str, Any] = field(default_factory=dict)
     outside: frozenset[Candidate] = frozenset()
@@ -103,7 +104,9 @@ def given_plan(scenario: Scenario, world: int) -> Candidate | None:
         overlap_grad_reduce=cfg.overlap_grad_reduce, overlap_param_gather=cfg.overlap_param_gather,
         tp_comm_overlap=cfg.tp_comm_overlap, async_tp=cfg.async_tp, rank_order=cfg.rank_order,
         first_layers=cfg.num_layers_in_first_pipeline_stage or 0,
-        last_layers=cfg.num_layers_in_last_pipeline_stage or 0))
+        last_layers=cfg.num_layers_in_last_pipeline_stage or 0, zero_impl=cfg.zero_impl,
+        fp8_recipe=scenario.training.get("fp8_recipe", DEFAULT_RECIPE) if scenario.training.get("dtype") == "fp8"
+        else ""))
 
 
 def baseline_plans(ctx: ScreenContext) -> list[tuple[str, Candidate]]:
@@ -125,7 +128,11 @@ def baseline_plans(ctx: ScreenContext) -> list[tuple[str, Candidate]]:
                     Candidate(tp=tp, sp=tp > 1, pp=pp, dp=d, zero=1 if d > 1 else 0, recompute="selective",
                               overlap_grad_reduce=d > 1, overlap_param_gather=d > 1)))
         pp *= 2
-    return out
+    tr = ctx.scenario.training  # the scenario's FP8 recipe and ZeRO-3 implementation, as the enumerated plans
+    recipe = tr.get("fp8_recipe", DEFAULT_RECIPE) if tr.get("dtype") == "fp8" else ""
+    impl = ctx.facts.zero_impl
+    return [(k, replace(c, fp8_recipe=recipe, zero_impl=impl if c.zero == 3 and c.pp == 1 else "megatron"))
+            for k, c in out]
 
 
 def pick_baseline(ctx: ScreenContext) -> tuple[str, Candidate | None, Estimate | None]:
@@ -210,7 +217,7 @@ def run_search(scenario: Scenario, *, fix: Sequence[str] = (), space: Sequence[s
     ordered = sorted(fit + [e for e in extras if e.fits], key=lambda e: (e.iteration_time_s, e.candidate)) + \
         unfit + [e for e in extras if not e.fits]
     return SearchResult(scenario, ordered, rejections, simulated, base, kind, given, rate, screen_s,
-                        ctx.traces, trace_s, sim_s, float(ctx.gpu.hbm_capacity_bytes), ctx.world,
+                        ctx.traces, trace_s, sim_s, usable_hbm_bytes(ctx.gpu), ctx.world,
                         info={"candidates": len(cands), "fitting": len(fit), "top_k": top_k,
                               "enumerate_s": enumerate_s, "usable_hbm_bytes": usable_hbm_bytes(ctx.gpu)},
                         outside=frozenset(c for c in (base, given) if c is not None and not satisfies(c, knobs)))

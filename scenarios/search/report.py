@@ -24,11 +24,8 @@ def _pct(x: float | None) -> str:
 
 
 def _hbm_note(res: SearchResult) -> str:
-    """Which HBM figure the screen's verdict uses, beside the one ``run`` uses."""
-    usable = res.info.get("usable_hbm_bytes")
-    if usable is None:
-        return ""
-    return f" (datasheet HBM; run checks {usable / 1e9:.1f} GB usable, framework included)"
+    """What the memory verdict compares (``run``'s: :func:`scenarios.runner.memory_of`)."""
+    return " usable HBM (reserved + CUDA context + NCCL buffers, as run checks)"
 
 
 def _mark(res: SearchResult, c) -> str:
@@ -128,11 +125,13 @@ def format_search(res: SearchResult) -> str:
     sc = res.scenario
     n_fit = res.info["fitting"]
     lines = [f"trainsim search {sc.name}: {res.info['candidates']:,} valid plans on {res.world_size} GPUs, "
-             f"{n_fit:,} fit in {res.hbm_bytes / 1e9:.0f} GB{_hbm_note(res)}; "
+             f"{n_fit:,} fit in {res.hbm_bytes / 1e9:.1f} GB{_hbm_note(res)}; "
              f"{sum(r.count for r in res.rejections):,} invalid",
              f"screen: {res.screen_rate_per_s:,.0f} plans/s after {res.traces} shard traces "
              f"({res.trace_wall_s:.1f} s); simulated {len(res.simulated)} plans in {res.simulate_wall_s:.1f} s", ""]
     lines.append(format_table(res))
+    if any(c.async_tp for c in res.simulated) and not sc.training.get("compile", False):
+        lines.append("note: async TP plans set [training] compile = true (torchtitan runs async TP only compiled)")
     sp = speedups(res)
     if sp:
         lines.append("")
@@ -200,7 +199,7 @@ def plot_pareto(res: SearchResult, path: str | Path) -> Path:
     sim = [(r["iteration_time_s"], res.estimate_of(c).memory_bytes / 1e9) for c, r in res.ranked]
     ax.scatter([p[0] for p in sim], [p[1] for p in sim], s=24, c="tab:red", marker="x", label="simulated")
     ax.axhline(res.hbm_bytes / 1e9, ls="--", c="k", lw=0.8,
-               label=f"HBM {res.hbm_bytes / 1e9:.0f} GB (datasheet: the screen's limit)")
+               label=f"usable HBM {res.hbm_bytes / 1e9:.1f} GB (run's limit)")
     ax.set_xlabel("iteration time (s)")
     ax.set_ylabel("memory per GPU (GB)")
     ax.set_title(f"{res.scenario.name}: plans, time vs memory")

@@ -11,7 +11,9 @@ Built from the same pieces as a simulation, composed in closed form instead of s
   the plan's :class:`workload.parallel.placement.Layout` gives rank 0 (all-to-all and pipeline p2p:
   the p2p latency plus bytes over the NVLink or NIC bandwidth);
 * the pipeline bubble closed form, ``(p - 1) / v`` stage-micro-batch times (SC'21 §2.2);
-* the memory model (:func:`workload.memory.memory_per_gpu`), exactly as ``trainsim run`` calls it.
+* the memory model and the framework's memory, by the function ``trainsim run`` uses for its verdict
+  (:func:`scenarios.runner.memory_of`): the same figure and the same usable HBM;
+* DeepSpeed ZeRO-3 by its coordinator's fetch plan (:mod:`scenarios.search.screen_deepspeed`).
 
 Composition (times per micro-batch of the slowest stage ``t_mb``, ``m`` micro-batches, ``p`` stages of
 ``v`` chunks): ``T = m t_mb + (p-1)/v t_mb + 2 (p v - 1) t_p2p + max over stages (exposed gradient
@@ -38,12 +40,14 @@ from hwmodel.nccl import tuner as nccl_tuner
 from hwmodel.nccl.engine import NcclEngine
 from hwmodel.nccl.tuner_config import TunerConfigError, load_tuner_config
 from scenarios.metrics import peak_dtype_for
-from scenarios.runner import build_model_config, build_topology, check_dtype, system_gpu
+from scenarios.runner import build_model_config, build_topology, check_dtype, memory_of, system_gpu
 from scenarios.scenario import Scenario
+from scenarios.search.screen_deepspeed import deepspeed_passes_s, hook_segments
 from scenarios.search.space import Candidate, ModelFacts
 from workload.custom import CustomModel
-from workload.fp8 import CAST_TRANSPOSE_BYTES
-from workload.memory import MemoryBreakdown, memory_per_gpu
+from workload.fp8 import DEFAULT_RECIPE
+from workload.fp8.params import layer_weight_kernels
+from workload.memory import MemoryBreakdown
 from workload.parallel.builder import (
     ELEM_BYTES,
     GRAD_REDUCE_BYTES,
@@ -55,6 +59,7 @@ from workload.parallel.config import ParallelConfig
 from workload.parallel.optimizer import ADAM_BYTES_PER_PARAM, ADAM_FLOPS_PER_PARAM
 from workload.parallel.placement import Layout
 from workload.parallel.rank_trace import trace_rank
+from workload.parallel.sac import op_sac_recomputed
 from workload.parallel.tp_overlap import Pipelined, n_chunks, pair_collectives
 from workload.zoo.gpt import sc21_flops_per_iteration as megatron_flops_per_iteration
 
@@ -129,6 +134,14 @@ class ShardCosts:
     tp_pairs: dict[tuple[str, str], list[tuple[str, int, float]]] = field(default_factory=dict)
     """(mode, phase) -> one layer's TP collectives pipelined with their GEMM under ``tp_comm_overlap``
     (mode ``userbuffers``) or ``async_tp`` (``async``): (op, bytes, the GEMM's solo time)."""
+    sac_s: float = 0.0
+    """One layer's kernels per-op SAC re-runs (``selective_op``, :func:`workload.parallel.sac.op_sac_recomputed`)."""
+    weight_cast_s: dict[tuple[str, bool], float] = field(default_factory=dict)
+    """(phase, ZeRO-3) -> one layer's FP8 weight kernels (:func:`workload.fp8.params.layer_weight_kernels`)."""
+    ds_segments: dict[str, list[tuple[str, tuple[int, ...], float, list[TracedCollective]]]] = field(
+        default_factory=dict)
+    """phase -> one layer's pass split at DeepSpeed's module hooks: (module, its parameters' elements, kernel
+    seconds, TP collectives) (:func:`workload.parallel.deepspeed_zero.module_order`, ``segment_starts``)."""
 
 
 class ScreenContext:
@@ -157,10 +170,14 @@ class ScreenContext:
         self.world = len(self.gpus)
         mc = self.model_cfg
         self.global_batch_size = int(tr.get("global_batch_size", self.world))
+        self.training = dict(tr)
+        self.compile = bool(tr.get("compile", False))
+        self.fp8_recipe = tr.get("fp8_recipe", DEFAULT_RECIPE) if self.dtype == "fp8" else ""
         self.facts = ModelFacts(num_layers=mc.num_layers, num_attention_heads=mc.num_attention_heads,
                                 seq_length=mc.seq_length, num_experts=getattr(mc, "num_moe_experts", None) or 0,
                                 world_size=self.world, gpus_per_node=self.topology.gpus_per_node,
-                                global_batch_size=self.global_batch_size)
+                                global_batch_size=self.global_batch_size, training=self.training, gpu=self.gpu,
+                                zero_impl=scenario.parallel.get("zero_impl", "megatron"))
         sim = scenario.simulation
         tuner_rules = None
         if sim.get("nccl_tuner_config"):
@@ -185,13 +202,17 @@ class ScreenContext:
         self._stage_layers: dict[tuple, list[int]] = {}
         self._tpo: dict[tuple, float] = {}
         self._dp: dict[tuple, tuple[float, float, float, float, int, int]] = {}
+        self._ds: dict[tuple, float] = {}
         self.traces = 0
         self.model_flops = self._megatron_flops()
 
     # -- shards ------------------------------------------------------------------------------------
-    @staticmethod
-    def shard_key(c: Candidate) -> tuple:
-        return (c.tp, c.sp, c.cp, c.ep, c.mbs)
+    def shard_key(self, c: Candidate) -> tuple:
+        """What a shard's trace depends on: the sizes, torch.compile (async TP compiles), the FP8 recipe and,
+        for FP8 (sequence-parallel all-gathers in FP8 under overlap), the TP overlap."""
+        recipe = c.fp8_recipe or self.fp8_recipe
+        overlap = (c.tp_comm_overlap, c.async_tp) if recipe else ()
+        return (c.tp, c.sp, c.cp, c.ep, c.mbs, self.compile or c.async_tp, recipe, overlap)
 
     def shard(self, c: Candidate) -> ShardCosts:
         """The traced costs of ``c``'s shard (traced on first use)."""
@@ -203,32 +224,46 @@ class ScreenContext:
 
     def _trace(self, c: Candidate) -> ShardCosts:
         one_layer = replace(self.model_cfg, num_layers=1)
+        key = self.shard_key(c)
+        recipe = key[6] or DEFAULT_RECIPE
         cfg = ParallelConfig(tensor_model_parallel_size=c.tp, sequence_parallel=c.sp, context_parallel_size=c.cp,
-                             expert_model_parallel_size=c.ep, micro_batch_size=c.mbs).resolve(c.tp * c.cp * c.ep)
-        trace = trace_rank(one_layer, cfg, dtype=self.dtype)
+                             expert_model_parallel_size=c.ep, micro_batch_size=c.mbs,
+                             tp_comm_overlap=c.tp_comm_overlap and bool(key[6]),
+                             async_tp=c.async_tp and bool(key[6])).resolve(c.tp * c.cp * c.ep)
+        trace = trace_rank(one_layer, cfg, dtype=self.dtype, compile=key[5], fp8_recipe=recipe,
+                           fp8_param_gather=bool(self.training.get("fp8_param_gather", False)))
         self.traces += 1
         ops = TracedOps(trace)
         compute: dict[tuple[str, str], float] = {}
         colls: dict[tuple[str, str], list[TracedCollective]] = {}
         attn: dict[str, tuple[float, float]] = {}
+        times: dict[tuple[str, str], list[float]] = {}
         for part in ("pre", "block", "post"):
             for phase in ("fwd", "bwd"):
                 items = ops.get(part, phase, 0 if part == "block" else None)
-                kernels = [it for it in items if isinstance(it, Compute)]
                 colls[(part, phase)] = [it for it in items if isinstance(it, TracedCollective)]
-                t = 0.0
-                for k in kernels:
+                per = times[(part, phase)] = []
+                for k in items:
+                    if not isinstance(k, Compute):
+                        per.append(0.0)
+                        continue
                     s = self.cost_model.cost(k).solo_time_s
                     if k.kind == "attention" and c.cp > 1:  # ring attention: cp steps of the chunk
                         b, h, _, skv, d = k.shape if len(k.shape) == 5 else (1, 1, 1, 1, 1)
                         kv = 2 * b * h * skv * d * ELEM_BYTES.get(k.dtype, 2) * (2 if phase == "bwd" else 1)
                         attn[phase] = (s, kv)
                         s *= c.cp
-                    t += s
-                compute[(part, phase)] = t
+                    per.append(s)
+                compute[(part, phase)] = sum(per)
         sel = [k for k in ops.get("block", "fwd", 0) if isinstance(k, Compute) and k.kind in SELECTIVE_KINDS
                and k.layer.endswith(".attn")]
         selective = sum(self.cost_model.cost(k).solo_time_s * (c.cp if k.kind == "attention" else 1) for k in sel)
+        block_fwd = [k for k in ops.get("block", "fwd", 0) if isinstance(k, Compute)]
+        sac = sum(self.cost_model.cost(k).solo_time_s for k in op_sac_recomputed(block_fwd))
+        casts = {(ph, z3): sum(self.cost_model.cost(k).solo_time_s
+                               for k in layer_weight_kernels(trace, 0, ph, zero3=z3))
+                 for ph in ("fwd", "bwd") for z3 in (False, True)}
+        segments = {ph: hook_segments(trace, ops.get("block", ph, 0), times[("block", ph)]) for ph in ("fwd", "bwd")}
         g = trace.graph
         flops = {"pre": sum(o.flops for o in g.pre_ops() if o.phase != "opt"),
                  "block": sum(o.flops for o in g.block_ops(0) if o.phase != "opt"),
@@ -246,7 +281,7 @@ class ScreenContext:
                     pairs[(mode, phase)] = [(it.collective.op, it.collective.size_bytes,
                                              self.cost_model.cost(it.gemm).solo_time_s)
                                             for it in paired if isinstance(it, Pipelined)]
-        return ShardCosts(compute, colls, selective, attn, flops, params, act, trace.dtype, pairs)
+        return ShardCosts(compute, colls, selective, attn, flops, params, act, trace.dtype, pairs, sac, casts, segments)
 
     # -- communication -------------------------------------------------------------------------------
     def groups(self, c: Candidate) -> dict[str, Group]:
@@ -313,30 +348,19 @@ class ScreenContext:
 
     # -- memory ----------------------------------------------------------------------------------------
     def memory(self, c: Candidate) -> MemoryBreakdown:
-        """Peak memory per GPU (:func:`workload.memory.memory_per_gpu`, as the runner calls it, with
-        FSDP under PP at its memory ZeRO stage, ``ParallelConfig.memory_zero_stage``). Only the first and
-        last stages are evaluated, and a middle one under uneven stages: a middle stage holds no
-        embedding or head and fewer micro-batches in flight, so with as many layers it never exceeds the
-        first."""
+        """Peak memory of the busiest GPU with the framework's own memory, by the function ``trainsim run``
+        calls (:func:`scenarios.runner.memory_of`) on the plan's resolved configuration, so the screen's
+        verdict (:meth:`oom_reason`) is ``run``'s on every plan."""
         m = self.global_batch_size // (c.mbs * c.dp)
-        key = (c.tp, c.cp, c.ep, c.pp, c.vpp, c.dp, c.sp, c.zero, c.mbs, c.recompute, m, c.first_layers, c.last_layers)
+        key = (c.tp, c.cp, c.ep, c.pp, c.vpp, c.dp, c.sp, c.zero, c.zero_impl, c.mbs, c.recompute, m, c.first_layers,
+               c.last_layers, c.fp8_recipe)
         hit = self._memory.get(key)
         if hit is None:
-            mc = self.model_cfg
-            layers = self.stage_layers(c)
-            flash = getattr(mc, "attention_backend", "flash") == "flash"
-            zero = 1 if c.zero == 3 and c.pp > 1 else c.zero  # FSDP with PP keeps units unsharded
-
-            def stage(s: int) -> MemoryBreakdown:
-                return memory_per_gpu(
-                    mc, tp=c.tp, pp=c.pp, dp=c.dp, cp=c.cp, ep=c.ep, micro_batch_size=c.mbs, num_microbatches=m,
-                    virtual_pipeline_size=c.vpp, sequence_parallel=c.sp, recompute=c.recompute, zero_stage=zero,
-                    param_bytes=4 if self.dtype == "fp32" else 2, grad_bytes=2 if self.dtype == "fp16" else 4,
-                    flash_attention=flash, fp8=self.dtype == "fp8", stage=s, stage_layers=layers)
-
-            stages = {0, c.pp - 1} | ({1} if (c.first_layers or c.last_layers) and c.pp > 2 else set())
-            hit = max((stage(s) for s in stages), key=lambda r: (r.total, -r.stage))
-            self._memory[key] = hit
+            cfg = c.config(self.global_batch_size, self.base_parallel)
+            mem = memory_of(self.model_cfg, cfg, c.training_section(self.training), self.gpu)
+            if mem is None:  # a zoo transformer always has one (checked in __init__)
+                raise ValueError(f"[model] {self.model_cfg.name}: no memory model")
+            hit = self._memory[key] = mem
         return hit
 
     def stage_layers(self, c: Candidate) -> list[int]:
@@ -350,15 +374,22 @@ class ScreenContext:
             hit = self._stage_layers[key] = cfg.stage_layers(self.model_cfg.num_layers)
         return hit
 
+    def hbm_limit(self, mem: MemoryBreakdown) -> tuple[float, float]:
+        """(bytes compared, the limit) of ``run``'s verdict (``MemoryBreakdown.fits(gpu)``): the device's
+        use (reserved + CUDA context + NCCL buffers) against the usable HBM."""
+        if mem.usable_hbm:
+            return mem.device_used, mem.usable_hbm
+        return mem.total, float(self.gpu.hbm_capacity_bytes)
+
     def oom_reason(self, mem: MemoryBreakdown) -> str:
-        """'' if ``mem`` fits the GPU's HBM, else by how much it does not and its largest term."""
-        cap = float(self.gpu.hbm_capacity_bytes)
-        if mem.total <= cap:
+        """'' if ``mem`` fits the GPU (``run``'s verdict), else by how much it does not and its largest term."""
+        if mem.fits(self.gpu):
             return ""
+        need, cap = self.hbm_limit(mem)
         terms = {"parameters": mem.parameters, "gradients": mem.gradients, "optimizer states": mem.optimizer_states,
                  "activations": mem.activations, "recompute workspace": mem.workspace, "fp8 weights": mem.fp8_weights}
         name, value = max(terms.items(), key=lambda kv: kv[1])
-        return (f"OOM by {(mem.total - cap) / 1e9:.2f} GB: needs {mem.total / 1e9:.2f} GB > {cap / 1e9:.1f} GB HBM; "
+        return (f"OOM by {(need - cap) / 1e9:.2f} GB: needs {need / 1e9:.2f} GB > {cap / 1e9:.1f} GB usable HBM; "
                 f"largest term {name} {value / 1e9:.1f} GB (stage {mem.stage})")
 
     # -- time ------------------------------------------------------------------------------------------
@@ -384,14 +415,14 @@ class ScreenContext:
     def estimate(self, c: Candidate) -> Estimate:
         """The screen's estimate of one plan (memory first: a plan that does not fit is not timed)."""
         mem = self.memory(c)
-        cap = float(self.gpu.hbm_capacity_bytes)
+        need, cap = self.hbm_limit(mem)
         why = self.oom_reason(mem)
         if why:
             nan = math.nan
-            return Estimate(c, nan, nan, nan, nan, mem.total, cap, why, memory=mem)
-        return self._timed(c, mem, cap)
+            return Estimate(c, nan, nan, nan, nan, need, cap, why, memory=mem)
+        return self._timed(c, mem, need, cap)
 
-    def _timed(self, c: Candidate, mem: MemoryBreakdown, cap: float) -> Estimate:
+    def _timed(self, c: Candidate, mem: MemoryBreakdown, need: float, cap: float) -> Estimate:
         sc = self.shard(c)
         g = self.groups(c)
         L = self.model_cfg.num_layers
@@ -412,13 +443,20 @@ class ScreenContext:
         tail, opt = max(stage.tail(n, first=fi, last=la, t_fwd=ps[0], t_bwd=ps[1])
                         for (n, fi, la), ps in zip(kinds, passes, strict=True))
         T = m * t_mb + bubble + p2p + tail + stage.fp8_casts(max(per_stage))
+        if stage.deepspeed:  # the coordinator's replay replaces the per-micro-batch composition
+            rc = {"selective": sc.selective_s, "selective_op": sc.sac_s}.get(c.recompute, 0.0) * stage.slow
+            key = (self.shard_key(c), g["dp"].key, c.recompute, m)
+            ds = self._ds.get(key)
+            if ds is None:
+                ds = self._ds[key] = deepspeed_passes_s(self, sc, c, g, stage.slow, rc, m)
+            T = ds + tail + stage.fp8_casts(max(per_stage))
         compute = m * compute_mb + opt
         tokens = self.global_batch_size * self.model_cfg.seq_length
         flops = self.model_flops
         if flops is None:
             per_mb = sc.flops["pre"] + L * sc.flops["block"] + sc.flops["post"] + (c.cp - 1) * L * sc.flops["attention"]
             flops = per_mb * c.tp * c.cp * m * c.dp
-        return Estimate(c, T, compute, bubble, max(T - compute - bubble, 0.0), mem.total, cap, "",
+        return Estimate(c, T, compute, bubble, max(T - compute - bubble, 0.0), need, cap, "",
                         tokens / T / self.world, flops / T / self.world / self.peak_flops, memory=mem)
 
 
@@ -432,8 +470,11 @@ class _StageTimes:
         self.blk_cf, self.blk_cb = comp[("block", "fwd")] * self.slow, comp[("block", "bwd")] * self.slow
         self.blk_f = self.blk_cf + ctx._colls_s(co[("block", "fwd")], g) - self._tp_overlap_saved("fwd")
         self.blk_b = self.blk_cb + ctx._colls_s(co[("block", "bwd")], g) - self._tp_overlap_saved("bwd")
-        rc = {"none": 0.0, "selective": sc.selective_s * self.slow, "full": self.blk_f}[c.recompute]
-        self.rc_compute = {"none": 0.0, "selective": sc.selective_s * self.slow, "full": self.blk_cf}[c.recompute]
+        self.deepspeed = c.zero == 3 and c.zero_impl == "deepspeed"
+        rc = {"none": 0.0, "selective": sc.selective_s * self.slow, "full": self.blk_f,
+              "selective_op": sc.sac_s * self.slow}[c.recompute]
+        self.rc_compute = {"none": 0.0, "selective": sc.selective_s * self.slow, "full": self.blk_cf,
+                           "selective_op": sc.sac_s * self.slow}[c.recompute]
         self.blk_b += rc
         self.blk_f += self._ring_exposed("fwd")
         self.blk_b += self._ring_exposed("bwd") * (2 if c.recompute == "full" else 1)
@@ -553,7 +594,7 @@ class _StageTimes:
             f += pf + ctx._colls_s(sc.colls[(part, "fwd")], g)
             b += pb + ctx._colls_s(sc.colls[(part, "bwd")], g)
             cf, cb = cf + pf, cb + pb
-        if self.c.zero == 3 and self.c.pp == 1:  # under PP: once per step (tail)
+        if self.c.zero == 3 and self.c.pp == 1 and not self.deepspeed:  # under PP: once per step (tail)
             f += self._fsdp_pass(Ls, "fwd")
             b += self._fsdp_pass(Ls, "bwd")
         if not (first and last):
@@ -621,15 +662,13 @@ class _StageTimes:
         return hit
 
     def fp8_casts(self, Ls: int) -> float:
-        """FP8 weight casts: once per layer per iteration (every pass under FSDP, counted in the passes
-        as a cast per layer)."""
-        n = self.sc.params["fp8_block"]
-        if not n:
-            return 0.0
-        k = Compute("te.cast_transpose_fp8_weights", "elementwise", 0.0, float(CAST_TRANSPOSE_BYTES * n), dtype="bf16")
-        per = self.ctx.cost_model.cost(k).solo_time_s
+        """FP8 weight kernels (the recipe's, :func:`workload.fp8.params.layer_weight_kernels`): once per layer
+        per iteration, or before every pass under ZeRO-3 (the weights are gathered for each)."""
         m = self.ctx.global_batch_size // (self.c.mbs * self.c.dp)
-        return Ls * per * (2 * m if self.c.zero == 3 else 1)
+        w = self.sc.weight_cast_s
+        if self.c.zero == 3:
+            return Ls * m * (w.get(("fwd", True), 0.0) + w.get(("bwd", True), 0.0))
+        return Ls * w.get(("fwd", False), 0.0)
 
 
 def screen(scenario: Scenario | ScreenContext, candidates: Sequence[Candidate], *, progress=None) -> list[Estimate]:

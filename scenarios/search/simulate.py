@@ -39,7 +39,7 @@ def candidate_data(base: Scenario, c: Candidate) -> dict[str, Any]:
     data["name"] = f"{base.name}-{c.short().replace(' ', '-').lower()}"
     data["description"] = f"{base.name} with {c.megatron_flags()} (found by trainsim search)"
     data["parallel"] = c.parallel_section(base.parallel)
-    data["training"]["micro_batch_size"] = c.mbs
+    data["training"] = c.training_section(data.get("training", {}))
     return data
 
 

@@ -18,20 +18,26 @@ Knobs, named as scenario keys (``section.key``):
 ``parallel.pipeline_model_parallel_size``      PP: powers of two up to the layers
 ``parallel.virtual_pipeline_model_parallel_size``  interleaved depth: 1 (plain 1F1B), 2, 4
 ``parallel.zero_stage``                        0 (DDP), 1 (distributed optimizer), 2, 3 (FSDP)
-``parallel.recompute_granularity``             none, selective, full
+``parallel.zero_impl``                         megatron (PyTorch FSDP-like ZeRO-3); deepspeed (DeepSpeed's
+                                               ZeRO-3, PP 1 only); default: the scenario's
+``parallel.recompute_granularity``             none, selective, full, selective_op (torchtitan's per-op SAC)
 ``parallel.overlap_grad_reduce``               true, false
 ``parallel.overlap_param_gather``              true, false (ZeRO 1/2 only)
 ``parallel.tp_comm_overlap``                   true, false (SP only; Megatron-Core ``--tp-comm-overlap``)
-``parallel.async_tp``                          true, false (SP only; torchtitan's async TP)
+``parallel.async_tp``                          true, false (SP only; torchtitan's async TP, which torchtitan
+                                               runs only compiled: a plan with it sets ``training.compile``)
 ``parallel.rank_order``                        tp-cp-ep-dp-pp (Megatron's default), tp-cp-ep-pp-dp
                                                (``--use-tp-pp-dp-mapping``); only when DP and PP > 1
 ``parallel.num_layers_in_first_pipeline_stage``  uneven stages: by default only where PP does not
 ``parallel.num_layers_in_last_pipeline_stage``   divide the layers (balanced ends); ``none`` = even
 ``training.micro_batch_size``                  1, 2, 4
+``training.fp8_recipe``                        dtype fp8 only: delayed, tensorwise, rowwise, mxfp8 (those the
+                                               GPU runs); default: the scenario's
 =============================================  ===============================================
 
 Recomputation of only ``k`` layers (Megatron's ``--recompute-method block --recompute-num-layers k``)
-is not a knob: the workload has no such setting (``recompute_granularity`` is none, selective or full).
+is not a knob: the workload has no such setting (``recompute_granularity`` is none, selective, full or
+selective_op).
 """
 
 from __future__ import annotations
@@ -40,9 +46,11 @@ import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
+from dataclasses import field as dc_field
 from typing import Any
 
-from workload.parallel.config import AXES, RECOMPUTE, ParallelConfig
+from workload.fp8 import DEFAULT_RECIPE, RECIPES
+from workload.parallel.config import AXES, RECOMPUTE_ALL, ZERO_IMPLS, ParallelConfig
 
 KNOBS: dict[str, str] = {
     "parallel.tensor_model_parallel_size": "tp",
@@ -61,6 +69,8 @@ KNOBS: dict[str, str] = {
     "parallel.num_layers_in_first_pipeline_stage": "first_layers",
     "parallel.num_layers_in_last_pipeline_stage": "last_layers",
     "training.micro_batch_size": "mbs",
+    "parallel.zero_impl": "zero_impl",
+    "training.fp8_recipe": "fp8_recipe",
 }
 """``--fix``/``--space`` key -> :class:`Candidate` field."""
 
@@ -102,10 +112,24 @@ class Candidate:
     """Layers on the first pipeline stage (0: an even split)."""
     last_layers: int = 0
     """Layers on the last pipeline stage (0: an even split)."""
+    zero_impl: str = "megatron"
+    """Which ZeRO-3 runs (``ParallelConfig.zero_impl``): ``deepspeed`` only with ``zero = 3``."""
+    fp8_recipe: str = ""
+    """``[training] fp8_recipe`` of an FP8 run; ``""``: the scenario's (or not FP8 training)."""
 
     @property
     def schedule(self) -> str:
         return "interleaved_1f1b" if self.vpp > 1 else "1f1b"
+
+    def training_section(self, base: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The scenario's ``[training]`` table for this plan: ``base`` with the plan's micro-batch, its
+        FP8 recipe, and ``compile = true`` under async TP (torchtitan runs async TP only compiled)."""
+        out: dict[str, Any] = {**(base or {}), "micro_batch_size": self.mbs}
+        if self.fp8_recipe and self.fp8_recipe != out.get("fp8_recipe", DEFAULT_RECIPE):
+            out["fp8_recipe"] = self.fp8_recipe
+        if self.async_tp:
+            out["compile"] = True
+        return out
 
     def parallel_section(self, base: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """The scenario's ``[parallel]`` table for this plan; ``base``'s keys the search does not vary
@@ -123,6 +147,8 @@ class Candidate:
             out["sequence_parallel"] = True
         if self.zero == 1:
             out["use_distributed_optimizer"] = True
+        elif self.zero == 3 and self.zero_impl == "deepspeed":
+            out.update(zero_stage=3, zero_impl="deepspeed")
         elif self.zero == 3:
             out["fsdp"] = True
         elif self.zero:
@@ -147,7 +173,9 @@ class Candidate:
 
     def megatron_flags(self) -> str:
         """The plan as Megatron-LM command-line flags (``--use-torch-fsdp2`` for ZeRO-3; async TP, which
-        Megatron-LM does not have, as torchtitan's ``--parallelism.enable_async_tensor_parallel``)."""
+        Megatron-LM does not have, as torchtitan's ``--parallelism.enable_async_tensor_parallel`` with
+        ``--compile.enable``, which it requires; DeepSpeed's ZeRO-3 as ``--zero-stage 3 [DeepSpeed]``; an FP8
+        recipe as Megatron-Core's ``--fp8-recipe``)."""
         f = [f"--tensor-model-parallel-size {self.tp}", f"--pipeline-model-parallel-size {self.pp}"]
         if self.first_layers:
             f.append(f"--num-layers-in-first-pipeline-stage {self.first_layers}")
@@ -166,14 +194,19 @@ class Candidate:
             f.append("--use-distributed-optimizer")
         elif self.zero == 2:
             f.append("--zero-stage 2")
+        elif self.zero == 3 and self.zero_impl == "deepspeed":
+            f.append("--zero-stage 3 [DeepSpeed]")
         elif self.zero == 3:
             f.append("--use-torch-fsdp2")
+        if self.fp8_recipe:
+            f.append(f"--fp8-recipe {self.fp8_recipe}")
         if self.recompute != "none":
             f.append(f"--recompute-granularity {self.recompute}")
         f += [flag for on, flag in ((self.overlap_grad_reduce, "--overlap-grad-reduce"),
                                     (self.overlap_param_gather, "--overlap-param-gather"),
                                     (self.tp_comm_overlap, "--tp-comm-overlap"),
-                                    (self.async_tp, "--parallelism.enable_async_tensor_parallel")) if on]
+                                    (self.async_tp, "--parallelism.enable_async_tensor_parallel --compile.enable"))
+                  if on]
         if self.rank_order == "tp-cp-ep-pp-dp":
             f.append("--use-tp-pp-dp-mapping")
         elif self.rank_order != DEFAULT_RANK_ORDER:
@@ -191,9 +224,9 @@ class Candidate:
                      + (f"({self.first_layers or '-'}/{self.last_layers or '-'})" if self.first_layers or
                         self.last_layers else ""))
         parts.append(f"DP{self.dp}")
-        parts.append("FSDP" if self.zero == 3 else f"Z{self.zero}")
+        parts.append(("DSZ3" if self.zero_impl == "deepspeed" else "FSDP") if self.zero == 3 else f"Z{self.zero}")
         parts.append(f"mbs{self.mbs}")
-        parts.append({"none": "norc", "selective": "sel", "full": "full"}[self.recompute])
+        parts.append({"none": "norc", "selective": "sel", "full": "full", "selective_op": "sac"}[self.recompute])
         if self.overlap_grad_reduce:
             parts.append("ogr")
         if self.overlap_param_gather:
@@ -204,6 +237,8 @@ class Candidate:
             parts.append("atp")
         if self.rank_order != DEFAULT_RANK_ORDER:
             parts.append(self.rank_order)
+        if self.fp8_recipe:
+            parts.append(f"fp8-{self.fp8_recipe}")
         return " ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
@@ -230,6 +265,12 @@ class ModelFacts:
     world_size: int
     gpus_per_node: int
     global_batch_size: int
+    training: Mapping[str, Any] = dc_field(default_factory=dict, compare=False)
+    """The scenario's ``[training]`` (dtype, fp8_recipe, compile, ...): what ``run`` checks a plan against."""
+    gpu: Any = dc_field(default=None, compare=False)
+    """The GPU (:class:`hwmodel.specs.GPUSpec`), for ``run``'s checks of the FP8 keys; ``None``: unchecked."""
+    zero_impl: str = "megatron"
+    """The scenario's ``[parallel] zero_impl``: the default value of that knob."""
 
 
 def _powers_of_two(upto: int) -> list[int]:
@@ -247,7 +288,7 @@ def default_values(f: ModelFacts) -> dict[str, list[Any]]:
         "pp": [p for p in _powers_of_two(f.num_layers) if p <= f.world_size],
         "vpp": list(VPP_DEPTHS),
         "zero": [0, 1, 2, 3],
-        "recompute": list(RECOMPUTE),
+        "recompute": list(RECOMPUTE_ALL),
         "overlap_grad_reduce": [False, True],
         "overlap_param_gather": [False, True],
         "tp_comm_overlap": [False, True],
@@ -256,6 +297,8 @@ def default_values(f: ModelFacts) -> dict[str, list[Any]]:
         "first_layers": [0],
         "last_layers": [0],
         "mbs": list(MICRO_BATCH_SIZES),
+        "zero_impl": [f.zero_impl],
+        "fp8_recipe": [f.training.get("fp8_recipe", DEFAULT_RECIPE)] if f.training.get("dtype") == "fp8" else [""],
     }
 
 
@@ -302,11 +345,9 @@ def _parse_value(field: str, raw: str, key: str) -> Any:
             raise ValueError(f"{key}: {raw!r} is not an order of the axes; allowed: a permutation of "
                              f"{'-'.join(AXES)}, e.g. {', '.join(RANK_ORDERS)}")
         return raw
-    if raw == "selective_op":
-        raise ValueError(f"{key}: 'selective_op' (per-op activation checkpointing) is accepted by run but the "
-                         f"search's screen does not price it yet; allowed here: {', '.join(RECOMPUTE)}")
-    if raw not in RECOMPUTE:
-        raise ValueError(f"{key}: unknown value {raw!r}; allowed: {', '.join(RECOMPUTE)}")
+    allowed = {"recompute": RECOMPUTE_ALL, "zero_impl": ZERO_IMPLS, "fp8_recipe": tuple(RECIPES)}[field]
+    if raw not in allowed:
+        raise ValueError(f"{key}: unknown value {raw!r}; allowed: {', '.join(allowed)}")
     return raw
 
 
@@ -375,6 +416,8 @@ def normalise(c: Candidate, keep_rank_order: bool = False) -> Candidate:
         c = replace(c, overlap_param_gather=False)
     if c.zero == 3 and c.overlap_grad_reduce:  # FSDP reduce-scatters each unit as its backward ends
         c = replace(c, overlap_grad_reduce=False)
+    if c.zero != 3 and c.zero_impl != "megatron":  # zero_impl says only how ZeRO-3 runs
+        c = replace(c, zero_impl="megatron")
     if not c.sp and (c.tp_comm_overlap or c.async_tp):
         return c  # left for the config's reason (TP overlap needs sequence parallelism)
     if not keep_rank_order and c.rank_order != DEFAULT_RANK_ORDER and _effective_order(
@@ -401,7 +444,8 @@ def enumerate_space(facts: ModelFacts, model_cfg: Any, knobs: Mapping[str, list[
     values.update(knobs or {})
     if facts.num_experts <= 1 and "ep" not in (knobs or {}):
         values["ep"] = [1]
-    outer = ("tp", "sp", "cp", "ep", "pp", "vpp", "zero", "mbs", "overlap_param_gather", "first_layers", "last_layers")
+    outer = ("tp", "sp", "cp", "ep", "pp", "vpp", "zero", "mbs", "overlap_param_gather", "first_layers", "last_layers",
+             "zero_impl", "fp8_recipe")
     inner = ("recompute", "overlap_grad_reduce", "tp_comm_overlap", "async_tp", "rank_order")
     # a rank order pinned by --fix is kept where it lays ranks out like the default, so it is emitted and shown
     pinned_order = "rank_order" in (knobs or {}) and len(values["rank_order"]) == 1
@@ -441,7 +485,7 @@ def enumerate_space(facts: ModelFacts, model_cfg: Any, knobs: Mapping[str, list[
             seen.add(c)
             # what validity depends on (a rank order, checked when parsed, never makes a plan invalid)
             key = (c.tp, c.sp, c.cp, c.ep, c.pp, c.vpp, c.dp, c.zero, c.mbs, c.overlap_param_gather,
-                   c.tp_comm_overlap, c.async_tp, c.first_layers, c.last_layers)
+                   c.tp_comm_overlap, c.async_tp, c.first_layers, c.last_layers, c.zero_impl, c.fp8_recipe)
             if key not in check_cache:
                 check_cache[key] = check_plan(c, facts, model_cfg, base_parallel)
             why = check_cache[key]
@@ -458,6 +502,8 @@ def _folded_shape(shape: Mapping[str, Any], dp: int, values: Mapping[str, list[A
     a data-parallel group, a parameter-gather overlap without the distributed optimizer): skipped
     before any candidate is built."""
     if dp * shape["cp"] == 1 and shape["zero"] and 0 in values["zero"] and not (shape["tp"] == 1 and shape["sp"]):
+        return True
+    if shape["zero_impl"] != "megatron" and shape["zero"] != 3 and "megatron" in values["zero_impl"]:
         return True
     return bool(shape["overlap_param_gather"] and shape["zero"] not in (1, 2)
                 and False in values["overlap_param_gather"])
@@ -481,6 +527,12 @@ def check_plan(c: Candidate, facts: ModelFacts, model_cfg: Any, base_parallel: M
     try:
         cfg = c.config(facts.global_batch_size, base_parallel)
         cfg.validate_model(model_cfg)
+        if facts.training or facts.gpu is not None:  # what run checks beyond the parallel config
+            from scenarios.runner import check_async_tp_compile, check_fp8_keys
+            training = c.training_section(facts.training)
+            if facts.gpu is not None:
+                check_fp8_keys(training, cfg, facts.gpu)
+            check_async_tp_compile(training, cfg)
     except ValueError as exc:
         return str(exc)
     return None

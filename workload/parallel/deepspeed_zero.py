@@ -191,6 +191,35 @@ def gradient_buckets(numels: list[int], s: Stage3Settings = DEFAULTS) -> list[li
     return out
 
 
+def module_order(modules: tuple, items: list, prefix: str) -> list[tuple[str, tuple[int, ...]]]:
+    """A block's parameter modules ``(name, element counts)`` in the order its ops ``items`` (one pass of
+    the layer whose op paths start with ``prefix``, e.g. ``layers.3.``) first run them, registration order
+    for those the ops do not name."""
+    seen: list[str] = []
+    for o in items:
+        path = getattr(o, "layer", "")
+        for name, _ in modules:
+            if name and (path == prefix + name or path.startswith(prefix + name + ".")) and name not in seen:
+                seen.append(name)
+    rest = [name for name, _ in modules if name not in seen]
+    params = dict(modules)
+    return [(name, params[name]) for name in seen + rest]
+
+
+def segment_starts(items: list, paths: list[str]) -> list[int]:
+    """Index in ``items`` of the first op of each module path in ``paths`` (its op paths equal it or lie
+    under it; 0 where none does, ``""`` for a module the ops do not name), never before the previous
+    one's: where each module's pre-forward hook splits the pass."""
+    out: list[int] = []
+    prev = 0
+    for full in paths:
+        idx = next((j for j, o in enumerate(items) if full and (getattr(o, "layer", "") == full or
+                    getattr(o, "layer", "").startswith(full + "."))), prev)
+        prev = max(prev, idx)
+        out.append(prev)
+    return out
+
+
 class DeepSpeedStage3:
     """The program structure of ZeRO-3 as DeepSpeed runs it, emitted through a
     :class:`workload.parallel.builder.RankBuilder` (its compute stream, ``fsdp_ag`` for parameter
@@ -228,18 +257,7 @@ class DeepSpeedStage3:
         return [Use((unit, path), params) for path, params in order]
 
     def _module_order(self, layer: int, phase: str) -> list[tuple[str, tuple[int, ...]]]:
-        """The block's parameter modules in the order ``phase`` first runs them (traced ops), registration
-        order for those the ops do not name."""
-        prefix = f"layers.{layer}."
-        seen: list[str] = []
-        for o in self.rb.ops.get("block", phase, layer):
-            path = getattr(o, "layer", "")
-            for name, _ in self.modules:
-                if name and (path == prefix + name or path.startswith(prefix + name + ".")) and name not in seen:
-                    seen.append(name)
-        rest = [name for name, _ in self.modules if name not in seen]
-        params = dict(self.modules)
-        return [(name, params[name]) for name in seen + rest]
+        return module_order(self.modules, self.rb.ops.get("block", phase, layer), f"layers.{layer}.")
 
     def _pass_uses(self, phase: str) -> list[Use]:
         layers = range(self.rb.t.num_layers)
@@ -305,18 +323,7 @@ class DeepSpeedStage3:
             rb.emit(items, deps, blocks=part == "block")
 
     def _segment_starts(self, unit, items: list, uses: list[Use]) -> list[int]:
-        """Index in ``items`` of each use's first op (0 where the ops do not name the module, e.g. a macro
-        task), never before the previous use's."""
-        out: list[int] = []
-        prev = 0
-        for use in uses:
-            path = use.key[1]
-            full = f"layers.{unit}.{path}" if not isinstance(unit, str) else ""
-            idx = next((j for j, o in enumerate(items) if full and (getattr(o, "layer", "") == full or
-                        getattr(o, "layer", "").startswith(full + "."))), prev)
-            prev = max(prev, idx)
-            out.append(prev)
-        return out
+        return segment_starts(items, [f"layers.{unit}.{u.key[1]}" if not isinstance(unit, str) else "" for u in uses])
 
     def forward(self, first_v: bool, last_v: bool, deps: list) -> int | None:
         rb = self.rb

@@ -50,12 +50,13 @@ def test_scenario_plan_outside_the_fix_is_never_the_recommendation(searched, tmp
     assert emitted["parallel"]["pipeline_model_parallel_size"] == 2
 
 
-def test_report_names_the_hbm_figures(searched):
+def test_report_names_the_hbm_figure_run_uses(searched):
     ctx, res = searched
     usable = usable_hbm_bytes(ctx.gpu)
-    assert abs(usable - res.hbm_bytes) > 1e9  # H100: 80 GB datasheet vs ~85 GB usable (80 GiB less the driver)
+    assert res.hbm_bytes == usable  # H100: 85.0 GB (80 GiB less the driver's share), not the datasheet's 80 GB
     head = format_search(res).splitlines()[0]
-    assert f"fit in {res.hbm_bytes / 1e9:.0f} GB (datasheet HBM; run checks {usable / 1e9:.1f} GB usable" in head
+    assert f"fit in {usable / 1e9:.1f} GB usable HBM (reserved + CUDA context + NCCL buffers, as run checks)" in head
+    assert "datasheet" not in head
 
 
 def test_pinned_rank_order_is_emitted_and_shown():
@@ -80,5 +81,7 @@ def test_knobs_validated_like_run():
     with pytest.raises(ValueError, match="num_layers_in_first_pipeline_stage: 0 must be a positive integer"):
         parse_knobs(fix=["parallel.num_layers_in_first_pipeline_stage=0"])
     assert parse_knobs(fix=["parallel.num_layers_in_first_pipeline_stage=none"]) == {"first_layers": [0]}
-    with pytest.raises(ValueError, match="selective_op.*does not price it yet"):
-        parse_knobs(fix=["parallel.recompute_granularity=selective_op"])
+    assert parse_knobs(fix=["parallel.recompute_granularity=selective_op"]) == {"recompute": ["selective_op"]}
+    with pytest.raises(ValueError, match="recompute_granularity: unknown value 'op'; allowed: none, selective, "
+                                         "full, selective_op"):
+        parse_knobs(fix=["parallel.recompute_granularity=op"])

@@ -5,8 +5,8 @@
   of the software they ran (SC'21: full recomputation, no sequence parallelism, no distributed optimizer;
   Korthikanti: sequence parallelism and selective recomputation available, no data parallelism).
 * SC'21 Table 2: at every published size PTD-P (the screen's best plan with TP or PP) has more
-  throughput per GPU than ZeRO-3 without model parallelism (PyTorch FSDP here; DeepSpeed's ZeRO-3 is not
-  modelled), as measured.
+  throughput per GPU than DeepSpeed's ZeRO-3 without model parallelism (``zero_impl = "deepspeed"``), as
+  measured.
 * torchtitan's async TP measurements: async TP is faster than vanilla TP on the same plan.
 * BLOOM's 48-node topology search (``tests/data/bloom_tr11_48node_contenders.csv``): Kendall tau
   between the screen's and the measured order of seven plans, with an explicit floor.
@@ -80,16 +80,14 @@ SC21_XFAIL: dict[str, str] = {
     "7.5b": f"{_SMALL_TP}: TP4 DP32 4.01 s vs TP1 PP2x2 DP64 3.29 s (+21.7 %)",
     "18b": f"{_SMALL_TP}: TP8 DP32 10.16 s vs TP2 PP2x2 DP64 7.67 s (+32.6 %)",
     "39b": f"{_SMALL_TP}: TP8 PP2x2 DP32 14.16 s vs TP2 PP8x2 DP32 11.74 s (+20.6 %)",
+    "76b": (f"{_SMALL_TP}: TP8 PP4x3 DP32 14.15 s vs TP4 PP4x3 DP64 12.48 s (+13.3 %); the TP4 plan needs 83.4 GB "
+            "per GPU of the 85.0 GB usable by run's verdict (above the datasheet's 80 GB, which the screen used to "
+            "compare with)"),
+    "145b": (f"{_SMALL_TP}: TP8 PP8x2 DP24 22.65 s vs TP4 PP8x2 DP48 20.64 s (+9.7 %); the TP4 plan needs 84.1 GB "
+             "per GPU of the 85.0 GB usable by run's verdict"),
 }
 """Rows where the published plan is not within the tolerance of the screen's best (measured by this test)."""
 KORTHIKANTI_XFAIL: dict[str, str] = {}
-ZERO3_XFAIL = ("ZeRO-3 in the screen is PyTorch FSDP-like (the screen does not price zero_impl = \"deepspeed\"), "
-               "whose per-unit gathers it hides behind compute across all GPUs' NICs; SC'21 measured DeepSpeed's "
-               "2021 ZeRO-3, so the screen ranks FSDP above PTD-P at every size (e.g. 175B on 1536 GPUs: PTD-P "
-               "19.1 s vs FSDP 15.2 s; measured 141 vs 44 TFLOP/s per GPU); 530B at micro-batch 4 on 640 GPUs "
-               "does not fit by the screen's memory (nominal HBM), though it ran")
-
-
 @pytest.mark.parametrize("size", [pytest.param(s, marks=pytest.mark.xfail(strict=True, reason=SC21_XFAIL[s]))
                                   if s in SC21_XFAIL else s for s in SC21_NAMES])
 def test_sc21_table1_published_plan_is_near_the_best(size):
@@ -135,15 +133,35 @@ def _zero3_rows() -> list[dict[str, str]]:
     return [r for r in _rows(SC21_TABLE2) if "(ZeRO-3" in r["subtable"]]
 
 
-@pytest.mark.xfail(strict=True, reason=ZERO3_XFAIL)
-@pytest.mark.parametrize("row", _zero3_rows(), ids=lambda r: f"{r['model_params_B']}B-{r['num_gpus']}gpu")
+_ZERO3_FAST = ("DeepSpeed ZeRO-3 is priced by its coordinator's fetch plan, as the simulation runs it, and both "
+               "are too fast at this size (screen {screen} TFLOP/s per GPU, simulation {sim}, measured {measured}): "
+               "the measured time implies ~16-23 GB/s of parameter traffic per GPU where NCCL's model "
+               "of the fabric gives more (docs/DESIGN.md, DeepSpeed ZeRO-3); PTD-P is measured {ptdp}")
+ZERO3_XFAIL: dict[str, str] = {
+    "174.6B-384gpu": _ZERO3_FAST.format(screen=207, sim=195, measured=144, ptdp=153),
+    "174.6B-768gpu": _ZERO3_FAST.format(screen=185, sim="171 (4 layers)", measured=88, ptdp=149),
+    "529.6B-640gpu": ("micro-batch 4 with full recomputation needs 104 GB by the memory model (the verdict run "
+                      "uses): 30 GB of ZeRO-3 gather buffers (whole layers, FSDP's) where DeepSpeed keeps at most "
+                      "stage3_max_live_parameters, and 16 GB of recompute workspace; the published run completed"),
+}
+"""Rows of SC'21 Table 2 where the screen does not rank PTD-P above ZeRO-3 (measured by this test)."""
+
+
+def _row_id(r: dict[str, str]) -> str:
+    return f"{r['model_params_B']}B-{r['num_gpus']}gpu"
+
+
+@pytest.mark.parametrize("row", [pytest.param(r, id=_row_id(r), marks=pytest.mark.xfail(
+    strict=True, reason=ZERO3_XFAIL[_row_id(r)])) if _row_id(r) in ZERO3_XFAIL else pytest.param(r, id=_row_id(r))
+    for r in _zero3_rows()])
 def test_sc21_table2_ptdp_ranks_above_zero3(row):
-    """On the ZeRO-3 row's cluster and batch: ZeRO-3 (FSDP, no TP/PP, the row's micro-batch) against the
+    """On the ZeRO-3 row's cluster and batch: DeepSpeed ZeRO-3 (no TP/PP, the row's micro-batch) against the
     screen's best PTD-P plan (TP x PP x DP, full recomputation as SC'21), throughput per GPU."""
     gpus, gbs, mbs = int(row["num_gpus"]), int(row["global_batch_size"].rstrip("*")), int(row["micro_batch_size"])
     model = {"name": "gpt3-175b" if row["model_params_B"].startswith("174") else "gpt-530b", **MEGATRON_2021_MODEL}
     ctx = _megatron(f"t2-{gpus}", gpus=gpus, model=model, gbs=gbs)
-    zero3 = [ctx.estimate(Candidate(dp=gpus, zero=3, mbs=mbs, recompute=r)) for r in ("none", "selective", "full")]
+    zero3 = [ctx.estimate(Candidate(dp=gpus, zero=3, zero_impl="deepspeed", mbs=mbs, recompute=r))
+             for r in ("none", "selective", "full")]
     fit3 = [e.iteration_time_s for e in zero3 if e.fits]
     ptdp_space = ["parallel.tensor_model_parallel_size=8", "parallel.pipeline_model_parallel_size=4,8,16,32",
                   "parallel.virtual_pipeline_model_parallel_size=1,2", "parallel.zero_stage=0,1"]
@@ -163,7 +181,8 @@ def test_async_tp_above_vanilla_tp(model, gpus, recompute):
     dp = gpus // 8
     ctx = ScreenContext(parse_scenario({
         "name": f"async-{model}", "system": {"name": "dgx-h100", "nodes": gpus // 8}, "model": {"name": model},
-        "parallel": {}, "training": {"global_batch_size": 2 * dp, "micro_batch_size": 2, "seq_length": 8192}}))
+        "parallel": {}, "training": {"global_batch_size": 2 * dp, "micro_batch_size": 2, "seq_length": 8192,
+                                     "compile": True}}))  # torchtitan runs async TP only compiled; so did both rows
     plan = Candidate(tp=8, sp=True, dp=dp, zero=3, mbs=2, recompute=recompute)
     vanilla, fused = ctx.estimate(plan), ctx.estimate(Candidate(**{**plan.to_dict(), "async_tp": True}))
     assert vanilla.fits and fused.fits
