@@ -108,6 +108,8 @@ class FetchPlan:
     """Step -> indices into ``gathers`` issued there (the blocking fetch first, then the prefetch)."""
     synced: list[bool] = field(default_factory=list)
     """Per step: whether its hook waited for the gathers in flight and synchronised the device."""
+    peak_live: int = 0
+    """Most elements gathered at once (fetched, in flight or kept for reuse), at a hook after its prefetch."""
 
     def per_step_counts(self) -> list[int]:
         return [len(self.by_step.get(i, [])) for i in range(max(self.by_step, default=-1) + 1)]
@@ -156,6 +158,7 @@ def plan_fetches(uses: list[Use], s: Stage3Settings = DEFAULTS) -> FetchPlan:
             if keys:
                 inflight.update(keys)
                 issue(i, keys, total, True)
+        plan.peak_live = max(plan.peak_live, sum(live.values()))
         if use.key in live and not _reused_soon(uses, i, n, s):
             del live[use.key]
     return plan
@@ -268,11 +271,7 @@ class DeepSpeedStage3:
             if gather.prefetch and synced:
                 wait.append(self.last_gather)
                 synced = False  # waited for already
-            name = "ds_prefetch" if gather.prefetch else "ds_fetch"
-            self.last_gather = rb.add(
-                Collective("all_gather", gather.numel * self.eb, rb.groups["dp"], dtype=rb.t.dtype,
-                           name=f"{name}_{_label(gather.keys[0])}"), "fsdp_ag",
-                (rb.last_compute, self.last_gather, self.last_reduce))
+            self.last_gather = self._gather(gather, (rb.last_compute, self.last_gather, self.last_reduce))
         if synced:
             wait.append(self.last_gather)
         if self.plan.synced[i]:
@@ -282,6 +281,22 @@ class DeepSpeedStage3:
             self.host_wait = None
         self.step += 1
         return wait
+
+    def _gather(self, gather: Gather, deps: tuple) -> int:
+        """``_allgather_param`` for each module of ``gather`` (one weight above the persistence threshold
+        each), as one task per step: the ``torch.zeros`` fill of the gathered buffer, the all-gather, and
+        PyTorch 1.8's copy of the flat NCCL output into the ``world_size`` partition views of the list
+        ``all_gather`` (``ProcessGroupNCCL::allgather``; DeepSpeed later switched to ``_all_gather_base``,
+        warning that the list fallback "will result in suboptimal performance"). Returns the last task."""
+        rb = self.rb
+        group = rb.groups["dp"]
+        nbytes = gather.numel * self.eb
+        label = f"{'ds_prefetch' if gather.prefetch else 'ds_fetch'}_{_label(gather.keys[0])}"
+        fill = rb.add(Compute(f"{label}_zero_fill", "copy", 0.0, float(nbytes), dtype=rb.t.dtype,
+                              launches=len(gather.keys)), "fsdp_ag", deps)
+        done = rb.add(Collective("all_gather", nbytes, group, dtype=rb.t.dtype, name=label), "fsdp_ag", (fill,))
+        return rb.add(Compute(f"{label}_copy_out", "copy", 0.0, 2.0 * nbytes, dtype=rb.t.dtype,
+                              launches=len(group) * len(gather.keys)), "fsdp_ag", (done,))
 
     def _emit_unit(self, unit, phase: str, deps: list, *, reduce: bool) -> None:
         """One unit's pass, split at the first op of each of its parameter modules (each waits for its
