@@ -147,7 +147,7 @@ def test_each_gather_zero_fills_and_copies_out_per_rank():
     dp = len(next(t.op.group for t in prog.tasks if isinstance(t.op, Collective) and t.stream == "fsdp_ag"))
     ag = [t for t in prog.tasks if t.stream == "fsdp_ag"]
     assert len(ag) % 3 == 0 and len(ag) > 0
-    for fill, gather, copy in zip(ag[::3], ag[1::3], ag[2::3]):
+    for fill, gather, copy in zip(ag[::3], ag[1::3], ag[2::3], strict=True):
         assert isinstance(gather.op, Collective) and gather.op.op == "all_gather"
         assert fill.op.name.endswith("_zero_fill") and fill.op.bytes_accessed == gather.op.size_bytes
         assert copy.op.name.endswith("_copy_out") and copy.op.bytes_accessed == 2 * gather.op.size_bytes
