@@ -287,13 +287,20 @@ class DeepSpeedStage3:
         each), as one task per step: the ``torch.zeros`` fill of the gathered buffer, the all-gather, and
         PyTorch 1.8's copy of the flat NCCL output into the ``world_size`` partition views of the list
         ``all_gather`` (``ProcessGroupNCCL::allgather``; DeepSpeed later switched to ``_all_gather_base``,
-        warning that the list fallback "will result in suboptimal performance"). Returns the last task."""
+        warning that the list fallback "will result in suboptimal performance"). The host enqueues those
+        copies one by one (``copy_`` per rank) inside the call; a prefetch is issued from the hook before
+        the module's kernels are launched, right after a device synchronisation, so the compute stream
+        idles meanwhile (``_host_issue``: one launch overhead per copy). Returns the last gather task."""
         rb = self.rb
         group = rb.groups["dp"]
         nbytes = gather.numel * self.eb
         label = f"{'ds_prefetch' if gather.prefetch else 'ds_fetch'}_{_label(gather.keys[0])}"
         fill = rb.add(Compute(f"{label}_zero_fill", "copy", 0.0, float(nbytes), dtype=rb.t.dtype,
                               launches=len(gather.keys)), "fsdp_ag", deps)
+        if gather.prefetch:  # the host issues the copies, after the device synchronisation, before it
+            # launches the module's kernels: the compute stream waits one launch per copy
+            rb.add(Compute(f"{label}_host_issue", "copy", 0.0, 0.0, launches=len(group) * len(gather.keys)),
+                   "compute", (fill,))
         done = rb.add(Collective("all_gather", nbytes, group, dtype=rb.t.dtype, name=label), "fsdp_ag", (fill,))
         return rb.add(Compute(f"{label}_copy_out", "copy", 0.0, 2.0 * nbytes, dtype=rb.t.dtype,
                               launches=len(group) * len(gather.keys)), "fsdp_ag", (done,))
