@@ -29,8 +29,14 @@ ZeRO-3 measurements; ``deepspeed/runtime/zero/stage3.py``, ``partition_parameter
   the parameters' dtype (``buffered_reduce_fallback`` -> ``allreduce_bucket``), else reduce-scattered.
   Every micro-batch's backward reduces its gradients (ZeRO 2/3 reduce per micro-step).
 
-Not modelled: the Python hooks' host time (no published per-module figure was found), PyTorch 1.8's
-copy-out of a list ``all_gather`` (one copy per rank) and the ``torch.zeros`` of each gathered buffer.
+* *Gather buffers* (``_allgather_param``): each gather zero-fills its buffer (``torch.zeros``) and
+  passes PyTorch 1.8 a list of ``world_size`` partition views, so ``ProcessGroupNCCL::allgather`` copies
+  its flat output into each (one ``copy_`` per rank, enqueued by the host); a prefetch's copies are
+  enqueued before the module's kernels are launched (:meth:`DeepSpeedStage3._gather`).
+
+Not modelled: the Python hooks' host time and the Python loop over ranks in ``_allgather_param`` (no
+published per-call figure was found; the per-rank copies are priced at the calibration's
+``launch_overhead_s``).
 DeepSpeed's pipeline engine does not run stage 3, so ``pipeline_model_parallel_size`` must be 1
 (:meth:`ParallelConfig._check_deepspeed`).
 """
