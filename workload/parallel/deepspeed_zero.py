@@ -292,11 +292,12 @@ class DeepSpeedStage3:
         """``_allgather_param`` for each module of ``gather`` (one weight above the persistence threshold
         each; the modules of one prefetch share each task below): the ``torch.zeros`` fill of the
         gathered buffer, the all-gather, and PyTorch 1.8's copy of the flat NCCL output into the
-        ``world_size`` partition views of the list ``all_gather`` (``ProcessGroupNCCL::allgather``; DeepSpeed later switched to ``_all_gather_base``,
-        warning that the list fallback "will result in suboptimal performance"). The host enqueues those
-        copies one by one (``copy_`` per rank) inside the call; a prefetch is issued from the hook before
-        the module's kernels are launched, right after a device synchronisation, so the compute stream
-        idles meanwhile (``_host_issue``: one launch overhead per copy). Returns the last gather task."""
+        ``world_size`` partition views of the list ``all_gather`` (``ProcessGroupNCCL::allgather``;
+        DeepSpeed later switched to ``_all_gather_base``, warning that the list fallback "will result in
+        suboptimal performance"). The host enqueues those copies one by one (``copy_`` per rank) inside
+        the call; a prefetch is issued from the hook before the module's kernels are launched, right
+        after a device synchronisation, so the compute stream idles meanwhile (``_host_issue``: one
+        launch overhead per copy). Returns the last gather task."""
         rb = self.rb
         group = rb.groups["dp"]
         nbytes = gather.numel * self.eb
