@@ -585,6 +585,12 @@ class KernelCostModel:
         t_mem = self._hbm_time(nbytes, task.kind)
         vector_flops = float(self.gpu.fp32_flops) * self.power_clock * self.cal.vector_efficiency
         t_vec = task.flops / vector_flops if task.flops else 0.0
+        if task.launches != 1:  # several equal kernels in a row: one kernel's SMs, every kernel's launch
+            if task.launches < 1:
+                raise ValueError(f"kernel {task.name!r}: launches must be >= 1, got {task.launches}")
+            sms = min(self.sm_count, max(1, math.ceil(nbytes / task.launches / self.cal.memory_bytes_per_sm)))
+            return KernelCost(max(t_mem, t_vec) + task.launches * self.cal.launch_overhead_s, sms, nbytes,
+                              {"memory_s": t_mem, "vector_s": t_vec})
         sms = min(self.sm_count, max(1, math.ceil(nbytes / self.cal.memory_bytes_per_sm)))
         return KernelCost(max(t_mem, t_vec) + self.cal.launch_overhead_s, sms, nbytes,
                           {"memory_s": t_mem, "vector_s": t_vec})

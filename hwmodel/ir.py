@@ -79,6 +79,10 @@ class Compute:
     """FP8 GEMMs only: how the operands are scaled when that changes the kernel -- ``rowwise`` (a
     per-row scaled CUTLASS GEMM), ``mxfp8`` (MX 1x32 block scales); ``""``: one scale per tensor (the
     cuBLAS FP8 GEMM). Priced by the calibration's ``fp8_gemm_time_factor``."""
+    launches: int = 1
+    """Memory-bound kinds only: back-to-back kernels of equal size this task stands for (e.g. PyTorch's
+    per-rank copy-out of a list ``all_gather``): each pays the launch overhead, and each holds the SMs of
+    ``bytes_accessed / launches`` while it runs."""
 
 
 @dataclass(frozen=True, slots=True)

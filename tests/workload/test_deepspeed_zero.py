@@ -6,6 +6,7 @@ from collections import Counter
 
 import pytest
 
+from hwmodel.ir import Collective, Compute
 from workload.parallel.builder import build_programs
 from workload.parallel.config import ParallelConfig
 from workload.parallel.deepspeed_zero import DEFAULTS, Stage3Settings, Use, gradient_buckets, plan_fetches
@@ -125,7 +126,7 @@ def test_deepspeed_program_gathers_and_reduces_in_fp16():
     once per iteration (kept for reuse), 2 bytes per non-persistent element; the gradients, 2 bytes per
     element of every parameter, are all-reduced (contiguous_gradients off) in one bucket."""
     prog = _program("deepspeed")
-    ag = [t.op for t in prog.tasks if t.stream == "fsdp_ag"]
+    ag = [t.op for t in prog.tasks if t.stream == "fsdp_ag" and isinstance(t.op, Collective)]
     rs = [t.op for t in prog.tasks if t.stream == "fsdp_rs"]
     h, f, v, s = 1024, 4096, 1024, 256
     big = 3 * h * h + h * h + 2 * h * f  # the weights above the threshold
@@ -135,6 +136,36 @@ def test_deepspeed_program_gathers_and_reduces_in_fp16():
     assert [(o.op, o.dtype) for o in rs] == [("all_reduce", "fp16")]
     assert rs[0].size_bytes == 2 * total
     assert not [t for t in prog.tasks if t.stream == "fsdp_ag" and "fsdp_ag" in t.op.name]
+
+
+def test_each_gather_zero_fills_and_copies_out_per_rank():
+    """``_allgather_param``: ``torch.zeros`` of the gathered buffer (its bytes written once), the NCCL
+    all-gather, then PyTorch 1.8's list ``all_gather`` copies the flat output into each of the
+    data-parallel ranks' partition views (bytes read and written, one copy kernel per rank), in order on
+    the gather stream, the module's kernels after the copies."""
+    prog = _program("deepspeed")
+    dp = len(next(t.op.group for t in prog.tasks if isinstance(t.op, Collective) and t.stream == "fsdp_ag"))
+    ag = [t for t in prog.tasks if t.stream == "fsdp_ag"]
+    assert len(ag) % 3 == 0 and len(ag) > 0
+    for fill, gather, copy in zip(ag[::3], ag[1::3], ag[2::3], strict=True):
+        assert isinstance(gather.op, Collective) and gather.op.op == "all_gather"
+        assert fill.op.name.endswith("_zero_fill") and fill.op.bytes_accessed == gather.op.size_bytes
+        assert copy.op.name.endswith("_copy_out") and copy.op.bytes_accessed == 2 * gather.op.size_bytes
+        assert copy.op.launches == dp * fill.op.launches and gather.deps == (fill.id,) and copy.deps == (gather.id,)
+
+
+def test_copy_out_costs_one_launch_per_kernel():
+    """A memory-bound task standing for n equal kernels pays n launch overheads and holds one kernel's
+    SMs (the HBM time is that of all the bytes)."""
+    from hwmodel.costmodel import KernelCostModel
+    from hwmodel.specs import get_gpu
+
+    cm = KernelCostModel(get_gpu("A100-SXM4-80GB"))
+    one = cm.cost(Compute("c", "copy", 0.0, 1e8))
+    many = cm.cost(Compute("c", "copy", 0.0, 1e8, launches=1000))
+    launch = cm.launch_overhead_s
+    assert many.solo_time_s - one.solo_time_s == pytest.approx(999 * launch)
+    assert many.sms_used < one.sms_used
 
 
 def test_a_module_waits_for_its_gather():

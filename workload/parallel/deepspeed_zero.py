@@ -29,8 +29,14 @@ ZeRO-3 measurements; ``deepspeed/runtime/zero/stage3.py``, ``partition_parameter
   the parameters' dtype (``buffered_reduce_fallback`` -> ``allreduce_bucket``), else reduce-scattered.
   Every micro-batch's backward reduces its gradients (ZeRO 2/3 reduce per micro-step).
 
-Not modelled: the Python hooks' host time (no published per-module figure was found), PyTorch 1.8's
-copy-out of a list ``all_gather`` (one copy per rank) and the ``torch.zeros`` of each gathered buffer.
+* *Gather buffers* (``_allgather_param``): each gather zero-fills its buffer (``torch.zeros``) and
+  passes PyTorch 1.8 a list of ``world_size`` partition views, so ``ProcessGroupNCCL::allgather`` copies
+  its flat output into each (one ``copy_`` per rank, enqueued by the host); a prefetch's copies are
+  enqueued before the module's kernels are launched (:meth:`DeepSpeedStage3._gather`).
+
+Not modelled: the Python hooks' host time and the Python loop over ranks in ``_allgather_param`` (no
+published per-call figure was found; the per-rank copies are priced at the calibration's
+``launch_overhead_s``).
 DeepSpeed's pipeline engine does not run stage 3, so ``pipeline_model_parallel_size`` must be 1
 (:meth:`ParallelConfig._check_deepspeed`).
 """
@@ -108,6 +114,8 @@ class FetchPlan:
     """Step -> indices into ``gathers`` issued there (the blocking fetch first, then the prefetch)."""
     synced: list[bool] = field(default_factory=list)
     """Per step: whether its hook waited for the gathers in flight and synchronised the device."""
+    peak_live: int = 0
+    """Most elements gathered at once (fetched, in flight or kept for reuse), at a hook after its prefetch."""
 
     def per_step_counts(self) -> list[int]:
         return [len(self.by_step.get(i, [])) for i in range(max(self.by_step, default=-1) + 1)]
@@ -156,6 +164,7 @@ def plan_fetches(uses: list[Use], s: Stage3Settings = DEFAULTS) -> FetchPlan:
             if keys:
                 inflight.update(keys)
                 issue(i, keys, total, True)
+        plan.peak_live = max(plan.peak_live, sum(live.values()))
         if use.key in live and not _reused_soon(uses, i, n, s):
             del live[use.key]
     return plan
@@ -286,11 +295,7 @@ class DeepSpeedStage3:
             if gather.prefetch and synced:
                 wait.append(self.last_gather)
                 synced = False  # waited for already
-            name = "ds_prefetch" if gather.prefetch else "ds_fetch"
-            self.last_gather = rb.add(
-                Collective("all_gather", gather.numel * self.eb, rb.groups["dp"], dtype=rb.t.dtype,
-                           name=f"{name}_{_label(gather.keys[0])}"), "fsdp_ag",
-                (rb.last_compute, self.last_gather, self.last_reduce))
+            self.last_gather = self._gather(gather, (rb.last_compute, self.last_gather, self.last_reduce))
         if synced:
             wait.append(self.last_gather)
         if self.plan.synced[i]:
@@ -300,6 +305,30 @@ class DeepSpeedStage3:
             self.host_wait = None
         self.step += 1
         return wait
+
+    def _gather(self, gather: Gather, deps: tuple) -> int:
+        """``_allgather_param`` for each module of ``gather`` (one weight above the persistence threshold
+        each; the modules of one prefetch share each task below): the ``torch.zeros`` fill of the
+        gathered buffer, the all-gather, and PyTorch 1.8's copy of the flat NCCL output into the
+        ``world_size`` partition views of the list ``all_gather`` (``ProcessGroupNCCL::allgather``;
+        DeepSpeed later switched to ``_all_gather_base``, warning that the list fallback "will result in
+        suboptimal performance"). The host enqueues those copies one by one (``copy_`` per rank) inside
+        the call; a prefetch is issued from the hook before the module's kernels are launched, right
+        after a device synchronisation, so the compute stream idles meanwhile (``_host_issue``: one
+        launch overhead per copy). Returns the last gather task."""
+        rb = self.rb
+        group = rb.groups["dp"]
+        nbytes = gather.numel * self.eb
+        label = f"{'ds_prefetch' if gather.prefetch else 'ds_fetch'}_{_label(gather.keys[0])}"
+        fill = rb.add(Compute(f"{label}_zero_fill", "copy", 0.0, float(nbytes), dtype=rb.t.dtype,
+                              launches=len(gather.keys)), "fsdp_ag", deps)
+        if gather.prefetch:  # the host issues the copies, after the device synchronisation, before it
+            # launches the module's kernels: the compute stream waits one launch per copy
+            rb.add(Compute(f"{label}_host_issue", "copy", 0.0, 0.0, launches=len(group) * len(gather.keys)),
+                   "compute", (fill,))
+        done = rb.add(Collective("all_gather", nbytes, group, dtype=rb.t.dtype, name=label), "fsdp_ag", (fill,))
+        return rb.add(Compute(f"{label}_copy_out", "copy", 0.0, 2.0 * nbytes, dtype=rb.t.dtype,
+                              launches=len(group) * len(gather.keys)), "fsdp_ag", (done,))
 
     def _emit_unit(self, unit, phase: str, deps: list, *, reduce: bool) -> None:
         """One unit's pass, split at the first op of each of its parameter modules (each waits for its

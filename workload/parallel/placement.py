@@ -110,8 +110,9 @@ class Layout:
         communicator no rank uses, with all-to-all traffic across nodes that never happens)."""
         coords = [self.coords(r) for r in ranks]
         T = self.sizes["tp"]
-        shifts_tp = range(1) if "tp" in fixed else range(T)
-        shifts_dp = range(1) if "dp" in fixed else range(self.sizes["dp"])
+        shifts_tp = range(1) if "tp" in fixed or self._whole_lines(ranks, coords, "tp", directed) else range(T)
+        shifts_dp = range(1) if "dp" in fixed or self._whole_lines(ranks, coords, "dp", directed) else range(
+            self.sizes["dp"])
         shift = self._shift_dp
         out: list[tuple[int, ...]] = [tuple(ranks)]
         seen: set[tuple[int, ...] | frozenset[int]] = {tuple(ranks) if directed else frozenset(ranks)}
@@ -124,6 +125,17 @@ class Layout:
                     seen.add(key)
                     out.append(other)
         return out
+
+    def _whole_lines(self, ranks: tuple[int, ...], coords: list[dict[str, int]], axis: str, directed: bool) -> bool:
+        """Whether the set ``ranks`` holds every coordinate along ``axis`` wherever it holds one (e.g. a
+        whole data-parallel group): each shift along ``axis`` (a bijection of that coordinate) then maps
+        the set onto itself, so :meth:`mirror` finds nothing new there and can skip those shifts -- the
+        same result without shifting a 1,536-rank group 1,536 times."""
+        if directed:
+            return False
+        rest = [a for a in ("tp", "cp", "dp", "pp") if a != axis]
+        lines = {tuple(c[a] for a in rest) for c in coords}
+        return len(set(ranks)) == len(lines) * self.sizes[axis]
 
     def _shift_dp(self, dp: int, offset: int) -> int:
         """Data-parallel coordinate ``dp`` under the mirror offset ``offset`` (0 <= offset < dp size):

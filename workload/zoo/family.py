@@ -31,6 +31,7 @@ from torch import nn
 
 from workload.memory import MemoryBreakdown, memory_per_gpu
 from workload.parallel.config import ParallelConfig
+from workload.parallel.deepspeed_memory import with_deepspeed_stage3
 
 PARALLELISMS = {"tp": "tensor_model_parallel_size", "sp": "sequence_parallel", "cp": "context_parallel_size",
                 "ep": "expert_model_parallel_size", "pp": "pipeline_model_parallel_size"}
@@ -204,12 +205,15 @@ def transformer_memory(cfg: Any, parallel: ParallelConfig, dtype: str) -> Memory
     (``unfused_loss``)."""
     p = parallel
     param_bytes, grad_bytes = state_bytes(dtype)
-    return memory_per_gpu(
+    mem = memory_per_gpu(
         cfg, tp=p.tp, pp=p.pp, dp=p.dp, cp=p.cp, ep=p.ep, micro_batch_size=p.micro_batch_size,
         num_microbatches=p.num_microbatches, virtual_pipeline_size=p.vpp, sequence_parallel=p.sequence_parallel,
         recompute=p.recompute_granularity, zero_stage=p.memory_zero_stage, param_bytes=param_bytes,
         grad_bytes=grad_bytes, flash_attention=getattr(cfg, "attention_backend", "flash") != "unfused",
         fp8=dtype == "fp8", unfused_loss=p.fsdp, stage_layers=p.stage_layers(cfg.num_layers))
+    if p.zero_impl == "deepspeed":  # DeepSpeed's per-module buffers, not FSDP's per-layer ones
+        mem = with_deepspeed_stage3(mem, cfg, p, param_bytes, grad_bytes)
+    return mem
 
 
 def saved_tensor_memory(module: nn.Module, name: str, parallel: ParallelConfig, dtype: str) -> MemoryBreakdown:

@@ -1,0 +1,120 @@
+"""Memory of DeepSpeed ZeRO stage 3 as DeepSpeed runs it (``[parallel] zero_impl = "deepspeed"``).
+
+The FSDP estimate (:func:`workload.memory._gather_buffers`: a whole layer gathered and reduced while the
+next layer is prefetched) does not describe DeepSpeed v0.3.16, which gathers and releases one *module*
+at a time (:mod:`workload.parallel.deepspeed_zero`). Here the two transient terms come from the same
+coordinator replay the simulation runs:
+
+* *Gathered parameters*: the most elements whole at once over the iteration's module order
+  (:attr:`workload.parallel.deepspeed_zero.FetchPlan.peak_live`: fetched, prefetched or kept for reuse),
+  in the parameters' dtype (``partition_parameters.py`` gathers into a buffer of ``param.dtype``).
+* *Unpartitioned gradients*: stage 3 computes each gradient whole (``param.grad``, fp16) and keeps it
+  until its bucket's reduction is done (``reduce_independent_p_g_buckets_and_remove_grads``; the bucket
+  is freed by ``partition_previous_reduced_grads`` after the host waited for it). At the peak: the
+  bucket being reduced, its flattened copy (``allreduce_bucket`` -> ``flatten``, the all-reduce fallback of
+  ``contiguous_gradients = false``), the next bucket and the gradient being produced
+  (:func:`peak_gradient_elements`).
+* The gradient *partitions* stay in fp16 (``fp16_partitioned_groups``' gradients, 2 bytes per element),
+  not Megatron's fp32 main grads.
+
+Not modelled: DeepSpeed's activation-checkpointing options (``partition_activations``,
+``cpu_checkpointing``), which its own Megatron ZeRO-3 example sets (DeepSpeedExamples
+``Megatron-LM-v1.1.5-ZeRO3/examples/ds_pretrain_gpt2-zero3.sh``) but Megatron-LM's own checkpointing,
+which the SC'21 runs used, does not have.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import lru_cache
+from typing import Any
+
+from workload.memory import MemoryBreakdown, TransformerShape
+from workload.parallel.deepspeed_zero import DEFAULTS, Stage3Settings, Use, gradient_buckets, plan_fetches
+
+
+def layer_modules(m: TransformerShape) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """A GPT block's parameter modules in forward order, with each parameter's elements (no tensor
+    parallelism: DeepSpeed ZeRO-3 here runs data parallelism only)."""
+    h, q, kv, f = m.hidden_size, m.query_width, m.kv_width, m.ffn_hidden_size
+    ln = (h, h) if m.layernorm_bias else (h,)
+    fc1_out = f * (2 if m.gated_mlp else 1)
+
+    def linear(n_in: int, n_out: int) -> tuple[int, ...]:
+        return (n_in * n_out, n_out) if m.bias else (n_in * n_out,)
+
+    return (("ln1", ln), ("attn.qkv", linear(h, q + 2 * kv)), ("attn.proj", linear(q, h)), ("ln2", ln),
+            ("mlp.fc1", linear(h, fc1_out)), ("mlp.fc2", linear(f, h)))
+
+
+def iteration_uses(m: TransformerShape, full_recompute: bool) -> list[Use]:
+    """One micro-batch's module uses in execution order: the embedding, the blocks, the output layer
+    (tied to the embedding or its own matrix, with the final norm), then backward in reverse, each
+    block's recompute forward before its backward under full recomputation."""
+    modules = layer_modules(m)
+    pre = Use(("pre", ""), (m.vocab_size * m.hidden_size,)
+              + ((m.seq_length * m.hidden_size,) if m.learned_position_embeddings else ()))
+    post = Use(("post", ""), (m.hidden_size, m.vocab_size * m.hidden_size))
+
+    def block(layer: int, order) -> list[Use]:
+        return [Use((layer, name), params) for name, params in order]
+
+    out = [pre]
+    for layer in range(m.num_layers):
+        out += block(layer, modules)
+    out.append(post)
+    for layer in reversed(range(m.num_layers)):
+        if full_recompute:
+            out += block(layer, modules)
+        out += block(layer, reversed(modules))
+    return out + [pre]
+
+
+@lru_cache(maxsize=64)
+def transient_elements(m: TransformerShape, full_recompute: bool, s: Stage3Settings = DEFAULTS) -> tuple[int, int]:
+    """(gathered parameter elements, unpartitioned gradient elements) at their peaks over one micro-batch."""
+    gathered = plan_fetches(iteration_uses(m, full_recompute), s).peak_live
+    modules = layer_modules(m)
+    grads = [m.hidden_size + m.vocab_size * m.hidden_size]  # backward order: output layer, blocks, embedding
+    for _ in range(m.num_layers):
+        grads += [sum(params) for _, params in reversed(modules)]
+    grads.append(m.vocab_size * m.hidden_size + (m.seq_length * m.hidden_size if m.learned_position_embeddings else 0))
+    return gathered, peak_gradient_elements(grads, s)
+
+
+def peak_gradient_elements(numels: list[int], s: Stage3Settings = DEFAULTS) -> int:
+    """Most unpartitioned gradient elements alive at once for gradients produced in the order ``numels``.
+
+    Bucket j's reduction is launched at the hook of bucket j+1's first gradient and its gradients are
+    freed at the hook of bucket j+2's first (``reduce_ipg_grads``: ``reduction_stream.synchronize()``, then
+    ``partition_previous_reduced_grads``), so meanwhile bucket j (and its flattened copy), bucket j+1 and
+    bucket j+2's first gradient, being produced, are alive: ``2 B_j + B_(j+1) + g_first(j+2)``."""
+    buckets = gradient_buckets(numels, s)
+    sizes = [sum(numels[k] for k in b) for b in buckets]
+    firsts = [numels[b[0]] for b in buckets]
+    peak = 0
+    for j, b in enumerate(sizes):
+        nxt = sizes[j + 1] if j + 1 < len(sizes) else 0
+        first = firsts[j + 2] if j + 2 < len(sizes) else 0
+        peak = max(peak, 2 * b + nxt + first)
+    return peak
+
+
+def with_deepspeed_stage3(mem: MemoryBreakdown, model_cfg: Any, parallel: Any, param_bytes: int, grad_bytes: int,
+                          s: Stage3Settings = DEFAULTS) -> MemoryBreakdown:
+    """``mem`` (:func:`workload.memory.memory_per_gpu` at ZeRO stage 3, with ``param_bytes`` and
+    ``grad_bytes`` per element) with DeepSpeed's transient buffers in place of FSDP's and the gradient
+    partitions in the parameters' dtype (module docstring). MoE models keep the FSDP estimate (the
+    coordinator replay here knows dense blocks only)."""
+    m = TransformerShape.of(model_cfg)
+    if m.num_experts > 1 or parallel.dp * parallel.cp == 1:
+        return mem
+    full = parallel.recompute_granularity == "full"
+    gathered, grads = transient_elements(m, full, s)
+    detail = dict(mem.detail, deepspeed_gathered_elements=gathered, deepspeed_gradient_elements=grads)
+    return replace(mem, gradients=mem.gradients * param_bytes / grad_bytes,
+                   gather_buffers=(gathered + grads) * param_bytes,
+                   detail=detail)
+
+
+__all__ = ["iteration_uses", "transient_elements", "layer_modules", "peak_gradient_elements", "with_deepspeed_stage3"]
