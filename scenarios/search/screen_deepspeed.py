@@ -14,7 +14,8 @@ so far and the previous reduction, and the kernels after a flush wait for the pr
 host's ``reduction_stream.synchronize()``). Collectives are NCCL's tuner times on the data-parallel
 communicator, kernels their solo times (as the rest of the screen).
 
-Two micro-batches are replayed; further ones repeat the second's period (the coordinator's steady
+Each gather is the builder's fill, all-gather and copy-out (a prefetch's copies issued from the compute
+stream first). Two micro-batches are replayed; further ones repeat the second's period (the coordinator's steady
 state). Not kept: SMs the overlapped collectives hold (the hooks' synchronisations leave little overlap).
 """
 
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from workload.parallel.deepspeed_zero import DEFAULTS, Use, module_order, plan_fetches, segment_starts
+from workload.parallel.deepspeed_zero import DEFAULTS, Use, gather_kernels, module_order, plan_fetches, segment_starts
 
 if TYPE_CHECKING:
     from scenarios.search.screen import ScreenContext, ShardCosts
@@ -80,6 +81,14 @@ def _pass_steps(ctx: ScreenContext, sc: ShardCosts, c: Candidate, g: dict, slow:
     return steps + unit("pre", "bwd", pr["pre"], pr["pre"]) + [("flush", None, 0.0, -1)]
 
 
+def _gather_kernels_s(ctx: ScreenContext, gather: Any, world: int) -> tuple[float, float, float]:
+    """Solo seconds of the fill, host issue (0 unless a prefetch) and copy-out around one gather
+    (:func:`~workload.parallel.deepspeed_zero.gather_kernels`, the builder's own tasks)."""
+    fill, host, copy_out = gather_kernels(gather, world, ctx.eb, ctx.dtype, "ds_gather")
+    cost = ctx.cost_model.cost
+    return cost(fill).solo_time_s, cost(host).solo_time_s if host else 0.0, cost(copy_out).solo_time_s
+
+
 def deepspeed_passes_s(ctx: ScreenContext, sc: ShardCosts, c: Candidate, g: dict, slow: float, rc_s: float,
                        m: int) -> float:
     """Seconds from the first forward to the last gradient reduction of ``m`` micro-batches under
@@ -113,7 +122,12 @@ def deepspeed_passes_s(ctx: ScreenContext, sc: ShardCosts, c: Candidate, g: dict
             gather = plan.gathers[k]
             if gather.prefetch and synced:
                 wait, synced = max(wait, t_ag), False
-            t_ag = max(t_c, t_ag, t_red) + ctx.coll_s("all_gather", gather.numel * eb, dp)
+            fill_s, host_s, copy_s = _gather_kernels_s(ctx, gather, dp.n)
+            fill_end = max(t_c, t_ag, t_red) + fill_s
+            if gather.prefetch:  # the host issues the copies on the compute stream before the module's kernels
+                t_c = max(t_c, fill_end) + host_s
+                wait = max(wait, t_c)
+            t_ag = fill_end + ctx.coll_s("all_gather", gather.numel * eb, dp) + copy_s
         if synced:
             wait = max(wait, t_ag)
         if plan.synced[i]:

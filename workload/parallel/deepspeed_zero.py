@@ -229,6 +229,22 @@ def segment_starts(items: list, paths: list[str]) -> list[int]:
     return out
 
 
+
+def gather_kernels(gather: Gather, world: int, element_bytes: int, dtype: str,
+                   label: str) -> tuple[Compute, Compute | None, Compute]:
+    """The kernels around one ``_allgather_param`` call (see :meth:`DeepSpeedStage3._gather`), shared by the
+    program builder and the search screen: the ``torch.zeros`` fill of the ``gather.numel`` gathered
+    elements (one launch per module), for a prefetch the host's issue of the per-rank copies on the
+    compute stream (``world`` launches per module, no bytes; else None), and PyTorch 1.8's copy of the
+    flat output into the ``world`` partition views (read + write of the buffer, ``world`` launches per
+    module). ``element_bytes``: bytes per gathered element."""
+    nbytes = float(gather.numel * element_bytes)
+    n = len(gather.keys)
+    fill = Compute(f"{label}_zero_fill", "copy", 0.0, nbytes, dtype=dtype, launches=n)
+    host = Compute(f"{label}_host_issue", "copy", 0.0, 0.0, launches=world * n) if gather.prefetch else None
+    copy_out = Compute(f"{label}_copy_out", "copy", 0.0, 2.0 * nbytes, dtype=dtype, launches=world * n)
+    return fill, host, copy_out
+
 class DeepSpeedStage3:
     """The program structure of ZeRO-3 as DeepSpeed runs it, emitted through a
     :class:`workload.parallel.builder.RankBuilder` (its compute stream, ``fsdp_ag`` for parameter
@@ -318,17 +334,15 @@ class DeepSpeedStage3:
         launch overhead per copy). Returns the last gather task."""
         rb = self.rb
         group = rb.groups["dp"]
-        nbytes = gather.numel * self.eb
         label = f"{'ds_prefetch' if gather.prefetch else 'ds_fetch'}_{_label(gather.keys[0])}"
-        fill = rb.add(Compute(f"{label}_zero_fill", "copy", 0.0, float(nbytes), dtype=rb.t.dtype,
-                              launches=len(gather.keys)), "fsdp_ag", deps)
-        if gather.prefetch:  # the host issues the copies, after the device synchronisation, before it
+        fill_k, host_k, copy_k = gather_kernels(gather, len(group), self.eb, rb.t.dtype, label)
+        fill = rb.add(fill_k, "fsdp_ag", deps)
+        if host_k is not None:  # the host issues the copies, after the device synchronisation, before it
             # launches the module's kernels: the compute stream waits one launch per copy
-            rb.add(Compute(f"{label}_host_issue", "copy", 0.0, 0.0, launches=len(group) * len(gather.keys)),
-                   "compute", (fill,))
-        done = rb.add(Collective("all_gather", nbytes, group, dtype=rb.t.dtype, name=label), "fsdp_ag", (fill,))
-        return rb.add(Compute(f"{label}_copy_out", "copy", 0.0, 2.0 * nbytes, dtype=rb.t.dtype,
-                              launches=len(group) * len(gather.keys)), "fsdp_ag", (done,))
+            rb.add(host_k, "compute", (fill,))
+        done = rb.add(Collective("all_gather", gather.numel * self.eb, group, dtype=rb.t.dtype, name=label),
+                      "fsdp_ag", (fill,))
+        return rb.add(copy_k, "fsdp_ag", (done,))
 
     def _emit_unit(self, unit, phase: str, deps: list, *, reduce: bool) -> None:
         """One unit's pass, split at the first op of each of its parameter modules (each waits for its
