@@ -278,7 +278,7 @@ class Runtime:
             if mirrors is None:
                 mirrors = self._mirror_plans[mkey] = [self.nccl.plan(op, gpus) for gpus in self._mirrors(group)]
             self.mirrored_activities += len(mirrors)
-            done = self.nccl.start_together([rdv.plan, *mirrors])
+            done = self.nccl.start_mirrored(rdv.plan, mirrors)
             def release_members(_ev: simpy.Event) -> None:  # every member's wait ends with the activity
                 rdv.done.succeed()
 
@@ -316,7 +316,7 @@ class Runtime:
                 mirrors = self._mirror_plans[mkey] = [self.nccl.plan_p2p(src, dst, op.size_bytes)
                                                       for src, dst in self._mirrors(pair[:2], directed=True)]
             self.mirrored_activities += len(mirrors)
-            self.nccl.start_together([plan, *mirrors]).callbacks.append(lambda _ev: done.succeed(now))
+            self.nccl.start_mirrored(plan, mirrors).callbacks.append(lambda _ev: done.succeed(now))
         else:
             done = self.env.event()
             mine[pair].append((op, done))
