@@ -11,7 +11,7 @@ uses are most of the cluster's links.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from hwmodel.fluid import Resource
 from hwmodel.nccl import algorithms as _algorithms
@@ -57,10 +57,10 @@ def edge_weights(engine: NcclEngine, ctx: EdgeContext, plan: Plan,
     per_byte: dict[Edge, float] = {}
     for f in _algorithms.get(plan.algorithm).flows(ctx, plan.op, plan.gpus, plan.root):  # type: ignore[arg-type]
         frac = f.frac
-        for e in f.path:
-            per_byte[e] = per_byte.get(e, 0.0) + frac  # type: ignore[index]
+        for e in cast(tuple[Edge, ...], f.path):  # (EdgeContext's paths: edges)
+            per_byte[e] = per_byte.get(e, 0.0) + frac
     adj = engine.cluster.topology.graph._adj  # (networkx's plain successor dicts: off its views)
-    out = {}
+    out: dict[Edge, float] = {}
     for e, w in per_byte.items():
         kind = adj[e[0]][e[1]].get("kind", "")
         eff = efficiency.get(kind)
