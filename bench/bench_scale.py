@@ -11,7 +11,8 @@
    with the full simulation, symmetry mode and the hierarchical engine.
 
 Run: ``python bench/bench_scale.py [--quick] [--modes] [--sizes 2048,16384]`` (``--quick``: 2,048 and
-4,096 GPUs and the 128-GPU case only; ``--sizes``: the acceptance table at these GPU counts only). Each case runs in a fresh process so RSS is its own. CPU time is printed beside the
+4,096 GPUs and the 128-GPU case only; ``--sizes``: the acceptance table at these GPU counts only).
+Each case runs in a fresh process so RSS is its own. CPU time is printed beside the
 wall time because on a shared machine the wall time also counts other processes.
 """
 
