@@ -145,7 +145,7 @@ class Runtime:
         self.events: list[TraceEvent] = []
         self._finished: dict[int, bytearray] = {r: bytearray(len(p.tasks)) for r, p in self.programs.items()}
         self._task_events: dict[tuple[int, int], simpy.Event] = {}
-        self._waiting_on: dict[tuple[int, str], str] = {}
+        self._waiting_on: dict[tuple[int, str], str | tuple] = {}  # (formatted only for a deadlock)
         self._coll_seq: dict[tuple[int, tuple[int, ...]], int] = defaultdict(int)
         self._rdv: dict[tuple[tuple[int, ...], int], _Rendezvous] = {}
         self._sends: dict[tuple[int, int, str], deque] = defaultdict(deque)
@@ -206,7 +206,7 @@ class Runtime:
         for t in tasks:
             for d in t.deps:
                 if not finished[d]:
-                    self._waiting_on[(rank, stream)] = f"task {t.id} waits for task {d}"
+                    self._waiting_on[(rank, stream)] = ("dep", t.id, d)
                     yield self._task_events[(rank, d)]
             issue = (t.id + 1) * self.host_overhead
             if issue > env.now:
@@ -214,7 +214,7 @@ class Runtime:
             start = env.now
             op = t.op
             if isinstance(op, Compute):
-                self._waiting_on[(rank, stream)] = f"task {t.id} kernel {op.name}"
+                self._waiting_on[(rank, stream)] = ("kernel", t.id, op)
                 cost = gpu.cost(op)
                 act = gpu.launch(op, cost)
                 yield act.done
@@ -267,7 +267,7 @@ class Runtime:
         gpu = self.cluster.gpus[self.placement[rank]]
         channels = rdv.plan.n_channels
         gpu.hold_sms(channels)
-        self._waiting_on[(rank, stream)] = f"task {t.id} {_desc(op)} #{seq} on group {group}"
+        self._waiting_on[(rank, stream)] = ("collective", t.id, op, seq)
         expected = len(group) if self.mirror is None else sum(1 for r in group if r in self.programs)
         if len(rdv.arrived) == expected:
             rdv.started = True
@@ -278,7 +278,7 @@ class Runtime:
             if mirrors is None:
                 mirrors = self._mirror_plans[mkey] = [self.nccl.plan(op, gpus) for gpus in self._mirrors(group)]
             self.mirrored_activities += len(mirrors)
-            done = self.nccl.start_together([rdv.plan, *mirrors])
+            done = self.nccl.start_mirrored(rdv.plan, mirrors)
             def release_members(_ev: simpy.Event) -> None:  # every member's wait ends with the activity
                 rdv.done.succeed()
 
@@ -298,8 +298,7 @@ class Runtime:
             pair, mine, theirs = (rank, op.peer, op.tag), self._sends, self._recvs
         else:
             pair, mine, theirs = (op.peer, rank, op.tag), self._recvs, self._sends
-        self._waiting_on[(rank, stream)] = f"task {t.id} {op.direction} {op.size_bytes} B " \
-                                           f"{'to' if op.direction == 'send' else 'from'} rank {op.peer}"
+        self._waiting_on[(rank, stream)] = ("p2p", t.id, op)
         gpu = self.cluster.gpus[self.placement[rank]]
         if theirs[pair]:
             other_op, done = theirs[pair].popleft()
@@ -316,7 +315,7 @@ class Runtime:
                 mirrors = self._mirror_plans[mkey] = [self.nccl.plan_p2p(src, dst, op.size_bytes)
                                                       for src, dst in self._mirrors(pair[:2], directed=True)]
             self.mirrored_activities += len(mirrors)
-            self.nccl.start_together([plan, *mirrors]).callbacks.append(lambda _ev: done.succeed(now))
+            self.nccl.start_mirrored(plan, mirrors).callbacks.append(lambda _ev: done.succeed(now))
         else:
             done = self.env.event()
             mine[pair].append((op, done))
@@ -395,7 +394,7 @@ class Runtime:
     def _deadlock_report(self, stuck: list[tuple[int, str]]) -> str:
         lines = [f"deadlock: {len(stuck)} stream(s) can never finish"]
         for rank, stream in stuck[:20]:
-            lines.append(f"  rank {rank} stream {stream!r}: {self._waiting_on.get((rank, stream), '?')}")
+            lines.append(f"  rank {rank} stream {stream!r}: {_waiting_text(self._waiting_on.get((rank, stream), '?'))}")
         for (group, seq), rdv in list(self._rdv.items())[:10]:
             missing = [r for r in group if r not in rdv.arrived]
             lines.append(f"  {_desc(rdv.op)} #{seq} on group {group}: arrived ranks "
@@ -418,6 +417,20 @@ def _kernel_info(op: Compute, solo_time_s: float) -> KernelInfo:
     if op.kind == "macro" and len(op.pass_profile_s) == 4:
         return MacroInfo(op.flops, solo_time_s, *op.pass_profile_s)
     return KernelInfo(op.flops, solo_time_s)
+
+
+def _waiting_text(entry: str | tuple) -> str:
+    """What a stream waits on, as the deadlock report says it (the runtime keeps it unformatted)."""
+    if isinstance(entry, str):
+        return entry
+    what, tid, x = entry[:3]
+    if what == "dep":
+        return f"task {tid} waits for task {x}"
+    if what == "kernel":
+        return f"task {tid} kernel {x.name}"
+    if what == "collective":
+        return f"task {tid} {_desc(x)} #{entry[3]} on group {x.group}"
+    return f"task {tid} {x.direction} {x.size_bytes} B {'to' if x.direction == 'send' else 'from'} rank {x.peer}"
 
 
 def _desc(op: Collective) -> str:

@@ -259,6 +259,16 @@ class Topology:
             hit = self._routes[key] = tuple(self._compute_route(src, dst))
         return list(hit)
 
+    def device_kinds(self) -> dict[str, str]:
+        """Device -> its kind (``gpu``, ``nic``, ``ib_switch``, ...), as a plain dict (built once)."""
+        return self._tables()[0]
+
+    def route_edges(self, src: str, dst: str) -> tuple[Edge, ...]:
+        """:meth:`route` as a tuple, from the cache when there, else computed and NOT cached: for the
+        routes of symmetric mirrors, asked once each, whose cache would grow with the cluster."""
+        hit = self._routes.get((src, dst))
+        return hit if hit is not None else tuple(self._compute_route(src, dst))
+
     def path_latency_s(self, route: Sequence[Edge]) -> float:
         """Sum of the links' latencies along ``route`` (s)."""
         edges = self.graph.edges

@@ -191,7 +191,11 @@ def _link_lines(rep: Any, top: int) -> list[str]:
         lines.append(f"  {label:<34} {n:>5} {_gb(carried):>13} {caps[name] / 1e9:>6.0f} GB/s {100 * mean:>6.1f}% "
                      f"{100 * peak:>6.1f}%")
     lines.append("  (+k): k more links with the same load; capacity per direction")
-    return lines + _kind_lines(rep)
+    lines += _kind_lines(rep)
+    if rep.mode == "hierarchical":  # macro tasks carry time, not traffic (docs/DESIGN.md, hierarchical engine)
+        lines.append("  (hierarchical mode: collectives inside a layer pass -- TP, CP -- are timed in its macro task "
+                     "and put on no link; mode = \"symmetric\" puts them on the NVLink-domain links)")
+    return lines
 
 
 LINK_KIND_LABELS = {"nvlink": "NVLink (NVLink domain)", "pcie": "PCIe (GPU/NIC to switch)",

@@ -54,6 +54,7 @@ from hwmodel.ir import COLLECTIVE_OPS, Collective
 from hwmodel.nccl import algorithms as _algorithms
 from hwmodel.nccl import calibration as _calibration
 from hwmodel.nccl import chunked as _chunked
+from hwmodel.nccl import mirrors as _mirrors
 from hwmodel.nccl import nccltests as _nt
 from hwmodel.nccl import tuner as _tuner
 from hwmodel.nccl.algorithms.base import Flow
@@ -65,6 +66,10 @@ if TYPE_CHECKING:
     from hwmodel.topology import Topology
 
 FIDELITIES = ("flow", "step", "chunked")
+
+_MergedGroup = tuple[float, float, "float | None", "dict[Resource, float]", "dict[Resource, float]", bool]
+"""One activity of a merged start: (work, latency s, rate bound, link weights, HBM side loads, whether
+it holds the first plan)."""
 
 HBM_BYTES_PER_BYTE = {"all_reduce": 3.0, "reduce_scatter": 3.0, "reduce": 3.0,
                       "all_gather": 2.0, "broadcast": 2.0, "all_to_all": 2.0, "p2p": 2.0}
@@ -159,6 +164,7 @@ class NcclEngine:
         self._comm_topo_cache: dict[tuple[int, int, int], _tuner.CommTopology] = {}
         self._p2p_cache: dict[tuple[bool, int], P2PPlan] = {}
         self._merged_cache: dict[tuple, tuple[dict[Resource, float], dict[Resource, float]]] = {}
+        self._mirrored_cache: dict[tuple, tuple[list[Plan], list[_MergedGroup]]] = {}
         self._plan_cache: dict[tuple, Plan] = {}
         self._weights_cache: dict[tuple, tuple[dict[Resource, float], dict[Resource, float]]] = {}
         self._flows_cache: dict[tuple, list[Flow]] = {}
@@ -308,58 +314,57 @@ class NcclEngine:
         which is exact when the mirrors load their links alike (the symmetric case this is for) and
         cuts the number of activities by the number of mirrors. Plans that differ in work, latency or
         rate bound, and step fidelity, are started separately."""
-        first = plans[0]
         if len(plans) == 1 or self.fidelity == "step":
-            done = self.start(first)
+            done = self.start(plans[0])
             for p in plans[1:]:
                 self.start(p)
             return done
+        return self._start_groups(plans[0], self._merged_groups(plans))
+
+    def start_mirrored(self, plan: Plan, mirrors: list[Plan]) -> simpy.Event:
+        """:meth:`start_together` of ``[plan, *mirrors]``, for a caller that keeps the list ``mirrors``
+        unchanged while the engine lives (a runtime's mirror cache): the merge is then cached by the
+        list's identity, so a repeated collective costs O(merged groups), not O(mirrors)."""
+        if not mirrors or self.fidelity == "step":
+            return self.start_together([plan, *mirrors])
+        key = (id(mirrors), plan.op, plan.algorithm, plan.protocol, plan.gpus, plan.root, plan.size_bytes,
+               plan.latency_s, plan.rate_bound_Bps)
+        hit = self._mirrored_cache.get(key)
+        if hit is None:  # (the list is kept with the entry, so its id is not reused)
+            hit = self._mirrored_cache[key] = (mirrors, self._merged_groups([plan, *mirrors]))
+        return self._start_groups(plan, hit[1])
+
+    def _start_groups(self, first: Plan, groups: list[_MergedGroup]) -> simpy.Event:
+        first_done: simpy.Event | None = None
+        for work, lat, bound, weights, side, has_first in groups:
+            act = self.cluster.fs.start(work, weights, latency_s=lat, rate_bound=bound, side_loads=side,
+                                        name=first.name or first.op)
+            if has_first:
+                first_done = act.done
+        return first_done if first_done is not None else self.start(first)
+
+    def _merged_groups(self, plans: list[Plan]) -> list[_MergedGroup]:
+        """``plans`` grouped by (work, latency, rate bound), each group's link weights merged
+        (:func:`hwmodel.nccl.mirrors.merged_weights`; cached by the members' plans)."""
+        first = plans[0]
         groups: dict[tuple, list[Plan]] = {}
         for p in plans:
             if p.algorithm == "none":
                 continue
             groups.setdefault((self._work(p), p.latency_s, p.rate_bound_Bps), []).append(p)
-        first_done: simpy.Event | None = None
+        out: list[_MergedGroup] = []
         for (work, lat, bound), members in groups.items():
             key = tuple((p.op, p.algorithm, p.protocol, p.gpus, p.root, p.busbw_correction) for p in members)
             hit = self._merged_cache.get(key)
             if hit is None:
-                weights: dict[Resource, float] = {}
-                users: dict[Resource, int] = {}
                 # HBM side loads only for the first plan: mirrors run on GPUs whose kernels are not
                 # simulated, so their HBM traffic would load nothing anyone waits for.
                 side = dict(self._flow(members[0])[2]) if members[0] is first else {}
-                own = self._flow(members[0])[1]
-                for i, p in enumerate(members):
-                    # Mirrors' weights are not cached (nor their GPUs' HBM made): only the merged
-                    # activity is kept, so memory follows the simulated ranks, not the mirrors.
-                    for r, x in (own if i == 0 else self._link_weights(p)).items():
-                        weights[r] = weights.get(r, 0.0) + x
-                        users[r] = users.get(r, 0) + 1
-                # A link only one mirror uses is, by symmetry, loaded exactly like its counterpart on
-                # the representative's own path, so it adds no constraint: keep the representative's
-                # links and the links several members share (leaf uplinks, spines). Links between
-                # fabric switches stay even with one user: a mirror may cross a spine where the
-                # representative stays under its leaf (a scalable-unit or pod boundary between them).
-                # So are the links of the representative's own GPUs that a mirror uses (a ring's
-                # send from the previous rank into the representative, CP or TP-overlap rings).
                 ends = set(members[0].gpus) if members[0] is first else set()
-                weights = {r: x for r, x in weights.items() if r in own or users[r] > 1
-                           or self._between_switches(r) or _touches(r, ends)}
+                weights = _mirrors.merged_weights(self, members, self._flow(members[0])[1], ends)
                 hit = self._merged_cache[key] = (weights, side)
-            act = self.cluster.fs.start(work, hit[0], latency_s=lat, rate_bound=bound, side_loads=hit[1],
-                                        name=first.name or first.op)
-            if first in members:
-                first_done = act.done
-        return first_done if first_done is not None else self.start(first)
-
-    def _between_switches(self, r: Resource) -> bool:
-        """Whether link resource ``r`` joins two fabric switches (a leaf uplink, a spine or core link)."""
-        meta = r.meta
-        if not isinstance(meta, tuple) or len(meta) < 3:
-            return False
-        nodes = self.cluster.topology.graph.nodes
-        return bool(nodes[meta[1]]["kind"] == nodes[meta[2]]["kind"] == "ib_switch")
+            out.append((work, lat, bound, hit[0], hit[1], first in members))
+        return out
 
     def run(self, coll: Collective, gpus: Sequence[str]) -> simpy.Event:
         """Plan and start ``coll`` on ``gpus`` now (standalone use, e.g. nccl-tests)."""
@@ -389,6 +394,9 @@ class NcclEngine:
     def _proto_weight(self, plan: Plan) -> float:
         return 1.0 / (_tuner.PROTOCOL_EFFICIENCY[plan.protocol] * plan.busbw_correction)
 
+    proto_weight = _proto_weight
+    """Wire bytes per payload byte of ``plan``'s protocol (1 / NCCL's protocol efficiency)."""
+
     def _weights(self, plan: Plan) -> tuple[dict[Resource, float], dict[Resource, float]]:
         weights = self._link_weights(plan, self.flows(plan))
         hbm = HBM_BYTES_PER_BYTE.get(plan.op, 2.0)
@@ -412,7 +420,11 @@ class NcclEngine:
         return eff
 
     def _link_efficiency_uncached(self, r: Resource) -> float:
-        kind = r.meta[3] if isinstance(r.meta, tuple) and len(r.meta) > 3 else ""
+        return self.link_efficiency_of_kind(r.meta[3] if isinstance(r.meta, tuple) and len(r.meta) > 3 else "")
+
+    def link_efficiency_of_kind(self, kind: str) -> float:
+        """NCCL's achieved / line rate on a link of topology edge kind ``kind`` (NVLink: the engine's
+        ``nvlink_efficiency``; InfiniBand/Ethernet: the calibrated app efficiency; others 1)."""
         if kind == "nvlink":
             return self.nvlink_efficiency
         if kind in ("ib", "net", "ethernet"):
@@ -584,9 +596,3 @@ def _nvswitch_generation(topo) -> int:
         digits = "".join(ch for ch in spec.rsplit("gen", 1)[-1] if ch.isdigit())
         return int(digits) if "gen" in spec and digits else 0
     return 0
-
-
-def _touches(r: Resource, devices: set[str]) -> bool:
-    """Whether link resource ``r`` (``meta = ("link", u, v, kind)``) starts or ends at one of ``devices``."""
-    meta = r.meta
-    return bool(devices) and isinstance(meta, tuple) and len(meta) >= 3 and (meta[1] in devices or meta[2] in devices)

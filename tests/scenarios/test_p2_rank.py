@@ -106,6 +106,9 @@ class StubEngine:
     def start_together(self, plans):
         return self.start(plans[0])
 
+    def start_mirrored(self, plan, mirrors):
+        return self.start(plan)
+
 
 def test_simulate_with_a_stub_engine_runs_steps_in_order():
     from hwmodel.topology import build_system

@@ -1,5 +1,6 @@
-"""``Layout.mirror`` skips the shifts along an axis a group holds whole (they map it onto itself): the
-result is the same as shifting by every (tp, dp) offset."""
+"""Layout.mirror (vectorised) against its definition: ``ranks`` shifted by every (tp, dp) offset."""
+
+import itertools
 
 import pytest
 
@@ -7,40 +8,37 @@ from workload.parallel.config import ParallelConfig
 from workload.parallel.placement import Layout
 
 
-def _every_shift(lay: Layout, ranks: tuple[int, ...], directed: bool) -> list[tuple[int, ...]]:
-    """``mirror`` without the shortcut: every (tp, dp) offset, first occurrence of each set kept."""
-    coords = [lay.coords(r) for r in ranks]
-    t = lay.sizes["tp"]
-    out = [tuple(ranks)]
-    seen = {tuple(ranks) if directed else frozenset(ranks)}
-    for dt in range(t):
-        for dd in range(lay.sizes["dp"]):
-            other = tuple(lay.rank(tp=(c["tp"] + dt) % t, cp=c["cp"], dp=lay._shift_dp(c["dp"], dd), pp=c["pp"])
-                          for c in coords)
-            key = other if directed else frozenset(other)
-            if key not in seen:
-                seen.add(key)
-                out.append(other)
+def _by_definition(lay: Layout, ranks, directed, fixed):
+    T, D = lay.sizes["tp"], lay.sizes["dp"]
+    out, seen = [tuple(ranks)], {tuple(ranks) if directed else frozenset(ranks)}
+    for dt, dd in itertools.product(range(1 if "tp" in fixed else T), range(1 if "dp" in fixed else D)):
+        other = []
+        for r in ranks:
+            c = lay.coords(r)
+            other.append(lay.rank(tp=(c["tp"] + dt) % T, cp=c["cp"], dp=lay._shift_dp(c["dp"], dd), pp=c["pp"]))
+        key = tuple(other) if directed else frozenset(other)
+        if key not in seen:
+            seen.add(key)
+            out.append(tuple(other))
     return out
 
 
-@pytest.mark.parametrize("kw,world", [
-    ({"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2}, 16),
-    ({"tensor_model_parallel_size": 2, "context_parallel_size": 2}, 16),
-    ({"expert_model_parallel_size": 2, "tensor_model_parallel_size": 2}, 16),
-    ({"rank_order": "dp-tp-cp-ep-pp", "tensor_model_parallel_size": 4}, 16),
-])
-def test_mirror_equals_every_shift(kw, world):
-    lay = Layout(ParallelConfig(**kw).resolve(world))
-    groups = {lay.group(0, axes) for axes in ("tp", "dp", ("cp", "dp"), "pp", "ep", "edp", ("tp", "dp"))}
-    groups |= {(0, 1), (1, 0), (0, lay.world_size - 1)}
-    for g in groups:
-        for directed in (False, True):
-            assert lay.mirror(g, directed=directed) == _every_shift(lay, g, directed), (g, directed)
+@pytest.mark.parametrize("tp,cp,dp,pp,ep,order", [(2, 1, 4, 2, 1, "tp-cp-ep-dp-pp"), (4, 2, 4, 2, 2, "tp-cp-ep-dp-pp"),
+                                                  (2, 1, 8, 3, 4, "tp-cp-ep-dp-pp"), (2, 2, 4, 2, 1, "tp-pp-ep-dp-cp"),
+                                                  (8, 1, 6, 2, 1, "dp-ep-tp-pp-cp")])
+def test_mirror_matches_its_definition(tp, cp, dp, pp, ep, order):
+    lay = Layout(ParallelConfig(tensor_model_parallel_size=tp, context_parallel_size=cp, data_parallel_size=dp,
+                                pipeline_model_parallel_size=pp, expert_model_parallel_size=ep, rank_order=order))
+    w = lay.world_size
+    cases = [(0,), (w - 1,), (0, w - 1), (1, tp * cp), tuple(range(0, w, max(w // 5, 1)))]
+    for ranks, directed, fixed in itertools.product(cases, (False, True), ((), ("tp",), ("dp",))):
+        got = lay.mirror(ranks, directed=directed, fixed=fixed)
+        assert got == _by_definition(lay, ranks, directed, fixed)
+        assert all(type(x) is int for t in got for x in t)
 
 
-def test_a_whole_data_parallel_group_is_its_only_mirror():
-    """1,536 ranks of data parallelism: the group maps onto itself under every shift."""
-    lay = Layout(ParallelConfig().resolve(1536))
-    g = lay.group(0, "dp")
-    assert lay.mirror(g) == [g]
+def test_mirror_of_a_pipeline_send_on_131072_gpus_has_one_mirror_per_tp_dp_offset():
+    lay = Layout(ParallelConfig(tensor_model_parallel_size=8, data_parallel_size=1024, pipeline_model_parallel_size=16))
+    got = lay.mirror((0, 8 * 1024), directed=True)
+    assert len(got) == 8 * 1024 and len(set(got)) == len(got)
+    assert got[1] == (8, 8 * 1024 + 8) and got[-1] == (7 + 8 * 1023, 8 * 1024 + 7 + 8 * 1023)

@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+import numpy as np
+
 from workload.parallel.config import ParallelConfig
 
 
@@ -109,21 +111,25 @@ class Layout:
         maps onto an expert-parallel group (a plain shift by ``e`` would straddle two blocks: a
         communicator no rank uses, with all-to-all traffic across nodes that never happens)."""
         coords = [self.coords(r) for r in ranks]
-        T = self.sizes["tp"]
-        shifts_tp = range(1) if "tp" in fixed or self._whole_lines(ranks, coords, "tp", directed) else range(T)
-        shifts_dp = range(1) if "dp" in fixed or self._whole_lines(ranks, coords, "dp", directed) else range(
-            self.sizes["dp"])
-        shift = self._shift_dp
-        out: list[tuple[int, ...]] = [tuple(ranks)]
-        seen: set[tuple[int, ...] | frozenset[int]] = {tuple(ranks) if directed else frozenset(ranks)}
-        for dt in shifts_tp:
-            for dd in shifts_dp:
-                other = tuple(self.rank(tp=(c["tp"] + dt) % T, cp=c["cp"], dp=shift(c["dp"], dd), pp=c["pp"])
-                              for c in coords)
-                key = other if directed else frozenset(other)
-                if key not in seen:
-                    seen.add(key)
-                    out.append(other)
+        T, D = self.sizes["tp"], self.sizes["dp"]
+        whole = {axis: axis in fixed or self._whole_lines(ranks, coords, axis, directed) for axis in ("tp", "dp")}
+        dts = np.arange(1 if whole["tp"] else T)
+        dds = np.arange(1 if whole["dp"] else D)
+        # every shift at once (numpy): rows in the order (tp offset, then dp offset), one column per rank
+        cols = []
+        for c in coords:
+            tp = (c["tp"] + dts) % T
+            dp = self._shift_dp_array(c["dp"], dds)
+            cols.append((tp[:, None] * self._stride["tp"] + dp[None, :] * self._stride["dp"]).ravel()
+                        + c["cp"] * self._stride["cp"] + c["pp"] * self._stride["pp"])
+        first = tuple(ranks)
+        out: list[tuple[int, ...]] = [first]
+        seen: set[tuple[int, ...] | frozenset[int]] = {first if directed else frozenset(ranks)}
+        for other in zip(*(col.tolist() for col in cols), strict=True):
+            key = other if directed else frozenset(other)
+            if key not in seen:
+                seen.add(key)
+                out.append(other)
         return out
 
     def _whole_lines(self, ranks: tuple[int, ...], coords: list[dict[str, int]], axis: str, directed: bool) -> bool:
@@ -136,6 +142,23 @@ class Layout:
         rest = [a for a in ("tp", "cp", "dp", "pp") if a != axis]
         lines = {tuple(c[a] for a in rest) for c in coords}
         return len(set(ranks)) == len(lines) * self.sizes[axis]
+
+    @cached_property
+    def _stride(self) -> dict[str, int]:
+        """Rank distance between neighbours along each axis (:meth:`rank`'s strides)."""
+        out, stride = {}, 1
+        for axis in self._order:
+            out[axis] = stride
+            stride *= self.sizes[axis]
+        return out
+
+    def _shift_dp_array(self, dp: int, offsets: np.ndarray) -> np.ndarray:
+        """:meth:`_shift_dp` of ``dp`` under each of ``offsets`` (an integer array)."""
+        D, ep = self.sizes["dp"], self.config.ep
+        if ep == 1:
+            return (dp + offsets) % D
+        q, e = np.divmod(offsets, ep)
+        return ((dp // ep + q) % (D // ep)) * ep + (dp % ep + e) % ep
 
     def _shift_dp(self, dp: int, offset: int) -> int:
         """Data-parallel coordinate ``dp`` under the mirror offset ``offset`` (0 <= offset < dp size):

@@ -1,0 +1,106 @@
+"""Merging a collective with its symmetric mirrors into one activity's link weights, link by edge.
+
+:meth:`hwmodel.nccl.engine.NcclEngine.start_together` starts a collective (or send/recv) of a simulated
+rank together with its mirrors -- the same operation shifted to the ranks it stands for -- as ONE fluid
+activity over the union of their links. Most of a mirror's links are used by that mirror alone (its own
+NIC, PCIe and node links); the merge drops them (see :func:`merged_weights`). Laying the mirrors' flows
+out as topology *edges* rather than link resources means those dropped links never get a resource, nor a
+cached route: on a 131,072-GPU cluster a pipeline send has 8,191 mirrors, and the links only one of them
+uses are most of the cluster's links.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, cast
+
+from hwmodel.fluid import Resource
+from hwmodel.nccl import algorithms as _algorithms
+
+if TYPE_CHECKING:
+    from hwmodel.nccl.engine import NcclEngine, Plan
+
+Edge = tuple[str, str]
+
+
+class EdgeContext:
+    """The engine's flow context (:class:`hwmodel.nccl.algorithms.base.FlowContext`) with ``path``
+    returning topology edges, not link resources; routes are not cached (a mirror's route is asked once
+    per merged group)."""
+
+    def __init__(self, engine: NcclEngine) -> None:
+        self._engine = engine
+        self._topo = engine.cluster.topology
+
+    def path(self, a: str, b: str) -> tuple[Edge, ...]:
+        return self._topo.route_edges(a, b)
+
+    def rails(self, ppn: int) -> int:
+        return self._engine.rails(ppn)
+
+    def comm_topology(self, gpus: tuple[str, ...]) -> Any:
+        return self._engine.comm_topology(gpus)
+
+    def nodes_of(self, gpus: tuple[str, ...]) -> dict[int, list[str]]:
+        return self._engine.nodes_of(gpus)
+
+    @property
+    def topology(self) -> Any:
+        return self._topo
+
+
+def edge_weights(engine: NcclEngine, ctx: EdgeContext, plan: Plan,
+                 efficiency: dict[str, float]) -> dict[Edge, float]:
+    """Edge -> bytes on it per byte of per-rank progress of ``plan``: the same figures, in the same order,
+    as ``engine._link_weights(plan)`` gives per link resource. ``efficiency``: a cache, edge kind -> NCCL's
+    link efficiency (:meth:`NcclEngine.link_efficiency_of_kind`)."""
+    proto_w = engine.proto_weight(plan)
+    per_byte: dict[Edge, float] = {}
+    for f in _algorithms.get(plan.algorithm).flows(ctx, plan.op, plan.gpus, plan.root):  # type: ignore[arg-type]
+        frac = f.frac
+        for e in cast(tuple[Edge, ...], f.path):  # (EdgeContext's paths: edges)
+            per_byte[e] = per_byte.get(e, 0.0) + frac
+    adj = engine.cluster.topology.graph._adj  # (networkx's plain successor dicts: off its views)
+    out: dict[Edge, float] = {}
+    for e, w in per_byte.items():
+        kind = adj[e[0]][e[1]].get("kind", "")
+        eff = efficiency.get(kind)
+        if eff is None:
+            eff = efficiency[kind] = engine.link_efficiency_of_kind(kind)
+        out[e] = w * proto_w / eff
+    return out
+
+
+def merged_weights(engine: NcclEngine, members: list[Plan], own: dict[Resource, float],
+                   ends: set[str]) -> dict[Resource, float]:
+    """Link weights of ``members`` (one plan and its mirrors) merged into one activity: weights added per
+    link, in order of first use. ``own``: the first member's link weights (resources). Kept: the first
+    member's links, links several members share (leaf uplinks, spines), links between fabric switches
+    even with one user (a mirror may cross a spine where the first member stays under its leaf: a
+    scalable-unit or pod boundary between them), and links that start or end at one of ``ends`` (the
+    representative's GPUs: a ring's send into it from the previous rank). A link only one mirror uses is,
+    by symmetry, loaded exactly like its counterpart on the first member's path: it adds no constraint.
+    Only kept links get a resource (:attr:`hwmodel.cluster.Cluster.links` makes them on first use)."""
+    ctx = EdgeContext(engine)
+    efficiency: dict[str, float] = {}
+    weights: dict[Edge, float] = {}
+    users: dict[Edge, int] = {}
+    own_edges: dict[Edge, Resource] = {}
+    for r, x in own.items():
+        e = (r.meta[1], r.meta[2])  # type: ignore[index]  # a link resource: ("link", u, v, kind)
+        own_edges[e] = r
+        weights[e] = x
+        users[e] = 1
+    for p in members[1:]:
+        for e, x in edge_weights(engine, ctx, p, efficiency).items():
+            weights[e] = weights.get(e, 0.0) + x
+            users[e] = users.get(e, 0) + 1
+    kinds = engine.cluster.topology.device_kinds()
+    links = engine.cluster.links
+    out: dict[Resource, float] = {}
+    for e, x in weights.items():
+        u, v = e
+        if e in own_edges:
+            out[own_edges[e]] = x
+        elif users[e] > 1 or kinds[u] == kinds[v] == "ib_switch" or u in ends or v in ends:
+            out[links[e]] = x
+    return out

@@ -1,0 +1,61 @@
+"""A collective merged with its symmetric mirrors (hwmodel.nccl.mirrors, NcclEngine.start_mirrored)."""
+
+from hwmodel.cluster import Cluster
+from hwmodel.ir import Collective
+from hwmodel.nccl.engine import NcclEngine
+from hwmodel.topology import build_system
+
+MiB = 1 << 20
+
+
+def _reference_merge(eng: NcclEngine, plans, ends):
+    """The merge rule on link resources, mirror by mirror (what the engine did before laying mirrors out
+    as edges): add weights per link; keep the first plan's links, shared links, links between fabric
+    switches and links touching ``ends``."""
+    kinds = eng.cluster.topology.graph.nodes
+    own = eng._link_weights(plans[0])
+    weights, users = {}, {}
+    for i, p in enumerate(plans):
+        for r, x in (own if i == 0 else eng._link_weights(p)).items():
+            weights[r] = weights.get(r, 0.0) + x
+            users[r] = users.get(r, 0) + 1
+    return {r: x for r, x in weights.items() if r in own or users[r] > 1
+            or kinds[r.meta[1]]["kind"] == kinds[r.meta[2]]["kind"] == "ib_switch"
+            or r.meta[1] in ends or r.meta[2] in ends}
+
+
+def test_pipeline_send_and_mirrors_merge_as_link_by_link_and_make_no_mirror_only_link():
+    topo = build_system("dgx-h100", 8)
+    gpus = topo.gpus()
+    eng = NcclEngine(Cluster(topo, record=False))
+    first = eng.plan_p2p(gpus[0], gpus[32], 4 * MiB)  # node 0 -> node 4: over a spine
+    mirrors = [eng.plan_p2p(gpus[i], gpus[32 + i], 4 * MiB) for i in range(1, 32)]
+    (work, lat, bound, weights, side, has_first), = eng._merged_groups([first, *mirrors])
+    assert has_first and work == 4 * MiB and lat == first.latency_s and side
+    made = {r.name for r in eng.cluster.links.made()}
+    ref_eng = NcclEngine(Cluster(topo, record=False))
+    ref = _reference_merge(ref_eng, [ref_eng.plan_p2p(p.gpus[0], p.gpus[1], p.size_bytes)
+                                     for p in [first, *mirrors]], set(first.gpus))
+    assert [(r.name, x) for r, x in weights.items()] == [(r.name, x) for r, x in ref.items()]
+    # a mirror's own NIC uplink carries nothing the merge keeps: it gets no resource
+    assert "n1.nic0->su0.leaf0" not in made and "n0.nic0->su0.leaf0" in made
+    assert len(made) == len(weights) < len(ref_eng.cluster.links.made())
+
+
+def test_start_mirrored_caches_by_list_and_matches_start_together():
+    topo = build_system("dgx-h100", 4)
+    gpus = topo.gpus()
+    times = []
+    for mirrored in (False, True):
+        eng = NcclEngine(Cluster(topo, record=False))
+        coll = Collective("all_reduce", 64 * MiB, tuple(range(4)))
+        first = eng.plan(coll, (gpus[0], gpus[8], gpus[16], gpus[24]))
+        mirrors = [eng.plan(coll, (gpus[i], gpus[8 + i], gpus[16 + i], gpus[24 + i])) for i in range(1, 8)]
+        for _ in range(2):
+            done = eng.start_mirrored(first, mirrors) if mirrored else eng.start_together([first, *mirrors])
+            eng.cluster.env.run()
+            assert done.processed
+            times.append(eng.cluster.env.now)
+        if mirrored:
+            assert len(eng._mirrored_cache) == 1
+    assert times[:2] == times[2:] and times[1] > times[0] > 0
