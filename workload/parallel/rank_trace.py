@@ -36,7 +36,9 @@ def trace_rank(model_cfg, config: ParallelConfig, *, dtype: str = "bf16", compil
     :data:`workload.fp8.RECIPES`, on the blocks' Linear layers; sequence-parallel all-gathers move FP8
     where the recipe does, under ``tp_comm_overlap``/``async_tp`` for ``delayed``). ``fp8_param_gather``:
     FP8 parameter all-gathers (:mod:`workload.fp8.params`). ``compile``: torch.compile's fusion of
-    pointwise chains (:func:`workload.compile.fuse_pointwise`).
+    pointwise chains (:func:`workload.compile.fuse_pointwise`). ``fsdp = true`` is PyTorch's own stack
+    (torchtitan): eager, its RMSNorm runs as PyTorch's unfused decomposition (``fused_rms_norm=False``
+    of :func:`workload.trace.trace_model`); Megatron's TE/apex RMSNorm and torch.compile fuse it.
 
     Raises:
         ValueError: the parallel sizes do not divide the model (naming the fields and numbers), an
@@ -57,7 +59,7 @@ def trace_rank(model_cfg, config: ParallelConfig, *, dtype: str = "bf16", compil
     with torch.device("meta"):
         model = family.build(traced_cfg, tp=tp, ep=config.ep)
     graph = trace_model(model, micro_batch_size=config.micro_batch_size, block_attr=family.block_attr,
-                        dtype=TORCH_DTYPES[traced_as])
+                        dtype=TORCH_DTYPES[traced_as], fused_rms_norm=compile or not config.fsdp)
     pre, block, post, expert = _param_counts(model, graph, family)
     fp8_params = 0
     if dtype == "fp8":
