@@ -506,9 +506,9 @@ class RankBuilder:
         if g == "selective":
             fwd = [replace(o, name=f"recompute:{o.name}") for o in fwd
                    if isinstance(o, Compute) and o.kind in SELECTIVE_KINDS and o.layer.endswith(".attn")]
-        elif g == "selective_op":  # torchtitan's per-op SAC (workload.parallel.sac)
-            fwd = [replace(o, name=f"recompute:{o.name}")
-                   for o in op_sac_recomputed(o for o in fwd if isinstance(o, Compute))]
+        elif g == "selective_op":  # torchtitan's per-op SAC (workload.parallel.sac), TP all-gathers too
+            fwd = [replace(o, name=f"recompute:{o.name}") if isinstance(o, Compute) else o
+                   for o in op_sac_recomputed(o for o in fwd if isinstance(o, Compute | TracedCollective))]
         if not fwd:
             return deps
         self.emit(fwd, deps, blocks=True)
