@@ -8,9 +8,10 @@ except every second one, of SDPA and of the TP reduce-scatters
 graph: the block's GEMMs in forward order, the 2nd, 4th, ... re-run; attention kernels kept; every other
 compute kernel (norms, rotary, activations, casts) re-run; of the collectives, the reduce-scatters are
 saved and the others re-issued: a sequence-parallel block's two TP all-gathers
-(``_c10d_functional.all_gather_into_tensor``, not in ``_save_list``) run again before its backward. The traced layer's GEMMs are those of the zoo's layer (fused QKV, fused
-gate/up), so the re-run share of GEMM FLOPs is the zoo layer's (Llama 3 8B: the attention projection and
-fc2, 35 % of the block's GEMM FLOPs; torchtitan's seven separate ``mm`` re-run wk, wo and w3, 37 %).
+(``_c10d_functional.all_gather_into_tensor``, not in ``_save_list``) run again before its backward.
+The GEMMs are those of the traced layer: Megatron's fused QKV and gate/up (Llama 3 8B: the attention
+projection and fc2 re-run, 35 % of the block's GEMM FLOPs), or torchtitan's seven separate ``mm``
+(``separate_projections``, set by ``fsdp = true``: wk, wo and w3 re-run, 37 %).
 """
 
 from __future__ import annotations
