@@ -387,7 +387,7 @@ class RankBuilder:
             size = fp8p.param_gather_bytes(n, self.t.fp8_params_block, eb, self.t.fp8_recipe)
         return fsdp2.unshard(self, Collective("all_gather", size, self.groups["dp"], dtype=dtype,
                                               name=f"fsdp_ag_{phase}_L{layer}"),
-                             n / self.cfg.dp, n, f"layers.{layer}", phase, after, copy_in=not fp8)
+                             n / self.cfg.dp, f"layers.{layer}", phase, after, copy_in=not fp8)
 
     def fsdp_gather_part(self, part: str, phase: str, after: int | None) -> list[int]:
         """ZeRO-3/FSDP all-gather of the "pre" or "post" unit's parameters (training dtype; nccl-tests'
@@ -397,7 +397,7 @@ class RankBuilder:
             return []
         return [fsdp2.unshard(self, Collective("all_gather", n * ELEM_BYTES.get(self.t.dtype, 2), self.groups["dp"],
                                                dtype=self.t.dtype, name=f"fsdp_ag_{phase}_{part}"),
-                              n / self.cfg.dp, n, part, phase, after)]
+                              n / self.cfg.dp, part, phase, after)]
 
     def fp8_weight_cast(self, layer: int, phase: str) -> list[Compute]:
         """The recipe's kernels over one layer's FP8 GEMM weights (:func:`workload.fp8.params.layer_weight_kernels`),

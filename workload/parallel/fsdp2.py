@@ -13,7 +13,7 @@ between its flat communication buffers and the per-parameter tensors
   into the buffer, per element of this rank's shard;
 * *all-gather copy-out* (``foreach_all_gather_copy_out`` in ``wait_for_unshard``, on the compute stream
   before the unit's pass): ``split_with_sizes_copy`` of the whole gathered buffer into the unsharded
-  parameters: read and write every element of the unit in the training dtype;
+  parameters: read and write the gathered bytes (the training dtype; FP8 bytes with FP8 all-gathers);
 * *reduce-scatter copy-in* (``foreach_reduce``, on the reduce-scatter stream): the unsharded gradients
   (training dtype) cast to ``reduce_dtype`` (torchtitan's ``mixed_precision_reduce = "float32"``) and
   chunk-concatenated into the reduce-scatter input (``torch._chunk_cat``): read the training dtype,
@@ -55,8 +55,8 @@ FOREACH_ADAMW_PASSES = (
 are host scalars), each pass over this rank's fp32 shard."""
 
 
-def unshard(rb: RankBuilder, gather: Collective, shard_elements: float, unit_elements: float, layer: str,
-            phase: str, after: int | None, *, copy_in: bool = True) -> int:
+def unshard(rb: RankBuilder, gather: Collective, shard_elements: float, layer: str, phase: str,
+            after: int | None, *, copy_in: bool = True) -> int:
     """Add a unit's parameter all-gather (``gather``) on ``fsdp_ag`` after ``after``, with FSDP2's
     copy-in before it (unless ``copy_in`` is false: FP8 all-gathers cast on their own) and its copy-out
     on the compute stream; returns the task the unit's pass waits for. Plain ZeRO-3 (not ``fsdp``): the
@@ -69,7 +69,7 @@ def unshard(rb: RankBuilder, gather: Collective, shard_elements: float, unit_ele
         after = rb.add(Compute("fsdp_all_gather_copy_in", "copy", 0.0, shard_elements * (cast + 2 * eb),
                                dtype=rb.t.dtype, layer=layer, phase=phase), "fsdp_ag", (after,))
     ag = rb.add(gather, "fsdp_ag", (after,))
-    return rb.add(Compute("fsdp_all_gather_copy_out", "copy", 0.0, 2 * eb * unit_elements, dtype=rb.t.dtype,
+    return rb.add(Compute("fsdp_all_gather_copy_out", "copy", 0.0, 2 * gather.size_bytes, dtype=rb.t.dtype,
                           layer=layer, phase=phase), "compute", (ag,))
 
 

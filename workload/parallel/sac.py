@@ -53,7 +53,7 @@ def op_sac_recomputed(block_fwd: Iterable[T]) -> list[T]:
             gemms += 1
             if gemms % 2 == 0:
                 out.append(op)
-        elif op.kind not in KEPT_KINDS:
+        elif kind not in KEPT_KINDS:
             out.append(op)
     return out
 
