@@ -67,8 +67,9 @@ def _row_value(row: Row, f: float, table4: dict[tuple[str, float], tuple[float, 
 
 
 def _predict_group(group: list[Row], refit: bool) -> list[tuple[float, tuple[float, float] | None, float]]:
-    """``(predicted, clock curve or None, wall seconds)`` of each row of ``group`` (rows sharing a
-    simulation: Table 4's forward and backward of one setting). Runs in a worker process, too."""
+    """``(predicted, clock curve or None, wall seconds, predicted reserved GiB)`` of each row of ``group``
+    (rows sharing a simulation: Table 4's forward and backward of one setting). Runs in a worker process,
+    too, hence the memory figure in the result rather than only on the row."""
     f0 = provenance.shipped_clock()
     table4: dict[tuple[str, float], tuple[float, float]] = {}
     out = []
@@ -78,7 +79,7 @@ def _predict_group(group: list[Row], refit: bool) -> list[tuple[float, tuple[flo
         if refit and row.in_sample:
             provenance.set_curve(row, f0, row.predicted, provenance.REFIT_PROBE,
                                  _row_value(row, provenance.REFIT_PROBE, table4))
-        out.append((row.predicted, row.curve, time.perf_counter() - t0))
+        out.append((row.predicted, row.curve, time.perf_counter() - t0, row.predicted_memory_gib))
     return out
 
 
@@ -94,8 +95,8 @@ def predict(rows_: list[Row], progress=None, *, refit: bool = False, jobs: int =
             groups.setdefault((row.key, row.name) if row.key == "t4" else (row.key, f"{id(row)}"), []).append(row)
 
     def done(group: list[Row], results) -> None:
-        for row, (pred, curve, wall) in zip(group, results, strict=True):
-            row.predicted, row.curve, row.wall_s = pred, curve, wall
+        for row, (pred, curve, wall, memory_gib) in zip(group, results, strict=True):
+            row.predicted, row.curve, row.wall_s, row.predicted_memory_gib = pred, curve, wall, memory_gib
             if progress is not None:
                 progress(row)
 

@@ -195,7 +195,8 @@ def _fsdp_parts(prog):
     """{name: [size_bytes, ...]} of the FSDP collectives of the "pre" and "post" units."""
     out: dict[str, list[int]] = {}
     for t in prog.tasks:
-        if t.stream in ("fsdp_ag", "fsdp_rs") and not t.op.name.split("_")[-1].startswith("L"):
+        if t.stream in ("fsdp_ag", "fsdp_rs") and isinstance(t.op, Collective) \
+                and not t.op.name.split("_")[-1].startswith("L"):
             out.setdefault(t.op.name, []).append(t.op.size_bytes)
     return out
 
@@ -215,14 +216,16 @@ def test_fsdp_gathers_and_reduces_embedding_and_head():
         assert _fsdp_parts(prog) == {
             "fsdp_ag_fwd_pre": [2 * pre] * 2, "fsdp_ag_bwd_pre": [2 * pre] * 2, "fsdp_rs_pre": [4 * pre] * 2,
             "fsdp_ag_fwd_post": [2 * post] * 2, "fsdp_ag_bwd_post": [2 * post] * 2, "fsdp_rs_post": [4 * post] * 2}
-        assert all(len(t.op.group) == dp for t in prog.tasks if t.stream.startswith("fsdp"))
-        # the embedding's forward waits for its gather; the optimizer for the last reduce-scatter
+        assert all(len(t.op.group) == dp for t in prog.tasks
+                   if t.stream.startswith("fsdp") and isinstance(t.op, Collective))
+        # the embedding's forward waits for its gather (FSDP2: its copy-out, first on the compute
+        # stream); the optimizer for the last reduce-scatter
         ag = next(i for i, t in enumerate(prog.tasks) if t.op.name == "fsdp_ag_fwd_pre")
         first_kernel = next(t for t in prog.tasks if t.stream == "compute")
-        assert ag in first_kernel.deps
+        assert first_kernel.op.name == "fsdp_all_gather_copy_out" and ag in first_kernel.deps
         rs = [i for i, t in enumerate(prog.tasks) if t.stream == "fsdp_rs"]
         assert prog.tasks[rs[-1]].op.name == "fsdp_rs_pre"
-        assert rs[-1] in next(t for t in prog.tasks if t.op.name == "grad_norm").deps
+        assert rs[-1] in next(t for t in prog.tasks if t.op.name == "clip_grad_norm").deps
 
 
 def test_fsdp_tied_output_layer_gathers_the_embedding():

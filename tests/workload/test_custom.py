@@ -245,8 +245,9 @@ def test_fsdp_gathers_each_block_and_zero1_reduce_scatters():
     d, L, V, C, B, T = 256, 2, 256, 256, 2, 64
     rep = run_scenario(scenario("token_mlp", token_mlp(d, L, V, C, T), {"fsdp": True}, {"micro_batch_size": B}))
     tasks = rep.build.programs[0].tasks
-    ag = [t.op for t in tasks if t.stream == "fsdp_ag"]
-    rs = [t.op for t in tasks if t.stream == "fsdp_rs"]
+    ag = [t.op for t in tasks if t.stream == "fsdp_ag" and isinstance(t.op, Collective)]
+    rs = [t.op for t in tasks if t.stream == "fsdp_rs" and isinstance(t.op, Collective)]
+    # (FSDP2's copy kernels on these streams: tests/workload/test_fsdp2.py)
     # nccl-tests' S for all-gather / reduce-scatter is the whole buffer: one unit's parameters -- each
     # block, the embedding before the blocks ("pre", V*d) and the classifier after them ("post", d*C)
     units = {f"L{i}": 8 * d * d for i in range(L)} | {"pre": V * d, "post": d * C}

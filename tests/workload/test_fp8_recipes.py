@@ -173,11 +173,13 @@ def test_fp8_param_gather_halves_the_fp8_weights_bytes(kw):
     assert sum(x.size_bytes - y.size_bytes for x, y in layer) == passes * WEIGHTS
     if kw.get("fsdp"):  # the cast on the 1/dp shard before each gather, a transpose after backward's
         prog = build_programs(fp8, cfg, ranks=[0]).programs[0]
-        shard = [x for x in prog.tasks if x.stream == "fsdp_ag" and isinstance(x.op, Compute)]
+        shard = [x for x in prog.tasks if x.stream == "fsdp_ag" and isinstance(x.op, Compute)
+                 and not x.op.name.startswith("fsdp_")]  # FSDP2's bf16 copy-ins (embedding, head): test_fsdp2
         assert shard and all(x.op.bytes_accessed in (2 * WEIGHTS // 2, 4 * WEIGHTS // 2) for x in shard)
         assert any(isinstance(x.op, Compute) and x.op.name == FP8_TRANSPOSE_NAME for x in prog.tasks)
         amax = [x.op for x in prog.tasks if isinstance(x.op, Collective) and x.op.name == "fp8_weight_amax"]
-        assert len(amax) == 1 and amax[0].size_bytes == 4 * 4 * LLAMA.num_layers
+        # one fp32 amax per FP8 weight: torchtitan's seven Linear modules a block (wq, wk, wv, wo, w1, w3, w2)
+        assert len(amax) == 1 and amax[0].size_bytes == 4 * 7 * LLAMA.num_layers
 
 
 def test_fp8_params_memory_closed_form():

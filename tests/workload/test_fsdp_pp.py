@@ -5,6 +5,7 @@ from collections import Counter
 
 import pytest
 
+from hwmodel.ir import Collective
 from workload.parallel.builder import build_programs
 from workload.parallel.config import ParallelConfig
 from workload.parallel.placement import Layout
@@ -26,7 +27,8 @@ def _stage_programs(cfg):
 
 
 def _collectives(prog, stream):
-    return Counter((t.op.name, t.op.size_bytes) for t in prog.tasks if t.stream == stream)
+    return Counter((t.op.name, t.op.size_bytes) for t in prog.tasks
+                   if t.stream == stream and isinstance(t.op, Collective))
 
 
 @pytest.mark.parametrize("pp,vpp,m", [(2, None, 4), (2, 2, 4), (4, None, 8)])

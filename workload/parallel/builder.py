@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING
 from hwmodel.dtypes import ELEMENT_BYTES, TRAINING_DTYPES
 from hwmodel.ir import Collective, Compute, Program, SendRecv
 from workload.fp8 import params as fp8p
+from workload.parallel import fsdp2
 from workload.parallel.config import DDP_BUCKET_ELEMENTS_PER_DP_RANK, ParallelConfig
 from workload.parallel.deepspeed_zero import DeepSpeedStage3
 from workload.parallel.optimizer import fused_adam, optimizer_kernel
@@ -377,14 +378,16 @@ class RankBuilder:
         return self.t.block_params(layer) * eb
 
     def fsdp_gather(self, layer: int, phase: str, after: int | None) -> int:
-        # nccl-tests' S for all-gather is the gathered buffer: the whole layer, each rank holding 1/dp
-        size, dtype = self.layer_param_bytes(ELEM_BYTES.get(self.t.dtype, 2), layer), self.t.dtype
-        if self.t.fp8_param_gather:  # the FP8 weights cast on the shard, then gathered in FP8
+        """ZeRO-3/FSDP all-gather of a layer (nccl-tests' S: the whole layer, each rank holding 1/dp), with
+        FSDP2's copies (:func:`workload.parallel.fsdp2.unshard`); the task the layer's pass waits for."""
+        n, eb = self.t.block_params(layer), ELEM_BYTES.get(self.t.dtype, 2)
+        size, dtype, fp8 = n * eb, self.t.dtype, self.t.fp8_param_gather
+        if fp8:  # the FP8 weights cast on the shard, then gathered in FP8
             after, dtype = fp8p.shard_casts(self, layer, phase, after), fp8p.GATHER_DTYPE
-            size = fp8p.param_gather_bytes(self.t.block_params(layer), self.t.fp8_params_block,
-                                           ELEM_BYTES.get(self.t.dtype, 2), self.t.fp8_recipe)
-        return self.add(Collective("all_gather", size, self.groups["dp"], dtype=dtype,
-                                   name=f"fsdp_ag_{phase}_L{layer}"), "fsdp_ag", (after,))
+            size = fp8p.param_gather_bytes(n, self.t.fp8_params_block, eb, self.t.fp8_recipe)
+        return fsdp2.unshard(self, Collective("all_gather", size, self.groups["dp"], dtype=dtype,
+                                              name=f"fsdp_ag_{phase}_L{layer}"),
+                             n / self.cfg.dp, f"layers.{layer}", phase, after, copy_in=not fp8)
 
     def fsdp_gather_part(self, part: str, phase: str, after: int | None) -> list[int]:
         """ZeRO-3/FSDP all-gather of the "pre" or "post" unit's parameters (training dtype; nccl-tests'
@@ -392,17 +395,9 @@ class RankBuilder:
         n = self.t.params_pre if part == "pre" else self.t.params_post + self.t.params_post_tied
         if n <= 0:
             return []
-        return [self.add(Collective("all_gather", n * ELEM_BYTES.get(self.t.dtype, 2), self.groups["dp"],
-                                    dtype=self.t.dtype, name=f"fsdp_ag_{phase}_{part}"), "fsdp_ag", (after,))]
-
-    def fsdp_reduce_scatter(self, key, n: int, after: int | None) -> None:
-        """ZeRO-3/FSDP reduce-scatter of a unit's gradients (``n`` elements; the full gradient in, 1/dp
-        out; nccl-tests' S is the full buffer)."""
-        if n <= 0:
-            return
-        name = f"fsdp_rs_L{key}" if isinstance(key, int) else f"fsdp_rs_{key}"
-        self.add(Collective("reduce_scatter", n * self.grad_bytes, self.groups["dp"], dtype=self.grad_dtype,
-                            name=name), "fsdp_rs", (after,))
+        return [fsdp2.unshard(self, Collective("all_gather", n * ELEM_BYTES.get(self.t.dtype, 2), self.groups["dp"],
+                                               dtype=self.t.dtype, name=f"fsdp_ag_{phase}_{part}"),
+                              n / self.cfg.dp, part, phase, after)]
 
     def fp8_weight_cast(self, layer: int, phase: str) -> list[Compute]:
         """The recipe's kernels over one layer's FP8 GEMM weights (:func:`workload.fp8.params.layer_weight_kernels`),
@@ -482,7 +477,7 @@ class RankBuilder:
         done = self.last_compute
         if self.zero == 3:
             if last_mb or not self.cfg.fsdp_keeps_unsharded:
-                self.fsdp_reduce_scatter(key, n, done)
+                fsdp2.reduce(self, key, n, done)
         elif last_mb:
             self.grad_ready(key, done)
 
@@ -506,9 +501,9 @@ class RankBuilder:
         if g == "selective":
             fwd = [replace(o, name=f"recompute:{o.name}") for o in fwd
                    if isinstance(o, Compute) and o.kind in SELECTIVE_KINDS and o.layer.endswith(".attn")]
-        elif g == "selective_op":  # torchtitan's per-op SAC (workload.parallel.sac)
-            fwd = [replace(o, name=f"recompute:{o.name}")
-                   for o in op_sac_recomputed(o for o in fwd if isinstance(o, Compute))]
+        elif g == "selective_op":  # torchtitan's per-op SAC (workload.parallel.sac), TP all-gathers too
+            fwd = [replace(o, name=f"recompute:{o.name}") if isinstance(o, Compute) else o
+                   for o in op_sac_recomputed(o for o in fwd if isinstance(o, Compute | TracedCollective))]
         if not fwd:
             return deps
         self.emit(fwd, deps, blocks=True)
@@ -644,7 +639,8 @@ class RankBuilder:
 
     def optimizer(self) -> None:
         """Mixed-precision Adam as Megatron runs it: one fused multi-tensor kernel per layer's
-        parameters (apex/TE ``FusedAdam``), over this rank's shard (1/dp of it with ZeRO >= 1)."""
+        parameters (apex/TE ``FusedAdam``), over this rank's shard (1/dp of it with ZeRO >= 1); PyTorch's
+        foreach AdamW under ``fsdp``."""
         cfg = self.cfg
         scale = 1.0 / cfg.dp if self.zero >= 1 else 1.0
         items: list = []
@@ -667,6 +663,8 @@ class RankBuilder:
         items += [optimizer_kernel(name, n * b, layer) for name, b in (("copy_main_to_model_params", 6),
                                                                        ("zero_grad_buffers", 4))
                   for n, layer in shards]
+        if cfg.fsdp:  # PyTorch's clip_grad_norm_ and foreach AdamW (workload.parallel.fsdp2)
+            items = fsdp2.optimizer_kernels(shards)
         wait = list(self.dp_tasks)
         if self.zero == 3:
             wait += [i for i, t in enumerate(self.prog.tasks) if t.stream == "fsdp_rs"][-1:]

@@ -9,6 +9,8 @@ output layer is tied). A family may trace itself (a user's own module, :class:`w
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from hwmodel.dtypes import TRAINING_DTYPES as _DTYPE_TABLE
@@ -36,7 +38,10 @@ def trace_rank(model_cfg, config: ParallelConfig, *, dtype: str = "bf16", compil
     :data:`workload.fp8.RECIPES`, on the blocks' Linear layers; sequence-parallel all-gathers move FP8
     where the recipe does, under ``tp_comm_overlap``/``async_tp`` for ``delayed``). ``fp8_param_gather``:
     FP8 parameter all-gathers (:mod:`workload.fp8.params`). ``compile``: torch.compile's fusion of
-    pointwise chains (:func:`workload.compile.fuse_pointwise`).
+    pointwise chains (:func:`workload.compile.fuse_pointwise`). ``fsdp = true`` is PyTorch's own stack
+    (torchtitan): its model's separate projections (``separate_projections``), and eager, its RMSNorm
+    runs as PyTorch's unfused decomposition (``fused_rms_norm=False`` of :func:`workload.trace.trace_model`);
+    Megatron's TE/apex RMSNorm and torch.compile fuse it.
 
     Raises:
         ValueError: the parallel sizes do not divide the model (naming the fields and numbers), an
@@ -53,11 +58,13 @@ def trace_rank(model_cfg, config: ParallelConfig, *, dtype: str = "bf16", compil
                          f"Engine); {getattr(model_cfg, 'name', 'this model')} is not a transformer")
     family.check_parallel(model_cfg, config)
     traced_cfg = family.shard_config(model_cfg, config)
+    if config.fsdp and hasattr(traced_cfg, "separate_projections"):  # torchtitan's model: wq, wk, wv; w1, w3
+        traced_cfg = replace(traced_cfg, separate_projections=True)
     tp = TPContext(config.tp, config.sequence_parallel) if family.transformer else None
     with torch.device("meta"):
         model = family.build(traced_cfg, tp=tp, ep=config.ep)
     graph = trace_model(model, micro_batch_size=config.micro_batch_size, block_attr=family.block_attr,
-                        dtype=TORCH_DTYPES[traced_as])
+                        dtype=TORCH_DTYPES[traced_as], fused_rms_norm=compile or not config.fsdp)
     pre, block, post, expert = _param_counts(model, graph, family)
     fp8_params = 0
     if dtype == "fp8":

@@ -3,12 +3,15 @@ which of a block's forward ops its backward re-runs.
 
 torchtitan (``activation_checkpoint.mode = "selective"``, ``selective_ac_option = "op"``; ``_save_list`` and
 ``_custom_policy`` in ``torchtitan/models/llama3/parallelize_llama.py``) saves the outputs of ``aten.mm``
-except every second one, of SDPA and of the TP reduce-scatters, and marks every other op
-PREFER_RECOMPUTE. On the traced graph: the block's GEMMs in forward order, the 2nd, 4th, ... re-run;
-attention kernels kept; every other compute kernel (norms, rotary, activations, casts) re-run;
-collectives not re-issued. The traced layer's GEMMs are those of the zoo's layer (fused QKV, fused
-gate/up), so the re-run share of GEMM FLOPs is the zoo layer's (Llama 3 8B: the attention projection and
-fc2, 35 % of the block's GEMM FLOPs; torchtitan's seven separate ``mm`` re-run wk, wo and w3, 37 %).
+except every second one, of SDPA and of the TP reduce-scatters
+(``_c10d_functional.reduce_scatter_tensor``), and marks every other op PREFER_RECOMPUTE. On the traced
+graph: the block's GEMMs in forward order, the 2nd, 4th, ... re-run; attention kernels kept; every other
+compute kernel (norms, rotary, activations, casts) re-run; of the collectives, the reduce-scatters are
+saved and the others re-issued: a sequence-parallel block's two TP all-gathers
+(``_c10d_functional.all_gather_into_tensor``, not in ``_save_list``) run again before its backward.
+The GEMMs are those of the traced layer: Megatron's fused QKV and gate/up (Llama 3 8B: the attention
+projection and fc2 re-run, 35 % of the block's GEMM FLOPs), or torchtitan's seven separate ``mm``
+(``separate_projections``, set by ``fsdp = true``: wk, wo and w3 re-run, 37 %).
 """
 
 from __future__ import annotations
@@ -22,25 +25,37 @@ class _Op(Protocol):
     def kind(self) -> str: ...
 
 
-T = TypeVar("T", bound=_Op)
+class _Collective(Protocol):
+    @property
+    def op(self) -> str: ...
+
+
+T = TypeVar("T", bound=_Op | _Collective)
 
 KEPT_KINDS = ("attention",)
 """Kernel kinds whose outputs per-op SAC saves besides every other GEMM (SDPA)."""
+KEPT_COLLECTIVES = ("reduce_scatter",)
+"""Collectives whose outputs per-op SAC saves (``_save_list``); the others are re-issued."""
 
 
 def op_sac_recomputed(block_fwd: Iterable[T]) -> list[T]:
-    """The ops of one block's forward (in order; compute kernels, anything with a ``kind``) that per-op
-    SAC re-runs before the block's backward: every second GEMM and every kernel not in
-    :data:`KEPT_KINDS`."""
+    """The ops of one block's forward (in order: compute kernels, anything with a ``kind``, and
+    collectives, anything with an ``op`` and no ``kind``) that per-op SAC re-runs before the block's
+    backward: every second GEMM, every kernel not in :data:`KEPT_KINDS` and every collective not in
+    :data:`KEPT_COLLECTIVES`."""
     out, gemms = [], 0
     for op in block_fwd:
-        if op.kind == "gemm":
+        kind = getattr(op, "kind", None)
+        if kind is None:  # a collective
+            if op.op not in KEPT_COLLECTIVES:  # type: ignore[union-attr]
+                out.append(op)
+        elif kind == "gemm":
             gemms += 1
             if gemms % 2 == 0:
                 out.append(op)
-        elif op.kind not in KEPT_KINDS:
+        elif kind not in KEPT_KINDS:
             out.append(op)
     return out
 
 
-__all__ = ["KEPT_KINDS", "op_sac_recomputed"]
+__all__ = ["KEPT_COLLECTIVES", "KEPT_KINDS", "op_sac_recomputed"]

@@ -136,6 +136,8 @@ class _Step:
     weight_decay: float
     saved: list[tuple[str, float]] | None
     """Filled with (module path, bytes) of the saved tensors; ``None``: not recorded."""
+    fused_rms_norm: bool = True
+    """``F.rms_norm`` as one fused kernel (else PyTorch eager's decomposition, traced as it runs)."""
 
 
 def _run_step(traced: nn.Module, args: tuple, kwargs: dict, rec: Recorder, step: _Step) -> None:
@@ -145,7 +147,7 @@ def _run_step(traced: nn.Module, args: tuple, kwargs: dict, rec: Recorder, step:
         p.grad = None
     packing = saved_tensors(rec, traced, step.saved) if step.saved is not None else nullcontext()
     try:
-        with torch.device("meta"), rec.tracker, FusedKernels(rec), rec:
+        with torch.device("meta"), rec.tracker, FusedKernels(rec, fused_rms_norm=step.fused_rms_norm), rec:
             with packing:
                 loss = (step.loss_fn or _default_loss)(traced(*args, **kwargs))
             rec.phase = "bwd"
@@ -170,6 +172,7 @@ def trace_model(
     master_dtype: torch.dtype = torch.float32,
     weight_decay: float = 0.1,
     saved_activations: bool = False,
+    fused_rms_norm: bool = True,
 ) -> OpGraph:
     """Trace forward, backward and (optionally) one AdamW step of ``model`` into an :class:`OpGraph`.
 
@@ -200,6 +203,12 @@ def trace_model(
             block], "block_inputs": [B per block]}`` for one micro-batch (bytes), where
             ``block_inputs`` is the size of each block's first floating-point input (what full
             recomputation keeps).
+        fused_rms_norm: ``F.rms_norm`` as one fused kernel (Transformer Engine's or apex's RMSNorm, and
+            what torch.compile generates); ``False``: PyTorch eager's ``at::rms_norm``, a
+            CompositeImplicitAutograd function (``aten/src/ATen/native/layer_norm.cpp``) that runs as
+            its decomposition -- an fp32 upcast, ``pow``, ``mean``, ``add_``, ``rsqrt``, two ``mul`` and a
+            cast back in forward, and autograd's dozen fp32 kernels in backward (PyTorch releases up to
+            2.7 had no fused CUDA RMSNorm kernel; torchtitan's ``nn.RMSNorm`` ran so in Dec 2024).
 
     Raises:
         TraceError: an op has no meta kernel or is data-dependent (``nonzero``, ``.item()``...).
@@ -212,7 +221,8 @@ def trace_model(
     args, kwargs = _call_args(model, inputs, micro_batch_size)
     rec = Recorder(Tracker(), type(traced).__name__)
     hooks = _BlockHooks(rec)
-    step = _Step(loss_fn, optimizer, master_dtype, weight_decay, [] if saved_activations else None)
+    step = _Step(loss_fn, optimizer, master_dtype, weight_decay, [] if saved_activations else None,
+                 fused_rms_norm)
     hooks.install(traced, container, dedup, block_attr)
     try:
         _run_step(traced, args, kwargs, rec, step)

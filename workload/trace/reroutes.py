@@ -46,11 +46,15 @@ class FusedKernels(TorchFunctionMode):
     here explicitly, so such a model costs the same attention kernel as one calling SDPA directly.
     ``need_weights=True`` returns the ``B·H·T·T`` weights and genuinely runs the math path (bmm,
     softmax), as on a GPU.
+
+    *RMSNorm* is rerouted only with ``fused_rms_norm`` (TE/apex/compiled); without it ``F.rms_norm``
+    decomposes on meta exactly as PyTorch eager runs it on CUDA (see :func:`workload.trace.trace_model`).
     """
 
-    def __init__(self, recorder: Recorder) -> None:
+    def __init__(self, recorder: Recorder, *, fused_rms_norm: bool = True) -> None:
         super().__init__()
         self.recorder = recorder
+        self.fused_rms_norm = fused_rms_norm
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -66,7 +70,7 @@ class FusedKernels(TorchFunctionMode):
             training = args[2] if len(args) > 2 else kwargs.get("training", True)
             if training and 0.0 < p < 1.0:  # on meta F.dropout decomposes into 3 kernels; CUDA runs one
                 return dropout(x, float(p))[0]
-        if func is F.rms_norm:
+        if func is F.rms_norm and self.fused_rms_norm:
             x, shape = args[0], args[1]
             weight = args[2] if len(args) > 2 else kwargs.get("weight")
             eps = args[3] if len(args) > 3 else kwargs.get("eps")

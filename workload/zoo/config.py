@@ -97,6 +97,12 @@ class TransformerConfig:
     (:attr:`hwmodel.ir.Compute.attention_kernel`). ``unfused``: Megatron-LM's 2021-22 path -- QK^T
     batched GEMM, fused scale-mask-softmax, attention dropout, attention x V -- whose s x s tensors are
     what selective recomputation avoids storing (Korthikanti et al. 2022)."""
+    separate_projections: bool = False
+    """The block's input projections as separate GEMMs -- ``wq``, ``wk``, ``wv`` and SwiGLU's ``w1``, ``w3``
+    (torchtitan's and Hugging Face's Llama) -- rather than Megatron-Core's fused ``linear_qkv`` and
+    gate/up ``fc1``. Same parameters and FLOPs; each GEMM reads the input again, each data-gradient
+    GEMM writes a gradient that autograd then sums, and per-op SAC counts seven GEMMs. ``fsdp = true``
+    (PyTorch's stack, torchtitan's model) sets it."""
     hidden_dropout: float = 0.0
     """Dropout after the attention and MLP blocks (GPT-3 / Megatron: 0.1)."""
     attention_dropout: float = 0.0

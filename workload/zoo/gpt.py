@@ -77,8 +77,15 @@ class SelfAttention(nn.Module):
         """Whether attention goes through :func:`masked_attention` (every layer of a windowed model, so that
         layer dedup can give each clone its own layer's pattern)."""
         self.attention_pattern = attention_pattern(cfg, 0)
-        qkv_out = (cfg.num_attention_heads + 2 * cfg.num_query_groups) * self.head_dim
-        self.qkv = ColumnParallelLinear(cfg.hidden_size, qkv_out, tp, bias=cfg.add_bias_linear)
+        self.separate = cfg.separate_projections
+        if self.separate:  # torchtitan's / Hugging Face's wq, wk, wv
+            q_out, kv_out = cfg.num_attention_heads * self.head_dim, cfg.num_query_groups * self.head_dim
+            self.wq = ColumnParallelLinear(cfg.hidden_size, q_out, tp, bias=cfg.add_bias_linear)
+            self.wk = ColumnParallelLinear(cfg.hidden_size, kv_out, tp, bias=cfg.add_bias_linear)
+            self.wv = ColumnParallelLinear(cfg.hidden_size, kv_out, tp, bias=cfg.add_bias_linear)
+        else:
+            qkv_out = (cfg.num_attention_heads + 2 * cfg.num_query_groups) * self.head_dim
+            self.qkv = ColumnParallelLinear(cfg.hidden_size, qkv_out, tp, bias=cfg.add_bias_linear)
         self.proj = RowParallelLinear(cfg.num_attention_heads * self.head_dim, cfg.hidden_size, tp,
                                       bias=cfg.add_bias_linear)
 
@@ -86,7 +93,10 @@ class SelfAttention(nn.Module):
         x = self.tp.enter(x)  # (B, T, C): all-gather along T with SP
         B, T, _ = x.shape
         hs = self.head_dim
-        q, k, v = self.qkv(x).split([self.n_head * hs, self.n_kv * hs, self.n_kv * hs], dim=-1)
+        if self.separate:
+            q, k, v = self.wq(x), self.wk(x), self.wv(x)
+        else:
+            q, k, v = self.qkv(x).split([self.n_head * hs, self.n_kv * hs, self.n_kv * hs], dim=-1)
         q = q.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh/tp, T, hs)
         k = k.view(B, T, self.n_kv, hs).transpose(1, 2)  # (B, nkv/tp, T, hs)
         v = v.view(B, T, self.n_kv, hs).transpose(1, 2)  # (B, nkv/tp, T, hs)

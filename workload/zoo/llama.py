@@ -43,16 +43,24 @@ class RMSNorm(nn.Module):
 
 
 class SwiGLU(nn.Module):
-    """down(silu(gate(x)) * up(x)); gate and up fused into one (C -> 2F/tp) column-parallel GEMM."""
+    """down(silu(gate(x)) * up(x)); gate and up fused into one (C -> 2F/tp) column-parallel GEMM, or with
+    ``separate_projections`` torchtitan's ``w2(silu(w1(x)) * w3(x))`` (w1 gate, w3 up, w2 down)."""
 
     def __init__(self, cfg: TransformerConfig, tp: TPContext = SERIAL) -> None:
         super().__init__()
         self.tp = tp
-        self.fc1 = ColumnParallelLinear(cfg.hidden_size, 2 * cfg.ffn_hidden_size, tp, bias=False)
+        self.separate = cfg.separate_projections
+        if self.separate:
+            self.w1 = ColumnParallelLinear(cfg.hidden_size, cfg.ffn_hidden_size, tp, bias=False)
+            self.w3 = ColumnParallelLinear(cfg.hidden_size, cfg.ffn_hidden_size, tp, bias=False)
+        else:
+            self.fc1 = ColumnParallelLinear(cfg.hidden_size, 2 * cfg.ffn_hidden_size, tp, bias=False)
         self.fc2 = RowParallelLinear(cfg.ffn_hidden_size, cfg.hidden_size, tp, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.tp.enter(x)  # (B, T, C)
+        if self.separate:
+            return self.tp.leave(self.fc2(F.silu(self.w1(x)) * self.w3(x)))  # (B, T, C)
         gate, up = self.fc1(x).chunk(2, dim=-1)  # (B, T, F/tp) each
         return self.tp.leave(self.fc2(F.silu(gate) * up))  # (B, T, C)
 

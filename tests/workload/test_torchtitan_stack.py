@@ -1,0 +1,57 @@
+"""What ``fsdp = true`` (PyTorch's own stack, torchtitan's model) traces differently from Megatron's:
+eager RMSNorm as PyTorch's decomposition, separate projections, per-op SAC re-issuing TP all-gathers.
+Closed forms from the traced shapes; sources in the docstrings of the code under test."""
+
+from hwmodel.ir import Collective
+from workload.parallel.builder import build_programs
+from workload.parallel.config import ParallelConfig
+from workload.parallel.rank_trace import trace_rank
+from workload.zoo import get_model_config, with_overrides
+
+MC = with_overrides(get_model_config("llama3-8b"), num_layers=2, seq_length=256, vocab_size=1024)
+
+
+def _block_fwd_names(t):
+    return [o.name for o in t.graph.block_ops(0, "fwd")]
+
+
+def test_eager_rms_norm_decomposes_only_without_compile_under_fsdp():
+    """Eager PyTorch: no fused RMSNorm kernel; the norm's fp32 passes (upcast, pow, mean, rsqrt, muls,
+    cast back) are ops of the block; compiled, or Megatron's stack: one fused kernel per norm."""
+    cfg = ParallelConfig(fsdp=True, global_batch_size=4).resolve(4)
+    eager = _block_fwd_names(trace_rank(MC, cfg))
+    compiled = _block_fwd_names(trace_rank(MC, cfg, compile=True))
+    megatron = _block_fwd_names(trace_rank(MC, ParallelConfig(global_batch_size=4).resolve(4)))
+    assert "trainsim.rms_norm" not in eager
+    assert {"aten.pow", "aten.mean", "aten.rsqrt"} <= set(eager)
+    assert compiled.count("trainsim.rms_norm") == megatron.count("trainsim.rms_norm") == 2
+    # the eager norm moves more bytes: at least its two fp32 round trips of (B, T, C) per norm
+    t_eager, t_meg = trace_rank(MC, cfg), trace_rank(MC, ParallelConfig(global_batch_size=4).resolve(4))
+    norm_bytes = lambda t: sum(o.bytes_accessed for o in t.graph.block_ops(0, "fwd") if "norm" in o.layer)  # noqa: E731
+    tokens_hidden = 1 * MC.seq_length * MC.hidden_size
+    assert norm_bytes(t_eager) - norm_bytes(t_meg) >= 2 * 2 * 8 * tokens_hidden
+
+
+def test_fsdp_traces_separate_projections_same_parameters_and_flops():
+    """torchtitan's wq, wk, wv and w1, w3: seven block GEMMs instead of four in forward, same parameters
+    and the same GEMM FLOPs."""
+    fsdp = trace_rank(MC, ParallelConfig(fsdp=True, global_batch_size=4).resolve(4))
+    meg = trace_rank(MC, ParallelConfig(global_batch_size=4).resolve(4))
+    gemms = lambda t: [o for o in t.graph.block_ops(0, "fwd") if o.kind == "gemm"]  # noqa: E731
+    assert (len(gemms(fsdp)), len(gemms(meg))) == (7, 4)
+    assert fsdp.params_block == meg.params_block
+    assert sum(o.flops for o in gemms(fsdp)) == sum(o.flops for o in gemms(meg))
+
+
+def test_op_sac_reissues_tp_all_gathers_not_reduce_scatters():
+    """Per-op SAC with TP and SP: each block's backward is preceded by its two forward all-gathers again
+    (not in torchtitan's ``_save_list``); reduce-scatters are saved. Full recompute re-runs both."""
+    def tp_collectives(granularity):
+        cfg = ParallelConfig(tensor_model_parallel_size=2, sequence_parallel=True, global_batch_size=1,
+                             recompute_granularity=granularity).resolve(2)
+        prog = build_programs(trace_rank(MC, cfg), cfg, ranks=[0]).programs[0]
+        return [t.op.op for t in prog.tasks if isinstance(t.op, Collective) and t.op.name.startswith("tp_")]
+    none, sac = tp_collectives("none"), tp_collectives("selective_op")
+    layers = MC.num_layers
+    assert sac.count("all_gather") - none.count("all_gather") == 2 * layers
+    assert sac.count("reduce_scatter") == none.count("reduce_scatter")
