@@ -21,14 +21,15 @@ and measured per group of plans, and MegaScale's error trend per doubling of GPU
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import math
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from scenarios.validation import provenance, stats
+from scenarios.validation.runs import layer_times_22b, predict
 from scenarios.validation.tables import TABLE4, TABLES, Row, rows
 
 __all__ = ["TABLE4", "DEFAULT_TABLES", "Row", "layer_times_22b", "predict", "ranking", "report", "rows",
@@ -38,105 +39,6 @@ DEFAULT_TABLES = ("sc21", "t5", "t4", "sc21t2", "readme2020", "torchtitan")
 """Tables run without ``--tables``; ``megascale`` (8 runs of 256-12,288 GPUs) is opt-in for speed."""
 RANKED_TABLES = ("SC'21 Table 2", "MegaScale Table 2")
 """Tables holding several plans of one model on one cluster: Kendall's tau per group."""
-
-
-def _simulate(row: Row) -> float:
-    """The model's value of one scenario row (catalog or built), in the row's unit (one simulation)."""
-    from scenarios.runner import run_scenario, scenario_path
-    from scenarios.scenario import load_scenario, parse_scenario
-
-    sc = parse_scenario(row.scenario) if row.scenario is not None else load_scenario(scenario_path(row.name))
-    m = run_scenario(sc).metrics
-    if row.measured_memory_gib is not None and m["memory"] and "reserved_bytes" in m["memory"]:
-        row.predicted_memory_gib = m["memory"]["reserved_bytes"] / 2**30  # torchtitan logs reserved GiB
-    if row.unit == "tokens/s":  # per GPU
-        return m["tokens_per_s"] / m["system"]["gpus"]
-    return m["tflops_per_gpu"] if row.unit == "TFLOP/s" else m["iteration_time_s"]
-
-
-def _row_value(row: Row, f: float, table4: dict[tuple[str, float], tuple[float, float]]) -> float:
-    """The model's value of ``row`` at sustained clock fraction ``f``; Table 4's forward and backward
-    come from one simulation, kept in ``table4``."""
-    with provenance.clock_fraction(f):
-        if row.key != "t4":
-            return _simulate(row)
-        if (row.name, f) not in table4:
-            table4[(row.name, f)] = layer_times_22b(TABLE4[row.name])
-    fwd, bwd = table4[(row.name, f)]
-    return 1e3 * (fwd if row.metric == "layer forward" else bwd)
-
-
-def _predict_group(group: list[Row], refit: bool) -> list[tuple[float, tuple[float, float] | None, float]]:
-    """``(predicted, clock curve or None, wall seconds, predicted reserved GiB)`` of each row of ``group``
-    (rows sharing a simulation: Table 4's forward and backward of one setting). Runs in a worker process,
-    too, hence the memory figure in the result rather than only on the row."""
-    f0 = provenance.shipped_clock()
-    table4: dict[tuple[str, float], tuple[float, float]] = {}
-    out = []
-    for row in group:
-        t0 = time.perf_counter()
-        row.predicted = _row_value(row, f0, table4)
-        if refit and row.in_sample:
-            provenance.set_curve(row, f0, row.predicted, provenance.REFIT_PROBE,
-                                 _row_value(row, provenance.REFIT_PROBE, table4))
-        out.append((row.predicted, row.curve, time.perf_counter() - t0, row.predicted_memory_gib))
-    return out
-
-
-def predict(rows_: list[Row], progress=None, *, refit: bool = False, jobs: int = 1) -> list[Row]:
-    """Fill ``predicted`` for every expressible row (one simulation each; Table 4's forward and backward
-    share one). With ``refit``, in-sample rows are simulated once more at ``provenance.REFIT_PROBE`` and
-    get their clock curve (``Row.curve``) for the leave-one-source-out error. ``jobs`` > 1 runs the rows
-    in that many worker processes (results do not depend on it; ``progress`` is then called in order of
-    completion)."""
-    groups: dict[tuple[str, str], list[Row]] = {}
-    for row in rows_:
-        if row.expressible:
-            groups.setdefault((row.key, row.name) if row.key == "t4" else (row.key, f"{id(row)}"), []).append(row)
-
-    def done(group: list[Row], results) -> None:
-        for row, (pred, curve, wall, memory_gib) in zip(group, results, strict=True):
-            row.predicted, row.curve, row.wall_s, row.predicted_memory_gib = pred, curve, wall, memory_gib
-            if progress is not None:
-                progress(row)
-
-    if jobs <= 1 or len(groups) <= 1:
-        for group in groups.values():
-            done(group, _predict_group(group, refit))
-        return rows_
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
-    # spawn, not fork: the parent has torch (and its thread pools) loaded
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        # the slowest rows (most GPUs) first, so that two workers finish together
-        order = sorted(groups.values(), key=lambda g: -g[0].gpus)
-        futures = {pool.submit(_predict_group, g, refit): g for g in order}
-        for fut in as_completed(futures):
-            done(futures[fut], fut.result())
-    return rows_
-
-
-def layer_times_22b(parallel: dict) -> tuple[float, float]:
-    """Forward and backward seconds of one 22B layer (h 6144, 64 heads, s 2048, micro-batch 4), TP 8 on
-    one DGX A100, Megatron 2022 kernels (unfused attention, dropout 0.1), as Korthikanti Table 4."""
-    from hwmodel.nccl.engine import NcclEngine
-    from hwmodel.runtime import DEFAULT_HOST_LAUNCH_OVERHEAD_S
-    from scenarios.hierarchical import pass_times
-    from scenarios.runner import prepare, run_cost_model
-    from scenarios.scenario import parse_scenario
-    from workload.parallel.rank_trace import trace_rank
-
-    sc = parse_scenario({
-        "name": "korthikanti-table4", "system": {"name": "dgx-a100", "nodes": 1},
-        "model": {"name": "gpt-18b", "num_layers": 1, "hidden_size": 6144, "num_attention_heads": 64,
-                  "attention_backend": "unfused", "hidden_dropout": 0.1, "attention_dropout": 0.1},
-        "parallel": {"tensor_model_parallel_size": 8, **parallel},
-        "training": {"global_batch_size": 4, "micro_batch_size": 4}})
-    prep = prepare(sc)
-    tr = trace_rank(prep.model_cfg, prep.config)
-    t = pass_times(tr, prep.config, prep.topology, NcclEngine, DEFAULT_HOST_LAUNCH_OVERHEAD_S, run_cost_model(prep))
-    return t[("block", "fwd")], t[("block", "bwd")]
 
 
 def _errors(rs: list[Row]) -> dict[str, float]:
@@ -245,9 +147,31 @@ def _no_nan(x: Any) -> Any:
 
 
 def _default_jobs() -> int:
+    """The CPUs this process may use (``os.cpu_count()`` where affinity is unknown)."""
     import os
 
-    return max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+
+GLOB_CHARS = "*?["
+
+
+def select(rows_: list[Row], only: str | None) -> list[Row]:
+    """The rows named ``only``: an exact row name, or a shell-style glob (``fnmatch``, case-sensitive)
+    when it holds ``*``, ``?`` or ``[`` (``"sc21-gpt-1*"``); ``None``: every row.
+
+    Raises:
+        ValueError: nothing matches (one line listing the valid row names).
+    """
+    if only is None:
+        return rows_
+    glob = any(c in only for c in GLOB_CHARS)
+    chosen = [r for r in rows_ if (fnmatch.fnmatchcase(r.name, only) if glob else r.name == only)]
+    if not chosen:
+        names = ", ".join(dict.fromkeys(r.name for r in rows_))
+        raise ValueError(f"--only {only!r} matches no row of the selected tables "
+                         f"({'glob' if glob else 'exact name'}); valid row names: {names}")
+    return chosen
 
 
 def register(sub) -> None:
@@ -256,43 +180,52 @@ def register(sub) -> None:
     p.add_argument("--tables", default=",".join(DEFAULT_TABLES),
                    help=f"comma list of: {', '.join(f'{k} ({v[0]})' for k, v in TABLES.items())}; "
                         f"default all but megascale and sc21t2-zero3 (slow), 'all' for every table")
-    p.add_argument("--only", default=None, help="only rows whose name contains this text")
+    p.add_argument("--only", default=None, metavar="NAME",
+                   help="only the row of this exact name, or the rows matching it as a shell glob when it holds "
+                        "*, ? or [ (e.g. 'sc21-gpt-1*')")
     p.add_argument("--json", metavar="PATH", help="write rows, summary, leave-one-source-out and ranking as JSON")
     p.add_argument("--jobs", type=int, default=_default_jobs(),
-                   help="worker processes simulating rows side by side (default: the CPUs this process may use, "
-                        "at most 4); 1 runs them in this process")
+                   help="worker processes simulating side by side (default: the CPUs this process may use); "
+                        "1 runs them in this process")
     p.set_defaults(func=_main)
+
+
+def _bars(rs: list[Row]) -> dict[str, Any]:
+    """One tqdm bar per table (rows done of the table's, with its ETA) on a terminal; none otherwise."""
+    if not sys.stderr.isatty():
+        return {}
+    from tqdm import tqdm
+
+    totals: dict[str, int] = {}
+    for r in rs:
+        if r.expressible:
+            totals[r.table] = totals.get(r.table, 0) + 1
+    return {t: tqdm(total=n, desc=f"{t:22s}", unit="row", file=sys.stderr, leave=False, position=i)
+            for i, (t, n) in enumerate(totals.items())}
 
 
 def _main(args) -> int:
     tables = tuple(TABLES) if args.tables.strip() == "all" else tuple(
         t.strip() for t in args.tables.split(",") if t.strip())
-    rs = [r for r in rows(tables) if args.only is None or args.only in r.name]
-    if not rs:
-        raise ValueError(f"--only {args.only!r} matches no row")
+    rs = select(rows(tables), args.only)
     if args.jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
     provenance.mark_in_sample(rs, provenance.fitted_to())
-
-    from tqdm import tqdm
-
-    # rows done of all, with an ETA, on a terminal only (as run and sweep); stdout does not change
-    bar = tqdm(total=len(rs), desc="validate", unit="row", file=sys.stderr, leave=False) \
-        if sys.stderr.isatty() else None
+    bars = _bars(rs)  # stdout does not change with them
 
     def show(r: Row) -> None:
-        line = (f"  {r.table:22s} {r.name:36s} measured {r.measured:8.4g} {r.unit:8s} predicted "
-                f"{r.predicted:8.4g}  {100 * r.error:+6.1f}%  ({r.wall_s:.1f} s)")
-        if bar is None:
+        line = (f"  {r.table:22s} {r.name:36s} measured {r.measured:8.4g} "
+                f"{r.unit:8s} predicted {r.predicted:8.4g}  {100 * r.error:+6.1f}%  ({r.wall_s:.1f} s)")
+        if not bars:
             print(line, flush=True)
         else:
-            bar.write(line, file=sys.stdout)
-            bar.update()
+            bars[r.table].write(line, file=sys.stdout)
+            bars[r.table].update()
 
     try:
         predict(rs, progress=show, refit=True, jobs=args.jobs)
     finally:
-        if bar is not None:
+        for bar in bars.values():
             bar.close()
     print()
     print(format_table(rs))
