@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from hwmodel.power import sustained_clock_fraction
 from hwmodel.specs import get_switch
 from hwmodel.topology import Topology, build_system
 
@@ -83,8 +84,14 @@ def _unused_gpu_notes(system: dict, topo: Topology, base_dir: str | Path | None)
 
     base = system_gpu({**system, "gpu_overrides": {}}, base_dir) or build_system(system["name"], 1).gpu_spec
     gpu = topo.gpu_spec
-    return [f"[system] gpu_overrides {name}: changes nothing, {why}"
-            for name, why in UNUSED_GPU_FIELDS.items() if getattr(base, name) != getattr(gpu, name)]
+    notes = [f"[system] gpu_overrides {name}: changes nothing, {why}"
+             for name, why in UNUSED_GPU_FIELDS.items() if getattr(base, name) != getattr(gpu, name)]
+    power_changed = (base.tdp_w, base.power_limit_w) != (gpu.tdp_w, gpu.power_limit_w)
+    if power_changed and sustained_clock_fraction(base) == sustained_clock_fraction(gpu):
+        notes.append(f"[system] gpu_overrides tdp_W/power_limit_W: changes nothing, the clock stays at "
+                     f"{100 * sustained_clock_fraction(gpu):.3g} % of the rated clock (only a power_limit_W below "
+                     f"tdp_W lowers it; the datasheet peaks are quoted at the rated power)")
+    return notes
 
 
 def model_notes(model: Any) -> list[str]:

@@ -294,3 +294,12 @@ def test_gemm_and_other_compute_colours_differ_in_hue():
     for phase in ("fwd", "bwd"):
         a, b = hue(category_style("gemm", phase)), hue(category_style("softmax", phase))
         assert min(abs(a - b), 1 - abs(a - b)) > 0.2  # before: 0.08 (blue vs teal)
+
+
+def test_power_what_if_that_moves_no_clock_is_named():
+    """A higher rated power, or a limit equal to it, leaves the clock at the rated one (hwmodel/power.py);
+    a limit below it lowers the clock and is no no-op."""
+    notes, _ = notes_for('system.name="dgx-h100"', "system.gpu_overrides.tdp_W=900")
+    assert len(notes) == 1 and "tdp_W/power_limit_W: changes nothing" in notes[0] and "100 %" in notes[0]
+    assert notes_for('system.name="dgx-h100"', "system.gpu_overrides.power_limit_W=700")[0] != []
+    assert notes_for('system.name="dgx-h100"', "system.gpu_overrides.power_limit_W=500")[0] == []
