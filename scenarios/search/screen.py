@@ -279,7 +279,7 @@ class ScreenContext:
                 for phase in ("fwd", "bwd"):
                     paired = pair_collectives(ops.get("block", phase, 0), hidden=trace.hidden_size, tp=c.tp, mode=mode)
                     pairs[(mode, phase)] = [(it.collective.op, it.collective.size_bytes,
-                                             self.cost_model.cost(it.gemm).solo_time_s)
+                                             sum(self.cost_model.cost(g).solo_time_s for g in it.gemms))
                                             for it in paired if isinstance(it, Pipelined)]
         return ShardCosts(compute, colls, selective, attn, flops, params, act, trace.dtype, pairs, sac, casts, segments)
 

@@ -55,3 +55,24 @@ def test_op_sac_reissues_tp_all_gathers_not_reduce_scatters():
     layers = MC.num_layers
     assert sac.count("all_gather") - none.count("all_gather") == 2 * layers
     assert sac.count("reduce_scatter") == none.count("reduce_scatter")
+
+
+def test_eager_fsdp_rope_is_torchtitans_fp32_complex_form():
+    """torchtitan's ``apply_rotary_emb`` in eager: per q and per k a cast to fp32 (read 2, write 4 bytes
+    an element), a complex64 multiply by freqs_cis (read 4 + write 4 bytes an element, plus the
+    (T, hs/2) complex64 table) and a cast back (read 4, write 2); no rotate-half kernels. Compiled, or
+    Megatron's stack: the rotate-half form in bf16 (compile fuses it)."""
+    cfg = ParallelConfig(fsdp=True, global_batch_size=4).resolve(4)
+    eager = trace_rank(MC, cfg).graph.block_ops(0, "fwd")
+    muls = [o for o in eager if o.dtype == "complex64"]
+    seq, hs = MC.seq_length, MC.kv_channels
+    q_elems, k_elems = seq * MC.num_attention_heads * hs, seq * MC.num_query_groups * hs
+    table = seq * hs // 2 * 8
+    assert [o.bytes_accessed for o in muls] == [8 * q_elems + table, 8 * k_elems + table]
+    casts = sorted(o.bytes_accessed for o in eager if o.name == "aten._to_copy" and o.layer.endswith(".attn"))
+    assert casts == sorted([6 * q_elems] * 2 + [6 * k_elems] * 2)
+    assert "aten.cat" not in [o.name for o in eager if o.layer.endswith(".attn")]
+    bwd = trace_rank(MC, cfg).graph.block_ops(0, "bwd")
+    assert sum(o.name == "aten.mul" and o.dtype == "complex64" for o in bwd) == 2
+    for other in (trace_rank(MC, cfg, compile=True), trace_rank(MC, ParallelConfig(global_batch_size=4).resolve(4))):
+        assert not any(o.dtype == "complex64" for o in other.graph.block_ops(0, "fwd"))

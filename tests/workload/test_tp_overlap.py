@@ -81,15 +81,22 @@ def test_ring_exchange_all_gather_closed_form(flag, gemm_s):
     so nothing slows the pieces): T = max(n g, (n - 1) c + g) -- max(GEMM, comm) + one chunk; the
     overlap hides at most min(g, c) per chunk pair."""
     prog, events, t = _simulate("all_gather", gemm_s, **{flag: True})
-    copies = [e for e in events if e.category == "memcpy"]
+    copies = [e for e in events if e.name == "tp_ag_shard"]
     pieces = [e for e in events if e.name.startswith("fc1[")]
     assert len(copies) == TP - 1 and len(pieces) == TP
     c = copies[0].end_s - copies[0].start_s
     g = gemm_s / TP
     assert all(abs((e.end_s - e.start_s) - g) < 1e-12 for e in pieces)
-    assert t == pytest.approx(max(TP * g, (TP - 1) * c + g), rel=1e-6)
-    serial = gemm_s + (TP - 1) * c
-    assert serial - t <= (TP - 1) * min(g, c) * (1 + 1e-9)
+    # async TP: the local shard's copy into the symmetric buffer (m, on HBM: 2 x S/n bytes) before
+    # the pipeline, and (nothing recomputed: the gathered tensor is saved) its copy into the gathered
+    # output after the last shard arrives, beside the last piece
+    local = [e for e in events if e.name in ("tp_ag_local_copy", "tp_ag_out_copy")]
+    assert len(local) == (2 if flag == "async_tp" else 0)
+    m = local[0].end_s - local[0].start_s if local else 0.0
+    assert all(e.start_s >= m - 1e-15 for e in copies + pieces)
+    assert t == pytest.approx(m + max(TP * g, (TP - 1) * c + max(g, m)), rel=1e-6)
+    serial = m + gemm_s + (TP - 1) * c + m
+    assert serial - t <= (TP - 1) * min(g, c) * (1 + 1e-9) + m
     # without the flag: the whole NCCL all-gather, then the whole GEMM
     _, ev0, t0 = _simulate("all_gather", gemm_s)
     ag = next(e for e in ev0 if e.name == "tp_all_gather")
@@ -155,9 +162,12 @@ def test_real_layer_keeps_flops_and_pairs_every_sequence_parallel_collective(fla
     # 2 layers x (fwd + bwd) x 2 of each were pipelined; what stays is the embedding's reduce-scatter
     # and the output layer's all-gather and their backwards, and the 3 loss all-reduces
     assert whole == {"all_gather": 2, "reduce_scatter": 2, "all_reduce": 3}
-    copies = sum(isinstance(t.op, Memcpy) for t in progs[True].tasks)
+    copies = sum(isinstance(t.op, Memcpy) and t.op.direction == "peer" for t in progs[True].tasks)
     pipelined_rs = 0 if flag == "async_tp" else 2 * 2 * 2 * UB_RS_SPLITS
     assert copies == 2 * 2 * 2 * (2 - 1) * (2 if flag == "async_tp" else 1)
+    # async TP: each of the 8 all-gathers copies its local shard in, and (nothing recomputed) out
+    local = sum(isinstance(t.op, Memcpy) and t.op.direction == "d2d" for t in progs[True].tasks)
+    assert local == (2 * 2 * 2 * 2 if flag == "async_tp" else 0)
     assert sum(t.stream == "tp_overlap" for t in progs[True].tasks) == pipelined_rs
 
 
@@ -173,3 +183,32 @@ def test_overlap_flags_refused_in_one_line(flags, msg):
     with pytest.raises(ValueError, match=msg) as e:
         ParallelConfig(**flags)
     assert "\n" not in str(e.value)
+
+
+def test_async_tp_fuses_every_consumer_gemm_and_not_a_summed_reduce_scatter():
+    """torchtitan's separate projections (``fsdp = true`` traces wq, wk, wv and w1, w3 as their own
+    ``mm``): async TP's fused all-gather takes every GEMM reading the gathered tensor (PyTorch's
+    ``fused_all_gather_matmul(A_shard, [B_0, B_1, ...])``), tp pieces of each; Megatron's
+    userbuffers pairs one. The backward reduce-scatter of the summed input gradients has no producer
+    ``mm`` (Inductor's ``_find_producer_matmul``) and stays a whole NCCL collective."""
+    from workload.parallel.builder import TracedOps
+    from workload.parallel.tp_overlap import Pipelined, pair_collectives
+
+    mc = with_overrides(get_model_config("llama3-8b"), num_layers=1, seq_length=256, vocab_size=1024)
+    cfg = ParallelConfig(tensor_model_parallel_size=2, sequence_parallel=True, global_batch_size=1, fsdp=True,
+                         data_parallel_size=1).resolve(2)
+    trace = trace_rank(mc, cfg)
+    ops = TracedOps(trace)
+    fwd = pair_collectives(ops.get("block", "fwd", 0), hidden=trace.hidden_size, tp=2, mode="async")
+    gathers = [it for it in fwd if isinstance(it, Pipelined) and it.collective.op == "all_gather"]
+    q, kv, ffn = 4096 // 2, 1024 // 2, 14336 // 2  # wq; wk and wv (8 KV heads x 128); w1 and w3
+    assert [[g.shape[2] for g in p.gemms] for p in gathers] == [[q, kv, kv], [ffn, ffn]]
+    ub = pair_collectives(ops.get("block", "fwd", 0), hidden=trace.hidden_size, tp=2, mode="userbuffers")
+    assert [len(p.gemms) for p in ub if isinstance(p, Pipelined) and p.collective.op == "all_gather"] == [1, 1]
+    bwd = pair_collectives(ops.get("block", "bwd", 0), hidden=trace.hidden_size, tp=2, mode="async")
+    assert sum(isinstance(it, Pipelined) and it.collective.op == "all_gather" for it in bwd) == 2
+    assert sum(getattr(it, "op", "") == "reduce_scatter" for it in bwd) == 2  # both whole
+    prog = build_programs(trace, ParallelConfig(**{**cfg.__dict__, "async_tp": True}).resolve(2), ranks=[0]).programs[0]
+    pieces = Counter(t.op.name.split("[")[1] for t in prog.tasks if isinstance(t.op, Compute) and "[" in t.op.name
+                     and t.op.kind == "gemm")
+    assert set(pieces) == {"0/2]", "1/2]"}

@@ -40,8 +40,9 @@ def trace_rank(model_cfg, config: ParallelConfig, *, dtype: str = "bf16", compil
     FP8 parameter all-gathers (:mod:`workload.fp8.params`). ``compile``: torch.compile's fusion of
     pointwise chains (:func:`workload.compile.fuse_pointwise`). ``fsdp = true`` is PyTorch's own stack
     (torchtitan): its model's separate projections (``separate_projections``), and eager, its RMSNorm
-    runs as PyTorch's unfused decomposition (``fused_rms_norm=False`` of :func:`workload.trace.trace_model`);
-    Megatron's TE/apex RMSNorm and torch.compile fuse it.
+    runs as PyTorch's unfused decomposition (``fused_rms_norm=False`` of :func:`workload.trace.trace_model`)
+    and its RoPE in fp32 complex numbers (``rotary_complex``); Megatron's TE/apex RMSNorm and
+    torch.compile fuse them.
 
     Raises:
         ValueError: the parallel sizes do not divide the model (naming the fields and numbers), an
@@ -60,6 +61,8 @@ def trace_rank(model_cfg, config: ParallelConfig, *, dtype: str = "bf16", compil
     traced_cfg = family.shard_config(model_cfg, config)
     if config.fsdp and hasattr(traced_cfg, "separate_projections"):  # torchtitan's model: wq, wk, wv; w1, w3
         traced_cfg = replace(traced_cfg, separate_projections=True)
+        if not compile and getattr(traced_cfg, "position_embedding_type", "") == "rope":  # its fp32 complex RoPE
+            traced_cfg = replace(traced_cfg, rotary_complex=True)
     tp = TPContext(config.tp, config.sequence_parallel) if family.transformer else None
     with torch.device("meta"):
         model = family.build(traced_cfg, tp=tp, ep=config.ep)

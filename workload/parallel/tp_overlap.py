@@ -13,10 +13,21 @@ HBM and NVLink in the simulation like any other kernel and flow:
   stream (:data:`OVERLAP_STREAM`) holding its channels' SMs like any NCCL kernel (TE's ``num_sm``
   tuning of that kernel is not modelled: NCCL's channel choice).
 * ``async_tp`` -- torchtitan's micro-pipelined TP (PyTorch ``fused_all_gather_matmul`` /
-  ``fused_matmul_reduce_scatter`` over symmetric memory): the shards move by copy-engine peer copies
-  (:class:`hwmodel.ir.Memcpy`, no SMs held) on :data:`ASYNC_STREAM`; the local shard's GEMM piece
-  starts at once; the reduce-scatter's partial sums are pushed to their owners and summed by one
-  memory-bound reduction kernel (read ``tp`` partials, write one).
+  ``fused_matmul_reduce_scatter`` over symmetric memory, ``torch/distributed/_symmetric_memory/
+  __init__.py``; Inductor's ``micro_pipeline_tp`` pass): the all-gather is fused with *every* matmul
+  that consumes the gathered tensor (``fused_all_gather_matmul(A_shard, [B_0, B_1, ...])``: wq, wk
+  and wv together, w1 and w3 together), chunk ``i`` of all of them after shard ``i`` arrives. Before
+  the pipeline the local shard is copied into the symmetric-memory buffer (``copy_shard(dst=
+  local_p2p_bufs, src=shard)`` then a barrier, deliberately *not* overlapped with the first chunk:
+  :data:`hwmodel.ir.Memcpy` ``d2d`` on the compute stream); the remote shards then move by
+  copy-engine peer copies (no SMs held) on :data:`ASYNC_STREAM`, one at a time ("cp from different
+  streams cannot overlap"); when the gathered tensor is needed later (a backward's weight-gradient
+  GEMM: ``return_A``), the local shard is copied into it beside the last chunk. The reduce-scatter
+  pairs only with a matmul that produces its input directly (``_find_producer_matmul``: ``mm`` or
+  reshape-``mm``-reshape), so a reduce-scatter of a *sum* of GEMM outputs (the input gradient of
+  torchtitan's separate wq/wk/wv or w1/w3) stays a plain NCCL collective; a paired one's partial sums
+  are pushed to their owners and summed by one memory-bound reduction kernel (read ``tp`` partials,
+  write one).
 
 A pipelined pair is a :class:`Pipelined` item in the builder's op list (:func:`pair_collectives` finds
 them); :func:`emit_pipelined` adds its tasks. With ``g`` and ``c`` the times of one GEMM piece and one
@@ -56,12 +67,24 @@ class Pipelined:
     """The :class:`workload.parallel.builder.TracedCollective` (``all_gather`` or ``reduce_scatter``)."""
     gemm: Compute
     """Its GEMM, shape ``(1, tokens, n, k)``."""
+    more: tuple[Compute, ...] = ()
+    """Async TP: the other GEMMs consuming the same gathered tensor (``fused_all_gather_matmul``'s list
+    of B matrices), pipelined chunk by chunk with ``gemm``."""
+
+    @property
+    def gemms(self) -> tuple[Compute, ...]:
+        """All the GEMMs of the pair, in program order."""
+        return (self.gemm, *self.more)
 
 
 def _tokens(coll, hidden: int) -> int | None:
     """Tokens of the ``[tokens, hidden]`` tensor a sequence-parallel collective moves (full size)."""
     width = hidden * ELEMENT_BYTES.get(coll.dtype, 2)
     return coll.size_bytes // width if coll.size_bytes % width == 0 else None
+
+
+def _is_gemm(item) -> bool:
+    return isinstance(item, Compute) and item.kind == "gemm"
 
 
 def _fits(gemm, tokens: int, hidden: int, n_chunks: int, *, gather: bool) -> bool:
@@ -79,7 +102,11 @@ def pair_collectives(items: list, *, hidden: int, tp: int, mode: str) -> list:
     The GEMM is the one in the adjacent run of GEMMs whose rows are the collective's tokens and whose
     input (all-gather) or output (reduce-scatter) is ``hidden`` wide: the forward GEMM, or the backward's
     data-gradient GEMM; the weight-gradient GEMM of the same run (tokens as its reduction dimension)
-    needs the whole tensor and stays after the pair. Collectives without such a GEMM stay as they are.
+    needs the whole tensor and stays after the pair. Under ``mode = "async"`` an all-gather takes every
+    such GEMM up to the next collective, kernels between them included (``fused_all_gather_matmul``
+    with a list of B matrices: Inductor's pass finds every consumer ``mm`` of the gathered node and
+    moves them to the fused op; torchtitan's w3 comes after w1's SiLU). Collectives without such a
+    GEMM stay as they are.
     """
     out: list = []
     i = 0
@@ -93,16 +120,16 @@ def pair_collectives(items: list, *, hidden: int, tp: int, mode: str) -> list:
             continue
         if op == "all_gather":
             j = i + 1
-            while j < len(items) and isinstance(items[j], Compute) and items[j].kind == "gemm":
+            while j < len(items) and (_is_gemm(items[j]) or mode == "async" and not hasattr(items[j], "axis")):
                 j += 1
             run = items[i + 1:j]
-            pick = next((g for g in run if _fits(g, tokens, hidden, tp, gather=True)), None)
-            if pick is None:
+            picks = [g for g in run if _fits(g, tokens, hidden, tp, gather=True)][:None if mode == "async" else 1]
+            if not picks:
                 out.append(it)
                 i += 1
                 continue
-            out.append(Pipelined(it, pick))
-            out += [g for g in run if g is not pick]
+            out.append(Pipelined(it, picks[0], tuple(picks[1:])))
+            out += [g for g in run if not any(g is p for p in picks)]
             i = j
             continue
         j = len(out)
@@ -130,6 +157,15 @@ def gemm_piece(gemm: Compute, n_chunks: int, index: int) -> Compute:
                    flops=gemm.flops / n_chunks, bytes_accessed=gemm.bytes_accessed * part / full)
 
 
+def _gathered_needed(gemm: Compute, recompute: str) -> bool:
+    """Whether async TP's fused all-gather must also return the gathered tensor (``return_A``): its
+    output is needed after the matmuls -- by a backward's weight-gradient GEMM (the backward pass, a
+    per-op SAC re-run, named ``recompute:``), or saved for the backward when nothing is recomputed
+    (or, under full recomputation, whose re-run keeps its forward names, on every pass). A forward
+    whose block the per-op SAC re-runs drops it (torchtitan's ``_save_list`` has no all-gather)."""
+    return gemm.phase == "bwd" or gemm.name.startswith("recompute:") or recompute in ("none", "full")
+
+
 def emit_pipelined(rb, item: Pipelined, deps: list, *, mode: str) -> list:
     """Add ``item``'s tasks to ``rb`` (a :class:`workload.parallel.builder.RankBuilder`); the first
     task waits for ``deps`` and the previous compute task. Returns what the next compute task must wait
@@ -142,11 +178,16 @@ def emit_pipelined(rb, item: Pipelined, deps: list, *, mode: str) -> list:
     chunk_bytes = coll.size_bytes // n
     me = group.index(rb.rank)
     if coll.op == "all_gather":  # the local shard at once, the others as their copies arrive
+        if mode == "async":  # the local shard into the symmetric-memory buffer first, not overlapped
+            deps = [rb.add(Memcpy("d2d", chunk_bytes, name="tp_ag_local_copy"), "compute", deps)]
         start = list(deps) + [rb.last_compute]
         arrived = [None] + [rb.add(Memcpy("peer", chunk_bytes, group[(me + j) % tp], name="tp_ag_shard"),
                                    ASYNC_STREAM, start) for j in range(1, n)]
         for j in range(n):
-            rb.add(gemm_piece(gemm, n, j), "compute", [arrived[j]] if j else list(deps))
+            for k, g in enumerate(item.gemms):
+                rb.add(gemm_piece(g, n, j), "compute", ([arrived[j]] if j else list(deps)) if k == 0 else [])
+        if mode == "async" and _gathered_needed(gemm, rb.cfg.recompute_granularity):
+            return [rb.add(Memcpy("d2d", chunk_bytes, name="tp_ag_out_copy"), ASYNC_STREAM, (arrived[-1],))]
         return []
     sent = []
     for j in range(n):

@@ -103,6 +103,14 @@ class TransformerConfig:
     gate/up ``fc1``. Same parameters and FLOPs; each GEMM reads the input again, each data-gradient
     GEMM writes a gradient that autograd then sums, and per-op SAC counts seven GEMMs. ``fsdp = true``
     (PyTorch's stack, torchtitan's model) sets it."""
+    rotary_complex: bool = False
+    """RoPE as torchtitan's (Meta's Llama) ``apply_rotary_emb`` in ``torchtitan/models/llama3/model.py``:
+    adjacent pairs of each head as fp32 complex numbers -- ``view_as_complex(x.float().reshape(..., -1,
+    2))``, a complex multiply by ``freqs_cis``, ``view_as_real(...).flatten(3)``, ``.type_as(x)`` -- three
+    kernels per q and per k in eager (cast to fp32, complex64 multiply, cast back), rather than the
+    rotate-half form in the training dtype (Megatron-Core's unfused ``apply_rotary_pos_emb``). Same
+    maths; eager ``fsdp = true`` (PyTorch's stack, torchtitan's model) sets it, torch.compile fuses
+    either form into one kernel."""
     hidden_dropout: float = 0.0
     """Dropout after the attention and MLP blocks (GPT-3 / Megatron: 0.1)."""
     attention_dropout: float = 0.0

@@ -89,7 +89,8 @@ class SelfAttention(nn.Module):
         self.proj = RowParallelLinear(cfg.num_attention_heads * self.head_dim, cfg.hidden_size, tp,
                                       bias=cfg.add_bias_linear)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, ...] | None = None) -> torch.Tensor:
+        """``rope``: (cos, sin), each (T, hs/2), or torchtitan's (freqs_cis,), (T, hs/2) complex64."""
         x = self.tp.enter(x)  # (B, T, C): all-gather along T with SP
         B, T, _ = x.shape
         hs = self.head_dim
@@ -97,10 +98,12 @@ class SelfAttention(nn.Module):
             q, k, v = self.wq(x), self.wk(x), self.wv(x)
         else:
             q, k, v = self.qkv(x).split([self.n_head * hs, self.n_kv * hs, self.n_kv * hs], dim=-1)
-        q = q.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh/tp, T, hs)
-        k = k.view(B, T, self.n_kv, hs).transpose(1, 2)  # (B, nkv/tp, T, hs)
+        q, k = q.view(B, T, self.n_head, hs), k.view(B, T, self.n_kv, hs)  # (B, T, nh/tp or nkv/tp, hs)
+        if rope is not None and len(rope) == 1:  # torchtitan's form, before the transpose as there
+            q, k = apply_rope_complex(q, rope[0]), apply_rope_complex(k, rope[0])
+        q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, nh/tp, T, hs), (B, nkv/tp, T, hs)
         v = v.view(B, T, self.n_kv, hs).transpose(1, 2)  # (B, nkv/tp, T, hs)
-        if rope is not None:
+        if rope is not None and len(rope) == 2:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if self.backend != "unfused" and self.masked:  # one fused kernel with the window / ALiBi
             y = masked_attention(q, k, v, self.attention_pattern, is_causal=self.causal,
@@ -129,6 +132,13 @@ class SelfAttention(nn.Module):
         if self.attn_dropout:
             probs = F.dropout(probs, self.attn_dropout)
         return torch.bmm(probs, v).view(B, H, T, hs)  # (B, nh/tp, T, hs)
+
+
+def apply_rope_complex(x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding as torchtitan's ``apply_rotary_emb`` (``rotary_complex``): x (B, T, H, hs) in
+    the training dtype, freqs_cis (T, hs/2) complex64; adjacent pairs rotated in fp32, cast back."""
+    xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))  # (B, T, H, hs/2) complex64
+    return torch.view_as_real(xc * freqs_cis.view(1, x.shape[1], 1, -1)).flatten(3).type_as(x)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

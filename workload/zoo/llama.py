@@ -74,7 +74,7 @@ class LlamaBlock(nn.Module):
         self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.norm_epsilon)
         self.mlp = MoE(cfg, tp, ep) if cfg.num_moe_experts else SwiGLU(cfg, tp)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, ...] | None) -> torch.Tensor:
         x = x + dropout(self.attn(self.attn_norm(x), rope), self.p)  # (B, T/tp with SP, C)
         return x + dropout(self.mlp(self.mlp_norm(x)), self.p)
 
@@ -113,10 +113,11 @@ class Llama(nn.Module):
         x = self.tok_embeddings(idx)  # (B, T/tp with SP, C)
         if self.embedding_norm is not None:
             x = self.embedding_norm(x)
-        rope = None  # ALiBi (a bias inside the attention kernel) or no positions: no RoPE kernels
+        rope: tuple[torch.Tensor, ...] | None = None  # ALiBi (a bias in the attention kernel) or no positions
         if self.config.position_embedding_type not in ("alibi", "none"):
             cos, sin = rope_tables(T, self.config.kv_channels, self.config.rotary_base, idx.device)
-            rope = (cos.to(x.dtype), sin.to(x.dtype))  # (T, hs/2) each
+            # torchtitan's precomputed complex64 freqs_cis, or (cos, sin) in the training dtype
+            rope = (torch.complex(cos, sin),) if self.config.rotary_complex else (cos.to(x.dtype), sin.to(x.dtype))
         for block in self.layers:
             x = block(x, rope)
         return vocab_parallel_loss(self.norm(x), self.output.weight, targets, self.tp)

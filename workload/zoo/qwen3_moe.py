@@ -29,7 +29,7 @@ from torch import nn
 from workload.parallel.tp import TPContext
 from workload.zoo.config import TransformerConfig
 from workload.zoo.family import ModelFamily
-from workload.zoo.gpt import SERIAL, SelfAttention, apply_rope, dropout
+from workload.zoo.gpt import SERIAL, SelfAttention, apply_rope, apply_rope_complex, dropout
 from workload.zoo.llama import Llama, RMSNorm
 from workload.zoo.moe import MoE
 
@@ -69,15 +69,18 @@ class Qwen3Attention(SelfAttention):
         self.q_norm = RMSNorm(self.head_dim, cfg.norm_epsilon)
         self.k_norm = RMSNorm(self.head_dim, cfg.norm_epsilon)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, ...] | None = None) -> torch.Tensor:
         x = self.tp.enter(x)  # (B, T, C): all-gather along T with SP
         B, T, _ = x.shape
         hs = self.head_dim
         q, k, v = self.qkv(x).split([self.n_head * hs, self.n_kv * hs, self.n_kv * hs], dim=-1)
-        q = self.q_norm(q.view(B, T, self.n_head, hs)).transpose(1, 2)  # (B, nh/tp, T, hs)
-        k = self.k_norm(k.view(B, T, self.n_kv, hs)).transpose(1, 2)  # (B, nkv/tp, T, hs)
+        q = self.q_norm(q.view(B, T, self.n_head, hs))  # (B, T, nh/tp, hs)
+        k = self.k_norm(k.view(B, T, self.n_kv, hs))  # (B, T, nkv/tp, hs)
+        if rope is not None and len(rope) == 1:  # torchtitan's complex form (rotary_complex)
+            q, k = apply_rope_complex(q, rope[0]), apply_rope_complex(k, rope[0])
+        q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, nh/tp, T, hs), (B, nkv/tp, T, hs)
         v = v.view(B, T, self.n_kv, hs).transpose(1, 2)  # (B, nkv/tp, T, hs)
-        if rope is not None:
+        if rope is not None and len(rope) == 2:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if self.backend == "flash":
             y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal,
@@ -97,7 +100,7 @@ class Qwen3MoEBlock(nn.Module):
         self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.norm_epsilon)
         self.mlp = MoE(cfg, tp, ep)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, ...]) -> torch.Tensor:
         x = x + dropout(self.attn(self.attn_norm(x), rope), self.p)  # (B, T/tp with SP, C)
         return x + dropout(self.mlp(self.mlp_norm(x)), self.p)
 
