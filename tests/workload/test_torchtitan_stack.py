@@ -76,3 +76,14 @@ def test_eager_fsdp_rope_is_torchtitans_fp32_complex_form():
     assert sum(o.name == "aten.mul" and o.dtype == "complex64" for o in bwd) == 2
     for other in (trace_rank(MC, cfg, compile=True), trace_rank(MC, ParallelConfig(global_batch_size=4).resolve(4))):
         assert not any(o.dtype == "complex64" for o in other.graph.block_ops(0, "fwd"))
+
+
+def test_explicit_model_keys_win_over_the_stack_default():
+    """``fsdp = true`` sets separate projections and the complex RoPE only where the scenario left them
+    unset: an explicit false keeps Megatron's fused GEMMs (four) and the rotate-half RoPE."""
+    cfg = ParallelConfig(fsdp=True, global_batch_size=4).resolve(4)
+    fused = with_overrides(MC, separate_projections=False, rotary_complex=False)
+    gemms = [o for o in trace_rank(fused, cfg).graph.block_ops(0, "fwd") if o.kind == "gemm"]
+    assert len(gemms) == 4
+    complex_ops = lambda t: [o for o in t.graph.block_ops(0, "fwd") if o.dtype == "complex64"]  # noqa: E731
+    assert complex_ops(trace_rank(fused, cfg)) == [] and len(complex_ops(trace_rank(MC, cfg))) == 2

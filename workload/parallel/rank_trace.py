@@ -60,8 +60,10 @@ def trace_rank(model_cfg, config: ParallelConfig, *, dtype: str = "bf16", compil
     family.check_parallel(model_cfg, config)
     traced_cfg = family.shard_config(model_cfg, config)
     if config.fsdp and hasattr(traced_cfg, "separate_projections"):  # torchtitan's model: wq, wk, wv; w1, w3
-        traced_cfg = replace(traced_cfg, separate_projections=True)
-        if not compile and getattr(traced_cfg, "position_embedding_type", "") == "rope":  # its fp32 complex RoPE
+        if traced_cfg.separate_projections is None:  # unset: the stack's own; an explicit value is kept
+            traced_cfg = replace(traced_cfg, separate_projections=True)
+        if (not compile and traced_cfg.rotary_complex is None
+                and getattr(traced_cfg, "position_embedding_type", "") == "rope"):  # its fp32 complex RoPE
             traced_cfg = replace(traced_cfg, rotary_complex=True)
     tp = TPContext(config.tp, config.sequence_parallel) if family.transformer else None
     with torch.device("meta"):

@@ -97,19 +97,20 @@ class TransformerConfig:
     (:attr:`hwmodel.ir.Compute.attention_kernel`). ``unfused``: Megatron-LM's 2021-22 path -- QK^T
     batched GEMM, fused scale-mask-softmax, attention dropout, attention x V -- whose s x s tensors are
     what selective recomputation avoids storing (Korthikanti et al. 2022)."""
-    separate_projections: bool = False
+    separate_projections: bool | None = None
     """The block's input projections as separate GEMMs -- ``wq``, ``wk``, ``wv`` and SwiGLU's ``w1``, ``w3``
     (torchtitan's and Hugging Face's Llama) -- rather than Megatron-Core's fused ``linear_qkv`` and
     gate/up ``fc1``. Same parameters and FLOPs; each GEMM reads the input again, each data-gradient
-    GEMM writes a gradient that autograd then sums, and per-op SAC counts seven GEMMs. ``fsdp = true``
-    (PyTorch's stack, torchtitan's model) sets it."""
-    rotary_complex: bool = False
+    GEMM writes a gradient that autograd then sums, and per-op SAC counts seven GEMMs. ``None`` (unset):
+    the stack's own model -- separate under ``fsdp = true`` (PyTorch's stack, torchtitan's model), fused
+    otherwise; an explicit ``true``/``false`` is kept."""
+    rotary_complex: bool | None = None
     """RoPE as torchtitan's (Meta's Llama) ``apply_rotary_emb`` in ``torchtitan/models/llama3/model.py``:
     adjacent pairs of each head as fp32 complex numbers -- ``view_as_complex(x.float().reshape(..., -1,
     2))``, a complex multiply by ``freqs_cis``, ``view_as_real(...).flatten(3)``, ``.type_as(x)`` -- three
     kernels per q and per k in eager (cast to fp32, complex64 multiply, cast back), rather than the
     rotate-half form in the training dtype (Megatron-Core's unfused ``apply_rotary_pos_emb``). Same
-    maths; eager ``fsdp = true`` (PyTorch's stack, torchtitan's model) sets it, torch.compile fuses
+    maths; unset (``None``), eager ``fsdp = true`` (PyTorch's stack, torchtitan's model) sets it, torch.compile fuses
     either form into one kernel."""
     hidden_dropout: float = 0.0
     """Dropout after the attention and MLP blocks (GPT-3 / Megatron: 0.1)."""

@@ -77,7 +77,7 @@ class SelfAttention(nn.Module):
         """Whether attention goes through :func:`masked_attention` (every layer of a windowed model, so that
         layer dedup can give each clone its own layer's pattern)."""
         self.attention_pattern = attention_pattern(cfg, 0)
-        self.separate = cfg.separate_projections
+        self.separate = bool(cfg.separate_projections)
         if self.separate:  # torchtitan's / Hugging Face's wq, wk, wv
             q_out, kv_out = cfg.num_attention_heads * self.head_dim, cfg.num_query_groups * self.head_dim
             self.wq = ColumnParallelLinear(cfg.hidden_size, q_out, tp, bias=cfg.add_bias_linear)

@@ -49,7 +49,7 @@ class SwiGLU(nn.Module):
     def __init__(self, cfg: TransformerConfig, tp: TPContext = SERIAL) -> None:
         super().__init__()
         self.tp = tp
-        self.separate = cfg.separate_projections
+        self.separate = bool(cfg.separate_projections)
         if self.separate:
             self.w1 = ColumnParallelLinear(cfg.hidden_size, cfg.ffn_hidden_size, tp, bias=False)
             self.w3 = ColumnParallelLinear(cfg.hidden_size, cfg.ffn_hidden_size, tp, bias=False)
