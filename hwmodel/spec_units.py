@@ -72,6 +72,8 @@ SWITCH_KEYS: dict[str, Conv] = {
 _INT_FIELDS = {"sm_count", "hbm_capacity_bytes", "l2_bytes", "nvlink_generation", "nvlink_links",
                "pcie_generation", "copy_engines", "radix"}
 _STR_FIELDS = {"name", "architecture", "kind"}
+_POSITIVE_FIELDS = {"tdp_w", "power_limit_w"}
+"""Fields whose value must be > 0 (a power); the others may be 0 (e.g. a GPU without NVLink)."""
 _TABLE_FIELDS = {"tensor_flops"}
 
 
@@ -143,7 +145,7 @@ def _convert_value(key: str, value: Any, conv: Conv, where: str) -> Any:
         return value
     if fname == "compute_capability":  # parsed by the dataclass
         return value
-    check_number(where, key, value, positive=False)
+    check_number(where, key, value, positive=fname in _POSITIVE_FIELDS)
     si = fn(value)
     if fname in _INT_FIELDS:
         if abs(si - round(si)) > 1e-6 * max(1.0, abs(si)):

@@ -160,18 +160,18 @@ class GPUSpec:
         self._check_power(owner)
 
     def _check_power(self, owner: str) -> None:
-        for fname in ("tdp_w", "power_limit_w"):
+        for fname, key in (("tdp_w", "tdp_W"), ("power_limit_w", "power_limit_W")):  # named as gpus.toml
             if getattr(self, fname) is not None:
-                check_number(owner, fname, getattr(self, fname))
+                check_number(owner, key, getattr(self, fname))
                 object.__setattr__(self, fname, float(getattr(self, fname)))
         if self.power_limit_w is None:
             return
         if self.tdp_w is None:
-            raise ValueError(f"{owner}: field 'power_limit_w' needs the rated power 'tdp_w' (tdp_W) to scale from")
+            raise ValueError(f"{owner}: field 'power_limit_W' needs the rated power 'tdp_W' to scale from")
         try:
             power_limit_clock_ratio(self.power_limit_w, self.tdp_w)
         except ValueError as exc:
-            raise ValueError(f"{owner}: field {exc}") from None
+            raise ValueError(f"{owner}: field {str(exc).replace('power_limit_w', 'power_limit_W')}") from None
 
     def __hash__(self) -> int:  # dict fields are unhashable; a spec is identified by its scalar fields
         return hash((self.name, self.sm_count, self.boost_clock_hz, tuple(sorted(self.tensor_flops.items())),

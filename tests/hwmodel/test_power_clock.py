@@ -99,10 +99,10 @@ def test_no_hopper_or_blackwell_sku_reads_the_a100_fitted_clock():
 
 
 @pytest.mark.parametrize("limit, message", [
-    (800, r"power_limit_w = 800: allowed \(70, 700\] W"),       # above the rated power
-    (70, r"power_limit_w = 70: allowed \(70, 700\] W"),         # at the static power: cannot run
-    (0, "field 'power_limit_w' must be > 0, got 0"),
-    (-5, "field 'power_limit_W' must be >= 0, got -5"),
+    (800, r"power_limit_W = 800: allowed \(70, 700\] W"),       # above the rated power
+    (70, r"power_limit_W = 70: allowed \(70, 700\] W"),         # at the static power: cannot run
+    (0, "field 'power_limit_W' must be > 0, got 0"),
+    (-5, "field 'power_limit_W' must be > 0, got -5"),
     (float("nan"), "field 'power_limit_W' must be finite, got nan"),
     (True, "field 'power_limit_W' must be a number, got True"),
     ("500", "field 'power_limit_W' must be a number, got '500'"),
@@ -114,7 +114,7 @@ def test_power_limit_out_of_range_is_a_one_line_error(limit, message):
 
 
 def test_a_power_limit_needs_a_rated_power_and_the_ratio_checks_its_inputs():
-    with pytest.raises(ValueError, match="'power_limit_w' needs the rated power 'tdp_w'"):
+    with pytest.raises(ValueError, match="'power_limit_W' needs the rated power 'tdp_W'"):
         dataclasses.replace(get_gpu("H100-SXM5"), tdp_w=None, power_limit_w=500.0)
     with pytest.raises(ValueError, match="rated_power_w must be a finite number > 0"):
         power_limit_clock_ratio(500, 0)
@@ -129,7 +129,7 @@ def test_scenario_power_limit_out_of_range_exits_2_with_one_line(capsys):
     assert main(["run", "--set", "system.gpu_overrides.power_limit_W=900"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err, err
-    assert "[system] gpu_overrides" in err and "power_limit_w = 900: allowed (40, 400] W" in err
+    assert "[system] gpu_overrides" in err and "power_limit_W = 900: allowed (40, 400] W" in err
 
 
 def test_hopper_and_blackwell_ratios_are_their_own_measurements():
