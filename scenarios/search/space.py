@@ -19,7 +19,8 @@ Knobs, named as scenario keys (``section.key``):
 ``parallel.virtual_pipeline_model_parallel_size``  interleaved depth: 1 (plain 1F1B), 2, 4
 ``parallel.zero_stage``                        0 (DDP), 1 (distributed optimizer), 2, 3 (FSDP)
 ``parallel.zero_impl``                         megatron (PyTorch FSDP-like ZeRO-3); deepspeed (DeepSpeed's
-                                               ZeRO-3, PP 1 only); default: the scenario's
+                                               ZeRO-3, PP 1 only; named alone, only ZeRO-3 plans); default:
+                                               the scenario's
 ``parallel.recompute_granularity``             none, selective, full, selective_op (torchtitan's per-op SAC)
 ``parallel.overlap_grad_reduce``               true, false
 ``parallel.overlap_param_gather``              true, false (ZeRO 1/2 only)
@@ -31,8 +32,8 @@ Knobs, named as scenario keys (``section.key``):
 ``parallel.num_layers_in_first_pipeline_stage``  uneven stages: by default only where PP does not
 ``parallel.num_layers_in_last_pipeline_stage``   divide the layers (balanced ends); ``none`` = even
 ``training.micro_batch_size``                  1, 2, 4
-``training.fp8_recipe``                        dtype fp8 only: delayed, tensorwise, rowwise, mxfp8 (those the
-                                               GPU runs); default: the scenario's
+``training.fp8_recipe``                        dtype fp8 only (else bad input): delayed, tensorwise, rowwise,
+                                               mxfp8 (those the GPU runs); default: the scenario's
 =============================================  ===============================================
 
 Recomputation of only ``k`` layers (Megatron's ``--recompute-method block --recompute-num-layers k``)
@@ -440,6 +441,7 @@ def enumerate_space(facts: ModelFacts, model_cfg: Any, knobs: Mapping[str, list[
 
     ``knobs`` replaces the default value list of the fields it names (:func:`parse_knobs`).
     """
+    check_knobs(facts, knobs or {})
     values = default_values(facts)
     values.update(knobs or {})
     if facts.num_experts <= 1 and "ep" not in (knobs or {}):
@@ -463,7 +465,7 @@ def enumerate_space(facts: ModelFacts, model_cfg: Any, knobs: Mapping[str, list[
         if facts.world_size % model_par:
             continue  # not a factorisation of the cluster: no plan at all
         dp = facts.world_size // model_par
-        if _folded_shape(shape, dp, values):
+        if _folded_shape(shape, dp, values, asked("zero_impl")):
             continue
         if not (asked("first_layers") or asked("last_layers")) and shape["vpp"] == 1:
             shape["first_layers"], shape["last_layers"] = balanced_ends(facts.num_layers, shape["pp"])
@@ -480,7 +482,7 @@ def enumerate_space(facts: ModelFacts, model_cfg: Any, knobs: Mapping[str, list[
             if _not_a_plan_of_its_own(kw, asked):
                 continue
             c = normalise(Candidate(dp=dp, **kw), keep_rank_order=pinned_order)
-            if c in seen:
+            if c in seen or asked("zero_impl") and c.zero_impl not in values["zero_impl"]:
                 continue
             seen.add(c)
             # what validity depends on (a rank order, checked when parsed, never makes a plan invalid)
@@ -497,16 +499,36 @@ def enumerate_space(facts: ModelFacts, model_cfg: Any, knobs: Mapping[str, list[
     return valid, rejections
 
 
-def _folded_shape(shape: Mapping[str, Any], dp: int, values: Mapping[str, list[Any]]) -> bool:
+def _folded_shape(shape: Mapping[str, Any], dp: int, values: Mapping[str, list[Any]], impl_asked: bool) -> bool:
     """A shape :func:`normalise` folds onto another one that the enumeration also visits (ZeRO without
-    a data-parallel group, a parameter-gather overlap without the distributed optimizer): skipped
+    a data-parallel group, a parameter-gather overlap without the distributed optimizer), or one outside
+    a ``zero_impl`` that ``--fix``/``--space`` name (``impl_asked``: DeepSpeed's is ZeRO-3 only): skipped
     before any candidate is built."""
     if dp * shape["cp"] == 1 and shape["zero"] and 0 in values["zero"] and not (shape["tp"] == 1 and shape["sp"]):
         return True
-    if shape["zero_impl"] != "megatron" and shape["zero"] != 3 and "megatron" in values["zero_impl"]:
+    if shape["zero_impl"] != "megatron" and shape["zero"] != 3 and ("megatron" in values["zero_impl"] or impl_asked):
         return True
     return bool(shape["overlap_param_gather"] and shape["zero"] not in (1, 2)
                 and False in values["overlap_param_gather"])
+
+
+def check_knobs(facts: ModelFacts, knobs: Mapping[str, list[Any]]) -> None:
+    """``--fix``/``--space`` values that no plan of this scenario can take, as ``run`` would refuse them.
+
+    Raises:
+        ValueError: one line naming the keys: an FP8 recipe on a scenario that does not train in FP8, a
+            ``zero_impl`` of DeepSpeed without ZeRO stage 3, or async TP and TP overlap pinned together.
+    """
+    dtype = facts.training.get("dtype", "bf16")
+    if "fp8_recipe" in knobs and dtype != "fp8":
+        raise ValueError(f"training.fp8_recipe applies to training.dtype = 'fp8' (this scenario: {dtype})")
+    impls, stages = knobs.get("zero_impl", ()), knobs.get("zero", (3,))
+    if impls and "megatron" not in impls and 3 not in stages:
+        raise ValueError(f"parallel.zero_impl={','.join(impls)} is DeepSpeed's ZeRO stage 3: it needs "
+                         f"parallel.zero_stage=3, got {','.join(map(str, stages))}")
+    if knobs.get("async_tp") == [True] and knobs.get("tp_comm_overlap") == [True]:
+        raise ValueError("parallel.async_tp=true (torchtitan) conflicts with parallel.tp_comm_overlap=true "
+                         "(Megatron-Core); choose one")
 
 
 def _not_a_plan_of_its_own(kw: Mapping[str, Any], asked) -> bool:

@@ -85,3 +85,41 @@ def test_knobs_validated_like_run():
     with pytest.raises(ValueError, match="recompute_granularity: unknown value 'op'; allowed: none, selective, "
                                          "full, selective_op"):
         parse_knobs(fix=["parallel.recompute_granularity=op"])
+
+
+def test_fp8_recipe_on_a_bf16_scenario_is_bad_input(capsys, tmp_path):
+    out = tmp_path / "em.toml"
+    assert main(["search", "llama3-8b-tp2-dgx-h100", "--set", "model.num_layers=4", "--set",
+                 "training.seq_length=1024", "--top-k", "1", "--space", "training.fp8_recipe=delayed",
+                 "--emit-scenario", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and not out.exists()
+    assert err.endswith("training.fp8_recipe applies to training.dtype = 'fp8' (this scenario: bf16)")
+
+
+def test_fixed_deepspeed_zero_impl_keeps_only_zero3_deepspeed_plans():
+    model = with_overrides(get_model_config("llama3-8b"), num_layers=4, seq_length=1024)
+    small = ["parallel.context_parallel_size=1", "parallel.virtual_pipeline_model_parallel_size=1",
+             "training.micro_batch_size=1", "parallel.recompute_granularity=none"]
+    valid, rejected = enumerate_space(FACTS, model, parse_knobs(fix=[*small, "parallel.zero_impl=deepspeed"]))
+    assert valid and all(c.zero == 3 and c.zero_impl == "deepspeed" and c.pp == 1 for c in valid)
+    assert {c.tp for c in valid} == {1, 2, 4}  # TP 8 leaves no data-parallel group to shard over
+    assert all("DSZ3" in c.short().split() for c in valid)
+    assert all("--zero-stage 3 [DeepSpeed]" in c.megatron_flags() for c in valid)
+    assert any("needs pipeline_model_parallel_size = 1" in r.reason for r in rejected)
+    # the scenario's zero_impl is only the default of ZeRO-3 plans: the other stages stay in the space
+    ds_facts = ModelFacts(**{**FACTS.__dict__, "zero_impl": "deepspeed"})
+    stages = {c.zero for c in enumerate_space(ds_facts, model, parse_knobs(fix=small))[0]}
+    assert stages == {0, 1, 2, 3}
+    with pytest.raises(ValueError, match=r"^parallel.zero_impl=deepspeed is DeepSpeed's ZeRO stage 3: it needs "
+                                         r"parallel.zero_stage=3, got 1$"):
+        enumerate_space(FACTS, model, parse_knobs(fix=["parallel.zero_impl=deepspeed", "parallel.zero_stage=1"]))
+
+
+def test_pinned_async_tp_and_tp_overlap_name_their_conflict(capsys):
+    assert main(["search", "llama3-8b-tp2-dgx-h100", "--fix", "parallel.async_tp=true",
+                 "--fix", "parallel.tp_comm_overlap=true"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0
+    assert err.endswith("parallel.async_tp=true (torchtitan) conflicts with parallel.tp_comm_overlap=true "
+                        "(Megatron-Core); choose one")
