@@ -116,3 +116,29 @@ def test_deepspeed_replaces_the_fsdp_gather_estimate():
     gathered, grads = transient_elements(TransformerShape.of(cfg), True)
     assert ds.gather_buffers == (gathered + grads) * 2
     assert ds.gather_buffers < 0.6 * fsdp.gather_buffers
+
+
+_UNITS = {"TB": 1e12, "GB": 1e9, "MB": 1e6, "kB": 1e3, "B": 1.0}
+
+
+@pytest.mark.parametrize("impl", ["deepspeed", "megatron"])
+def test_verdict_parts_add_up_to_the_stated_total(impl):
+    """The issue's run (gpt-1.7b, 4 layers, ZeRO-3 on 8 GPUs): the verdict's listed parts, the gather
+    term included, sum to the bytes it says are needed (each part rounded to 0.05 of its unit)."""
+    import re
+
+    import hwmodel.specs as specs
+    from workload import allocator
+
+    gpu = specs.get_gpu("A100-SXM4-80GB")
+    cfg = replace(get_model_config("gpt-1.7b"), num_layers=4)
+    p = ParallelConfig(micro_batch_size=1, global_batch_size=16, zero_stage=3, zero_impl=impl).resolve(8)
+    mem = allocator.with_framework(transformer_memory(cfg, p, "bf16"), p, gpu)
+    assert mem.gather_buffers > 0
+    text = re.sub(r" \(reserved [^)]*\)", "", mem.verdict(gpu))
+    stated, listed = re.match(r"fits: ([\d.]+ \w+) of [^(]*\([^;]*; (.*); stage \d+\)$", text).groups()
+    values = [(float(v), u) for v, u in (part.rsplit(" ", 2)[-2:] for part in listed.split(", "))]
+    n, unit = stated.split()
+    assert sum(v * _UNITS[u] for v, u in values) == pytest.approx(float(n) * _UNITS[unit],
+                                                                 abs=0.05 * (_UNITS[unit] + sum(_UNITS[u] for _, u in values)))
+    assert ("unpartitioned gradients" in text) == (impl == "deepspeed")
