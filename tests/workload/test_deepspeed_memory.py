@@ -8,8 +8,7 @@ import pytest
 
 from workload.memory import TransformerShape
 from workload.parallel.config import ParallelConfig
-from workload.parallel.deepspeed_memory import (gradient_order, layer_modules, peak_gradient_elements,
-                                                transient_elements)
+from workload.parallel.deepspeed_memory import gradient_order, layer_modules, peak_gradient_elements, transient_elements
 from workload.parallel.deepspeed_zero import Stage3Settings
 from workload.zoo import get_model_config
 from workload.zoo.family import transformer_memory
@@ -139,6 +138,6 @@ def test_verdict_parts_add_up_to_the_stated_total(impl):
     stated, listed = re.match(r"fits: ([\d.]+ \w+) of [^(]*\([^;]*; (.*); stage \d+\)$", text).groups()
     values = [(float(v), u) for v, u in (part.rsplit(" ", 2)[-2:] for part in listed.split(", "))]
     n, unit = stated.split()
-    assert sum(v * _UNITS[u] for v, u in values) == pytest.approx(float(n) * _UNITS[unit],
-                                                                 abs=0.05 * (_UNITS[unit] + sum(_UNITS[u] for _, u in values)))
+    rounding = 0.05 * (_UNITS[unit] + sum(_UNITS[u] for _, u in values))
+    assert sum(v * _UNITS[u] for v, u in values) == pytest.approx(float(n) * _UNITS[unit], abs=rounding)
     assert ("unpartitioned gradients" in text) == (impl == "deepspeed")
