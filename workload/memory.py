@@ -482,8 +482,7 @@ class MemoryBreakdown:
         return need <= cap
 
     def verdict(self, gpu_hbm_bytes: float | Any, headroom_bytes: float = 0.0) -> str:
-        """One line: ``fits`` or ``OOM`` with the numbers (the comparison of :meth:`fits`), e.g.
-        ``OOM: needs 3.1 TB > 80.0 GB HBM (parameters 349.2 GB, gradients ..., ...)``."""
+        """One line: ``fits`` or ``OOM``, the comparison of :meth:`fits`, and the parts that add up to it."""
         need, cap, what = self._need_and_cap(gpu_hbm_bytes, headroom_bytes)
         parts = (f"parameters {_fmt(self.parameters)}, gradients {_fmt(self.gradients)}, "
                  f"optimizer {_fmt(self.optimizer_states)}, activations {_fmt(self.activations)}")
@@ -491,6 +490,10 @@ class MemoryBreakdown:
             parts += f", fp8 weight copies {_fmt(self.fp8_weights)}"
         if self.workspace:
             parts += f", recompute workspace {_fmt(self.workspace)}"
+        g, r = (self.detail.get(f"deepspeed_{k}_elements", 0) for k in ("gathered", "gradient"))  # DeepSpeed's
+        parts += (f", gathered parameters {_fmt(self.gather_buffers * g / (g + r))}, unpartitioned gradients "
+                  f"{_fmt(self.gather_buffers * r / (g + r))}" if g + r else  # two parts, or FSDP's one term
+                  f", ZeRO-3 gather buffers {_fmt(self.gather_buffers)}" * bool(self.gather_buffers))
         if what == "usable HBM":
             parts += (f", cuBLAS workspace {_fmt(self.cublas_workspace)}, fragmentation {_fmt(self.fragmentation)}"
                       f" (reserved {_fmt(self.reserved)}), CUDA context {_fmt(self.cuda_context)}, "

@@ -2,11 +2,13 @@
 coordinator's replay (per-module gathers) and the gradient buckets, in closed form; the FSDP estimate
 (whole layers gathered and reduced) stays for ``zero_impl = "megatron"``."""
 
+from dataclasses import replace
+
 import pytest
 
 from workload.memory import TransformerShape
 from workload.parallel.config import ParallelConfig
-from workload.parallel.deepspeed_memory import layer_modules, peak_gradient_elements, transient_elements
+from workload.parallel.deepspeed_memory import gradient_order, layer_modules, peak_gradient_elements, transient_elements
 from workload.parallel.deepspeed_zero import Stage3Settings
 from workload.zoo import get_model_config
 from workload.zoo.family import transformer_memory
@@ -43,14 +45,57 @@ def test_gradient_peak_is_two_buckets_and_the_next_gradient():
 
 
 def test_530b_gradient_peak_closed_form():
-    """530B, 5e8-element buckets: the output layer's gradient (V h + h, V = 2.5 h), fc2 (4h^2 + h) and fc1
-    (4h^2 + 4h) are buckets of their own. While the output layer's is reduced (itself and its flattened
-    copy) fc2's bucket waits and fc1's gradient is produced: 2(Vh + h) + 8h^2 + 5h + 2h, the peak (a
-    layer's fc2 pair gives 12h^2 + ...)."""
+    """530B, 5e8-element buckets, tied embeddings (the word embedding's gradient completes only after the
+    embedding's backward, last): per layer backward gives the buckets [fc2], [fc1], [ln2, proj], [qkv],
+    [ln1]. While fc1's (4h^2 + 4h) is reduced (itself and its flattened copy), [ln2 (2h), proj (h^2 + h)]
+    waits and qkv's gradient (3h^2 + 3h) is produced: 12h^2 + 14h, above the embedding's own 2Vh
+    (V = 2.5h) and fc2's turn (12h^2 + 8h)."""
     m = _shape("gpt-530b")
     _, grads = transient_elements(m, True)
     h, v = m.hidden_size, m.vocab_size
-    assert grads == 2 * (v * h + h) + (4 * h * h + h) + (4 * h * h + 4 * h)
+    assert grads == 2 * (4 * h * h + 4 * h) + (2 * h + h * h + h) + (3 * h * h + 3 * h)
+    assert grads > 2 * v * h
+
+
+def _rank_params(m: TransformerShape, tp: int) -> tuple[int, int]:
+    """(all parameter elements, those above the persistence threshold) on one TP rank, each once."""
+    s = Stage3Settings()
+    block = [n for _, params in layer_modules(m, tp) for n in params]
+    ends = [m.vocab_size * m.hidden_size // tp, m.seq_length * m.hidden_size, m.hidden_size]  # tied
+    every = ends + block * m.num_layers
+    return sum(every), sum(n for n in every if n > s.param_persistence_threshold)
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_small_model_gathers_its_tp_shard_once(tp):
+    """gpt-1.7b at 4 layers (the issue's run): every module is reused within stage3_max_reuse_distance,
+    so everything partitioned stays gathered, but each parameter once (the tied word embedding is one
+    tensor) and on its TP shard only: V h / tp + s h + 4 (12 h^2 / tp + biases), never more than the
+    rank's parameters. All gradients fit one 5e8 bucket: they and its flattened copy, 2x the rank's."""
+    m = replace(_shape("gpt-1.7b"), num_layers=4)
+    total, partitioned = _rank_params(m, tp)
+    gathered, grads = transient_elements(m, True, Stage3Settings(), tp)
+    assert gathered == partitioned <= total
+    assert grads == 2 * total
+    h = m.hidden_size
+    assert partitioned == pytest.approx((m.vocab_size * h + 4 * 12 * h * h) / tp + m.seq_length * h, rel=1e-3)
+
+
+def test_gathered_never_exceeds_the_rank_parameters():
+    for name, layers in (("gpt-1.7b", 2), ("gpt-1.7b", 24), ("gpt-530b", 105)):
+        m = replace(_shape(name), num_layers=layers)
+        for tp in (1, 2, 8):
+            total, _ = _rank_params(m, tp)
+            gathered, grads = transient_elements(m, True, Stage3Settings(), tp)
+            assert gathered <= total and grads <= 2 * total, (name, layers, tp)
+
+
+def test_untied_output_layer_is_its_own_parameter():
+    m = replace(_shape("gpt-1.7b"), num_layers=2)
+    untied = replace(m, tied_embeddings=False)
+    vh = m.vocab_size * m.hidden_size
+    assert transient_elements(untied, True)[0] - transient_elements(m, True)[0] == vh
+    assert gradient_order(untied)[0] == vh and gradient_order(m)[0] == m.hidden_size  # output, final norm
 
 
 def _cfg(impl: str, dp: int = 640) -> ParallelConfig:
@@ -70,3 +115,29 @@ def test_deepspeed_replaces_the_fsdp_gather_estimate():
     gathered, grads = transient_elements(TransformerShape.of(cfg), True)
     assert ds.gather_buffers == (gathered + grads) * 2
     assert ds.gather_buffers < 0.6 * fsdp.gather_buffers
+
+
+_UNITS = {"TB": 1e12, "GB": 1e9, "MB": 1e6, "kB": 1e3, "B": 1.0}
+
+
+@pytest.mark.parametrize("impl", ["deepspeed", "megatron"])
+def test_verdict_parts_add_up_to_the_stated_total(impl):
+    """The issue's run (gpt-1.7b, 4 layers, ZeRO-3 on 8 GPUs): the verdict's listed parts, the gather
+    term included, sum to the bytes it says are needed (each part rounded to 0.05 of its unit)."""
+    import re
+
+    import hwmodel.specs as specs
+    from workload import allocator
+
+    gpu = specs.get_gpu("A100-SXM4-80GB")
+    cfg = replace(get_model_config("gpt-1.7b"), num_layers=4)
+    p = ParallelConfig(micro_batch_size=1, global_batch_size=16, zero_stage=3, zero_impl=impl).resolve(8)
+    mem = allocator.with_framework(transformer_memory(cfg, p, "bf16"), p, gpu)
+    assert mem.gather_buffers > 0
+    text = re.sub(r" \(reserved [^)]*\)", "", mem.verdict(gpu))
+    stated, listed = re.match(r"fits: ([\d.]+ \w+) of [^(]*\([^;]*; (.*); stage \d+\)$", text).groups()
+    values = [(float(v), u) for v, u in (part.rsplit(" ", 2)[-2:] for part in listed.split(", "))]
+    n, unit = stated.split()
+    rounding = 0.05 * (_UNITS[unit] + sum(_UNITS[u] for _, u in values))
+    assert sum(v * _UNITS[u] for v, u in values) == pytest.approx(float(n) * _UNITS[unit], abs=rounding)
+    assert ("unpartitioned gradients" in text) == (impl == "deepspeed")

@@ -33,53 +33,83 @@ from workload.memory import MemoryBreakdown, TransformerShape
 from workload.parallel.deepspeed_zero import DEFAULTS, Stage3Settings, Use, gradient_buckets, plan_fetches
 
 
-def layer_modules(m: TransformerShape) -> tuple[tuple[str, tuple[int, ...]], ...]:
-    """A GPT block's parameter modules in forward order, with each parameter's elements (no tensor
-    parallelism: DeepSpeed ZeRO-3 here runs data parallelism only)."""
+def layer_modules(m: TransformerShape, tp: int = 1) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """A GPT block's parameter modules in forward order, with each parameter's elements on one rank of
+    ``tp`` tensor-parallel ranks (Megatron's column-parallel qkv and fc1, row-parallel proj and fc2: the
+    weights and the column-parallel biases split, the norms and row-parallel biases whole)."""
     h, q, kv, f = m.hidden_size, m.query_width, m.kv_width, m.ffn_hidden_size
     ln = (h, h) if m.layernorm_bias else (h,)
     fc1_out = f * (2 if m.gated_mlp else 1)
 
-    def linear(n_in: int, n_out: int) -> tuple[int, ...]:
-        return (n_in * n_out, n_out) if m.bias else (n_in * n_out,)
+    def column(n_in: int, n_out: int) -> tuple[int, ...]:
+        return (n_in * n_out // tp, n_out // tp) if m.bias else (n_in * n_out // tp,)
 
-    return (("ln1", ln), ("attn.qkv", linear(h, q + 2 * kv)), ("attn.proj", linear(q, h)), ("ln2", ln),
-            ("mlp.fc1", linear(h, fc1_out)), ("mlp.fc2", linear(f, h)))
+    def row(n_in: int, n_out: int) -> tuple[int, ...]:
+        return (n_in * n_out // tp, n_out) if m.bias else (n_in * n_out // tp,)
+
+    return (("ln1", ln), ("attn.qkv", column(h, q + 2 * kv)), ("attn.proj", row(q, h)), ("ln2", ln),
+            ("mlp.fc1", column(h, fc1_out)), ("mlp.fc2", row(f, h)))
 
 
-def iteration_uses(m: TransformerShape, full_recompute: bool) -> list[Use]:
-    """One micro-batch's module uses in execution order: the embedding, the blocks, the output layer
-    (tied to the embedding or its own matrix, with the final norm), then backward in reverse, each
-    block's recompute forward before its backward under full recomputation."""
-    modules = layer_modules(m)
-    pre = Use(("pre", ""), (m.vocab_size * m.hidden_size,)
-              + ((m.seq_length * m.hidden_size,) if m.learned_position_embeddings else ()))
-    post = Use(("post", ""), (m.hidden_size, m.vocab_size * m.hidden_size))
+WORD_EMBEDDING = ("embedding", "word")
+"""The word embedding's key: with tied embeddings the output layer uses the same parameter (Megatron's
+``word_embeddings_weight``), gathered once and with one gradient."""
+
+
+def _ends(m: TransformerShape, tp: int) -> tuple[list[Use], list[Use]]:
+    """The modules before the blocks (word and position embeddings) and after them (final norm, then the
+    output layer: the word embedding again when tied), each parameter's elements on one TP rank (the
+    vocabulary split, Megatron's ``VocabParallelEmbedding``; position embeddings and the norm whole)."""
+    word = m.vocab_size * m.hidden_size // tp
+    pre = [Use(WORD_EMBEDDING, (word,))]
+    if m.learned_position_embeddings:
+        pre.append(Use(("pre", "position"), (m.seq_length * m.hidden_size,)))
+    out_key = WORD_EMBEDDING if m.tied_embeddings else ("post", "output")
+    post = [Use(("post", "norm"), (m.hidden_size,)), Use(out_key, (word,))]
+    return pre, post
+
+
+def iteration_uses(m: TransformerShape, full_recompute: bool, tp: int = 1) -> list[Use]:
+    """One micro-batch's module uses in execution order on one of ``tp`` tensor-parallel ranks: the
+    embeddings, the blocks, the final norm and output layer (the word embedding's parameter when tied),
+    then backward in reverse, each block's recompute forward before its backward under full
+    recomputation, and the embeddings' backward last."""
+    modules = layer_modules(m, tp)
+    pre, post = _ends(m, tp)
 
     def block(layer: int, order) -> list[Use]:
         return [Use((layer, name), params) for name, params in order]
 
-    out = [pre]
+    out = list(pre)
     for layer in range(m.num_layers):
         out += block(layer, modules)
-    out.append(post)
+    out += post
     for layer in reversed(range(m.num_layers)):
         if full_recompute:
             out += block(layer, modules)
         out += block(layer, reversed(modules))
-    return out + [pre]
+    return out + pre
+
+
+def gradient_order(m: TransformerShape, tp: int = 1) -> list[int]:
+    """Elements of each parameter module's gradient in the order backward completes them (DeepSpeed's
+    hook fires once a parameter's gradient is accumulated): the output layer (untied) and final norm, the
+    blocks in reverse, then the embeddings (a tied word embedding's gradient is complete only there)."""
+    pre, post = _ends(m, tp)
+    grads = [u.numel for u in reversed(post) if u.key != WORD_EMBEDDING]
+    for _ in range(m.num_layers):
+        grads += [sum(params) for _, params in reversed(layer_modules(m, tp))]
+    return grads + [u.numel for u in reversed(pre)]
 
 
 @lru_cache(maxsize=64)
-def transient_elements(m: TransformerShape, full_recompute: bool, s: Stage3Settings = DEFAULTS) -> tuple[int, int]:
-    """(gathered parameter elements, unpartitioned gradient elements) at their peaks over one micro-batch."""
-    gathered = plan_fetches(iteration_uses(m, full_recompute), s).peak_live
-    modules = layer_modules(m)
-    grads = [m.hidden_size + m.vocab_size * m.hidden_size]  # backward order: output layer, blocks, embedding
-    for _ in range(m.num_layers):
-        grads += [sum(params) for _, params in reversed(modules)]
-    grads.append(m.vocab_size * m.hidden_size + (m.seq_length * m.hidden_size if m.learned_position_embeddings else 0))
-    return gathered, peak_gradient_elements(grads, s)
+def transient_elements(m: TransformerShape, full_recompute: bool, s: Stage3Settings = DEFAULTS,
+                       tp: int = 1) -> tuple[int, int]:
+    """(gathered parameter elements, unpartitioned gradient elements) at their peaks over one micro-batch
+    on one of ``tp`` tensor-parallel ranks. The first is at most the rank's parameters (its TP shard of
+    the model, each parameter once); the second at most twice them (a bucket and its flattened copy)."""
+    gathered = plan_fetches(iteration_uses(m, full_recompute, tp), s).peak_live
+    return gathered, peak_gradient_elements(gradient_order(m, tp), s)
 
 
 def peak_gradient_elements(numels: list[int], s: Stage3Settings = DEFAULTS) -> int:
@@ -110,11 +140,12 @@ def with_deepspeed_stage3(mem: MemoryBreakdown, model_cfg: Any, parallel: Any, p
     if m.num_experts > 1 or parallel.dp * parallel.cp == 1:
         return mem
     full = parallel.recompute_granularity == "full"
-    gathered, grads = transient_elements(m, full, s)
+    gathered, grads = transient_elements(m, full, s, parallel.tp)
     detail = dict(mem.detail, deepspeed_gathered_elements=gathered, deepspeed_gradient_elements=grads)
     return replace(mem, gradients=mem.gradients * param_bytes / grad_bytes,
                    gather_buffers=(gathered + grads) * param_bytes,
                    detail=detail)
 
 
-__all__ = ["iteration_uses", "transient_elements", "layer_modules", "peak_gradient_elements", "with_deepspeed_stage3"]
+__all__ = ["WORD_EMBEDDING", "gradient_order", "iteration_uses", "layer_modules", "peak_gradient_elements",
+           "transient_elements", "with_deepspeed_stage3"]
