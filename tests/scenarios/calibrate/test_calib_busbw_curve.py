@@ -119,3 +119,17 @@ def test_bad_curve_tables(tmp_path, table, message):
         "profile": {"name": "bad"}, "nccl": {"busbw_correction": {"ampere": {"c": table}}}}))
     with O.applied(ov), pytest.raises(ValueError, match=message):
         nccl_cal.busbw_correction("ampere", "all_reduce", 8, 1, MiB)
+
+
+def test_a_flow_fitted_curve_under_another_fidelity_is_named(tmp_path, a100_fit):
+    """The curve corrects the default (flow) model it was fitted against; a run at another fidelity says
+    that it does not reproduce the log there, and a flow run does not."""
+    from scenarios.runner import run_scenario
+    from scenarios.scenario import load_scenario
+
+    ov = _profile(tmp_path, a100_fit)
+    with O.applied(ov):  # the default scenario (DGX A100), cut to 4 layers
+        warned = [run_scenario(load_scenario(None, ["model.num_layers=4", f'simulation.fidelity="{f}"']))
+                  .metrics.get("warnings", []) for f in ("flow", "chunked")]
+    assert not any("busbw-vs-size correction" in w for w in warned[0])
+    assert any('fitted under fidelity = "flow"' in w and 'fidelity = "chunked"' in w for w in warned[1])
