@@ -87,7 +87,7 @@ def _pct(f: float) -> str:
     return f"{round(100 * f, 1) + 0.0:.1f} %"  # + 0.0: a tiny negative prints 0.0, not -0.0
 
 
-def _parallel_line(p: Mapping[str, Any]) -> str:
+def _parallel_line(p: Mapping[str, Any], stack: list[str] | None = None) -> str:
     parts = [f"TP {p['tp']}", f"PP {p['pp']}", f"DP {p['dp']}"]
     if p.get("cp", 1) > 1:
         parts.append(f"CP {p['cp']}")
@@ -102,7 +102,26 @@ def _parallel_line(p: Mapping[str, Any]) -> str:
         extras.append("sequence parallel")
     if p.get("zero_stage"):
         extras.append(f"ZeRO stage {p['zero_stage']}")
-    return line + "; " + ", ".join(extras)
+    return line + "; " + ", ".join(extras + (stack or []))
+
+
+def _stack_extras(cfg: Any, training: Mapping[str, Any]) -> list[str]:
+    """The framework knobs that change the program beyond the parallel sizes (named as the report's
+    reader would set them), for the Parallel line; none on a plain Megatron run."""
+    out = []
+    if getattr(cfg, "fsdp", False):
+        out.append("FSDP (PyTorch)")
+    if getattr(cfg, "zero_impl", "megatron") == "deepspeed":
+        out.append("DeepSpeed ZeRO-3")
+    if getattr(cfg, "tp_comm_overlap", False):
+        out.append("TP comm overlap")
+    if getattr(cfg, "async_tp", False):
+        out.append("async TP")
+    if training.get("compile"):
+        out.append("torch.compile")
+    if training.get("dtype") == "fp8":
+        out.append(f"FP8 recipe {training.get('fp8_recipe', 'delayed')}")
+    return out
 
 
 def _header(scenario: Any, m: Mapping[str, Any] | None, prep: Any) -> list[str]:
@@ -125,7 +144,7 @@ def _header(scenario: Any, m: Mapping[str, Any] | None, prep: Any) -> list[str]:
         shape = f": {mc.summary}"
     lines.append(f"Model       {getattr(mc, 'name', 'model')}{shape}; {prep.dtype}")
     if m is not None:
-        lines.append(f"Parallel    {_parallel_line(m['parallel'])}")
+        lines.append(f"Parallel    {_parallel_line(m['parallel'], _stack_extras(cfg, scenario.training))}")
     else:
         lines.append(f"Parallel    TP {cfg.tp} x PP {cfg.pp} x DP {cfg.dp}; micro-batch {cfg.micro_batch_size}, "
                      f"global batch {cfg.global_batch_size}, recompute {cfg.recompute_granularity}")

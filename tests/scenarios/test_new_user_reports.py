@@ -303,3 +303,17 @@ def test_power_what_if_that_moves_no_clock_is_named():
     assert len(notes) == 1 and "tdp_W/power_limit_W: changes nothing" in notes[0] and "100 %" in notes[0]
     assert notes_for('system.name="dgx-h100"', "system.gpu_overrides.power_limit_W=700")[0] != []
     assert notes_for('system.name="dgx-h100"', "system.gpu_overrides.power_limit_W=500")[0] == []
+
+
+def test_parallel_line_names_the_framework_knobs():
+    """async TP, compile, FSDP, DeepSpeed and the FP8 recipe change the program: the Parallel line says so;
+    a plain Megatron run adds nothing."""
+    from scenarios.report import _stack_extras
+    from workload.parallel.config import ParallelConfig
+
+    plain = ParallelConfig(global_batch_size=8)
+    assert _stack_extras(plain, {"dtype": "bf16"}) == []
+    titan = ParallelConfig(global_batch_size=8, tensor_model_parallel_size=2, sequence_parallel=True,
+                           fsdp=True, async_tp=True)
+    assert _stack_extras(titan, {"compile": True}) == ["FSDP (PyTorch)", "async TP", "torch.compile"]
+    assert _stack_extras(plain, {"dtype": "fp8", "fp8_recipe": "rowwise"}) == ["FP8 recipe rowwise"]
