@@ -644,11 +644,7 @@ def _account_load(r: Resource, load_delta: float, side_load: float, now: float, 
     r.load = load
     r.side_load = side_load
     if record and load + side_load != total_old:
-        timeline = r.timeline
-        if timeline and timeline[-1][0] == now:
-            timeline[-1] = (now, load + side_load)
-        else:
-            timeline.append((now, load + side_load))
+        _record_total(r, now, load + side_load)
 
 
 def _add_loads(weights: Iterable[tuple[Resource, float]], rate: float, now: float, record: bool) -> None:
@@ -665,11 +661,16 @@ def _add_loads(weights: Iterable[tuple[Resource, float]], rate: float, now: floa
             load = 0.0
         r.load = load
         if record and load + side != total_old:
-            timeline = r.timeline
-            if timeline and timeline[-1][0] == now:
-                timeline[-1] = (now, load + side)
-            else:
-                timeline.append((now, load + side))
+            _record_total(r, now, load + side)
+
+
+def _record_total(r: Resource, now: float, total: float) -> None:
+    """Append ``(now, total)`` to ``r.timeline``, replacing a point already at ``now``."""
+    timeline = r.timeline
+    if timeline and timeline[-1][0] == now:
+        timeline[-1] = (now, total)
+    else:
+        timeline.append((now, total))
 
 
 def _merge(items: Iterable[tuple[Resource, float]], name: str) -> dict[Resource, float]:
