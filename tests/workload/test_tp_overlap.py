@@ -196,8 +196,8 @@ def test_async_tp_fuses_every_consumer_gemm_and_not_a_summed_reduce_scatter():
 
     mc = with_overrides(get_model_config("llama3-8b"), num_layers=1, seq_length=256, vocab_size=1024)
     cfg = ParallelConfig(tensor_model_parallel_size=2, sequence_parallel=True, global_batch_size=1, fsdp=True,
-                         data_parallel_size=1).resolve(2)
-    trace = trace_rank(mc, cfg)
+                         data_parallel_size=1, async_tp=True).resolve(2)
+    trace = trace_rank(mc, cfg)  # traced for async TP: no DTensor layout copies beside the collectives
     ops = TracedOps(trace)
     fwd = pair_collectives(ops.get("block", "fwd", 0), hidden=trace.hidden_size, tp=2, mode="async")
     gathers = [it for it in fwd if isinstance(it, Pipelined) and it.collective.op == "all_gather"]

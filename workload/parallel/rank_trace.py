@@ -65,7 +65,11 @@ def trace_rank(model_cfg, config: ParallelConfig, *, dtype: str = "bf16", compil
         if (not compile and traced_cfg.rotary_complex is None
                 and getattr(traced_cfg, "position_embedding_type", "") == "rope"):  # its fp32 complex RoPE
             traced_cfg = replace(traced_cfg, rotary_complex=True)
-    tp = TPContext(config.tp, config.sequence_parallel) if family.transformer else None
+    # torchtitan's TP is DTensor over PyTorch's dim-0 functional collectives: each sequence-parallel
+    # all-gather / reduce-scatter pays a layout copy, except those Inductor's async-TP pass fuses into
+    # fused_all_gather_matmul / fused_matmul_reduce_scatter (which take the gather/scatter dim themselves)
+    dim0 = config.fsdp and config.sequence_parallel and not config.async_tp
+    tp = TPContext(config.tp, config.sequence_parallel, dim0_collectives=dim0) if family.transformer else None
     with torch.device("meta"):
         model = family.build(traced_cfg, tp=tp, ep=config.ep)
     graph = trace_model(model, micro_batch_size=config.micro_batch_size, block_attr=family.block_attr,

@@ -118,6 +118,50 @@ class _ReduceScatterToSequence(torch.autograd.Function):
         return _all_gather(g, *ctx.args), None, None, None
 
 
+def _dim0_gather(x: torch.Tensor, axis: str, dim: int, world: int) -> torch.Tensor:
+    """PyTorch's ``funcol.all_gather_tensor(x, gather_dim=dim)``: ``all_gather_into_tensor`` stacks the
+    shards along dim 0, then ``torch.cat(torch.chunk(res, world, dim=0), dim=dim)`` copies the whole
+    gathered tensor into the ``dim`` layout (a copy kernel) when ``dim != 0``."""
+    res = _all_gather(x, axis, 0, world)
+    return torch.cat(torch.chunk(res, world, dim=0), dim=dim) if dim else res
+
+
+def _dim0_scatter(x: torch.Tensor, axis: str, dim: int, world: int) -> torch.Tensor:
+    """PyTorch's ``funcol.reduce_scatter_tensor(x, scatter_dim=dim)``: when ``dim != 0`` the input is first
+    copied shard-major (``torch.cat(torch.chunk(x, world, dim=dim))``), then ``reduce_scatter_tensor``
+    scatters along dim 0."""
+    if dim:
+        x = torch.cat(torch.chunk(x, world, dim=dim))
+    return _reduce_scatter(x, axis, 0, world)
+
+
+class _GatherFromSequenceDim0(torch.autograd.Function):
+    """:class:`_GatherFromSequence` as DTensor runs it (``Shard(dim) -> Replicate`` forward, ``Partial ->
+    Shard(dim)`` backward), through PyTorch's dim-0 functional collectives."""
+
+    @staticmethod
+    def forward(ctx, x, axis, dim, world):
+        ctx.args = (axis, dim, world)
+        return _dim0_gather(x, axis, dim, world)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _dim0_scatter(g, *ctx.args), None, None, None
+
+
+class _ReduceScatterToSequenceDim0(torch.autograd.Function):
+    """:class:`_ReduceScatterToSequence` as DTensor runs it, through PyTorch's dim-0 functional collectives."""
+
+    @staticmethod
+    def forward(ctx, x, axis, dim, world):
+        ctx.args = (axis, dim, world)
+        return _dim0_scatter(x, axis, dim, world)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _dim0_gather(g, *ctx.args), None, None, None
+
+
 class _AllToAll(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, axis):
@@ -138,11 +182,21 @@ class TPContext:
         sequence_parallel: Megatron's sequence parallelism (activations outside the TP region are split
             along the sequence dimension ``seq_dim``).
         seq_dim: the sequence dimension of the activations entering a column-parallel layer.
+        dim0_collectives: the sequence-parallel collectives run as PyTorch's functional collectives
+            (DTensor, torchtitan's ``SequenceParallel`` on the batch-first ``[batch, seq, hidden]``
+            activations), which gather and scatter along dim 0 only: a ``split`` + ``cat`` copy of the
+            whole tensor after each all-gather and before each reduce-scatter
+            (``torch/distributed/_functional_collectives.py``: ``all_gather_tensor``,
+            ``reduce_scatter_tensor``; Inductor's ``micro_pipeline_tp`` pass matches exactly these
+            ``split``/``cat`` patterns, ``NonZeroDimAllGather`` / ``NonZeroDimReduceScatter``). Megatron
+            keeps its activations sequence-first (``[seq, batch, hidden]``) and gathers dim 0 in place:
+            no copy, the default.
     """
 
     size: int = 1
     sequence_parallel: bool = False
     seq_dim: int = 1
+    dim0_collectives: bool = False
 
     def __post_init__(self) -> None:
         if self.size < 1:
@@ -163,7 +217,8 @@ class TPContext:
         if self.size == 1:
             return x
         if self.sequence_parallel:
-            return _GatherFromSequence.apply(x, "tp", self.seq_dim, self.size)
+            gather = _GatherFromSequenceDim0 if self.dim0_collectives else _GatherFromSequence
+            return gather.apply(x, "tp", self.seq_dim, self.size)
         return _CopyToRegion.apply(x, "tp")
 
     def leave(self, x: torch.Tensor) -> torch.Tensor:
@@ -171,7 +226,8 @@ class TPContext:
         if self.size == 1:
             return x
         if self.sequence_parallel:
-            return _ReduceScatterToSequence.apply(x, "tp", self.seq_dim, self.size)
+            scatter = _ReduceScatterToSequenceDim0 if self.dim0_collectives else _ReduceScatterToSequence
+            return scatter.apply(x, "tp", self.seq_dim, self.size)
         return _ReduceFromRegion.apply(x, "tp")
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
