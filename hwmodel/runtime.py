@@ -37,6 +37,7 @@ from hwmodel.events import (  # re-exported: the trace's record types belong to 
 )
 from hwmodel.fluid import Activity, Resource
 from hwmodel.ir import Collective, Compute, Memcpy, Program, SendRecv, Task
+from hwmodel.nccl.calibration import copy_engine_nvlink_efficiency
 
 if TYPE_CHECKING:
     from hwmodel.nccl.engine import NcclEngine, Plan
@@ -375,15 +376,22 @@ class Runtime:
         links, links several mirrors use, and links of its two GPUs that a mirror uses (the previous
         rank's copy into this one, in a TP-overlap ring)."""
         src, dst = self.placement[rank], self.placement[peer]
+        # a copy engine moves less than the NVLink line rate (packet overhead): its NVLink bytes per
+        # payload byte, from the measured peer-copy rate of the architecture (calibration.toml)
+        nvlink_w = 1.0 / copy_engine_nvlink_efficiency(self.cluster.gpus[src].spec.architecture)
+
+        def weight(r: Resource) -> float:
+            return nvlink_w if isinstance(r.meta, tuple) and r.meta[-1] == "nvlink" else 1.0
+
         mirrors = self._mirrors((rank, peer), directed=True)
-        if not mirrors:
-            return self.cluster.transfer(src, dst, size_bytes)
         links, lat = self.cluster.path(src, dst)
-        weights = dict.fromkeys(links, 1.0)
+        weights = {r: weight(r) for r in links}
+        if not mirrors:
+            return self.cluster.fs.start(size_bytes, weights, latency_s=lat, name=f"{src}->{dst}")
         users: dict[Resource, int] = {}
         for a, b in mirrors:
             for r in self.cluster.path(a, b)[0]:
-                weights[r] = weights.get(r, 0.0) + 1.0
+                weights[r] = weights.get(r, 0.0) + weight(r)
                 users[r] = users.get(r, 0) + 1
         ends = {src, dst}
         own = set(links)

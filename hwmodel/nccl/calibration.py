@@ -60,6 +60,14 @@ def host_per_channel_per_gpu_s() -> float:
     return _value("host_per_channel_s") / int(nccl_calibration()["host_fit_gpus"])
 
 
+def copy_engine_nvlink_efficiency(architecture: str) -> float:
+    """Payload rate of a copy-engine peer copy over NVLink over the NVLink line rate (fraction) on GPUs of
+    ``architecture`` (``GPUSpec.architecture``, any case): ``[nccl.copy_engine_nvlink_efficiency]``, 1.0
+    (the line rate) where nothing was measured."""
+    table = nccl_calibration().get("copy_engine_nvlink_efficiency", {})
+    return float(table.get(architecture.lower(), 1.0))
+
+
 def nvlink_efficiency_fit() -> dict[str, float]:
     """Fitted NCCL NVLink efficiency (achieved busbw / line rate) per GPU generation, where measured."""
     table = nccl_calibration().get("nvlink_efficiency", {})

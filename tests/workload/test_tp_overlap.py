@@ -212,3 +212,38 @@ def test_async_tp_fuses_every_consumer_gemm_and_not_a_summed_reduce_scatter():
     pieces = Counter(t.op.name.split("[")[1] for t in prog.tasks if isinstance(t.op, Compute) and "[" in t.op.name
                      and t.op.kind == "gemm")
     assert set(pieces) == {"0/2]", "1/2]"}
+
+
+def test_copy_engine_peer_copy_runs_at_the_measured_nvlink_rate():
+    """A shard copy on DGX H100 moves at the measured copy-engine rate (380 of 450 GB/s, calibration
+    ``[nccl.copy_engine_nvlink_efficiency]``): S/n / (0.844 x 18 x 25 GB/s) plus the path latency.
+    Architectures without a measured rate (A100) keep the line rate."""
+    from hwmodel.nccl.calibration import copy_engine_nvlink_efficiency
+
+    _, events, _ = _simulate("all_gather", 2e-3, async_tp=True)
+    copy = next(e for e in events if e.name == "tp_ag_shard")
+    topo = build_system("dgx-h100", 1)
+    g0, g1 = topo.gpus()[:2]
+    latency = Cluster(topo).path(g0, g1)[1]
+    shard = TOKENS * HIDDEN * 2 // TP
+    assert copy_engine_nvlink_efficiency("Hopper") == pytest.approx(380 / 450, abs=1e-3)
+    assert copy.end_s - copy.start_s == pytest.approx(shard / (0.844 * 18 * 25e9) + latency, rel=1e-9)
+    assert copy_engine_nvlink_efficiency("Ampere") == 1.0
+
+
+@pytest.mark.parametrize("micro_batch", [1, 2])
+def test_async_tp_gathered_output_is_copied_for_its_weight_gradient_when_batch_first(micro_batch):
+    """PyTorch's fused all-gather matmul returns the gathered A as ``movedim(0, gather_dim)`` of its
+    gather-dim-major buffer. torchtitan gathers dim 1 of [batch, seq, hidden]: with a micro-batch above 1
+    that is no 2-D view, so the weight-gradient mm's reshape copies it whole (read + write: 2 S bytes), once
+    per fused all-gather whose output is needed (nothing recomputed: the two forward and the two backward
+    all-gathers of each block). With one sequence the movedim is a view: no copy."""
+    mc = with_overrides(get_model_config("llama3-8b"), num_layers=2, seq_length=256, vocab_size=1024)
+    cfg = ParallelConfig(tensor_model_parallel_size=2, sequence_parallel=True, fsdp=True, async_tp=True,
+                         micro_batch_size=micro_batch, global_batch_size=micro_batch,
+                         data_parallel_size=1).resolve(2)
+    prog = build_programs(trace_rank(mc, cfg), cfg, ranks=[0]).programs[0]
+    copies = [tk.op for tk in prog.tasks if isinstance(tk.op, Compute) and tk.op.name == "tp_ag_out_layout_copy"]
+    gathered = micro_batch * mc.seq_length * mc.hidden_size * 2
+    assert len(copies) == (0 if micro_batch == 1 else 4 * mc.num_layers)
+    assert all(c.kind == "copy" and c.bytes_accessed == 2 * gathered for c in copies)

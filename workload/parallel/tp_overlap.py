@@ -187,7 +187,14 @@ def emit_pipelined(rb, item: Pipelined, deps: list, *, mode: str) -> list:
             for k, g in enumerate(item.gemms):
                 rb.add(gemm_piece(g, n, j), "compute", ([arrived[j]] if j else list(deps)) if k == 0 else [])
         if mode == "async" and _gathered_needed(gemm, rb.cfg.recompute_granularity):
-            return [rb.add(Memcpy("d2d", chunk_bytes, name="tp_ag_out_copy"), ASYNC_STREAM, (arrived[-1],))]
+            out = rb.add(Memcpy("d2d", chunk_bytes, name="tp_ag_out_copy"), ASYNC_STREAM, (arrived[-1],))
+            if rb.cfg.micro_batch_size == 1:
+                return [out]
+            # the gathered A comes back as movedim(0, gather_dim) of the gather-dim-major buffer: with
+            # torchtitan's [batch, seq, hidden] (gather_dim 1) and a micro-batch above 1 it is no 2-D view,
+            # so the weight-gradient mm's reshape copies all of it (read and write) on the compute stream
+            return [rb.add(Compute("tp_ag_out_layout_copy", "copy", 0.0, 2.0 * coll.size_bytes, dtype=coll.dtype,
+                                   layer=gemm.layer, phase=gemm.phase), "compute", [out])]
         return []
     sent = []
     for j in range(n):
