@@ -22,7 +22,11 @@ HBM and NVLink in the simulation like any other kernel and flow:
   :data:`hwmodel.ir.Memcpy` ``d2d`` on the compute stream); the remote shards then move by
   copy-engine peer copies (no SMs held) on :data:`ASYNC_STREAM`, one at a time ("cp from different
   streams cannot overlap"); when the gathered tensor is needed later (a backward's weight-gradient
-  GEMM: ``return_A``), the local shard is copied into it beside the last chunk. The reduce-scatter
+  GEMM: ``return_A``), the local shard is copied into it beside the last chunk, and, the fused op returning
+  it as ``movedim(0, gather_dim)`` of its gather-dim-major buffer, a micro-batch above 1 makes the
+  weight-gradient mm's reshape copy it whole (``tp_ag_out_layout_copy``: torchtitan gathers dim 1 of
+  ``[batch, seq, hidden]``). Peer copies move at the copy engines' measured NVLink rate
+  (``[nccl.copy_engine_nvlink_efficiency]``, :mod:`hwmodel.runtime`). The reduce-scatter
   pairs only with a matmul that produces its input directly (``_find_producer_matmul``: ``mm`` or
   reshape-``mm``-reshape), so a reduce-scatter of a *sum* of GEMM outputs (the input gradient of
   torchtitan's separate wq/wk/wv or w1/w3) stays a plain NCCL collective; a paired one's partial sums
