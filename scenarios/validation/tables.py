@@ -35,8 +35,9 @@ GPUS_PER_DGX = 8
 class Row:
     """One published measurement and, once predicted, the model's value.
 
-    ``error`` is signed: predicted / measured - 1 (a fraction). ``group`` names the model and cluster
-    of a row, for ranking plans within a table; ``gpus`` is the run's GPU count.
+    ``error`` is signed: predicted / measured - 1 (a fraction). ``group`` names the model (and, where
+    a table holds several, the metric or the strong-scaling series: MegaScale's global batch) of a row,
+    for ranking plans within a table; ``gpus`` is the run's GPU count.
     """
 
     table: str
@@ -131,7 +132,7 @@ def korthikanti_table4() -> list[Row]:
         if r["subtable"].startswith("Table 4"):
             for metric, col in (("layer forward", "forward_ms"), ("layer backward", "backward_ms")):
                 out.append(Row("Korthikanti Table 4", r["configuration"], metric, "ms", float(r[col]),
-                               key="t4", group="22B layer", gpus=8))
+                               key="t4", group=f"22B {metric}", gpus=8))
     return out
 
 
@@ -155,7 +156,8 @@ def megascale_table2() -> list[Row]:
         sc["parallel"]["virtual_pipeline_model_parallel_size"] = int(r["VP"])
         sc["parallel"]["use_distributed_optimizer"] = True
         out.append(Row("MegaScale Table 2", name, "iteration time", "s", float(r["iteration_time_s"]),
-                       key="megascale", scenario=sc, group="GPT 175B, TP 8 x PP 8", gpus=gpus))
+                       key="megascale", scenario=sc, group=f"GPT 175B, TP 8 x PP 8, global batch {r['global_batch']}",
+                       gpus=gpus))
     return out
 
 
