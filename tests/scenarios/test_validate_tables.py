@@ -150,3 +150,9 @@ def test_format_table_prints_tau_and_slope_per_series():
     text = format_table(rs)
     assert "global batch 768: Kendall tau (predicted vs measured) +1.00 over 4 plans; error slope +1.00" in text
     assert "MegaScale Table 2: error slope +1.00 points per doubling of GPUs (8 rows, pooled)" in text
+
+
+def test_megascale_rows_run_on_the_papers_cluster():
+    rs = rows(("megascale",))
+    assert {r.scenario["system"]["name"] for r in rs} == {"megascale-ampere"}
+    assert [r.scenario["system"]["nodes"] * 8 for r in rs] == [r.gpus for r in rs]
