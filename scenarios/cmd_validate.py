@@ -16,7 +16,8 @@ the assumptions each row makes in :mod:`scenarios.validation.tables`):
 No row is tuned. Rows named by a ``fitted_to`` list in ``hwmodel/data/calibration.toml`` are
 in-sample; the report splits every table's error into in- and out-of-sample, gives the
 leave-one-source-out error (:mod:`scenarios.validation.provenance`), Kendall's tau between predicted
-and measured per group of plans, and MegaScale's error trend per doubling of GPUs.
+and measured per group of plans (one model on one cluster, or one scaling series), and the error trend
+per doubling of GPUs of each scaling series (MegaScale's two global batches, SC'21 Table 2's models).
 """
 
 from __future__ import annotations
