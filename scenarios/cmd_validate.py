@@ -16,7 +16,8 @@ the assumptions each row makes in :mod:`scenarios.validation.tables`):
 No row is tuned. Rows named by a ``fitted_to`` list in ``hwmodel/data/calibration.toml`` are
 in-sample; the report splits every table's error into in- and out-of-sample, gives the
 leave-one-source-out error (:mod:`scenarios.validation.provenance`), Kendall's tau between predicted
-and measured per group of plans, and MegaScale's error trend per doubling of GPUs.
+and measured per group of plans (one model on one cluster, or one scaling series), and the error trend
+per doubling of GPUs of each scaling series (MegaScale's two global batches, SC'21 Table 2's models).
 """
 
 from __future__ import annotations
@@ -37,8 +38,11 @@ __all__ = ["TABLE4", "DEFAULT_TABLES", "Row", "layer_times_22b", "predict", "ran
 
 DEFAULT_TABLES = ("sc21", "t5", "t4", "sc21t2", "readme2020", "torchtitan")
 """Tables run without ``--tables``; ``megascale`` (8 runs of 256-12,288 GPUs) is opt-in for speed."""
-RANKED_TABLES = ("SC'21 Table 2", "MegaScale Table 2")
-"""Tables holding several plans of one model on one cluster: Kendall's tau per group."""
+RANKED_TABLES = {"SC'21 Table 2": False, "MegaScale Table 2": False, "Korthikanti Table 5": True,
+                 "Korthikanti Table 4": True, "torchtitan H100 BF16": True}
+"""Tables holding several plans of one model -> whether a group of plans is also split by GPU count (one
+cluster). SC'21 Table 2 and MegaScale are scaling series (one model, one software stack, growing
+clusters): their groups are ranked whole and also get an error slope per doubling of GPUs."""
 
 
 def _errors(rs: list[Row]) -> dict[str, float]:
@@ -60,16 +64,25 @@ def summary(rows_: list[Row]) -> dict[str, dict[str, Any]]:
 
 
 def ranking(rows_: list[Row]) -> dict[str, dict[str, Any]]:
-    """Kendall's tau-b between predicted and measured per group of plans (one model, one cluster) of the
-    ``RANKED_TABLES``, ``"<table> / <group>"`` -> ``{"tau", "rows"}``; plus MegaScale's slope of signed
-    error per doubling of GPUs (percentage points), under ``"MegaScale Table 2"``."""
+    """Kendall's tau-b between predicted and measured per group of plans (one model on one cluster, or
+    one scaling series) of the ``RANKED_TABLES`` with at least two rows, ``"<table> / <group>"`` (``"... on
+    N GPUs"`` where split by GPU count) -> ``{"tau", "rows"}``; a scaling series also gets
+    ``slope_points_per_doubling`` (signed error in percentage points per doubling of GPUs). Under
+    ``"MegaScale Table 2"``: the slope over all its rows (both series pooled)."""
     out: dict[str, dict[str, Any]] = {}
-    for table in RANKED_TABLES:
+    for table, by_gpus in RANKED_TABLES.items():
         done = [r for r in rows_ if r.table == table and r.expressible]
-        for group in dict.fromkeys(r.group for r in done):
-            g = [r for r in done if r.group == group]
-            out[f"{table} / {group}"] = {"tau": stats.kendall_tau_b([r.predicted for r in g],
-                                                                     [r.measured for r in g]), "rows": len(g)}
+        keys = dict.fromkeys((r.group, r.gpus if by_gpus else 0) for r in done)
+        for group, gpus in keys:
+            g = [r for r in done if r.group == group and (not by_gpus or r.gpus == gpus)]
+            if len(g) < 2:
+                continue
+            entry: dict[str, Any] = {"tau": stats.kendall_tau_b([r.predicted for r in g], [r.measured for r in g]),
+                                     "rows": len(g)}
+            if not by_gpus:
+                entry["slope_points_per_doubling"] = stats.slope_per_doubling([r.gpus for r in g],
+                                                                              [r.error for r in g])
+            out[f"{table} / {group}" + (f" on {gpus} GPUs" if by_gpus else "")] = entry
         if table == "MegaScale Table 2" and done:
             out[table] = {"slope_points_per_doubling": stats.slope_per_doubling([r.gpus for r in done],
                                                                                  [r.error for r in done]),
@@ -131,9 +144,14 @@ def format_table(rows_: list[Row]) -> str:
     if rep["ranking"]:
         lines.append("")
     for name, rk in rep["ranking"].items():
-        lines.append(f"{name}: error slope {rk['slope_points_per_doubling']:+.2f} points per doubling of GPUs "
-                     f"({rk['rows']} rows)" if "slope_points_per_doubling" in rk
-                     else f"{name}: Kendall tau (predicted vs measured) {rk['tau']:+.2f} over {rk['rows']} plans")
+        slope = rk.get("slope_points_per_doubling")
+        slope_text = "   -  " if slope is None or math.isnan(slope) else f"{slope:+.2f}"
+        if "tau" not in rk:
+            lines.append(f"{name}: error slope {slope_text} points per doubling of GPUs ({rk['rows']} rows, pooled)")
+            continue
+        tau = "  -  " if math.isnan(rk["tau"]) else f"{rk['tau']:+.2f}"
+        lines.append(f"{name}: Kendall tau (predicted vs measured) {tau} over {rk['rows']} plans"
+                     + (f"; error slope {slope_text} points per doubling of GPUs" if slope is not None else ""))
     return "\n".join(lines)
 
 

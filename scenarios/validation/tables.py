@@ -35,8 +35,9 @@ GPUS_PER_DGX = 8
 class Row:
     """One published measurement and, once predicted, the model's value.
 
-    ``error`` is signed: predicted / measured - 1 (a fraction). ``group`` names the model and cluster
-    of a row, for ranking plans within a table; ``gpus`` is the run's GPU count.
+    ``error`` is signed: predicted / measured - 1 (a fraction). ``group`` names the model (and, where
+    a table holds several, the metric or the strong-scaling series: MegaScale's global batch) of a row,
+    for ranking plans within a table; ``gpus`` is the run's GPU count.
     """
 
     table: str
@@ -131,7 +132,7 @@ def korthikanti_table4() -> list[Row]:
         if r["subtable"].startswith("Table 4"):
             for metric, col in (("layer forward", "forward_ms"), ("layer backward", "backward_ms")):
                 out.append(Row("Korthikanti Table 4", r["configuration"], metric, "ms", float(r[col]),
-                               key="t4", group="22B layer", gpus=8))
+                               key="t4", group=f"22B {metric}", gpus=8))
     return out
 
 
@@ -139,9 +140,11 @@ def megascale_table2() -> list[Row]:
     """MegaScale (NSDI'24) Table 2, Megatron-LM baseline: 175B (128 heads, vocabulary 64,000) strong
     scaling on 256-12,288 GPUs, TP 8 x PP 8 with 6 interleaved chunks, iteration time.
 
-    Not stated, assumed: A100 80 GB DGX nodes with one 200 Gb/s NIC per GPU (the paper's cluster is
-    "Ampere GPUs"), micro-batch 1, sequence parallel + selective recomputation (Megatron's 2023
-    default for this size), the distributed optimizer (the paper's "ZeRO-2 style" data parallelism).
+    The cluster is the paper's (system ``megascale-ampere``, its sec. 5: eight 200G NICs per 8-GPU
+    server on eight rails, 64 servers under one set of ToRs, three Clos tiers at 1:1). Not stated,
+    assumed: A100 80 GB GPUs (the paper's "Ampere GPUs"), micro-batch 1, sequence parallel + selective
+    recomputation (Megatron's 2023 default for this size), the distributed optimizer (the paper's
+    "ZeRO-2 style" data parallelism).
     """
     out = []
     for r in _csv("megascale_table2_megatron.csv"):
@@ -151,11 +154,13 @@ def megascale_table2() -> list[Row]:
             name, nodes=gpus // GPUS_PER_DGX, tp=tp, pp=pp, dp=dp, gbs=int(r["global_batch"]), mbs=1,
             model={"name": "gpt3-175b", "num_attention_heads": int(r["heads"]), "vocab_size": int(r["vocab"]),
                    "seq_length": int(r["seq_len"])},
-            recompute="selective", sequence_parallel=True, layers=int(r["layers"]))
+            recompute="selective", sequence_parallel=True, layers=int(r["layers"]),
+            system={"name": "megascale-ampere"})
         sc["parallel"]["virtual_pipeline_model_parallel_size"] = int(r["VP"])
         sc["parallel"]["use_distributed_optimizer"] = True
         out.append(Row("MegaScale Table 2", name, "iteration time", "s", float(r["iteration_time_s"]),
-                       key="megascale", scenario=sc, group="GPT 175B, TP 8 x PP 8", gpus=gpus))
+                       key="megascale", scenario=sc, group=f"GPT 175B, TP 8 x PP 8, global batch {r['global_batch']}",
+                       gpus=gpus))
     return out
 
 

@@ -167,3 +167,27 @@ def test_node_cap_counts_the_nodes_gpus():
         check_nodes({"name": "gb200-nvl72", "nodes": 1821})
     with pytest.raises(ValueError, match=r"nodes must be in 1\.\.16384, got 16385 \(16,384 nodes x 8 GPUs"):
         check_nodes({"name": "dgx-h100", "nodes": 16385})
+
+
+def test_megascale_preset_is_the_papers_fabric():
+    """MegaScale (arXiv:2402.15627 sec. 5): 64 servers under one set of 8 rail ToRs, each ToR's 64 x 200G
+    downlinks carried by 32 x 400G uplinks (1:1), pods of 32 ToRs under a third tier, 1:1 there too."""
+    hdr_Bps = get_nic("ConnectX-6-HDR").bandwidth_Bps
+    t = build_system("megascale-ampere", 1536)  # 12,288 GPUs, MegaScale Table 2's largest run
+    g = t.graph
+    leaves, spines, cores = _switches(t, "leaf"), _switches(t, "spine"), _switches(t, "core")
+    assert len(leaves) == 1536 // 64 * 8 and {g.nodes[s]["pod"] for s in spines} == set(range(6))
+    assert sum(1 for n in g.succ["su0.leaf0"] if g.nodes[n]["kind"] == "nic") == 64
+    leaf_up = sum(g.edges["su0.leaf0", s]["bandwidth_Bps"] for s in g.succ["su0.leaf0"] if s in spines)
+    assert leaf_up == pytest.approx(64 * hdr_Bps) == pytest.approx(32 * 400e9 / 8)
+    s0 = "pod0.spine0"
+    below = sum(g.edges[leaf, s0]["bandwidth_Bps"] for leaf in g.pred[s0] if leaf in leaves)
+    assert sum(g.edges[s0, c]["bandwidth_Bps"] for c in g.succ[s0] if c in cores) == pytest.approx(below)
+    # one rail: under its ToR within 64 servers, over a spine within a pod of 256, over a core beyond
+    hops = {b: [v for _, v in t.route("n0.gpu0", f"n{b}.gpu0")] for b in (63, 64, 300)}
+    assert not any(v in spines for v in hops[63])
+    assert any(v in spines for v in hops[64]) and not any(v in cores for v in hops[64])
+    assert any(v in cores for v in hops[300])
+    # 256 GPUs (MegaScale Table 2's smallest run) are one set of ToRs: same-rail traffic never climbs
+    small = build_system("megascale-ampere", 32)
+    assert not any(v in _switches(small, "spine") for _, v in small.route("n0.gpu3", "n31.gpu3"))

@@ -2,10 +2,11 @@
 the clock override behind the leave-one-source-out refit."""
 
 import csv
+import math
 
 import pytest
 
-from scenarios.cmd_validate import DEFAULT_TABLES, layer_times_22b, ranking, summary
+from scenarios.cmd_validate import DEFAULT_TABLES, format_table, layer_times_22b, ranking, summary
 from scenarios.validation import provenance, stats
 from scenarios.validation.tables import DATA, TABLE4, TABLES, interleave_depth, rows
 
@@ -113,6 +114,45 @@ def test_summary_and_ranking_split_and_rank():
     s = summary(rs)["MegaScale Table 2"]
     assert s["in_sample"]["rows"] == 1 and s["in_sample"]["mape"] == 0.0 and s["out_of_sample"]["rows"] == 7
     rk = ranking(rs)
-    assert rk["MegaScale Table 2 / GPT 175B, TP 8 x PP 8"]["tau"] == pytest.approx(
-        stats.kendall_tau_b([r.predicted for r in rs], [r.measured for r in rs]))
-    assert "slope_points_per_doubling" in rk["MegaScale Table 2"]
+    for batch, series in (("768", rs[:4]), ("6144", rs[4:])):  # the two strong-scaling series
+        entry = rk[f"MegaScale Table 2 / GPT 175B, TP 8 x PP 8, global batch {batch}"]
+        assert entry["rows"] == 4
+        assert entry["tau"] == pytest.approx(
+            stats.kendall_tau_b([r.predicted for r in series], [r.measured for r in series]))
+        assert entry["slope_points_per_doubling"] == pytest.approx(
+            stats.slope_per_doubling([r.gpus for r in series], [r.error for r in series]))
+    assert rk["MegaScale Table 2"]["rows"] == 8  # pooled
+    assert rk["MegaScale Table 2"]["slope_points_per_doubling"] == pytest.approx(
+        stats.slope_per_doubling([r.gpus for r in rs], [r.error for r in rs]))
+
+
+def test_ranking_covers_every_table_with_several_plans_of_one_model_on_one_cluster():
+    """Kendall tau for Korthikanti Table 4 (per metric, five settings on 8 GPUs), Table 5 (two plans per
+    model) and torchtitan (per model and GPU count); one-row groups and plan lists of several models
+    (SC'21 Table 1, README 2020) are not ranked."""
+    rs = rows(("sc21", "t5", "t4", "readme2020", "torchtitan"))
+    for r in rs:
+        r.predicted = r.measured * (1.1 if "selective" in r.name.lower() else 1.0)  # one pair swapped at most
+    rk = ranking(rs)
+    assert rk["Korthikanti Table 4 / 22B layer forward on 8 GPUs"]["rows"] == 5
+    assert rk["Korthikanti Table 4 / 22B layer backward on 8 GPUs"]["rows"] == 5
+    assert rk["Korthikanti Table 5 / 175b on 64 GPUs"]["tau"] == 1.0  # full recompute is slower either way
+    assert rk["torchtitan H100 BF16 / Llama 3 70B on 256 GPUs"] == {"tau": 1.0, "rows": 2}
+    assert rk["torchtitan H100 BF16 / Llama 3.1 8B on 8 GPUs"]["rows"] == 2
+    assert not any(k.startswith(("SC'21 Table 1", "Megatron README 2020")) for k in rk)
+    assert all("slope_points_per_doubling" not in v for v in rk.values())
+
+
+def test_format_table_prints_tau_and_slope_per_series():
+    rs = rows(("megascale",))
+    for r in rs:
+        r.predicted = r.measured * (1 + 0.01 * math.log2(r.gpus / 256))  # +1 point per doubling
+    text = format_table(rs)
+    assert "global batch 768: Kendall tau (predicted vs measured) +1.00 over 4 plans; error slope +1.00" in text
+    assert "MegaScale Table 2: error slope +1.00 points per doubling of GPUs (8 rows, pooled)" in text
+
+
+def test_megascale_rows_run_on_the_papers_cluster():
+    rs = rows(("megascale",))
+    assert {r.scenario["system"]["name"] for r in rs} == {"megascale-ampere"}
+    assert [r.scenario["system"]["nodes"] * 8 for r in rs] == [r.gpus for r in rs]
