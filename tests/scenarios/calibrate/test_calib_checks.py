@@ -84,6 +84,9 @@ def test_profile_of_another_gpu_warns(tmp_path, capsys):
 
 @pytest.mark.parametrize("path, word", [
     (("gemm_class_efficiency", "conv3x3_fwd"), "Winograd"),
+    (("gemm_class_efficiency", "conv3x3@m13n8k11"), "Winograd"),
+    (("gemm_class_efficiency", "conv3x3s2_fwd"), "FLOP count"),  # strided: no Winograd (cuDNN needs stride 1)
+    (("gemm_class_efficiency", "conv1x1_fwd"), "FLOP count"),
     (("gemm_efficiency", "fp32"), "pooled"),
     (("gemm_class_efficiency", "matmul_bwd"), "FLOP count"),
     (("hbm_efficiency_by_kind", "optimizer"), "byte count"),
