@@ -215,5 +215,6 @@ def test_too_few_rows_leave_the_bandwidth_fraction_unfitted(tmp_path, capsys):
 
 
 def test_fidelity_needs_an_nccl_log(capsys):
-    assert main(["calibrate", "--measured", "iteration_time_s=1", "--scenario", "default", "--fidelity", "chunked"]) == 2
+    assert main(["calibrate", "--measured", "iteration_time_s=1", "--scenario", "default",
+                 "--fidelity", "chunked"]) == 2
     assert "--fidelity applies to --nccl-log" in capsys.readouterr().err

@@ -74,7 +74,8 @@ def test_changed_counts_constants_not_metadata(tmp_path):
     curve = {"collective": "all_reduce", "ranks": 8, "nodes": 1, "fidelity": "flow",
              "log2_size_bytes": [20.0, 30.0], "factor": [0.9, 1.1]}
     ov = O.load_overlay(write_profile(tmp_path / "p.toml", {"profile": {"name": "c"}, "nccl": {
-        "host_launch_s": 4e-5, "host_fit_gpus": 8, "busbw_correction": {"ampere": {"all_reduce_8ranks_1nodes": curve}}}}))
+        "host_launch_s": 4e-5, "host_fit_gpus": 8,
+        "busbw_correction": {"ampere": {"all_reduce_8ranks_1nodes": curve}}}}))
     # one curve (its factors) and one host constant; the shape, knots, fidelity and GPU count describe them
     assert ov.changed == ("nccl.host_launch_s", "nccl.busbw_correction.ampere.all_reduce_8ranks_1nodes.factor")
 
