@@ -139,7 +139,13 @@ def _kernels(paired: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """Fit the kernel constants; print the comparison; return the profile's tables and model sections."""
     from hwmodel.calibration_overlay import Overlay
     from scenarios.calibrate.compare import pair_rows
-    from scenarios.calibrate.fit_kernels import fit_kernels, holdout_names, holdout_splits, predicted_step_s
+    from scenarios.calibrate.fit_kernels import (
+        fit_kernels,
+        held_out_misses,
+        holdout_names,
+        holdout_splits,
+        predicted_step_s,
+    )
     from scenarios.calibrate.pipeline import simulate
     from scenarios.calibrate.profile import nested
 
@@ -155,8 +161,10 @@ def _kernels(paired: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     after = simulate(paired.prep, Overlay("(fit)", "fit", sections_of(fit), ()))
     out_of_sample = simulate(paired.prep, Overlay("(holdout)", "holdout", sections_of(fit_out), ()))
     T = tr.step_time_s
-    splits = {name: predicted_step_s(m, paired.model, fit_kernels(m, paired.model, T, tr.busy_s, holdout=h).cal)
-              / T - 1 for name, h in holdout_splits(m).items()}
+    split_fits = {name: fit_kernels(m, paired.model, T, tr.busy_s, holdout=h) for name, h in holdout_splits(m).items()}
+    splits = {name: predicted_step_s(m, paired.model, f.cal) / T - 1 for name, f in split_fits.items()}
+    worst = max(splits, key=lambda n: abs(splits[n]))
+    misses = held_out_misses(m, paired.model, split_fits[worst])
     print(f"# trainsim calibrate: {tr.path}, {tr.step_name} of {len(tr.steps)} step(s) on {tr.gpu_name or gpu}")
     print(f"  measured step          {T * 1e3:10.3f} ms  ({len(tr.ops)} op instances, "
           f"{sum(len(o.events) for o in tr.ops)} GPU events)")
@@ -166,6 +174,8 @@ def _kernels(paired: Any) -> tuple[dict[str, Any], dict[str, Any]]:
           f"without {len(held)} of {len({p.op.main_kernel for p in m.pairs if p.op.events})} kernel names)")
     print(f"  over {len(splits)} held-out splits: mean |error| {sum(map(abs, splits.values())) / len(splits):.1%}, "
           f"max {max(map(abs, splits.values())):.1%} (each a third of the names; step as the sum of task times)")
+    print(f"  worst split {worst} ({splits[worst]:+.1%}), its largest held-out misses: " + "; ".join(
+        f"{n[:48]} ({k}) {(a - b) * 1e3:+.2f} ms" for n, k, a, b in misses[:3]))
     print(f"  {'constant':42s} {'shipped':>8s} {'fitted':>8s} {'rows':>5s} {'measured':>11s} {'before':>11s}")
     for c in fit.constants:
         print(f"  {'.'.join(c.path):42s} {c.shipped:8.4f} {c.fitted:8.4f} {c.rows:5d} {c.measured_s * 1e3:8.3f} ms "
@@ -180,6 +190,8 @@ def _kernels(paired: Any) -> tuple[dict[str, Any], dict[str, Any]]:
         "simulated_fitted_s": after, "error": after / T - 1, "simulated_out_of_sample_s": out_of_sample,
         "out_of_sample_error": out_of_sample / T - 1, "held_out_kernel_names": len(held),
         "out_of_sample_splits": splits,
+        "worst_split": {"name": worst, "error": splits[worst], "misses": [
+            {"kernel": n, "kind": k, "modelled_s": a, "measured_s": b} for n, k, a, b in misses[:10]]},
         "launch_overhead_terms": dict(fit.launch_terms),
         "constants": [{"path": ".".join(("gpu", gpu, *c.path)), "shipped": c.shipped, "fitted": c.fitted,
                        "rows": c.rows, "measured_s": c.measured_s, "predicted_shipped_s": c.predicted_before_s,

@@ -278,6 +278,18 @@ def holdout_splits(matching: Matching) -> dict[str, frozenset[str]]:
     return out
 
 
+def held_out_misses(matching: Matching, model: KernelCostModel, fit: KernelFit) -> list[tuple[str, str, float, float]]:
+    """Where a held-out fit misses: (kernel name, kind, modelled s, measured s) of the held-out rows grouped by
+    longest kernel name, largest |modelled - measured| first (seconds of execution, launch excluded)."""
+    out: dict[tuple[str, str], list[float]] = {}
+    for p in matching.pairs:
+        if p.op.main_kernel in fit.held_out and p.op.events:
+            row = out.setdefault((p.op.main_kernel, p.kind), [0.0, 0.0])
+            row[0] += exec_time(model, fit.cal, p.tasks)
+            row[1] += p.op.dur_s
+    return sorted(((n, k, a, b) for (n, k), (a, b) in out.items()), key=lambda r: -abs(r[2] - r[3]))
+
+
 def predicted_step_s(matching: Matching, model: KernelCostModel, cal: ArchCalibration) -> float:
     """The step as the sum of every model task's solo time under ``cal`` (one stream, one GPU)."""
     tasks = [t for p in matching.pairs for t in p.tasks] + matching.unmatched_tasks

@@ -43,6 +43,10 @@ def test_fitted_profile_reproduces_the_step(profile):
     assert len(splits) == 10
     assert sum(abs(e) for e in splits.values()) / len(splits) < 0.025
     assert max(abs(e) for e in splits.values()) < 0.05
+    worst = k["worst_split"]  # where the worst split misses, by held-out kernel name, largest first
+    assert worst["error"] == splits[worst["name"]] and abs(worst["error"]) == max(abs(e) for e in splits.values())
+    gaps = [abs(r["modelled_s"] - r["measured_s"]) for r in worst["misses"]]
+    assert gaps == sorted(gaps, reverse=True) and gaps[0] > 1e-4
     consts = {c["path"]: c for c in k["constants"]}
     # cuDNN's Winograd 3x3 convolutions do ~2.25x fewer multiplies than the implicit GEMM priced
     assert consts["gpu.V100-SXM2.gemm_class_efficiency.conv3x3_fwd"]["fitted"] > 1.5
