@@ -28,6 +28,14 @@ MODEL_SECTIONS = ("default", "architecture", "gpu", "nccl")
 """Sections of a profile that change the model (merged over the shipped calibration)."""
 
 
+METADATA_KEYS = frozenset({"collective", "ranks", "nodes", "log2_size_bytes", "fidelity", "line_rate_Bps",
+                           "host_fit_gpus", "source", "sources", "fitted"})
+"""Leaves of a model section that say what a constant refers to, not constants: a busbw correction's
+communicator shape, knots and fidelity (its constants are its ``factor`` list), the NVLink line rate the
+fitted ``busbw_Bps`` is a fraction of (the GPU's spec), the GPU count of the host enqueue fit, and the
+documentation keys (:class:`hwmodel.costmodel.Calibration`). :attr:`Overlay.changed` leaves them out."""
+
+
 @dataclass(frozen=True, eq=False)
 class Overlay:
     """A loaded profile (compared and hashed by identity: the NCCL constants are cached per profile)."""
@@ -39,7 +47,8 @@ class Overlay:
     sections: Mapping[str, Any]
     """Its model sections (:data:`MODEL_SECTIONS`), as parsed."""
     changed: tuple[str, ...]
-    """Dotted paths of the constants it sets, e.g. ``gpu.V100-SXM2.launch_overhead_s``."""
+    """Dotted paths of the constants it sets, e.g. ``gpu.V100-SXM2.launch_overhead_s`` (not the
+    :data:`METADATA_KEYS`)."""
 
     def applying_to(self, gpu_name: str, arch: str) -> tuple[str, ...]:
         """The :attr:`changed` paths that can move a run on GPU ``gpu_name`` of architecture ``arch``
@@ -98,7 +107,8 @@ def load_overlay(path: str | Path) -> Overlay:
             if not isinstance(data[key], Mapping):
                 raise ValueError(f"calibration profile {p}: [{key}] must be a table")
             sections[key] = data[key]
-    return Overlay(str(p), str(meta.get("name", p.stem)), sections, tuple(_leaves(sections, "")))
+    constants = tuple(leaf for leaf in _leaves(sections, "") if leaf.rsplit(".", 1)[-1] not in METADATA_KEYS)
+    return Overlay(str(p), str(meta.get("name", p.stem)), sections, constants)
 
 
 def merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:

@@ -210,41 +210,43 @@ def gemm_class(task: Compute) -> str:
     """The shape class a profile may fit a GEMM efficiency to, and ``fwd`` or ``bwd``: ``matmul``, or for
     a convolution's implicit GEMM (``K = C_in x kh x kw``) ``conv1x1`` or ``conv3x3`` -- a ``K`` that is a
     multiple of 9 is taken for a filter of 9 taps or more, the shapes cuDNN runs with Winograd or FFT
-    algorithms (fewer multiplies than the implicit GEMM), a 1x1 filter is a plain GEMM
-    (``conv3x3_fwd``, ``matmul_bwd``, ...)."""
-    if "convolution" in task.name:
-        k = int(task.shape[3]) if len(task.shape) == 4 else 0
-        op = "conv3x3" if k and k % 9 == 0 else "conv1x1"
-    else:
-        op = "matmul"
-    return f"{op}_{'bwd' if _is_backward(task) else 'fwd'}"
+    algorithms (fewer multiplies than the implicit GEMM), a 1x1 filter is a plain GEMM -- with ``s<stride>``
+    for a strided one (:attr:`~hwmodel.ir.Compute.conv_stride`): Winograd and FFT need a unit stride
+    (cuDNN API reference, ``cudnnConvolutionFwdAlgo_t``), so cuDNN runs ResNet's strided 3x3s with implicit
+    GEMM where the unstrided ones get Winograd (``conv3x3_fwd``, ``conv3x3s2_bwd``, ``matmul_bwd``, ...)."""
+    return f"{gemm_op(task)}_{'bwd' if _is_backward(task) else 'fwd'}"
+
+
+def gemm_op(task: Compute) -> str:
+    """:func:`gemm_class` without the pass: ``matmul``, ``conv1x1``, ``conv3x3``, ``conv3x3s2``, ..."""
+    if "convolution" not in task.name:
+        return "matmul"
+    k = int(task.shape[3]) if len(task.shape) == 4 else 0
+    op = "conv3x3" if k and k % 9 == 0 else "conv1x1"
+    return op if task.conv_stride <= 1 else f"{op}s{task.conv_stride}"
 
 
 def gemm_classes(task: Compute) -> tuple[str, ...]:
-    """The classes a profile may fit a GEMM efficiency to, finest first, ending with :func:`gemm_class`:
+    """The classes a profile may fit a GEMM efficiency to, finest first:
 
-    - ``<class>@i<a>@m<b>n<c>k<d>``: the shape band, each of the implicit GEMM's (m, n, k) rounded to a
-      power of two; repeated layers of one shape share it;
-    - ``<class>@i<a>``: the arithmetic-intensity band, ``round(log2(flops / bytes))``: at one (m, n, k) a
-      strided convolution reads a larger input (ResNet's first 3x3 of a stage: ~2x the bytes of the
-      others), and cuDNN runs it with an implicit-GEMM kernel where the unstrided ones get Winograd;
+    - ``<class>@m<b>n<c>k<d>``: the shape band of :func:`gemm_class`, each of the implicit GEMM's (m, n, k)
+      rounded to a power of two; repeated layers of one shape share it;
     - ``<op>@m<b>n<c>k<d>``: the same shape band in either pass (``conv3x3@m13n8k11``): cuDNN runs a
       layer's forward and backward with the same algorithm family where it can (Winograd's saving in
       multiplies is the same in both), so one pass's rows speak for the other's;
-    - ``<class>``.
+    - ``<class>`` (:func:`gemm_class`);
+    - ``<op>``: the class in either pass (:func:`gemm_op`), for a class whose own rows are too few.
 
     cuDNN and cuBLAS choose their algorithm by such features (kernel names in a trace are its families),
-    so rows of one band ran alike. Only a profile sets these; a class without a fitted value falls back to
-    the next, then to the dtype's efficiency. A task without a (batch, m, n, k) shape has its class only.
+    so rows of one band ran alike. Only a profile sets these; a task takes the first one the profile
+    fitted, then the dtype's efficiency. A task without a (batch, m, n, k) shape has its class and op only.
     """
-    parent = gemm_class(task)
+    parent, op = gemm_class(task), gemm_op(task)
     if len(task.shape) != 4 or task.flops <= 0:
-        return (parent,)
+        return parent, op
     _, m, n, k = (max(int(x), 1) for x in task.shape)
     band = f"m{round(math.log2(m))}n{round(math.log2(n))}k{round(math.log2(k))}"
-    intensity = f"{parent}@i{round(math.log2(task.flops / task.bytes_accessed))}" if task.bytes_accessed > 0 \
-        else f"{parent}@i-"
-    return f"{intensity}@{band}", intensity, f"{parent.rsplit('_', 1)[0]}@{band}", parent
+    return f"{parent}@{band}", f"{op}@{band}", parent, op
 
 
 def _interp(table: Mapping[int, float], x: float) -> float:

@@ -83,6 +83,11 @@ class Compute:
     """Memory-bound kinds only: back-to-back kernels of equal size this task stands for (e.g. PyTorch's
     per-rank copy-out of a list ``all_gather``): each pays the launch overhead, and each holds the SMs of
     ``bytes_accessed / launches`` while it runs."""
+    conv_stride: int = 1
+    """Convolutions only: the stride, the largest over the spatial dims (input over output size, rounded);
+    1 for every other task. cuDNN's Winograd and FFT algorithms need a unit stride (cuDNN API reference,
+    ``cudnnConvolutionFwdAlgo_t``), so a calibration profile fits strided convolutions apart
+    (:func:`hwmodel.costmodel.gemm_class`); the shipped cost model does not read it."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,9 @@ shape class, attention by head dim, memory-bound kinds) and the launch overhead 
 (:mod:`scenarios.calibrate.fit_kernels`); the simulated iteration is then compared with the step, and the
 fit is repeated with a third of the kernels (by name) held out (out-of-sample error).
 ``--nccl-log``: nccl-tests output; fits the NCCL constants of ``calibration.toml [nccl]``
-(:mod:`scenarios.calibrate.fit_nccl`). ``--measured iteration_time_s=X``: one end-to-end number; it moves
+(:mod:`scenarios.calibrate.fit_nccl`) against the collective model of ``--fidelity`` (default flow; use
+the fidelity you will run at: the busbw correction records it, and ``run``/``nccl-tests`` warn under
+another). ``--measured iteration_time_s=X``: one end-to-end number; it moves
 only what the other inputs leave free (the GPU's sustained clock fraction, unless a trace fitted the
 kernels, in which case it is compared, not fitted) and says by how much.
 
@@ -27,6 +29,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hwmodel.nccl.engine import FIDELITIES
 from scenarios.cli import UserError, add_trust_code, output_file
 
 
@@ -39,6 +42,9 @@ def register(subparsers) -> None:
     p.add_argument("--scenario", default=None, help="the traced model's scenario (a TOML file or catalog name)")
     p.add_argument("--nccl-log", metavar="FILE", nargs="+", default=None, help="nccl-tests output file(s)")
     p.add_argument("--system", default=None, help="the system the nccl-tests ran on (trainsim list systems)")
+    p.add_argument("--fidelity", default=None, choices=FIDELITIES,
+                   help="the collective model the --nccl-log fit is made against, as [simulation] fidelity: flow "
+                        "(default), step or chunked; the fitted busbw correction reproduces the log under it")
     p.add_argument("--measured", metavar="iteration_time_s=X", default=None,
                    help="a measured end-to-end iteration time of --scenario, seconds")
     p.add_argument("--output", metavar="PATH", default=None, help="the profile to write (default beside the input)")
@@ -81,6 +87,9 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--kineto and --measured need --scenario (the measured model)")
     if args.nccl_log and not args.system:
         raise UserError("--nccl-log needs --system (the system the nccl-tests ran on)")
+    if args.fidelity and not args.nccl_log:
+        raise UserError("--fidelity applies to --nccl-log fits only (a trace or a measured time is simulated "
+                        "at the scenario's [simulation] fidelity)")
     out = _output(args)
     try:
         return _calibrate(args, measured, out)
@@ -112,7 +121,7 @@ def _calibrate(args: argparse.Namespace, measured: float | None, out: Path) -> i
         sections = merge(sections, kernel_sections)
         kernels_fitted = True
     if args.nccl_log:
-        sections = merge(sections, _nccl(args.nccl_log, args.system, doc))
+        sections = merge(sections, _nccl(args.nccl_log, args.system, args.fidelity or "flow", doc))
     if measured is not None:
         from scenarios.runner import prepare
 
@@ -130,7 +139,13 @@ def _kernels(paired: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """Fit the kernel constants; print the comparison; return the profile's tables and model sections."""
     from hwmodel.calibration_overlay import Overlay
     from scenarios.calibrate.compare import pair_rows
-    from scenarios.calibrate.fit_kernels import fit_kernels, holdout_names, holdout_splits, predicted_step_s
+    from scenarios.calibrate.fit_kernels import (
+        fit_kernels,
+        held_out_misses,
+        holdout_names,
+        holdout_splits,
+        predicted_step_s,
+    )
     from scenarios.calibrate.pipeline import simulate
     from scenarios.calibrate.profile import nested
 
@@ -146,8 +161,10 @@ def _kernels(paired: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     after = simulate(paired.prep, Overlay("(fit)", "fit", sections_of(fit), ()))
     out_of_sample = simulate(paired.prep, Overlay("(holdout)", "holdout", sections_of(fit_out), ()))
     T = tr.step_time_s
-    splits = {name: predicted_step_s(m, paired.model, fit_kernels(m, paired.model, T, tr.busy_s, holdout=h).cal)
-              / T - 1 for name, h in holdout_splits(m).items()}
+    split_fits = {name: fit_kernels(m, paired.model, T, tr.busy_s, holdout=h) for name, h in holdout_splits(m).items()}
+    splits = {name: predicted_step_s(m, paired.model, f.cal) / T - 1 for name, f in split_fits.items()}
+    worst = max(splits, key=lambda n: abs(splits[n]))
+    misses = held_out_misses(m, paired.model, split_fits[worst])
     print(f"# trainsim calibrate: {tr.path}, {tr.step_name} of {len(tr.steps)} step(s) on {tr.gpu_name or gpu}")
     print(f"  measured step          {T * 1e3:10.3f} ms  ({len(tr.ops)} op instances, "
           f"{sum(len(o.events) for o in tr.ops)} GPU events)")
@@ -157,6 +174,8 @@ def _kernels(paired: Any) -> tuple[dict[str, Any], dict[str, Any]]:
           f"without {len(held)} of {len({p.op.main_kernel for p in m.pairs if p.op.events})} kernel names)")
     print(f"  over {len(splits)} held-out splits: mean |error| {sum(map(abs, splits.values())) / len(splits):.1%}, "
           f"max {max(map(abs, splits.values())):.1%} (each a third of the names; step as the sum of task times)")
+    print(f"  worst split {worst} ({splits[worst]:+.1%}), its largest held-out misses: " + "; ".join(
+        f"{n[:48]} ({k}) {(a - b) * 1e3:+.2f} ms" for n, k, a, b in misses[:3]))
     print(f"  {'constant':42s} {'shipped':>8s} {'fitted':>8s} {'rows':>5s} {'measured':>11s} {'before':>11s}")
     for c in fit.constants:
         print(f"  {'.'.join(c.path):42s} {c.shipped:8.4f} {c.fitted:8.4f} {c.rows:5d} {c.measured_s * 1e3:8.3f} ms "
@@ -171,6 +190,8 @@ def _kernels(paired: Any) -> tuple[dict[str, Any], dict[str, Any]]:
         "simulated_fitted_s": after, "error": after / T - 1, "simulated_out_of_sample_s": out_of_sample,
         "out_of_sample_error": out_of_sample / T - 1, "held_out_kernel_names": len(held),
         "out_of_sample_splits": splits,
+        "worst_split": {"name": worst, "error": splits[worst], "misses": [
+            {"kernel": n, "kind": k, "modelled_s": a, "measured_s": b} for n, k, a, b in misses[:10]]},
         "launch_overhead_terms": dict(fit.launch_terms),
         "constants": [{"path": ".".join(("gpu", gpu, *c.path)), "shipped": c.shipped, "fitted": c.fitted,
                        "rows": c.rows, "measured_s": c.measured_s, "predicted_shipped_s": c.predicted_before_s,
@@ -181,7 +202,7 @@ def _kernels(paired: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     return doc, sections_of(fit)
 
 
-def _nccl(paths: list[str], system: str, doc: dict[str, Any]) -> dict[str, Any]:
+def _nccl(paths: list[str], system: str, fidelity: str, doc: dict[str, Any]) -> dict[str, Any]:
     from hwmodel.calibration_overlay import merge
     from scenarios.calibrate.fit_nccl import COMPARED_FROM_BYTES, fit_nccl
     from scenarios.calibrate.nccl_log import read_nccl_log
@@ -190,14 +211,16 @@ def _nccl(paths: list[str], system: str, doc: dict[str, Any]) -> dict[str, Any]:
     fits = []
     for path in paths:
         log = read_nccl_log(path)
-        f = fit_nccl(log, system)
+        f = fit_nccl(log, system, fidelity)
         if not log.gpu_name:
             print(f"note: {path}: no Rank line names the GPU; not checked against {system}", file=sys.stderr)
         sections = merge(sections, f.sections)
         print(f"# trainsim calibrate: {path}: {log.collective}, {log.ranks} ranks on {log.nodes} node(s) of {system}"
-              + (f", NCCL {log.nccl_version}" if log.nccl_version else ""))
+              + (f", NCCL {log.nccl_version}" if log.nccl_version else "") + f"; fitted under fidelity {fidelity}")
         for key, a, b in f.changed:
             print(f"  {key:40s} {a:.4g} -> {b:.4g}")
+        for line in f.not_fitted:
+            print(f"  {line}")
         print(f"  {'size':>12s} {'measured':>9s} {'simulated':>9s} {'error':>7s} {'held out':>9s} {'error':>7s}"
               "  (busbw GB/s; held out: fitted without the sizes marked)")
         for c in f.comparison:
@@ -211,6 +234,7 @@ def _nccl(paths: list[str], system: str, doc: dict[str, Any]) -> dict[str, Any]:
                   f" ({f.curve_knots} busbw correction knot(s))")
         fits.append({"log": path, "system": system, "collective": log.collective, "ranks": log.ranks,
                      "nodes": log.nodes, "gpus_per_thread": log.gpus_per_thread, "nccl_version": log.nccl_version,
+                     "fidelity": fidelity, "not_fitted": f.not_fitted,
                      "changed": [{"path": k, "shipped": a, "fitted": b} for k, a, b in f.changed],
                      "sizes": f.comparison})
     doc.setdefault("fit", {})["nccl"] = fits

@@ -24,6 +24,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from hwmodel import calibration_overlay
 from hwmodel.nccl import nccltests as N
@@ -132,12 +133,14 @@ def run(args: argparse.Namespace) -> int:
                                algorithm=args.algo, protocol=args.proto, fidelity=args.fidelity,
                                gpus=gpus, tuner_config=rules)
     profile = calibration_overlay.active()
+    applying = _profile_applies(profile, topo, args.fidelity) if profile else ()
     print(f"# trainsim nccl-tests: {topo.name}, {nodes} node(s) x {args.ngpus} GPU(s), "
           f"fidelity {args.fidelity}, NCCL {NCCL_VERSION} tuning model"
           + (f", NCCL_ALGO={args.algo}" if args.algo else "")
           + (f", NCCL_PROTO={args.proto}" if args.proto else "")
           + (f", tuner rules {args.tuner_config} ({len(rules)})" if rules is not None else "")
-          + (f", calibration {profile.name} ({profile.path}: {', '.join(profile.changed)})" if profile else ""))
+          + (f", calibration {profile.name} ({profile.path}: {', '.join(applying) or 'nothing for this GPU'})"
+             if profile else ""))
     print(N.format_table(rows, n_threads=1, n_gpus=args.ngpus,
                          step_factor=args.stepfactor if args.stepfactor > 1 else None,
                          min_bytes=N.parse_size(args.minbytes), max_bytes=N.parse_size(args.maxbytes)), end="")
@@ -148,3 +151,22 @@ def run(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise UserError(f"cannot write {path}: {exc.strerror}") from None
     return 0
+
+
+def _profile_applies(profile: calibration_overlay.Overlay, topo: Any, fidelity: str) -> tuple[str, ...]:
+    """The constants of ``profile`` that apply to ``topo``'s GPU (as ``run`` lists them); warns on stderr,
+    as ``run`` does, when none does or when its busbw correction was fitted under another fidelity."""
+    from hwmodel.costmodel import Calibration
+    from hwmodel.nccl.calibration import fidelity_warning
+    from hwmodel.nccl.tuner import arch_of
+
+    gpu = topo.gpu_spec
+    applying = profile.applying_to(gpu.name, Calibration.architecture_of(gpu))
+    if not applying:
+        print(f"# warning: calibration {profile.name} ({profile.path}): changes nothing for this run on {gpu.name}; "
+              f"its {len(profile.changed)} constant(s) are for other GPUs", file=sys.stderr)
+    elif any(c.startswith("nccl.busbw_correction.") for c in applying):
+        warning = fidelity_warning(profile.name, arch_of(gpu.compute_capability), fidelity)
+        if warning:
+            print(f"# warning: {warning}", file=sys.stderr)
+    return applying

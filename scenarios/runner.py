@@ -445,12 +445,15 @@ def run_prepared(prep: Prepared, memory: Any, *, progress: bool = False,
                 f"calibration {overlay.name} ({overlay.path}): changes nothing for this run on {gpu.name}; its "
                 f"{len(overlay.changed)} constant(s) are for other GPUs ({', '.join(overlay.changed[:3])}"
                 + (", ..." if len(overlay.changed) > 3 else "") + ")")
-        curves = [c for c in changed if c.startswith("nccl.busbw_correction.")]
-        if curves and prep.scenario.simulation.get("fidelity", "flow") != "flow":
-            report.metrics.setdefault("warnings", []).append(
-                f"calibration {overlay.name}: its busbw-vs-size correction was fitted under fidelity = \"flow\" "
-                f"(trainsim calibrate --nccl-log); under fidelity = \"{prep.scenario.simulation['fidelity']}\" it "
-                f"multiplies a different model and does not reproduce the log")
+        if any(c.startswith("nccl.busbw_correction.") for c in changed):
+            from hwmodel.nccl.calibration import fidelity_warning
+            from hwmodel.nccl.tuner import arch_of
+
+            with calibration_overlay.applied(overlay):
+                warning = fidelity_warning(overlay.name, arch_of(gpu.compute_capability),
+                                           prep.scenario.simulation.get("fidelity", "flow"))
+            if warning:
+                report.metrics.setdefault("warnings", []).append(warning)
     report.wall_s = time.perf_counter() - t0
     return report
 

@@ -93,6 +93,9 @@ class BusbwCurve:
     nodes: int
     log2_size_bytes: tuple[float, ...]
     factor: tuple[float, ...]
+    fidelity: str = "flow"
+    """The collective model (``[simulation] fidelity``) the curve was fitted against: it corrects that
+    model's busbw, and multiplies another one's without reproducing the log."""
 
     def at(self, size_bytes: int) -> float:
         """The correction at ``size_bytes`` (dimensionless, > 0)."""
@@ -105,6 +108,18 @@ class BusbwCurve:
         i = bisect.bisect_right(xs, x)
         t = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
         return ys[i - 1] + t * (ys[i] - ys[i - 1])
+
+
+def fidelity_warning(profile_name: str, arch: str, fidelity: str) -> str | None:
+    """A one-line warning when the active profile has a busbw correction for GPU generation ``arch`` fitted
+    under another fidelity than ``fidelity`` (the model it is now applied to); ``None`` otherwise."""
+    other = sorted({c.fidelity for (a, *_), c in busbw_curves().items() if a == arch.lower()} - {fidelity})
+    if not other:
+        return None
+    fitted = " and ".join(f'fidelity = "{f}"' for f in other)
+    return (f"calibration {profile_name}: its busbw-vs-size correction was fitted under {fitted} (trainsim "
+            f"calibrate --nccl-log ... --fidelity {other[0]}); under fidelity = \"{fidelity}\" it multiplies a "
+            f"different model and does not reproduce the log: refit it with --fidelity {fidelity}")
 
 
 def busbw_curves() -> dict[tuple[str, str, int, int], BusbwCurve]:
@@ -129,7 +144,7 @@ def _curves(overlay: calibration_overlay.Overlay | None) -> dict[tuple[str, str,
             try:
                 curve = BusbwCurve(str(t["collective"]), int(t["ranks"]), int(t["nodes"]),
                                    tuple(float(x) for x in t["log2_size_bytes"]),
-                                   tuple(float(y) for y in t["factor"]))
+                                   tuple(float(y) for y in t["factor"]), str(t.get("fidelity", "flow")))
             except (KeyError, TypeError, ValueError) as exc:
                 raise ValueError(f"{where}: needs collective, ranks, nodes, log2_size_bytes and factor "
                                  f"({exc})") from None

@@ -4,11 +4,11 @@ Each paired task belongs to one *constant* of the cost model (:func:`constant_of
 ``[gpu."<name>"]`` section so it applies to that GPU only:
 
 - GEMM: ``gemm_class_efficiency.<class>`` by shape class (:func:`hwmodel.costmodel.gemm_class`:
-  convolution or matmul, forward or backward -- cuDNN's Winograd and FFT convolutions do fewer
-  multiplies than the implicit GEMM the model prices, so a convolution class may exceed 1), and below
-  each class its bands (:func:`hwmodel.costmodel.gemm_classes`: shape, arithmetic intensity, the same
-  shape in the other pass), each fitted where its rows carry enough of its time, else falling back to
-  the next broader one;
+  convolution (1x1 or 3x3, unit stride or strided) or matmul, forward or backward -- cuDNN's Winograd and
+  FFT convolutions do fewer multiplies than the implicit GEMM the model prices, so a convolution class
+  may exceed 1), above each class the same op in either pass and below it its shape bands
+  (:func:`hwmodel.costmodel.gemm_classes`), each fitted where its rows carry enough of its time, else
+  falling back to the next broader one;
 - attention: ``attention.fwd_efficiency.<head_dim>`` / ``bwd_efficiency`` (of the named kernel's table
   where the task names one); causality stays the model's (it prices only the executed key blocks);
 - memory-bound kinds: ``hbm_efficiency_by_kind.<kind>``.
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -53,7 +54,7 @@ MIN_CLASS_SUPPORT = 0.25
 (held-out rows excluded): otherwise its few rows are one algorithm's, and the class falls back to the
 next broader one (:func:`hwmodel.costmodel.gemm_classes`; at the end the pooled ``gemm_efficiency.<dtype>``
 fitted to every GEMM row). Chosen on the ResNet-50 trace over ten held-out splits (DESIGN.md): a half
-left bands with two of three rows fitted on their class's value."""
+left classes with a few one-algorithm rows fitted on them."""
 
 
 @dataclass
@@ -169,7 +170,7 @@ def _solve(model: KernelCostModel, cal: ArchCalibration, path: tuple[str, ...], 
 def above_peak_note(path: tuple[str, ...]) -> str:
     """Why a fitted efficiency of the constant at ``path`` above 1 (faster than the datasheet peak) is not
     a faster GPU: what in the model's count it points at."""
-    if path[0] == "gemm_class_efficiency" and path[1].startswith("conv"):
+    if path[0] == "gemm_class_efficiency" and re.match(r"conv3x3(_|@|$)", path[1]):  # unit stride only
         return ("above peak: cuDNN's Winograd/FFT convolutions do fewer multiplies than the direct "
                 "(implicit-GEMM) FLOP count the model prices")
     if path[0] == "gemm_efficiency":
@@ -202,8 +203,8 @@ def fit_kernels(matching: Matching, model: KernelCostModel, step_time_s: float, 
         if c is None or not pair.op.events:
             continue
         paths = [c[0]]
-        if c[2] == "gemm" and SHAPE_BANDS:  # the bands below the class, fitted after it, finest last
-            paths.extend(("gemm_class_efficiency", cls) for cls in gemm_classes(pair.task)[:-1])
+        if c[2] == "gemm" and SHAPE_BANDS:  # the class in either pass, the class, its shape bands
+            paths = [("gemm_class_efficiency", cls) for cls in gemm_classes(pair.task)]
         for path in paths:
             support.setdefault(path, []).append(pair)
         if pair.op.main_kernel in holdout:
@@ -245,12 +246,13 @@ def fit_kernels(matching: Matching, model: KernelCostModel, step_time_s: float, 
 
 
 def _depth(path: tuple[str, ...]) -> int:
-    """Fitting order of a GEMM class: the class, the pass-free shape band, the intensity band, the shape band
-    (broadest first, each fitted over what the broader ones set)."""
+    """Fitting order of a GEMM class (:func:`hwmodel.costmodel.gemm_classes`), broadest first, each fitted
+    over what the broader ones set: the op in either pass (``conv3x3``), the class (``conv3x3_fwd``), the
+    shape band in either pass (``conv3x3@m13n8k11``), the shape band (``conv3x3_fwd@m13n8k11``)."""
     name = path[-1]
     if "@" not in name:
-        return 0
-    return 1 if "_" not in name.split("@")[0] else name.count("@") + 1
+        return 1 if "_" in name else 0
+    return 2 if "_" not in name.split("@")[0] else 3
 
 
 def holdout_names(matching: Matching, every: int = 3) -> frozenset[str]:
@@ -274,6 +276,18 @@ def holdout_splits(matching: Matching) -> dict[str, frozenset[str]]:
         out[f"sha1/{salt}"] = frozenset(
             n for n in names if int(hashlib.sha1(f"{salt}:{n}".encode()).hexdigest(), 16) % 3 == 0)
     return out
+
+
+def held_out_misses(matching: Matching, model: KernelCostModel, fit: KernelFit) -> list[tuple[str, str, float, float]]:
+    """Where a held-out fit misses: (kernel name, kind, modelled s, measured s) of the held-out rows grouped by
+    longest kernel name, largest |modelled - measured| first (seconds of execution, launch excluded)."""
+    out: dict[tuple[str, str], list[float]] = {}
+    for p in matching.pairs:
+        if p.op.main_kernel in fit.held_out and p.op.events:
+            row = out.setdefault((p.op.main_kernel, p.kind), [0.0, 0.0])
+            row[0] += exec_time(model, fit.cal, p.tasks)
+            row[1] += p.op.dur_s
+    return sorted(((n, k, a, b) for (n, k), (a, b) in out.items()), key=lambda r: -abs(r[2] - r[3]))
 
 
 def predicted_step_s(matching: Matching, model: KernelCostModel, cal: ArchCalibration) -> float:

@@ -82,7 +82,24 @@ class OpRecord:
         return Compute(name=self.name, kind=self.kind, flops=flops, bytes_accessed=self.bytes_accessed,
                        dtype=self.dtype, shape=self.shape, layer=self.layer, phase=self.phase,
                        causal=self.causal, fp8_scaling=self.fp8_scaling, attention_window=self.window,
-                       attention_sinks=self.sinks, attention_alibi=self.alibi)
+                       attention_sinks=self.sinks, attention_alibi=self.alibi,
+                       conv_stride=conv_stride(self.name, self.in_shapes, self.out_shapes))
+
+
+def conv_stride(name: str, in_shapes: tuple[tuple[int, ...], ...], out_shapes: tuple[tuple[int, ...], ...]) -> int:
+    """The stride of a convolution op from its tensors' shapes: the largest over the spatial dims of input
+    size / output size, rounded (a 3x3 "same" convolution: 1; ResNet's downsampling ones: 2); 1 for any
+    other op. ``aten.convolution``'s first input and output are x and y; ``aten.convolution_backward``'s
+    first two inputs are dL/dy and x (ATen's native_functions.yaml signatures)."""
+    if name.endswith(".convolution") and in_shapes and out_shapes:
+        x, y = in_shapes[0], out_shapes[0]
+    elif name.endswith(".convolution_backward") and len(in_shapes) >= 2:
+        y, x = in_shapes[0], in_shapes[1]
+    else:
+        return 1
+    if len(x) != len(y) or len(x) < 3:
+        return 1
+    return max(1, *(round(i / o) for i, o in zip(x[2:], y[2:], strict=True) if o > 0))
 
 
 def window_fraction(shape: tuple[int, ...], causal: bool, window: int, sinks: int = 0) -> float:

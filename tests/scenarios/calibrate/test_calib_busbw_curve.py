@@ -93,8 +93,8 @@ def test_engine_applies_the_curve_only_where_the_profile_holds_it(tmp_path, a100
         # clamped outside the knots: the end knots' factors
         assert nccl_cal.busbw_correction("ampere", "all_reduce", 8, 1, 1 << 40) == \
             nccl_cal.busbw_correction("ampere", "all_reduce", 8, 1, 16 << 30)
-    assert ov.applying_to("H100-SXM5-80GB", "hopper") == ("nccl.host_launch_s", "nccl.host_per_channel_s",
-                                                          "nccl.host_fit_gpus")
+    # host_fit_gpus is the GPU count the host fit refers to, not a constant: not listed
+    assert ov.applying_to("H100-SXM5-80GB", "hopper") == ("nccl.host_launch_s", "nccl.host_per_channel_s")
     assert time_of(coll, gpus) == shipped  # inactive again: the shipped model, exactly
 
 
@@ -133,3 +133,88 @@ def test_a_flow_fitted_curve_under_another_fidelity_is_named(tmp_path, a100_fit)
                   .metrics.get("warnings", []) for f in ("flow", "chunked")]
     assert not any("busbw-vs-size correction" in w for w in warned[0])
     assert any('fitted under fidelity = "flow"' in w and 'fidelity = "chunked"' in w for w in warned[1])
+
+
+@pytest.fixture(scope="module")
+def chunked_profile(tmp_path_factory):
+    out = tmp_path_factory.mktemp("chunked") / "a100-chunked.toml"
+    assert main(["calibrate", "--nccl-log", str(A100_LOG), "--system", "dgx-a100", "--fidelity", "chunked",
+                 "--output", str(out)]) == 0
+    return out
+
+
+def _nccl_tests(profile, fidelity, capsys) -> tuple[dict[int, float], str, str]:
+    assert main(["nccl-tests", "all_reduce", "-b", "8M", "-e", "32M", "-f", "2", "-g", "8", "--system", "dgx-a100",
+                 "--fidelity", fidelity, "--calibration", str(profile)]) == 0
+    cap = capsys.readouterr()
+    rows = {int(t[0]): float(t[7]) for t in (line.split() for line in cap.out.splitlines()) if t and t[0].isdigit()}
+    return rows, cap.out, cap.err
+
+
+def test_calibrate_fits_against_the_fidelity_it_is_given(chunked_profile, capsys):
+    """``calibrate --fidelity chunked`` fits the curve on NCCL's chunk pipeline: ``nccl-tests --fidelity
+    chunked`` with it reproduces the log (8 MiB included, where the host enqueue of -g 8 partly masks the
+    GPU time), silently; the same profile under ``flow`` is named as fitted elsewhere."""
+    import tomllib
+
+    doc = tomllib.loads(chunked_profile.read_text())
+    assert doc["nccl"]["busbw_correction"]["ampere"]["all_reduce_8ranks_1nodes"]["fidelity"] == "chunked"
+    fit = doc["fit"]["nccl"][0]
+    assert fit["fidelity"] == "chunked"
+    assert max(abs(c["error"]) for c in fit["sizes"] if c["size_bytes"] >= MiB) <= 0.05
+    measured = {r.size_bytes: r.busbw_Bps / 1e9 for r in read_nccl_log(A100_LOG).rows}
+    rows, _, err = _nccl_tests(chunked_profile, "chunked", capsys)
+    assert "warning" not in err
+    for size, busbw in rows.items():
+        assert busbw == pytest.approx(measured[size], rel=0.05), size
+    _, _, err = _nccl_tests(chunked_profile, "flow", capsys)
+    assert 'fitted under fidelity = "chunked"' in err and 'under fidelity = "flow"' in err
+
+
+def test_nccl_tests_warns_on_a_flow_fitted_curve_under_chunked(tmp_path, a100_fit, capsys):
+    prof = write_profile(tmp_path / "p.toml", {"profile": {"name": "a100"}, "nccl": a100_fit.sections})
+    _, _, err = _nccl_tests(prof, "chunked", capsys)
+    assert len(err.strip().splitlines()) == 1  # one line, as run's warning
+    assert 'fitted under fidelity = "flow"' in err and 'under fidelity = "chunked"' in err
+    _, _, err = _nccl_tests(prof, "flow", capsys)
+    assert "warning" not in err
+
+
+def test_nccl_tests_lists_only_the_constants_that_apply(tmp_path, a100_fit, capsys):
+    """A profile holding V100 (Volta) constants beside the A100 fit: on a DGX A100 only the A100 ones are
+    listed, as ``run`` lists them; a Volta-only profile changes nothing there, and says so."""
+    both = write_profile(tmp_path / "both.toml", {
+        "profile": {"name": "both"}, "gpu": {"V100-SXM2": {"launch_overhead_s": 5e-6}},
+        "nccl": {**a100_fit.sections, "nvlink_efficiency": {
+            **a100_fit.sections["nvlink_efficiency"], "volta": {"busbw_Bps": 100e9, "line_rate_Bps": 150e9}}}})
+    _, out, err = _nccl_tests(both, "flow", capsys)
+    header = out.splitlines()[0]
+    assert "nccl.nvlink_efficiency.ampere.busbw_Bps" in header and "busbw_correction.ampere" in header
+    assert "V100" not in header and "volta" not in header and "line_rate_Bps" not in header
+    volta = write_profile(tmp_path / "volta.toml", {"profile": {"name": "volta"},
+                                                    "gpu": {"V100-SXM2": {"launch_overhead_s": 5e-6}}})
+    _, out, err = _nccl_tests(volta, "flow", capsys)
+    assert "nothing for this GPU" in out.splitlines()[0]
+    assert "changes nothing for this run on A100" in err
+
+
+def test_too_few_rows_leave_the_bandwidth_fraction_unfitted(tmp_path, capsys):
+    lines = A100_LOG.read_text().splitlines()
+    rows = [i for i, line in enumerate(lines) if line.strip()[:1].isdigit()]
+    short = tmp_path / "three.log"  # 64 MiB, 128 MiB, 256 MiB
+    keep = set(rows[11:14])
+    short.write_text("\n".join(line for i, line in enumerate(lines) if i not in rows or i in keep) + "\n")
+    fit = fit_nccl(read_nccl_log(short), "dgx-a100")
+    assert "nvlink_efficiency" not in fit.sections
+    assert not any(k.startswith("nccl.nvlink_efficiency") for k, _, _ in fit.changed)
+    assert len(fit.not_fitted) == 1
+    assert "nccl.nvlink_efficiency.ampere: not fitted" in fit.not_fitted[0] and "at least 4" in fit.not_fitted[0]
+    out = tmp_path / "p.toml"
+    assert main(["calibrate", "--nccl-log", str(short), "--system", "dgx-a100", "--output", str(out)]) == 0
+    assert "at least 4" in capsys.readouterr().out
+
+
+def test_fidelity_needs_an_nccl_log(capsys):
+    assert main(["calibrate", "--measured", "iteration_time_s=1", "--scenario", "default",
+                 "--fidelity", "chunked"]) == 2
+    assert "--fidelity applies to --nccl-log" in capsys.readouterr().err

@@ -62,11 +62,22 @@ PROFILE = {"profile": {"name": "v100"},
 def test_changed_lists_only_what_applies(tmp_path):
     ov = O.load_overlay(write_profile(tmp_path / "p.toml", {**PROFILE, "nccl": {
         **PROFILE["nccl"], "ib_app_efficiency": 0.9}}))
-    assert len(ov.changed) == 5  # the NVLink table has two leaves
+    assert len(ov.changed) == 4  # the NVLink table's line rate is the spec its busbw refers to, not a constant
+    assert "nccl.nvlink_efficiency.volta.line_rate_Bps" not in ov.changed
     assert ov.applying_to("H100-SXM5", "hopper") == ("nccl.ib_app_efficiency",)
     assert set(ov.applying_to("V100-SXM2", "volta")) == set(ov.changed)
     assert "gpu.V100-SXM2.launch_overhead_s" not in ov.applying_to("V100-SXM2-16GB", "volta")
-    assert len(ov.applying_to("V100-SXM2-16GB", "volta")) == 4
+    assert len(ov.applying_to("V100-SXM2-16GB", "volta")) == 3
+
+
+def test_changed_counts_constants_not_metadata(tmp_path):
+    curve = {"collective": "all_reduce", "ranks": 8, "nodes": 1, "fidelity": "flow",
+             "log2_size_bytes": [20.0, 30.0], "factor": [0.9, 1.1]}
+    ov = O.load_overlay(write_profile(tmp_path / "p.toml", {"profile": {"name": "c"}, "nccl": {
+        "host_launch_s": 4e-5, "host_fit_gpus": 8,
+        "busbw_correction": {"ampere": {"all_reduce_8ranks_1nodes": curve}}}}))
+    # one curve (its factors) and one host constant; the shape, knots, fidelity and GPU count describe them
+    assert ov.changed == ("nccl.host_launch_s", "nccl.busbw_correction.ampere.all_reduce_8ranks_1nodes.factor")
 
 
 def test_profile_of_another_gpu_warns(tmp_path, capsys):
@@ -84,6 +95,9 @@ def test_profile_of_another_gpu_warns(tmp_path, capsys):
 
 @pytest.mark.parametrize("path, word", [
     (("gemm_class_efficiency", "conv3x3_fwd"), "Winograd"),
+    (("gemm_class_efficiency", "conv3x3@m13n8k11"), "Winograd"),
+    (("gemm_class_efficiency", "conv3x3s2_fwd"), "FLOP count"),  # strided: no Winograd (cuDNN needs stride 1)
+    (("gemm_class_efficiency", "conv1x1_fwd"), "FLOP count"),
     (("gemm_efficiency", "fp32"), "pooled"),
     (("gemm_class_efficiency", "matmul_bwd"), "FLOP count"),
     (("hbm_efficiency_by_kind", "optimizer"), "byte count"),

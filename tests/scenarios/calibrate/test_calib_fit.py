@@ -34,22 +34,29 @@ def test_fitted_profile_reproduces_the_step(profile):
     # the shipped model is 11 % slow here (26 % while Volta read the A100 clock fit): calibration has work to do
     assert abs(k["simulated_shipped_s"] / k["measured_step_s"] - 1) > 0.05
     assert abs(k["error"]) < 0.02  # acceptance: within 2 % after calibration
-    # Out of sample (a third of the kernel names held out). With the GEMM bands below each class
-    # (hwmodel.costmodel.gemm_classes) the default split is +6.9 % (+10.0 % with classes alone), and over
-    # ten splits the mean |error| is 4.2 %, the max 6.9 % (docs/DESIGN.md). The 5 % holds on the
-    # mean, not on every split, so the bounds are what every split reaches, not 5 %.
-    assert abs(k["out_of_sample_error"]) < 0.08
+    # Out of sample (a third of the kernel names held out). Convolutions fitted by stride (Winograd/FFT
+    # need a unit stride) with the op in either pass behind each class (hwmodel.costmodel.gemm_classes):
+    # the default split is -0.9 %, and over ten splits the mean |error| is 1.7 %, the max 4.5 %
+    # (docs/DESIGN.md; was 4.2 % / 6.9 % with intensity bands). The 5 % holds on every split.
+    assert abs(k["out_of_sample_error"]) < 0.05
     splits = k["out_of_sample_splits"]
     assert len(splits) == 10
-    assert sum(abs(e) for e in splits.values()) / len(splits) < 0.05
-    assert max(abs(e) for e in splits.values()) < 0.08
+    assert sum(abs(e) for e in splits.values()) / len(splits) < 0.025
+    assert max(abs(e) for e in splits.values()) < 0.05
+    worst = k["worst_split"]  # where the worst split misses, by held-out kernel name, largest first
+    assert worst["error"] == splits[worst["name"]] and abs(worst["error"]) == max(abs(e) for e in splits.values())
+    gaps = [abs(r["modelled_s"] - r["measured_s"]) for r in worst["misses"]]
+    assert gaps == sorted(gaps, reverse=True) and gaps[0] > 1e-4
     consts = {c["path"]: c for c in k["constants"]}
     # cuDNN's Winograd 3x3 convolutions do ~2.25x fewer multiplies than the implicit GEMM priced
     assert consts["gpu.V100-SXM2.gemm_class_efficiency.conv3x3_fwd"]["fitted"] > 1.5
     assert consts["gpu.V100-SXM2.gemm_class_efficiency.conv1x1_fwd"]["fitted"] < \
         consts["gpu.V100-SXM2.gemm_class_efficiency.conv3x3_fwd"]["fitted"]
+    # strided convolutions cannot run Winograd (cuDNN): their class is fitted apart, near the 1x1 ones
+    assert consts["gpu.V100-SXM2.gemm_class_efficiency.conv3x3s2_fwd"]["fitted"] < 1.2
     for c in k["constants"]:  # above the datasheet peak: says why (Winograd, or the model's count too high)
         assert c["fitted"] <= 1 or c["note"].startswith("above peak"), c["path"]
+        assert "Winograd" not in c["note"] or ".conv3x3" in c["path"] or "gemm_efficiency" in c["path"], c["path"]
     for c in k["constants"]:  # each constant reproduces its own rows
         assert c["predicted_fitted_s"] == pytest.approx(c["measured_s"], rel=1e-3) or c["note"]
 
