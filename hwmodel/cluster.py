@@ -68,10 +68,12 @@ class Cluster:
         record: keep per-resource load timelines (utilisation plots).
         cost_model: kernel cost model shared by all GPUs; by default one for the GPU spec priced at the
             sustained training clock (``KernelCostModel(spec, sustained=True)``).
+        link_classes: links that merged mirrored traffic alone loads alike are one resource per class
+            (:mod:`hwmodel.link_classes`; the same rates, bytes and timelines); False: one per link.
     """
 
     def __init__(self, topology: Topology, env: simpy.Environment | None = None, *, record: bool = True,
-                 cost_model: KernelCostModel | None = None) -> None:
+                 cost_model: KernelCostModel | None = None, link_classes: bool = True) -> None:
         self.topology = topology
         self.env = env or simpy.Environment()
         self.fs = FluidSystem(self.env, record=record)
@@ -84,7 +86,8 @@ class Cluster:
             g.number_of_edges, self._make_link)
         """Directed edge -> resource (capacity in bytes/s), made on first use (a link of a class is
         pinned: taken out of it, see :mod:`hwmodel.link_classes`)."""
-        self.link_classes = LinkClasses(self.fs, g, self._edge_index, self.links._made)
+        self.link_classes = LinkClasses(self.fs, g, self._edge_index, self.links._made, self.links.__getitem__,
+                                        link_classes)
         """The links only merged mirrored traffic loads, in classes of equivalent links."""
         self._cost_model = cost_model or KernelCostModel(topology.gpu_spec, sustained=True)
         gpu_names = topology.gpus()

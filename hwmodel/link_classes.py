@@ -89,11 +89,14 @@ class LinkClasses:
         graph: the topology graph (edge ``bandwidth_Bps`` and ``kind``).
         edge_index: a link's solver tie-break index (its position in topology edge order).
         pinned: the link resources made for single use (:attr:`hwmodel.cluster.Cluster.links`).
+        link: the cluster's link resource of an edge (made, pinned, on first use).
+        enabled: False keeps every link its own resource (the reference the classes are tested against).
     """
 
     def __init__(self, fs: FluidSystem, graph: nx.DiGraph, edge_index: Callable[[Edge], int],
-                 pinned: Mapping[Edge, Resource]) -> None:
+                 pinned: Mapping[Edge, Resource], link: Callable[[Edge], Resource], enabled: bool = True) -> None:
         self._fs, self._adj, self._edge_index, self._pinned = fs, graph._adj, edge_index, pinned
+        self._link, self.enabled = link, enabled
         self._class_of: dict[Edge, LinkClass] = {}
         self._class_by_rep: dict[Resource, LinkClass] = {}
         self._waiting: list[Activity] = []  # merged activities started while paying their latency
@@ -105,6 +108,8 @@ class LinkClasses:
         """One merge's ``edge -> weight`` as ``resource -> weight`` (representatives in order of first
         use; a pinned link is its own resource), after splitting the classes it loads unevenly. The
         result is registered: later splits keep it up to date, so it may be cached and started again."""
+        if not self.enabled:
+            return {self._link(e): w for e, w in weights.items()}
         by_class: dict[LinkClass, dict[float, list[Edge]]] = {}
         fresh: dict[tuple[float, str, float], list[Edge]] = {}
         adj, class_of, pinned = self._adj, self._class_of, self._pinned
