@@ -74,9 +74,10 @@ def merged_weights(engine: NcclEngine, members: list[Plan], own: dict[Edge, floa
                    ends: set[str]) -> dict[Resource, float]:
     """Link weights of ``members`` (one plan and its mirrors) merged into one activity: weights added per
     link, in order of first use. ``own``: the first member's edge weights
-    (:meth:`~hwmodel.nccl.engine.NcclEngine.edge_weights`). Kept: the first member's links, links several members share (leaf uplinks, spines), links between fabric switches
-    even with one user (a mirror may cross a spine where the first member stays under its leaf: a
-    scalable-unit or pod boundary between them), and links that start or end at one of ``ends`` (the
+    (:meth:`~hwmodel.nccl.engine.NcclEngine.edge_weights`). Kept: the first member's links, links
+    several members share (leaf uplinks, spines), links between fabric switches even with one user (a
+    mirror may cross a spine where the first member stays under its leaf: a scalable-unit or pod
+    boundary between them), and links that start or end at one of ``ends`` (the
     representative's GPUs: a ring's send into it from the previous rank). A link only one mirror uses is,
     by symmetry, loaded exactly like its counterpart on the first member's path: it adds no constraint.
     Only kept links get a resource: one per class of links the merges load alike
