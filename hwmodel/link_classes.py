@@ -20,8 +20,8 @@ it is the same constraint until loads diverge, and every cached merge that uses 
 one with the same weight. A link that anything else uses -- a route of the representative ranks' own
 traffic, a test reading ``cluster.links[e]`` -- is *pinned*: split out into its own resource first
 (:meth:`LinkClasses.pin`), so a class is only ever loaded through merges. The classes depend on the ECMP
-hash (which spine each mirror's flow takes): at 16,384 H100 the merges of Llama 3 405B (TP 8 x PP 16)
-cross about 40,000 leaf-spine links that fall into about 600 classes.
+hash (which spine each mirror's flow takes): at 16,384 H100 the merges of Llama 3 405B (TP 8 x PP 16,
+hierarchical engine) load 39,972 links that fall into 764 classes (2,048 H100: 4,194 links, 157).
 
 The links report lists every link of a class under its own name with the class's bytes and timeline
 (:class:`LinkView`), which are that link's own: nothing in a report changes.
