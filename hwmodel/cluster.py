@@ -21,6 +21,7 @@ import simpy
 from hwmodel.costmodel import KernelCostModel
 from hwmodel.fluid import Activity, FluidSystem, Resource
 from hwmodel.gpu import GPU
+from hwmodel.link_classes import LinkClasses, LinkView
 from hwmodel.topology import Topology
 
 K = TypeVar("K")
@@ -67,10 +68,12 @@ class Cluster:
         record: keep per-resource load timelines (utilisation plots).
         cost_model: kernel cost model shared by all GPUs; by default one for the GPU spec priced at the
             sustained training clock (``KernelCostModel(spec, sustained=True)``).
+        link_classes: links that merged mirrored traffic alone loads alike are one resource per class
+            (:mod:`hwmodel.link_classes`; the same rates, bytes and timelines); False: one per link.
     """
 
     def __init__(self, topology: Topology, env: simpy.Environment | None = None, *, record: bool = True,
-                 cost_model: KernelCostModel | None = None) -> None:
+                 cost_model: KernelCostModel | None = None, link_classes: bool = True) -> None:
         self.topology = topology
         self.env = env or simpy.Environment()
         self.fs = FluidSystem(self.env, record=record)
@@ -81,7 +84,11 @@ class Cluster:
         self.links: OnDemand[tuple[str, str], Resource] = OnDemand(
             lambda e: isinstance(e, tuple) and len(e) == 2 and g.has_edge(*e), lambda: iter(g.edges()),
             g.number_of_edges, self._make_link)
-        """Directed edge -> resource (capacity in bytes/s), made on first use."""
+        """Directed edge -> resource (capacity in bytes/s), made on first use (a link of a class is
+        pinned: taken out of it, see :mod:`hwmodel.link_classes`)."""
+        self.link_classes = LinkClasses(self.fs, g, self._edge_index, self.links._made, self.links.__getitem__,
+                                        link_classes)
+        """The links only merged mirrored traffic loads, in classes of equivalent links."""
         self._cost_model = cost_model or KernelCostModel(topology.gpu_spec, sustained=True)
         gpu_names = topology.gpus()
         self._gpu_rank = {name: i for i, name in enumerate(gpu_names)}
@@ -91,14 +98,21 @@ class Cluster:
         self._route_res: dict[tuple[str, str], tuple[list[Resource], float]] = {}
 
     def _make_link(self, edge: tuple[str, str]) -> Resource:
+        if edge in self.link_classes:
+            return self.link_classes.pin(edge)
         u, v = edge
         data = self.topology.graph.edges[u, v]
         r = self.fs.add_resource(f"{u}->{v}", float(data["bandwidth_Bps"]), meta=("link", u, v, data.get("kind", "")))
+        r.index = self._edge_index(edge)
+        return r
+
+    def _edge_index(self, edge: tuple[str, str]) -> int:
+        """The link's solver tie-break index: its position in topology edge order."""
+        u, v = edge
         pos = self._edge_pos.get(u)
         if pos is None:
             pos = self._edge_pos[u] = {w: i for i, w in enumerate(self.topology.graph.adj[u])}
-        r.index = self._edge_base[u] + pos[v]
-        return r
+        return self._edge_base[u] + pos[v]
 
     def _make_gpu(self, name: str) -> GPU:
         gpu = GPU(self.fs, name, self.topology.gpu_spec, self._cost_model)
@@ -142,7 +156,8 @@ class Cluster:
         sw = self.topology.pcie_switch_of(gpu)
         return self.links[(gpu, sw)] if direction == "d2h" else self.links[(sw, gpu)]
 
-    def link_resources(self) -> list[Resource]:
-        """The link resources made so far (every link a route has crossed), in topology edge order; the
-        others have carried nothing. ``links.values()`` makes and lists all."""
-        return sorted((r for r in self.links.made()), key=lambda r: r.index)
+    def link_resources(self) -> list[Resource | LinkView]:
+        """The links used so far (every link a route or a merge has crossed), in topology edge order: a
+        link's own resource, or a view of its class's (same bytes and timeline); the others have carried
+        nothing. ``links.values()`` makes and lists all."""
+        return sorted([*self.links.made(), *self.link_classes.views()], key=lambda r: r.index)

@@ -169,6 +169,8 @@ class NcclEngine:
         self._weights_cache: dict[tuple, tuple[dict[Resource, float], dict[Resource, float]]] = {}
         self._flows_cache: dict[tuple, list[Flow]] = {}
         self._eff_cache: dict[Resource, float] = {}
+        self._edge_weights_cache: dict[tuple, dict[_mirrors.Edge, float]] = {}
+        self._eff_of_kind: dict[str, float] = {}
 
     # -- planning ------------------------------------------------------------------------------
     def comm_topology(self, gpus: tuple[str, ...]) -> _tuner.CommTopology:
@@ -305,6 +307,8 @@ class NcclEngine:
         work, weights, side = self._flow(plan)
         act = self.cluster.fs.start(work, weights, latency_s=plan.latency_s, rate_bound=plan.rate_bound_Bps,
                                     side_loads=side, name=plan.name or plan.op)
+        if plan.latency_s > 0:  # (its link classes may split before it joins)
+            self.cluster.link_classes.track(act)
         return act.done
 
     def start_together(self, plans: list[Plan]) -> simpy.Event:
@@ -339,6 +343,8 @@ class NcclEngine:
         for work, lat, bound, weights, side, has_first in groups:
             act = self.cluster.fs.start(work, weights, latency_s=lat, rate_bound=bound, side_loads=side,
                                         name=first.name or first.op)
+            if lat > 0:  # (a merge's link classes may split before it joins)
+                self.cluster.link_classes.track(act)
             if has_first:
                 first_done = act.done
         return first_done if first_done is not None else self.start(first)
@@ -361,7 +367,8 @@ class NcclEngine:
                 # simulated, so their HBM traffic would load nothing anyone waits for.
                 side = dict(self._flow(members[0])[2]) if members[0] is first else {}
                 ends = set(members[0].gpus) if members[0] is first else set()
-                weights = _mirrors.merged_weights(self, members, self._flow(members[0])[1], ends)
+                self._flow(members[0])  # (its links' classes first: the merge adds to them)
+                weights = _mirrors.merged_weights(self, members, self.edge_weights(members[0]), ends)
                 hit = self._merged_cache[key] = (weights, side)
             out.append((work, lat, bound, hit[0], hit[1], first in members))
         return out
@@ -397,8 +404,20 @@ class NcclEngine:
     proto_weight = _proto_weight
     """Wire bytes per payload byte of ``plan``'s protocol (1 / NCCL's protocol efficiency)."""
 
+    def edge_weights(self, plan: Plan) -> dict[_mirrors.Edge, float]:
+        """Topology edge -> bytes on it per byte of per-rank progress of ``plan`` (cached), the figures
+        :meth:`_link_weights` gives per link resource (:func:`hwmodel.nccl.mirrors.edge_weights`)."""
+        key = (plan.op, plan.algorithm, plan.protocol, plan.gpus, plan.root, plan.busbw_correction)
+        hit = self._edge_weights_cache.get(key)
+        if hit is None:
+            ctx = _mirrors.EdgeContext(self)
+            hit = self._edge_weights_cache[key] = _mirrors.edge_weights(self, ctx, plan, self._eff_of_kind)
+        return hit
+
     def _weights(self, plan: Plan) -> tuple[dict[Resource, float], dict[Resource, float]]:
-        weights = self._link_weights(plan, self.flows(plan))
+        # per edge, then per link class (hwmodel.link_classes): links no other traffic tells apart
+        # are one resource
+        weights = self.cluster.link_classes.resolve(self.edge_weights(plan))
         hbm = HBM_BYTES_PER_BYTE.get(plan.op, 2.0)
         side = {self.cluster.gpus[g].hbm: hbm for g in plan.gpus}
         return weights, side

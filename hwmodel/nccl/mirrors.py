@@ -70,24 +70,23 @@ def edge_weights(engine: NcclEngine, ctx: EdgeContext, plan: Plan,
     return out
 
 
-def merged_weights(engine: NcclEngine, members: list[Plan], own: dict[Resource, float],
+def merged_weights(engine: NcclEngine, members: list[Plan], own: dict[Edge, float],
                    ends: set[str]) -> dict[Resource, float]:
     """Link weights of ``members`` (one plan and its mirrors) merged into one activity: weights added per
-    link, in order of first use. ``own``: the first member's link weights (resources). Kept: the first
-    member's links, links several members share (leaf uplinks, spines), links between fabric switches
-    even with one user (a mirror may cross a spine where the first member stays under its leaf: a
-    scalable-unit or pod boundary between them), and links that start or end at one of ``ends`` (the
+    link, in order of first use. ``own``: the first member's edge weights
+    (:meth:`~hwmodel.nccl.engine.NcclEngine.edge_weights`). Kept: the first member's links, links
+    several members share (leaf uplinks, spines), links between fabric switches even with one user (a
+    mirror may cross a spine where the first member stays under its leaf: a scalable-unit or pod
+    boundary between them), and links that start or end at one of ``ends`` (the
     representative's GPUs: a ring's send into it from the previous rank). A link only one mirror uses is,
     by symmetry, loaded exactly like its counterpart on the first member's path: it adds no constraint.
-    Only kept links get a resource (:attr:`hwmodel.cluster.Cluster.links` makes them on first use)."""
+    Only kept links get a resource: one per class of links the merges load alike
+    (:meth:`hwmodel.link_classes.LinkClasses.resolve`), or the link's own where anything else uses it."""
     ctx = EdgeContext(engine)
     efficiency: dict[str, float] = {}
     weights: dict[Edge, float] = {}
     users: dict[Edge, int] = {}
-    own_edges: dict[Edge, Resource] = {}
-    for r, x in own.items():
-        e = (r.meta[1], r.meta[2])  # type: ignore[index]  # a link resource: ("link", u, v, kind)
-        own_edges[e] = r
+    for e, x in own.items():
         weights[e] = x
         users[e] = 1
     for p in members[1:]:
@@ -95,12 +94,9 @@ def merged_weights(engine: NcclEngine, members: list[Plan], own: dict[Resource, 
             weights[e] = weights.get(e, 0.0) + x
             users[e] = users.get(e, 0) + 1
     kinds = engine.cluster.topology.device_kinds()
-    links = engine.cluster.links
-    out: dict[Resource, float] = {}
+    kept: dict[Edge, float] = {}
     for e, x in weights.items():
         u, v = e
-        if e in own_edges:
-            out[own_edges[e]] = x
-        elif users[e] > 1 or kinds[u] == kinds[v] == "ib_switch" or u in ends or v in ends:
-            out[links[e]] = x
-    return out
+        if e in own or users[e] > 1 or kinds[u] == kinds[v] == "ib_switch" or u in ends or v in ends:
+            kept[e] = x
+    return engine.cluster.link_classes.resolve(kept)
