@@ -84,7 +84,8 @@ def test_space_of_layer_counts_is_enumerated_as_given(ctx):
     kinds = {(c.recompute, c.recompute_method, c.recompute_num_layers) for c in cands}
     assert kinds == {("none", "", 0), ("full", "block", 4), ("full", "block", 8)}
     assert add_block_recompute(ctx, cands, knobs) == cands
-    knobs = parse_knobs(fix=[*ONE_SHAPE, "training.recompute_method=uniform"], space=["training.recompute_num_layers=3,4"])
+    knobs = parse_knobs(fix=[*ONE_SHAPE, "training.recompute_method=uniform"],
+                        space=["training.recompute_num_layers=3,4"])
     cands, rejected = enumerate_space(ctx.facts, ctx.model_cfg, knobs, ctx.base_parallel)
     assert {c.recompute_num_layers for c in cands} == {4}
     assert any("must divide the layers of every pipeline stage" in r.reason for r in rejected)
