@@ -233,6 +233,8 @@ def run_search(scenario: Scenario, *, fix: Sequence[str] = (), space: Sequence[s
     unfit = sorted((e for e in estimates if not e.fits), key=lambda e: (e.memory_bytes, e.candidate))
     kind, base, _ = pick_baseline(ctx)
     given = given_plan(scenario, ctx.world)
+    if given is not None and check_plan(given, ctx.facts, ctx.model_cfg, ctx.base_parallel) is not None:
+        given = None  # e.g. the scenario's stages do not divide a model set with --set: no plan to compare
     chosen = [e.candidate for e in fit[:top_k]]
     for extra in (base, given):
         if extra is not None and extra not in chosen and ctx.estimate(extra).fits:

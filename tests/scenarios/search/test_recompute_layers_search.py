@@ -101,3 +101,18 @@ def test_flags_and_training_keys():
     assert sc.training["recompute_num_layers"] == 3
     cfg = c.config(32)
     assert (cfg.recompute_method, cfg.recompute_num_layers) == ("block", 3)
+
+
+def test_a_scenario_plan_the_model_cannot_take_is_left_out():
+    """The scenario's own plan with stages that do not divide the model's layers (a model set with --set):
+    the search runs without it instead of failing in the memory model."""
+    from scenarios.search.driver import run_search
+
+    sc = parse_scenario({"name": "odd", "system": {"name": "dgx-h100", "nodes": 1},
+                         "model": {"name": "llama3-8b", "num_layers": 3},
+                         "parallel": {"tensor_model_parallel_size": 4, "pipeline_model_parallel_size": 2},
+                         "training": {"global_batch_size": 8, "micro_batch_size": 1, "seq_length": 512}})
+    res = run_search(sc, fix=["parallel.tensor_model_parallel_size=8", "parallel.recompute_granularity=none",
+                              "training.micro_batch_size=1", "parallel.async_tp=false"],
+                     space=["parallel.pipeline_model_parallel_size=1"], top_k=1)
+    assert res.given is None and res.best is not None
