@@ -137,8 +137,11 @@ class Candidate:
 
     def training_section(self, base: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """The scenario's ``[training]`` table for this plan: ``base`` with the plan's micro-batch, its
-        FP8 recipe, and ``compile = true`` under async TP (torchtitan runs async TP only compiled)."""
-        out: dict[str, Any] = {**(base or {}), "micro_batch_size": self.mbs}
+        FP8 recipe, ``compile = true`` under async TP (torchtitan runs async TP only compiled) and its
+        recompute method (``base``'s is the scenario's plan's, not this one's)."""
+        out: dict[str, Any] = {k: v for k, v in (base or {}).items() if k not in ("recompute_method",
+                                                                                 "recompute_num_layers")}
+        out["micro_batch_size"] = self.mbs
         if self.fp8_recipe and self.fp8_recipe != out.get("fp8_recipe", DEFAULT_RECIPE):
             out["fp8_recipe"] = self.fp8_recipe
         if self.async_tp:

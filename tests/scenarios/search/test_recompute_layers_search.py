@@ -101,6 +101,9 @@ def test_flags_and_training_keys():
     assert sc.training["recompute_num_layers"] == 3
     cfg = c.config(32)
     assert (cfg.recompute_method, cfg.recompute_num_layers) == ("block", 3)
+    # the scenario's own method is its plan's, not another plan's
+    base = {"micro_batch_size": 1, "recompute_method": "uniform", "recompute_num_layers": 2}
+    assert "recompute_method" not in replace(PLAN, recompute="selective").training_section(base)
 
 
 def test_a_scenario_plan_the_model_cannot_take_is_left_out():
