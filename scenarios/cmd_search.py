@@ -20,7 +20,8 @@ parallel.expert_model_parallel_size, parallel.pipeline_model_parallel_size,
 parallel.virtual_pipeline_model_parallel_size, parallel.zero_stage, parallel.recompute_granularity,
 parallel.overlap_grad_reduce, parallel.overlap_param_gather, parallel.tp_comm_overlap, parallel.async_tp,
 parallel.rank_order, parallel.num_layers_in_first_pipeline_stage, parallel.num_layers_in_last_pipeline_stage
-(a layer count or none), training.micro_batch_size).
+(a layer count or none), training.micro_batch_size, training.recompute_method (uniform, block),
+training.recompute_num_layers).
 
 Exit status: 0 with a recommended plan; 2 for bad input (one line on stderr; also a space without a
 valid plan, naming the value at fault); 3 when no plan fits in

@@ -25,7 +25,7 @@ step-1 probe).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 from hwmodel.cluster import Cluster
@@ -36,6 +36,7 @@ from scenarios.analysis import breakdown
 from workload.parallel.builder import BuildResult, ModelTrace, RankBuilder, TracedOps, build_programs
 from workload.parallel.config import ParallelConfig
 from workload.parallel.placement import Layout
+from workload.parallel.recompute import not_recomputed
 
 PASSES = (("pre", "fwd"), ("block", "fwd"), ("post", "fwd"), ("post", "bwd"), ("block", "bwd"), ("pre", "bwd"))
 """The distinct layer passes step 1 times, as (part, phase)."""
@@ -76,11 +77,16 @@ def pass_profiles(trace: ModelTrace, cfg: ParallelConfig, topology, engine_facto
     placement = {r: gpus[r] for r in range(cfg.world_size)}
     per_vstage = cfg.stage_layers(trace.num_layers)
     out = {}
-    for part, phase in PASSES:
+    # Megatron's --recompute-method: layers outside every checkpoint run a backward without recomputation
+    plain = replace(cfg, recompute_granularity="none", recompute_method=None, recompute_num_layers=None)
+    extra = [("block", "bwd_plain")] if not_recomputed(cfg.recompute_method, cfg.recompute_num_layers, per_vstage) \
+        else []
+    for part, phase in [*PASSES, *extra]:
         programs = {}
         for r in ranks:
-            b = RankBuilder(r, trace=trace, config=cfg, layout=layout, ops=ops, stage_layers=per_vstage)
-            b.add_pass(part, phase, 0 if part == "block" else None)
+            b = RankBuilder(r, trace=trace, config=plain if phase == "bwd_plain" else cfg, layout=layout, ops=ops,
+                            stage_layers=per_vstage)
+            b.add_pass(part, "bwd" if phase == "bwd_plain" else phase, 0 if part == "block" else None)
             programs[r] = b.program
         if not any(p.tasks for p in programs.values()):
             out[(part, phase)] = PassProfile(0.0)
@@ -102,16 +108,19 @@ def pass_profiles(trace: ModelTrace, cfg: ParallelConfig, topology, engine_facto
 class _MacroOps:
     """Stands in for the traced ops: one macro task per (part, phase, block)."""
 
-    def __init__(self, trace: ModelTrace, times: dict[tuple[str, str], PassProfile]) -> None:
+    def __init__(self, trace: ModelTrace, times: dict[tuple[str, str], PassProfile], plain: set[int]) -> None:
         self.ops = TracedOps(trace)
         self.times = times
+        self.plain = plain
+        """Layers outside every checkpoint of Megatron's ``--recompute-method`` (their backward: ``bwd_plain``)."""
         self._cache: dict[tuple, list] = {}
 
     def get(self, part: str, phase: str, block: int | None = None) -> list:
         key = (part, phase, block)
         hit = self._cache.get(key)
         if hit is None:
-            prof = self.times.get((part, phase), PassProfile(0.0))
+            plain = part == "block" and phase == "bwd" and block in self.plain
+            prof = self.times.get((part, "bwd_plain" if plain else phase), PassProfile(0.0))
             real = [o for o in self.ops.get(part, phase, block) if isinstance(o, Compute)]
             layer = f"layers.{block}" if part == "block" else part
             hit = [Compute(f"{part}_{phase}", "macro", sum(o.flops for o in real),
@@ -125,6 +134,7 @@ def macro_programs(trace: ModelTrace, cfg: ParallelConfig, topology, engine_fact
                    host_launch_overhead_s: float, cost_model: KernelCostModel | None = None) -> BuildResult:
     """Representative-rank programs with macro layer passes (step 2); run them in symmetry mode."""
     profiles = pass_profiles(trace, cfg, topology, engine_factory, host_launch_overhead_s, cost_model)
-    res = build_programs(trace, cfg, ranks=Layout(cfg).representatives(), ops=_MacroOps(trace, profiles))
+    plain = not_recomputed(cfg.recompute_method, cfg.recompute_num_layers, cfg.stage_layers(trace.num_layers))
+    res = build_programs(trace, cfg, ranks=Layout(cfg).representatives(), ops=_MacroOps(trace, profiles, plain))
     res.info["pass_times_s"] = {f"{p}_{ph}": prof.time_s for (p, ph), prof in profiles.items()}
     return res

@@ -213,4 +213,6 @@ def _parallel_dict(cfg: Any) -> dict[str, Any]:
             "micro_batch_size": cfg.micro_batch_size, "global_batch_size": cfg.global_batch_size,
             "num_microbatches": cfg.num_microbatches, "schedule": cfg.schedule,
             "recompute_granularity": cfg.recompute_granularity, "sequence_parallel": cfg.sequence_parallel,
-            "zero_stage": cfg.effective_zero_stage}
+            "zero_stage": cfg.effective_zero_stage,
+            **({"recompute_method": cfg.recompute_method, "recompute_num_layers": cfg.recompute_num_layers}
+               if getattr(cfg, "recompute_method", None) else {})}

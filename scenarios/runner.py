@@ -40,7 +40,7 @@ from scenarios.hierarchical import macro_programs
 from scenarios.metrics import peak_dtype_for as peak_dtype_for  # re-exported, as scenario_path
 from scenarios.metrics import run_metrics
 from scenarios.notes import model_notes, parallel_notes, what_if_notes
-from scenarios.scenario import MAX_GPUS, MAX_NODES, Scenario
+from scenarios.scenario import MAX_GPUS, MAX_NODES, Scenario, parallel_kwargs
 from scenarios.user_code import check_trusted, load_factory
 from workload.allocator import with_framework
 from workload.custom import MODULE_KEYS, CustomModel
@@ -318,11 +318,7 @@ def prepare(scenario: Scenario) -> Prepared:
     gpu = system_gpu(system, base_dir)
     one_node = build_system(system["name"], 1, gpu_override=gpu, nic_override=system.get("nic"),
                             **node_shape_keys(system))
-    kw = dict(scenario.parallel)
-    kw["micro_batch_size"] = tr.get("micro_batch_size", 1)
-    if "global_batch_size" in tr:
-        kw["global_batch_size"] = tr["global_batch_size"]
-    cfg = ParallelConfig(**kw).resolve(nodes * one_node.num_gpus)
+    cfg = ParallelConfig(**parallel_kwargs(scenario.parallel, tr)).resolve(nodes * one_node.num_gpus)
     dtype = tr.get("dtype", "bf16")
     check_dtype(dtype, one_node.gpu_spec)
     check_fp8_keys(tr, cfg, one_node.gpu_spec)

@@ -42,7 +42,11 @@ SYSTEM_KEYS = {
     "gpus_per_node": int, "nics_per_node": int,
 }
 TRAINING_KEYS = {"global_batch_size": int, "micro_batch_size": int, "dtype": str, "seq_length": int,
-                 "compile": bool, "fp8_recipe": str, "fp8_param_gather": bool}
+                 "compile": bool, "fp8_recipe": str, "fp8_param_gather": bool, "recompute_method": str,
+                 "recompute_num_layers": int}
+TRAINING_PARALLEL_KEYS = ("micro_batch_size", "global_batch_size", "recompute_method", "recompute_num_layers")
+"""``[training]`` keys that are :class:`ParallelConfig` fields (Megatron-LM lists them among its training
+arguments); :func:`parallel_kwargs` joins them to ``[parallel]``."""
 SIMULATION_KEYS = {
     "fidelity": str, "mode": str, "host_launch_overhead_s": (int, float), "nccl_algo": str, "nccl_proto": str,
     "record_links": bool, "nccl_tuner_config": str, "calibration": str, "gpu_speed_spread": (int, float),
@@ -58,7 +62,7 @@ MODES = ("auto", "full", "symmetric", "hierarchical")
 DTYPES = tuple(TRAINING_DTYPES)
 """Training dtypes (:data:`hwmodel.dtypes.TRAINING_DTYPES`); fp8 is bf16 mixed precision with Transformer
 Engine FP8 Linear GEMMs (H100 and later)."""
-PARALLEL_KEYS = {f.name for f in dataclasses.fields(ParallelConfig)} - {"micro_batch_size", "global_batch_size"}
+PARALLEL_KEYS = {f.name for f in dataclasses.fields(ParallelConfig)} - set(TRAINING_PARALLEL_KEYS)
 SECTIONS = ("system", "model", "parallel", "training", "simulation", "name", "description")
 
 DEFAULT_SCENARIO = """
@@ -107,6 +111,15 @@ class Scenario:
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "description": self.description, "system": self.system, "model": self.model,
                 "parallel": self.parallel, "training": self.training, "simulation": self.simulation}
+
+
+def parallel_kwargs(parallel: dict[str, Any], training: dict[str, Any]) -> dict[str, Any]:
+    """The :class:`ParallelConfig` keywords of a scenario: ``[parallel]`` and the ``[training]`` keys that
+    are config fields (micro-batch 1 by default)."""
+    kw = dict(parallel)
+    kw["micro_batch_size"] = training.get("micro_batch_size", 1)
+    kw.update({k: training[k] for k in TRAINING_PARALLEL_KEYS[1:] if k in training})
+    return kw
 
 
 def _check_types(section: str, data: dict, spec: dict) -> None:
@@ -179,8 +192,8 @@ def parse_scenario(data: dict[str, Any], source: str = "") -> Scenario:
     _check_ranges(system, simulation)
     bad = sorted(set(parallel) - PARALLEL_KEYS)
     if bad:
-        hint = " (put micro_batch_size and global_batch_size in [training])" if set(bad) & {
-            "micro_batch_size", "global_batch_size"} else ""
+        moved = [k for k in TRAINING_PARALLEL_KEYS if k in bad]
+        hint = f" (put {' and '.join(moved)} in [training])" if moved else ""
         raise ValueError(f"[parallel] unknown key(s) {', '.join(bad)}{hint}; "
                          f"allowed: {', '.join(sorted(PARALLEL_KEYS))}")
     if "name" not in system:

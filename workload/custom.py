@@ -224,6 +224,10 @@ class CustomModel:
         if cfg.recompute_granularity in ("selective", "selective_op"):
             raise ValueError(f"[parallel] recompute_granularity = {cfg.recompute_granularity!r} is for the zoo "
                              f"transformers' layers; for {self.name}, a custom module, use 'none' or 'full'")
+        if cfg.recompute_method is not None:
+            raise ValueError(f"[training] recompute_method = {cfg.recompute_method!r} is for the zoo transformers' "
+                             f"layers (Megatron-LM's flag); for {self.name}, a custom module, unset it (every block "
+                             f"is recomputed under 'full')")
         if cfg.recompute_granularity == "full" and not any(True for _ in self.container.children()):
             raise ValueError(f"[parallel] recompute_granularity = 'full' re-runs each block's forward; "
                              f"{self.name} has no submodules to checkpoint: use 'none'")

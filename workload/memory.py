@@ -31,7 +31,8 @@ mask from the RNG state). A config without dropout fields gets Megatron's defaul
 :func:`activation_bytes_per_layer` computes the same decomposition for any MLP width, grouped-query
 attention, SwiGLU and top-k MoE; for GPT (4h GeLU MLP, MHA) it is exactly the paper's closed forms. With
 full recompute Table 2 lists ``2sbhL`` (no SP); with SP Megatron checkpoints the sequence-sharded layer
-input, so this module uses ``2sbh/t`` then.
+input, so this module uses ``2sbh/t`` then. Full recomputation of some layers only (Megatron-LM's
+``--recompute-method uniform|block``) stores per chunk what :mod:`workload.parallel.recompute` gives.
 
 **Pipeline** (§4.2.3): with 1F1B the first stage holds ``p`` micro-batches in flight, each over ``L/p``
 layers, i.e. ``L`` layers' worth regardless of ``p``; stage ``i`` holds ``p - i``. Uneven stages
@@ -94,6 +95,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workload.fp8 import FP8_WEIGHT_COPY_BYTES
+from workload.parallel.recompute import stage_chunks, stored_activations
+from workload.parallel.sac import op_sac_bytes
 
 RECOMPUTE_MODES = ("none", "selective", "full", "selective_op")
 """Activation recomputation: none, selective (attention core, Korthikanti §5), full (whole layer),
@@ -360,7 +363,7 @@ def activation_bytes_per_layer(seq_length: int, micro_batch_size: int, hidden_si
     q = a * head_dim if head_dim else h  # query / attention-output width
     kv = (num_query_groups or a) * head_dim if head_dim else h * (num_query_groups or a) / a
     if recompute == "selective_op":
-        return _op_sac_bytes(s * b, h, q, kv, f * moe_tokens_factor, a, t, sp, gated_mlp)
+        return op_sac_bytes(s * b, h, q, kv, f * moe_tokens_factor, a, t, sp, gated_mlp)
     gemm_in = 1.0 if fp8 else 2.0  # bytes per element of a saved FP8-GEMM input
     masks = 2.0 if hidden_dropout > 0 else 0.0  # two 1-byte hidden-dropout masks
     # layer-norm inputs 4, QKV and MLP inputs (norm outputs) 2 x gemm_in, dropout masks
@@ -378,20 +381,6 @@ def activation_bytes_per_layer(seq_length: int, micro_batch_size: int, hidden_si
     else:  # softmax output 2, attention-dropout mask 1 and output 2 (bytes per score)
         core = (5.0 if attention_dropout > 0 else 2.0) * a * s * s_full * b / t
     return replicated + split + core
-
-
-def _op_sac_bytes(tokens: float, h: int, q: float, kv: float, f: float, a: int, t: int, sp: int,
-                  gated_mlp: bool) -> float:
-    """Bytes one block keeps under torchtitan's per-op selective checkpointing (module docstring), for
-    ``tokens`` = s*b local tokens: the region's input, the odd-numbered ``mm`` outputs (wq, wv, the MLP's
-    first and, gated, its down projection), SDPA's output and fp32 log-sum-exp, and with TP the two
-    reduce-scatter outputs."""
-    layer_input = 2.0 * h / sp
-    mm_widths = [q / t, kv / t, kv / t, h, f / t] + ([f / t, h] if gated_mlp else [h])
-    kept_mm = sum(mm_widths[0::2])  # mm 1, 3, 5, 7: every second one is recomputed
-    sdpa = 2.0 * q / t + 4.0 * a / t
-    reduce_scatter = 2.0 * 2.0 * h / t if t > 1 else 0.0
-    return tokens * (layer_input + 2.0 * kept_mm + sdpa + reduce_scatter)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -541,11 +530,12 @@ def _layers_per_stage(m: TransformerShape, *, tp: int, pp: int, dp: int, cp: int
 
 
 # Over 80 lines by its docstring (one entry per argument); the argument checks are in _layers_per_stage,
-# and one_stage keeps the per-stage closed forms next to the values they share.
-def memory_per_gpu(model_cfg: Any, *, tp: int = 1, pp: int = 1, dp: int = 1, cp: int = 1, ep: int = 1,
+# and one_stage keeps the per-stage closed forms next to the values they share (hence C901: its branches).
+def memory_per_gpu(model_cfg: Any, *, tp: int = 1, pp: int = 1, dp: int = 1, cp: int = 1, ep: int = 1,  # noqa: C901
                    micro_batch_size: int = 1, num_microbatches_in_flight: int | None = None,
                    num_microbatches: int | None = None, virtual_pipeline_size: int = 1,
-                   sequence_parallel: bool = False, recompute: str = "none", zero_stage: int = 0,
+                   sequence_parallel: bool = False, recompute: str = "none", recompute_method: str | None = None,
+                   recompute_num_layers: int | None = None, zero_stage: int = 0,
                    param_bytes: int = 2, grad_bytes: int = 4, optimizer_bytes_per_param: int | None = None,
                    flash_attention: bool = False, fp8: bool = False, unfused_loss: bool = False,
                    stage: int | None = None, stage_layers: Sequence[int] | None = None) -> MemoryBreakdown:
@@ -563,6 +553,8 @@ def memory_per_gpu(model_cfg: Any, *, tp: int = 1, pp: int = 1, dp: int = 1, cp:
             first stage's activations grow by ``1 + (pp-1)/(pp*v)``.
         sequence_parallel: Megatron sequence parallelism (with tp > 1).
         recompute: ``none``, ``selective``, ``full`` or ``selective_op`` (torchtitan's per-op SAC).
+        recompute_method, recompute_num_layers: with ``full``, Megatron-LM's ``uniform`` / ``block`` over
+            each model chunk (:func:`workload.parallel.recompute.stored_activations`); unset: every layer.
         zero_stage: 0-3 (1: optimizer states, 2: + gradients, 3: + parameters sharded over dp*cp; 3 adds
             FSDP's gather buffers, :attr:`MemoryBreakdown.gather_buffers`).
         param_bytes: bytes per parameter (2 for bf16/fp16, 4 for fp32).
@@ -609,6 +601,7 @@ def memory_per_gpu(model_cfg: Any, *, tp: int = 1, pp: int = 1, dp: int = 1, cp:
     per_layer_act = layer_activations(recompute)
     # one layer rematerialised at a time during backward
     workspace = layer_activations("none") - per_layer_act if recompute != "none" else 0.0
+    k_layers = recompute == "full" and recompute_method is not None  # Megatron's --recompute-method
 
     in_flight_first = num_microbatches_in_flight if num_microbatches_in_flight is not None else pp
     if num_microbatches is not None:
@@ -635,7 +628,13 @@ def memory_per_gpu(model_cfg: Any, *, tp: int = 1, pp: int = 1, dp: int = 1, cp:
                 params += m.vocab_size * h / tp
         # activations
         in_flight = max(1, in_flight_first - i)
-        act = per_layer_act * layers * in_flight
+        act, stage_workspace = per_layer_act * layers * in_flight, workspace
+        if k_layers:  # checkpointed groups per model chunk
+            chunks = stage_chunks(stage_layers, pp, virtual_pipeline_size, i, layers)
+            stored, stage_workspace = stored_activations(recompute_method, recompute_num_layers, chunks,
+                                                         full_layer_bytes=layer_activations("none"),
+                                                         input_bytes=per_layer_act)
+            act = stored * in_flight
         if i == 0 and virtual_pipeline_size > 1 and pp > 1:
             act *= 1 + (pp - 1) / (pp * virtual_pipeline_size)
         extra = 0.0
@@ -663,7 +662,7 @@ def memory_per_gpu(model_cfg: Any, *, tp: int = 1, pp: int = 1, dp: int = 1, cp:
             gradients=sharded(grad_bytes, zero_stage >= 2),
             optimizer_states=sharded(opt_bytes, zero_stage >= 1),
             activations=act + extra,
-            workspace=workspace,
+            workspace=stage_workspace,
             fp8_weights=fp8_copies,
             gather_buffers=_gather_buffers(counts, m, tp=tp, ep=ep, param_bytes=param_bytes,
                                            grad_bytes=grad_bytes) if zero_stage >= 3 and shard > 1 else 0.0,

@@ -20,7 +20,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from scenarios.scenario import Scenario
+from scenarios.scenario import Scenario, parallel_kwargs
 from scenarios.search.screen import Estimate, ScreenContext
 from scenarios.search.simulate import simulate_plans
 from scenarios.search.space import (
@@ -90,12 +90,8 @@ class SearchResult:
 
 def given_plan(scenario: Scenario, world: int) -> Candidate | None:
     """The scenario's own ``[parallel]`` plan as a :class:`Candidate` (``None`` if it is not valid)."""
-    kw = dict(scenario.parallel)
-    kw["micro_batch_size"] = scenario.training.get("micro_batch_size", 1)
-    if "global_batch_size" in scenario.training:
-        kw["global_batch_size"] = scenario.training["global_batch_size"]
     try:
-        cfg = ParallelConfig(**kw).resolve(world)
+        cfg = ParallelConfig(**parallel_kwargs(scenario.parallel, scenario.training)).resolve(world)
     except (ValueError, TypeError):
         return None
     return normalise(Candidate(
@@ -105,8 +101,39 @@ def given_plan(scenario: Scenario, world: int) -> Candidate | None:
         tp_comm_overlap=cfg.tp_comm_overlap, async_tp=cfg.async_tp, rank_order=cfg.rank_order,
         first_layers=cfg.num_layers_in_first_pipeline_stage or 0,
         last_layers=cfg.num_layers_in_last_pipeline_stage or 0, zero_impl=cfg.zero_impl,
+        recompute_method=cfg.recompute_method or "", recompute_num_layers=cfg.recompute_num_layers or 0,
         fp8_recipe=scenario.training.get("fp8_recipe", DEFAULT_RECIPE) if scenario.training.get("dtype") == "fp8"
         else ""))
+
+
+def add_block_recompute(ctx: ScreenContext, cands: list[Candidate], knobs: dict[str, list[Any]]) -> list[Candidate]:
+    """``cands`` with Megatron's ``--recompute-method block`` plans: memory falls and time grows with the
+    layers recomputed (none ... every layer), so per full-recompute plan that fits the best block plan is
+    the one with the fewest layers that fits -- added where the plan without recomputation does not fit
+    (or, with ``training.recompute_method=block`` named, always, and the other plans dropped). A
+    ``training.recompute_num_layers`` named by ``--fix``/``--space`` was enumerated as given instead."""
+    if "recompute_num_layers" in knobs:
+        return cands
+    asked = "recompute_method" in knobs
+    seen = set(cands)
+    out = [c for c in cands if not asked or c.recompute_method in knobs["recompute_method"]]
+    for c in cands:
+        if c.recompute != "full" or c.recompute_method or c.zero_impl == "deepspeed" or ctx.oom_reason(ctx.memory(c)):
+            continue
+        if not asked and not ctx.oom_reason(ctx.memory(replace(c, recompute="none"))):
+            continue
+        lo, hi = 1, max(ctx.stage_layers(c)) - 1  # the fewest layers that fit, by bisection
+        if hi < 1 or ctx.oom_reason(ctx.memory(replace(c, recompute_method="block", recompute_num_layers=hi))):
+            continue
+        while lo < hi:
+            mid = (lo + hi) // 2
+            fits = not ctx.oom_reason(ctx.memory(replace(c, recompute_method="block", recompute_num_layers=mid)))
+            lo, hi = (lo, mid) if fits else (mid + 1, hi)
+        block = replace(c, recompute_method="block", recompute_num_layers=lo)
+        if block not in seen and check_plan(block, ctx.facts, ctx.model_cfg, ctx.base_parallel) is None:
+            seen.add(block)
+            out.append(block)
+    return out
 
 
 def baseline_plans(ctx: ScreenContext) -> list[tuple[str, Candidate]]:
@@ -187,6 +214,7 @@ def run_search(scenario: Scenario, *, fix: Sequence[str] = (), space: Sequence[s
     ctx = context or ScreenContext(scenario)
     t_enum = time.perf_counter()
     cands, rejections = enumerate_space(ctx.facts, ctx.model_cfg, knobs, ctx.base_parallel)
+    cands = add_block_recompute(ctx, cands, knobs)
     enumerate_s = time.perf_counter() - t_enum
     if not cands:  # bad input (exit 2), not a memory verdict
         if not rejections:  # the values given leave no factorisation of the cluster
@@ -205,6 +233,8 @@ def run_search(scenario: Scenario, *, fix: Sequence[str] = (), space: Sequence[s
     unfit = sorted((e for e in estimates if not e.fits), key=lambda e: (e.memory_bytes, e.candidate))
     kind, base, _ = pick_baseline(ctx)
     given = given_plan(scenario, ctx.world)
+    if given is not None and check_plan(given, ctx.facts, ctx.model_cfg, ctx.base_parallel) is not None:
+        given = None  # e.g. the scenario's stages do not divide a model set with --set: no plan to compare
     chosen = [e.candidate for e in fit[:top_k]]
     for extra in (base, given):
         if extra is not None and extra not in chosen and ctx.estimate(extra).fits:

@@ -42,6 +42,7 @@ from hwmodel.nccl.tuner_config import TunerConfigError, load_tuner_config
 from scenarios.metrics import peak_dtype_for
 from scenarios.runner import build_model_config, build_topology, check_dtype, memory_of, system_gpu
 from scenarios.scenario import Scenario
+from scenarios.search.estimate import Estimate
 from scenarios.search.screen_deepspeed import deepspeed_passes_s, hook_segments
 from scenarios.search.space import Candidate, ModelFacts
 from workload.custom import CustomModel
@@ -59,50 +60,12 @@ from workload.parallel.config import ParallelConfig
 from workload.parallel.optimizer import ADAM_BYTES_PER_PARAM, ADAM_FLOPS_PER_PARAM
 from workload.parallel.placement import Layout
 from workload.parallel.rank_trace import trace_rank
+from workload.parallel.recompute import recomputed_layers
 from workload.parallel.sac import op_sac_recomputed
 from workload.parallel.tp_overlap import Pipelined, n_chunks, pair_collectives
 from workload.zoo.gpt import sc21_flops_per_iteration as megatron_flops_per_iteration
 
 DEFAULT_BUCKET_BYTES = ParallelConfig().grad_bucket_size_bytes
-
-
-@dataclass(frozen=True)
-class Estimate:
-    """The screen's verdict on one plan (seconds, bytes; ``nan`` times for a plan that does not fit)."""
-
-    candidate: Candidate
-    iteration_time_s: float
-    compute_s: float
-    bubble_s: float
-    exposed_comm_s: float
-    memory_bytes: float
-    hbm_bytes: float
-    oom_reason: str = ""
-    """Empty when the plan fits; else one line: by how much, and the largest term."""
-    tokens_per_s_per_gpu: float = math.nan
-    mfu: float = math.nan
-    memory: MemoryBreakdown | None = field(default=None, compare=False, repr=False)
-
-    @property
-    def fits(self) -> bool:
-        return not self.oom_reason
-
-    @property
-    def headroom_bytes(self) -> float:
-        return self.hbm_bytes - self.memory_bytes
-
-    def to_dict(self) -> dict[str, Any]:
-        c = self.candidate
-        return {"plan": c.to_dict(), "megatron_flags": c.megatron_flags(), "label": c.short(),
-                "screen_iteration_time_s": _num(self.iteration_time_s), "screen_compute_s": _num(self.compute_s),
-                "screen_bubble_s": _num(self.bubble_s), "screen_exposed_comm_s": _num(self.exposed_comm_s),
-                "memory_bytes": self.memory_bytes, "headroom_bytes": self.headroom_bytes,
-                "fits": self.fits, "oom_reason": self.oom_reason,
-                "screen_tokens_per_s_per_gpu": _num(self.tokens_per_s_per_gpu), "screen_mfu": _num(self.mfu)}
-
-
-def _num(x: float) -> float | None:
-    return None if x is None or math.isnan(x) else x
 
 
 @dataclass(frozen=True)
@@ -353,7 +316,7 @@ class ScreenContext:
         verdict (:meth:`oom_reason`) is ``run``'s on every plan."""
         m = self.global_batch_size // (c.mbs * c.dp)
         key = (c.tp, c.cp, c.ep, c.pp, c.vpp, c.dp, c.sp, c.zero, c.zero_impl, c.mbs, c.recompute, m, c.first_layers,
-               c.last_layers, c.fp8_recipe)
+               c.last_layers, c.fp8_recipe, c.recompute_method, c.recompute_num_layers)
         hit = self._memory.get(key)
         if hit is None:
             cfg = c.config(self.global_batch_size, self.base_parallel)
@@ -478,6 +441,8 @@ class _StageTimes:
         self.blk_b += rc
         self.blk_f += self._ring_exposed("fwd")
         self.blk_b += self._ring_exposed("bwd") * (2 if c.recompute == "full" else 1)
+        self.rc_layer = rc + (self._ring_exposed("bwd") if c.recompute == "full" else 0.0)
+        """One layer's recomputation (seconds), of which Megatron's ``--recompute-method`` skips some layers."""
         eb = ctx.eb
         self.eb = eb
         # without SP the received 1/tp activation slices are all-gathered over TP before use
@@ -586,6 +551,10 @@ class _StageTimes:
         ctx, sc, g = self.ctx, self.sc, self.g
         f, b = Ls * self.blk_f, Ls * self.blk_b
         cf, cb = Ls * self.blk_cf, Ls * (self.blk_cb + self.rc_compute)
+        if self.c.recompute_method:  # the layers outside every checkpoint re-run nothing
+            v = self.c.vpp
+            skip = Ls - recomputed_layers(self.c.recompute_method, self.c.recompute_num_layers, [Ls // v] * v)
+            b, cb = b - skip * self.rc_layer, cb - skip * self.rc_compute
         for part, here in (("pre", first), ("post", last)):
             if not here:
                 continue

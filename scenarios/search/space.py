@@ -34,11 +34,17 @@ Knobs, named as scenario keys (``section.key``):
 ``training.micro_batch_size``                  1, 2, 4
 ``training.fp8_recipe``                        dtype fp8 only (else bad input): delayed, tensorwise, rowwise,
                                                mxfp8 (those the GPU runs); default: the scenario's
+``training.recompute_method``                  with full recomputation: uniform, block (Megatron-LM's
+                                               ``--recompute-method``); default: block where it helps, below
+``training.recompute_num_layers``              its ``--recompute-num-layers`` (block: 0 = none)
 =============================================  ===============================================
 
-Recomputation of only ``k`` layers (Megatron's ``--recompute-method block --recompute-num-layers k``)
-is not a knob: the workload has no such setting (``recompute_granularity`` is none, selective, full or
-selective_op).
+Full recomputation of ``k`` layers per stage (``--recompute-method block --recompute-num-layers k``)
+is between none and full in both time and memory, so by default the search adds, per plan shape whose
+plan without recomputation does not fit but whose full-recompute plan does, the block plan with the
+fewest layers that fits (:func:`scenarios.search.driver.add_block_recompute`). Naming
+``training.recompute_num_layers`` with ``--space``/``--fix`` replaces that with the values given (method
+block unless ``training.recompute_method`` says uniform).
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ from typing import Any
 
 from workload.fp8 import DEFAULT_RECIPE, RECIPES
 from workload.parallel.config import AXES, RECOMPUTE_ALL, ZERO_IMPLS, ParallelConfig
+from workload.parallel.recompute import RECOMPUTE_METHODS
 
 KNOBS: dict[str, str] = {
     "parallel.tensor_model_parallel_size": "tp",
@@ -72,11 +79,13 @@ KNOBS: dict[str, str] = {
     "training.micro_batch_size": "mbs",
     "parallel.zero_impl": "zero_impl",
     "training.fp8_recipe": "fp8_recipe",
+    "training.recompute_method": "recompute_method",
+    "training.recompute_num_layers": "recompute_num_layers",
 }
 """``--fix``/``--space`` key -> :class:`Candidate` field."""
 
 BOOL_KNOBS = ("sp", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "async_tp")
-INT_KNOBS = ("tp", "cp", "ep", "pp", "vpp", "zero", "mbs")
+INT_KNOBS = ("tp", "cp", "ep", "pp", "vpp", "zero", "mbs", "recompute_num_layers")
 STAGE_KNOBS = ("first_layers", "last_layers")
 """Layers on the first / last pipeline stage; 0 (``none`` on the command line) = an even split."""
 DEFAULT_RANK_ORDER = ParallelConfig().rank_order
@@ -117,6 +126,10 @@ class Candidate:
     """Which ZeRO-3 runs (``ParallelConfig.zero_impl``): ``deepspeed`` only with ``zero = 3``."""
     fp8_recipe: str = ""
     """``[training] fp8_recipe`` of an FP8 run; ``""``: the scenario's (or not FP8 training)."""
+    recompute_method: str = ""
+    """With ``recompute = "full"``: Megatron's ``uniform`` or ``block``; ``""``: every layer."""
+    recompute_num_layers: int = 0
+    """With ``recompute_method``: Megatron's ``--recompute-num-layers``."""
 
     @property
     def schedule(self) -> str:
@@ -124,12 +137,17 @@ class Candidate:
 
     def training_section(self, base: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """The scenario's ``[training]`` table for this plan: ``base`` with the plan's micro-batch, its
-        FP8 recipe, and ``compile = true`` under async TP (torchtitan runs async TP only compiled)."""
-        out: dict[str, Any] = {**(base or {}), "micro_batch_size": self.mbs}
+        FP8 recipe, ``compile = true`` under async TP (torchtitan runs async TP only compiled) and its
+        recompute method (``base``'s is the scenario's plan's, not this one's)."""
+        out: dict[str, Any] = {k: v for k, v in (base or {}).items() if k not in ("recompute_method",
+                                                                                 "recompute_num_layers")}
+        out["micro_batch_size"] = self.mbs
         if self.fp8_recipe and self.fp8_recipe != out.get("fp8_recipe", DEFAULT_RECIPE):
             out["fp8_recipe"] = self.fp8_recipe
         if self.async_tp:
             out["compile"] = True
+        if self.recompute_method:
+            out.update(recompute_method=self.recompute_method, recompute_num_layers=self.recompute_num_layers)
         return out
 
     def parallel_section(self, base: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -169,8 +187,10 @@ class Candidate:
     def config(self, global_batch_size: int, base: Mapping[str, Any] | None = None) -> ParallelConfig:
         """The resolved :class:`ParallelConfig` (raises its ``ValueError`` when the plan is invalid)."""
         kw = self.parallel_section(base)
-        return ParallelConfig(**kw, micro_batch_size=self.mbs, global_batch_size=global_batch_size).resolve(
-            self.tp * self.cp * self.pp * self.dp)
+        return ParallelConfig(**kw, micro_batch_size=self.mbs, global_batch_size=global_batch_size,
+                              recompute_method=self.recompute_method or None,
+                              recompute_num_layers=self.recompute_num_layers if self.recompute_method else None
+                              ).resolve(self.tp * self.cp * self.pp * self.dp)
 
     def megatron_flags(self) -> str:
         """The plan as Megatron-LM command-line flags (``--use-torch-fsdp2`` for ZeRO-3; async TP, which
@@ -202,7 +222,9 @@ class Candidate:
         if self.fp8_recipe:
             f.append(f"--fp8-recipe {self.fp8_recipe}")
         if self.recompute != "none":
-            f.append(f"--recompute-granularity {self.recompute}")
+            f.append(f"--recompute-granularity {self.recompute}" + (
+                f" --recompute-method {self.recompute_method} --recompute-num-layers {self.recompute_num_layers}"
+                if self.recompute_method else ""))
         f += [flag for on, flag in ((self.overlap_grad_reduce, "--overlap-grad-reduce"),
                                     (self.overlap_param_gather, "--overlap-param-gather"),
                                     (self.tp_comm_overlap, "--tp-comm-overlap"),
@@ -227,7 +249,8 @@ class Candidate:
         parts.append(f"DP{self.dp}")
         parts.append(("DSZ3" if self.zero_impl == "deepspeed" else "FSDP") if self.zero == 3 else f"Z{self.zero}")
         parts.append(f"mbs{self.mbs}")
-        parts.append({"none": "norc", "selective": "sel", "full": "full", "selective_op": "sac"}[self.recompute])
+        parts.append({"none": "norc", "selective": "sel", "full": "full", "selective_op": "sac"}[self.recompute]
+                     + (f"-{self.recompute_method}{self.recompute_num_layers}" if self.recompute_method else ""))
         if self.overlap_grad_reduce:
             parts.append("ogr")
         if self.overlap_param_gather:
@@ -300,6 +323,8 @@ def default_values(f: ModelFacts) -> dict[str, list[Any]]:
         "mbs": list(MICRO_BATCH_SIZES),
         "zero_impl": [f.zero_impl],
         "fp8_recipe": [f.training.get("fp8_recipe", DEFAULT_RECIPE)] if f.training.get("dtype") == "fp8" else [""],
+        "recompute_method": [""],
+        "recompute_num_layers": [0],
     }
 
 
@@ -328,7 +353,7 @@ def _parse_value(field: str, raw: str, key: str) -> Any:
             raise ValueError(f"{key}: {raw!r} is not an integer") from None
         if field == "zero" and v not in (0, 1, 2, 3):
             raise ValueError(f"{key}: {v} is not a ZeRO stage; allowed: 0, 1, 2, 3")
-        if v < 1 and field != "zero":
+        if v < 1 and field not in ("zero", "recompute_num_layers") or v < 0:
             raise ValueError(f"{key}: {v} must be a positive integer")
         return v
     if field in STAGE_KNOBS:
@@ -346,7 +371,8 @@ def _parse_value(field: str, raw: str, key: str) -> Any:
             raise ValueError(f"{key}: {raw!r} is not an order of the axes; allowed: a permutation of "
                              f"{'-'.join(AXES)}, e.g. {', '.join(RANK_ORDERS)}")
         return raw
-    allowed = {"recompute": RECOMPUTE_ALL, "zero_impl": ZERO_IMPLS, "fp8_recipe": tuple(RECIPES)}[field]
+    allowed = {"recompute": RECOMPUTE_ALL, "zero_impl": ZERO_IMPLS, "fp8_recipe": tuple(RECIPES),
+               "recompute_method": RECOMPUTE_METHODS}[field]
     if raw not in allowed:
         raise ValueError(f"{key}: unknown value {raw!r}; allowed: {', '.join(allowed)}")
     return raw
@@ -379,7 +405,10 @@ def satisfies(c: Candidate, knobs: Mapping[str, list[Any]]) -> bool:
     """Whether ``c`` takes one of the allowed values of every knob that ``--fix``/``--space`` names (a rank
     order that lays every rank out alike counts as the same)."""
     for f, vals in knobs.items():
-        if f == "rank_order":
+        if f in ("recompute_method", "recompute_num_layers"):
+            if not recompute_wanted(c, knobs):
+                return False
+        elif f == "rank_order":
             if not any(_effective_order(c, o) == _effective_order(c, c.rank_order) for o in vals):
                 return False
         elif getattr(c, f) not in vals:
@@ -419,6 +448,12 @@ def normalise(c: Candidate, keep_rank_order: bool = False) -> Candidate:
         c = replace(c, overlap_grad_reduce=False)
     if c.zero != 3 and c.zero_impl != "megatron":  # zero_impl says only how ZeRO-3 runs
         c = replace(c, zero_impl="megatron")
+    if c.recompute_method and c.recompute != "full":  # the method applies to full recomputation only
+        c = replace(c, recompute_method="", recompute_num_layers=0)
+    elif c.recompute_method == "block" and c.recompute_num_layers == 0:  # no layer checkpointed
+        c = replace(c, recompute="none", recompute_method="", recompute_num_layers=0)
+    elif c.recompute_method == "uniform" and c.recompute_num_layers == 1:  # every layer: the default
+        c = replace(c, recompute_method="", recompute_num_layers=0)
     if not c.sp and (c.tp_comm_overlap or c.async_tp):
         return c  # left for the config's reason (TP overlap needs sequence parallelism)
     if not keep_rank_order and c.rank_order != DEFAULT_RANK_ORDER and _effective_order(
@@ -446,9 +481,11 @@ def enumerate_space(facts: ModelFacts, model_cfg: Any, knobs: Mapping[str, list[
     values.update(knobs or {})
     if facts.num_experts <= 1 and "ep" not in (knobs or {}):
         values["ep"] = [1]
+    _recompute_values(values, knobs or {})
     outer = ("tp", "sp", "cp", "ep", "pp", "vpp", "zero", "mbs", "overlap_param_gather", "first_layers", "last_layers",
              "zero_impl", "fp8_recipe")
-    inner = ("recompute", "overlap_grad_reduce", "tp_comm_overlap", "async_tp", "rank_order")
+    inner = ("recompute", "overlap_grad_reduce", "tp_comm_overlap", "async_tp", "rank_order", "recompute_method",
+             "recompute_num_layers")
     # a rank order pinned by --fix is kept where it lays ranks out like the default, so it is emitted and shown
     pinned_order = "rank_order" in (knobs or {}) and len(values["rank_order"]) == 1
     seen: set[Candidate] = set()
@@ -487,7 +524,8 @@ def enumerate_space(facts: ModelFacts, model_cfg: Any, knobs: Mapping[str, list[
             seen.add(c)
             # what validity depends on (a rank order, checked when parsed, never makes a plan invalid)
             key = (c.tp, c.sp, c.cp, c.ep, c.pp, c.vpp, c.dp, c.zero, c.mbs, c.overlap_param_gather,
-                   c.tp_comm_overlap, c.async_tp, c.first_layers, c.last_layers, c.zero_impl, c.fp8_recipe)
+                   c.tp_comm_overlap, c.async_tp, c.first_layers, c.last_layers, c.zero_impl, c.fp8_recipe,
+                   c.recompute_method, c.recompute_num_layers)
             if key not in check_cache:
                 check_cache[key] = check_plan(c, facts, model_cfg, base_parallel)
             why = check_cache[key]
@@ -497,6 +535,28 @@ def enumerate_space(facts: ModelFacts, model_cfg: Any, knobs: Mapping[str, list[
                 reasons.setdefault(why, [0, c])[0] += 1
     rejections = sorted((Rejection(r, n, ex) for r, (n, ex) in reasons.items()), key=lambda r: (-r.count, r.reason))
     return valid, rejections
+
+
+def _recompute_values(values: dict[str, list[Any]], knobs: Mapping[str, list[Any]]) -> None:
+    """The recompute knobs' values to enumerate: a method or layer count asked for implies full
+    recomputation, a layer count alone the block method; without a layer count every full plan
+    checkpoints every layer (the driver adds the block plans, :func:`scenarios.search.driver.add_block_recompute`)."""
+    if ("recompute_method" in knobs or "recompute_num_layers" in knobs) and "recompute" not in knobs:
+        values["recompute"] = ["full"]
+    if "recompute_num_layers" not in knobs:
+        values["recompute_method"] = [""]
+    elif "recompute_method" not in knobs:
+        values["recompute_method"] = ["block"]
+
+
+def recompute_wanted(c: Candidate, knobs: Mapping[str, list[Any]]) -> bool:
+    """Whether ``c`` takes the recompute method and layer count ``--fix``/``--space`` name (block over 0
+    layers is the plan without recomputation)."""
+    methods, layers = knobs.get("recompute_method"), knobs.get("recompute_num_layers")
+    if c.recompute == "none" and layers is not None and 0 in layers and "block" in (methods or ["block"]):
+        return True
+    return (methods is None or c.recompute_method in methods) and (
+        layers is None or bool(c.recompute_method) and c.recompute_num_layers in layers)
 
 
 def _folded_shape(shape: Mapping[str, Any], dp: int, values: Mapping[str, list[Any]], impl_asked: bool) -> bool:
@@ -526,6 +586,13 @@ def check_knobs(facts: ModelFacts, knobs: Mapping[str, list[Any]]) -> None:
     if impls and "megatron" not in impls and 3 not in stages:
         raise ValueError(f"parallel.zero_impl={','.join(impls)} is DeepSpeed's ZeRO stage 3: it needs "
                          f"parallel.zero_stage=3, got {','.join(map(str, stages))}")
+    methods = knobs.get("recompute_method", ())
+    if (methods or "recompute_num_layers" in knobs) and "full" not in knobs.get("recompute", ["full"]):
+        raise ValueError("training.recompute_method / training.recompute_num_layers need "
+                         "parallel.recompute_granularity=full (Megatron-LM's --recompute-method)")
+    if "uniform" in methods and "recompute_num_layers" not in knobs:
+        raise ValueError("training.recompute_method=uniform needs training.recompute_num_layers (--fix or --space): "
+                         "its group size")
     if knobs.get("async_tp") == [True] and knobs.get("tp_comm_overlap") == [True]:
         raise ValueError("parallel.async_tp=true (torchtitan) conflicts with parallel.tp_comm_overlap=true "
                          "(Megatron-Core); choose one")

@@ -49,6 +49,7 @@ from workload.parallel.config import DDP_BUCKET_ELEMENTS_PER_DP_RANK, ParallelCo
 from workload.parallel.deepspeed_zero import DeepSpeedStage3
 from workload.parallel.optimizer import fused_adam, optimizer_kernel
 from workload.parallel.placement import Layout
+from workload.parallel.recompute import rerun_before_backward
 from workload.parallel.sac import op_sac_recomputed
 from workload.parallel.schedules import schedule
 from workload.parallel.tp import COLLECTIVE_PREFIX
@@ -450,6 +451,7 @@ class RankBuilder:
             deps = []
             self._gradients_done("post", self.t.params_post, last_mb)
         layers = list(self.chunk_layers(chunk))
+        rerun = rerun_before_backward(self.cfg.recompute_method, self.cfg.recompute_num_layers, layers)
         prev_prev = None
         for layer in reversed(layers):
             d = list(deps)
@@ -460,7 +462,7 @@ class RankBuilder:
                 self.emit(kernels, d)
                 d = []
             if not self.macro:
-                d = self.recompute(layer, d)
+                d = self.recompute(layer, d, rerun.get(layer, ()))
             self.emit(self.ops.get("block", "bwd", layer), d, blocks=True)
             prev_prev = before
             deps = []
@@ -490,14 +492,15 @@ class RankBuilder:
                             name="pp_gather"), "compute", deps)
         return []
 
-    def recompute(self, layer: int, deps: list) -> list:
-        """Activation recomputation before a layer's backward: the whole forward (full, including its
-        TP collectives), the attention core (selective: Korthikanti et al. 2022 §5) or torchtitan's
-        per-op SAC's re-run kernels (selective_op); returns the dependencies still to honour."""
+    def recompute(self, layer: int, deps: list, rerun: list[int] | tuple[int, ...] | None = None) -> list:
+        """Recomputation before a layer's backward: the forward of the layers ``rerun`` (full, TP collectives
+        in; default the layer, :func:`workload.parallel.recompute.rerun_before_backward`), the attention core
+        (selective: Korthikanti §5) or per-op SAC's kernels (selective_op); returns the deps still to honour."""
         g = self.cfg.recompute_granularity
         if g == "none":
             return deps
-        fwd = self.ops.get("block", "fwd", layer)
+        layers = rerun if g == "full" and rerun is not None else (layer,)
+        fwd = [o for i in layers for o in self.ops.get("block", "fwd", i)]
         if g == "selective":
             fwd = [replace(o, name=f"recompute:{o.name}") for o in fwd
                    if isinstance(o, Compute) and o.kind in SELECTIVE_KINDS and o.layer.endswith(".attn")]

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from workload.parallel.recompute import check_chunks, check_recompute_keys, recomputed_layers
+
 RECOMPUTE = ("none", "selective", "full")
 """Megatron-LM's ``--recompute-granularity`` (and none); the strategy search explores these."""
 RECOMPUTE_ALL = (*RECOMPUTE, "selective_op")
@@ -52,6 +54,13 @@ class ParallelConfig:
     recompute_granularity: str = "none"
     """none, selective (attention core only), full (every layer's forward re-run) or selective_op
     (torchtitan's per-op SAC: every second GEMM and the non-GEMM kernels re-run)."""
+    recompute_method: str | None = None
+    """With ``recompute_granularity = "full"``, Megatron-LM's ``--recompute-method``: ``uniform``
+    (checkpoints of ``recompute_num_layers`` consecutive layers) or ``block`` (only the first
+    ``recompute_num_layers`` layers of each pipeline stage's chunk); unset: every layer
+    (:mod:`workload.parallel.recompute`). A ``[training]`` key of a scenario, as Megatron's flag is."""
+    recompute_num_layers: int | None = None
+    """Megatron-LM's ``--recompute-num-layers``, with ``recompute_method``."""
     zero_stage: int = 0
     """0: DDP; 1: distributed optimizer (optimizer states sharded); 2: + gradients; 3: + parameters."""
     use_distributed_optimizer: bool = False
@@ -198,6 +207,8 @@ class ParallelConfig:
             raise ValueError(f"rank_order {self.rank_order!r} must be a permutation of {'-'.join(AXES)}")
 
     def _check_combinations(self) -> None:  # noqa: C901 -- a flat list of independent conflict checks
+        check_recompute_keys(self.recompute_granularity, self.recompute_method, self.recompute_num_layers,
+                             zero_impl=self.zero_impl)
         if self.fsdp and self.zero_stage not in (0, 3):
             raise ValueError(f"fsdp=true is ZeRO stage 3; it conflicts with zero_stage={self.zero_stage}")
         if self.fsdp and self.use_distributed_optimizer:
@@ -307,7 +318,15 @@ class ParallelConfig:
             raise ValueError(f"expert_model_parallel_size={self.ep} must divide num_moe_experts={experts}")
         layers = getattr(model, "num_layers", None)
         if layers:
-            self.stage_layers(layers)
+            check_chunks(self.recompute_method, self.recompute_num_layers, self.stage_layers(layers))
+
+    def recomputed_layer_fraction(self, num_layers: int) -> float:
+        """The share of the ``num_layers`` layers whose forward full recomputation re-runs: 1 without
+        ``recompute_method`` (every layer), else what ``uniform``/``block`` select per model chunk."""
+        if self.recompute_method is None or self.recompute_num_layers is None:
+            return 1.0
+        return recomputed_layers(self.recompute_method, self.recompute_num_layers,
+                                 self.stage_layers(num_layers)) / num_layers
 
     def stage_layers(self, num_layers: int) -> list[int]:
         """Layers per pipeline stage (per model chunk when interleaved: ``len == pp * vpp``).

@@ -58,4 +58,18 @@ def op_sac_recomputed(block_fwd: Iterable[T]) -> list[T]:
     return out
 
 
-__all__ = ["KEPT_COLLECTIVES", "KEPT_KINDS", "op_sac_recomputed"]
+def op_sac_bytes(tokens: float, h: int, q: float, kv: float, f: float, a: int, t: int, sp: int,
+                 gated_mlp: bool) -> float:
+    """Bytes one block keeps under torchtitan's per-op selective checkpointing (:mod:`workload.memory`'s
+    docstring), for ``tokens`` = s*b local tokens: the region's input, the odd-numbered ``mm`` outputs (wq,
+    wv, the MLP's first and, gated, its down projection), SDPA's output and fp32 log-sum-exp, and with TP
+    the two reduce-scatter outputs."""
+    layer_input = 2.0 * h / sp
+    mm_widths = [q / t, kv / t, kv / t, h, f / t] + ([f / t, h] if gated_mlp else [h])
+    kept_mm = sum(mm_widths[0::2])  # mm 1, 3, 5, 7: every second one is recomputed
+    sdpa = 2.0 * q / t + 4.0 * a / t
+    reduce_scatter = 2.0 * 2.0 * h / t if t > 1 else 0.0
+    return tokens * (layer_input + 2.0 * kept_mm + sdpa + reduce_scatter)
+
+
+__all__ = ["KEPT_COLLECTIVES", "KEPT_KINDS", "op_sac_bytes", "op_sac_recomputed"]

@@ -194,6 +194,8 @@ def traced_flops(parallel: ParallelConfig, graph: Any) -> Flops:
     model = per_mb * shards * parallel.num_microbatches * parallel.dp
     granularity = parallel.recompute_granularity
     extra = g.recompute_flops(granularity) if granularity != "none" else 0.0
+    if granularity == "full" and g.num_blocks:  # Megatron's --recompute-method: only some layers
+        extra *= parallel.recomputed_layer_fraction(g.num_blocks)
     hw = (per_mb + extra) * shards * parallel.num_microbatches * parallel.dp
     return Flops(model, hw, TRACED_FLOPS_FORMULA)
 
@@ -208,7 +210,8 @@ def transformer_memory(cfg: Any, parallel: ParallelConfig, dtype: str) -> Memory
     mem = memory_per_gpu(
         cfg, tp=p.tp, pp=p.pp, dp=p.dp, cp=p.cp, ep=p.ep, micro_batch_size=p.micro_batch_size,
         num_microbatches=p.num_microbatches, virtual_pipeline_size=p.vpp, sequence_parallel=p.sequence_parallel,
-        recompute=p.recompute_granularity, zero_stage=p.memory_zero_stage, param_bytes=param_bytes,
+        recompute=p.recompute_granularity, recompute_method=p.recompute_method,
+        recompute_num_layers=p.recompute_num_layers, zero_stage=p.memory_zero_stage, param_bytes=param_bytes,
         grad_bytes=grad_bytes, flash_attention=getattr(cfg, "attention_backend", "flash") != "unfused",
         fp8=dtype == "fp8", unfused_loss=p.fsdp, stage_layers=p.stage_layers(cfg.num_layers))
     if p.zero_impl == "deepspeed":  # DeepSpeed's per-module buffers, not FSDP's per-layer ones

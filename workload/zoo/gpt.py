@@ -292,6 +292,8 @@ class GPTFamily(ModelFamily):
                 "vocab": cfg.vocab_size}
         model = sc21_flops_per_iteration(full_recompute=False, **args)
         hw = sc21_flops_per_iteration(full_recompute=parallel.recompute_granularity == "full", **args)
+        if parallel.recompute_granularity == "full" and parallel.recompute_method is not None:  # some layers
+            hw = model + (hw - model) * parallel.recomputed_layer_fraction(cfg.num_layers)
         if parallel.recompute_granularity == "selective":  # the attention core's QK^T and AV again
             hw += 4 * gbs * cfg.seq_length ** 2 * cfg.hidden_size * cfg.num_layers
         return Flops(model, hw, SC21_FORMULA)

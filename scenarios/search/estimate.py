@@ -1,0 +1,52 @@
+"""The screen's verdict on one plan (:class:`Estimate`), apart from how the screen computes it."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from scenarios.search.space import Candidate
+from workload.memory import MemoryBreakdown
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The screen's verdict on one plan (seconds, bytes; ``nan`` times for a plan that does not fit)."""
+
+    candidate: Candidate
+    iteration_time_s: float
+    compute_s: float
+    bubble_s: float
+    exposed_comm_s: float
+    memory_bytes: float
+    hbm_bytes: float
+    oom_reason: str = ""
+    """Empty when the plan fits; else one line: by how much, and the largest term."""
+    tokens_per_s_per_gpu: float = math.nan
+    mfu: float = math.nan
+    memory: MemoryBreakdown | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def fits(self) -> bool:
+        return not self.oom_reason
+
+    @property
+    def headroom_bytes(self) -> float:
+        return self.hbm_bytes - self.memory_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        c = self.candidate
+        return {"plan": c.to_dict(), "megatron_flags": c.megatron_flags(), "label": c.short(),
+                "screen_iteration_time_s": _num(self.iteration_time_s), "screen_compute_s": _num(self.compute_s),
+                "screen_bubble_s": _num(self.bubble_s), "screen_exposed_comm_s": _num(self.exposed_comm_s),
+                "memory_bytes": self.memory_bytes, "headroom_bytes": self.headroom_bytes,
+                "fits": self.fits, "oom_reason": self.oom_reason,
+                "screen_tokens_per_s_per_gpu": _num(self.tokens_per_s_per_gpu), "screen_mfu": _num(self.mfu)}
+
+
+def _num(x: float) -> float | None:
+    return None if x is None or math.isnan(x) else x
+
+
+__all__ = ["Estimate"]
