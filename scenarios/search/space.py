@@ -222,9 +222,11 @@ class Candidate:
         if self.fp8_recipe:
             f.append(f"--fp8-recipe {self.fp8_recipe}")
         if self.recompute != "none":
+            # Megatron-Core refuses full granularity without a method; every layer checkpointed is uniform 1.
+            method, layers = ((self.recompute_method, self.recompute_num_layers) if self.recompute_method
+                              else ("uniform", 1) if self.recompute == "full" else (None, None))
             f.append(f"--recompute-granularity {self.recompute}" + (
-                f" --recompute-method {self.recompute_method} --recompute-num-layers {self.recompute_num_layers}"
-                if self.recompute_method else ""))
+                f" --recompute-method {method} --recompute-num-layers {layers}" if method else ""))
         f += [flag for on, flag in ((self.overlap_grad_reduce, "--overlap-grad-reduce"),
                                     (self.overlap_param_gather, "--overlap-param-gather"),
                                     (self.tp_comm_overlap, "--tp-comm-overlap"),
