@@ -133,13 +133,7 @@ def _zero3_rows() -> list[dict[str, str]]:
     return [r for r in _rows(SC21_TABLE2) if "(ZeRO-3" in r["subtable"]]
 
 
-_ZERO3_FAST = ("DeepSpeed ZeRO-3 is priced by its coordinator's fetch plan, as the simulation runs it, and both "
-               "are too fast at this size (screen {screen} TFLOP/s per GPU, simulation {sim}, measured {measured}): "
-               "the measured time implies ~16-23 GB/s of parameter traffic per GPU where NCCL's model "
-               "of the fabric gives more (docs/DESIGN.md, DeepSpeed ZeRO-3); PTD-P is measured {ptdp}")
 ZERO3_XFAIL: dict[str, str] = {
-    "174.6B-384gpu": _ZERO3_FAST.format(screen=207, sim=195, measured=144, ptdp=153),
-    "174.6B-768gpu": _ZERO3_FAST.format(screen=185, sim="171 (4 layers)", measured=88, ptdp=149),
     "529.6B-640gpu": ("micro-batch 4 with full recomputation needs 88 GB by the memory model (the verdict run "
                       "uses): 14 GB of DeepSpeed's gathered parameters and unpartitioned gradients and 16 GB of "
                       "recompute workspace (KNOWN_FALSE_OOM in test_published_runs_fit); the published run completed"),
