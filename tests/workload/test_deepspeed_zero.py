@@ -192,3 +192,25 @@ def test_a_module_waits_for_its_gather():
     first_qkv = next(t for t in prog.tasks if t.stream == "compute" and t.op.layer == "layers.0.attn.qkv")
     assert any(by_id[d].stream == "fsdp_ag" for d in first_qkv.deps)
     assert Counter(t.stream for t in prog.tasks)["fsdp_ag"] >= 1
+
+
+def test_persistent_parameters_of_a_175b_layer():
+    """A GPT-3 175B layer keeps 8 parameters whole (two LayerNorms' weight and bias, the four biases):
+    2h + 3h + h + 2h + 4h + h = 13h elements; the four weight matrices are partitioned."""
+    assert persistent_parameters(GPT_LAYER, 96) == (8 * 96, 13 * H * 96)
+    assert persistent_parameters(GPT_LAYER, 1, Stage3Settings(param_persistence_threshold=0)) == (0, 0)
+
+
+def test_host_per_rank_loop_scales_with_the_data_parallel_size():
+    """``_allgather_param``'s per-rank loop (and PyTorch 1.8's per-rank copies) cost the host
+    world x modules x host_per_rank_s: doubling the data-parallel group doubles it; the copy kernels'
+    launches double too, their bytes do not change."""
+    from workload.parallel.deepspeed_zero import Gather, gather_kernels, persistent_gather_host_s
+
+    g = Gather(0, (("a", ""), ("b", "")), 10_000_000, True)
+    (f1, h1, c1), (f2, h2, c2) = (gather_kernels(g, w, 2, "fp16", "x") for w in (384, 768))
+    assert h1.fixed_time_s == pytest.approx(384 * 2 * host_per_rank_s())
+    assert h2.fixed_time_s == pytest.approx(2 * h1.fixed_time_s)
+    assert c2.launches == 2 * c1.launches == 2 * 768 and c1.bytes_accessed == c2.bytes_accessed == 4e7
+    assert f1 == f2 and f1.launches == 2
+    assert persistent_gather_host_s(768, 1536) == pytest.approx(768 * 1536 * host_per_rank_s())

@@ -43,7 +43,7 @@ DeepSpeed's pipeline engine does not run stage 3, so ``pipeline_model_parallel_s
 
 from __future__ import annotations
 
-import tomllib
+import sys
 from dataclasses import dataclass, field
 from functools import cache
 from typing import TYPE_CHECKING
@@ -51,6 +51,11 @@ from typing import TYPE_CHECKING
 from hwmodel.costmodel import DEFAULT_CALIBRATION_PATH
 from hwmodel.dtypes import ELEMENT_BYTES
 from hwmodel.ir import Collective, Compute
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 if TYPE_CHECKING:
     from workload.parallel.builder import RankBuilder
@@ -119,6 +124,8 @@ class FetchPlan:
     """Per step: whether its hook waited for the gathers in flight and synchronised the device."""
     peak_live: int = 0
     """Most elements gathered at once (fetched, in flight or kept for reuse), at a hook after its prefetch."""
+    live: list[int] = field(default_factory=list)
+    """Per step: the elements gathered at its hook after its prefetch (the module's pass runs with them)."""
 
     def per_step_counts(self) -> list[int]:
         return [len(self.by_step.get(i, [])) for i in range(max(self.by_step, default=-1) + 1)]
@@ -167,7 +174,8 @@ def plan_fetches(uses: list[Use], s: Stage3Settings = DEFAULTS) -> FetchPlan:
             if keys:
                 inflight.update(keys)
                 issue(i, keys, total, True)
-        plan.peak_live = max(plan.peak_live, sum(live.values()))
+        plan.live.append(sum(live.values()))
+        plan.peak_live = max(plan.peak_live, plan.live[-1])
         if use.key in live and not _reused_soon(uses, i, n, s):
             del live[use.key]
     return plan
