@@ -14,8 +14,9 @@ so far and the previous reduction, and the kernels after a flush wait for the pr
 host's ``reduction_stream.synchronize()``). Collectives are NCCL's tuner times on the data-parallel
 communicator, kernels their solo times (as the rest of the screen).
 
-Each gather is the builder's fill, all-gather and copy-out (a prefetch's copies issued from the compute
-stream first). Two micro-batches are replayed; further ones repeat the second's period (the coordinator's steady
+Each gather is the builder's fill, the host's per-rank loops on the compute stream, then the all-gather
+and copy-out; the iteration starts with the previous optimizer step's gather of the persistent
+parameters and its host copy loop (``_post_step``). Two micro-batches are replayed; further ones repeat the second's period (the coordinator's steady
 state). Not kept: SMs the overlapped collectives hold (the hooks' synchronisations leave little overlap).
 """
 

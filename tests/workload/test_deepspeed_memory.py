@@ -169,3 +169,14 @@ def test_verdict_parts_add_up_to_the_stated_total(impl):
     rounding = 0.05 * (_UNITS[unit] + sum(_UNITS[u] for _, u in values))
     assert sum(v * _UNITS[u] for v, u in values) == pytest.approx(float(n) * _UNITS[unit], abs=rounding)
     assert ("unpartitioned gradients" in text) == (impl == "deepspeed")
+
+
+def test_small_model_joint_peak_is_the_epilogue_flush():
+    """gpt-1.7b at 4 layers: all gradients fit one 5e8 bucket, reduced by the backward's epilogue, so the
+    joint peak is there: that bucket and its flattened copy (2x the rank's parameters) with what is still
+    gathered, never more than the two peaks added."""
+    m = replace(_shape("gpt-1.7b"), num_layers=4)
+    total, _ = _rank_params(m, 1)
+    _, (gathered, grads) = phase_peaks(m, True)
+    assert grads == 2 * total
+    assert gathered + grads <= sum(transient_elements(m, True))

@@ -14,6 +14,11 @@ coordinator replay the simulation runs:
   bucket being reduced, its flattened copy (``allreduce_bucket`` -> ``flatten``, the all-reduce fallback of
   ``contiguous_gradients = false``), the next bucket and the gradient being produced
   (:func:`peak_gradient_elements`).
+* *At one moment* (:func:`phase_peaks`): the two are taken where their sum is largest over the module
+  order, not each at its own peak (which fall at different steps), with a tied word embedding's
+  gradient from the output layer held until the embedding's backward; at that backward peak the output
+  layer's activations (logits, the final norm's and output projection's inputs) are already freed
+  (:func:`output_layer_activations`), unless the forward's peak of gathered parameters is higher.
 * The gradient *partitions* stay in fp16 (``fp16_partitioned_groups``' gradients, 2 bytes per element),
   not Megatron's fp32 main grads.
 
@@ -147,7 +152,8 @@ def phase_peaks(m: TransformerShape, full_recompute: bool, s: Stage3Settings = D
 
     Replays the coordinator (:attr:`FetchPlan.live` per step) and the buckets of
     :func:`peak_gradient_elements` together: at a backward step, the gathered elements plus the bucket
-    being reduced (it and its flattened copy), the bucket filling and the gradient being produced. With
+    being reduced (it and its flattened copy), the bucket filling and the gradient being produced, and
+    at the end the last bucket and its flattened copy (the backward epilogue's reduction). With
     tied embeddings the output layer's gradient of the word embedding is held from the start of backward
     until the embedding's backward adds its part (autograd sums a leaf's incoming gradients before its
     ``AccumulateGrad``; DeepSpeed's hook fires once, :func:`gradient_order`): V h / tp more elements."""
@@ -165,6 +171,8 @@ def phase_peaks(m: TransformerShape, full_recompute: bool, s: Stage3Settings = D
             if g and current and current + g > s.reduce_bucket_size:
                 reducing, current = 2 * current, 0  # the previous bucket freed, this one flattened
             current += g
+    if live and live[-1] + 2 * current > sum(best):  # the epilogue's flush: the last bucket and its copy
+        best = (live[-1], 2 * current)
     return max(live[:first_bwd], default=0), best
 
 

@@ -31,12 +31,23 @@ ZeRO-3 measurements; ``deepspeed/runtime/zero/stage3.py``, ``partition_parameter
 
 * *Gather buffers* (``_allgather_param``): each gather zero-fills its buffer (``torch.zeros``) and
   passes PyTorch 1.8 a list of ``world_size`` partition views, so ``ProcessGroupNCCL::allgather`` copies
-  its flat output into each (one ``copy_`` per rank, enqueued by the host); a prefetch's copies are
-  enqueued before the module's kernels are launched (:meth:`DeepSpeedStage3._gather`).
+  its flat output into each (one ``copy_`` per rank, enqueued by the host).
+* *The host's per-rank loops* (:func:`gather_kernels`, :func:`host_per_rank_s`): after its
+  ``torch.cuda.synchronize()``, ``_allgather_param`` loops over the ``world_size`` ranks in Python
+  (``flat_tensor.narrow``, ``torch.distributed.get_rank(group=...)``), then PyTorch 1.8 issues the
+  per-rank ``recordStream`` + ``copy_``; the device idles meanwhile (every gather, fetch or prefetch, is
+  issued right after a device synchronisation, and the module's kernels are launched only after the
+  hook). ``_post_step`` (``stage3.py``) all-gathers the persistent parameters after every optimizer step
+  (backward's ``_partition_all_parameters`` partitioned them) through ``_allgather_params``, whose Python
+  loop copies each parameter's ``world_size`` pieces out (:func:`persistent_gather_host_s`). Both grow
+  with the data-parallel size at a fixed model while the per-GPU work shrinks with it at a fixed batch:
+  SC'21 Table 2's falling ZeRO-3 throughput.
 
-Not modelled: the Python hooks' host time and the Python loop over ranks in ``_allgather_param`` (no
-published per-call figure was found; the per-rank copies are priced at the calibration's
-``launch_overhead_s``).
+Not modelled: the Python hooks' own host time per module (``pre_sub_module_forward_function`` and the
+rest: bookkeeping, ``print_rank_0`` f-strings evaluated even when not printed -- ``fetch_sub_module``
+formats ``param.norm()`` for every parameter of every fetched module, a reduction kernel and a
+device-to-host copy each), which does not grow with the data-parallel size; the ``contiguous_gradients``
+reduce-scatter path (off by default in v0.3.16).
 DeepSpeed's pipeline engine does not run stage 3, so ``pipeline_model_parallel_size`` must be 1
 (:meth:`ParallelConfig._check_deepspeed`).
 """
@@ -374,9 +385,10 @@ class DeepSpeedStage3:
         ``world_size`` partition views of the list ``all_gather`` (``ProcessGroupNCCL::allgather``;
         DeepSpeed later switched to ``_all_gather_base``, warning that the list fallback "will result in
         suboptimal performance"). The host enqueues those copies one by one (``copy_`` per rank) inside
-        the call; a prefetch is issued from the hook before the module's kernels are launched, right
-        after a device synchronisation, so the compute stream idles meanwhile (``_host_issue``: one
-        launch overhead per copy). Returns the last gather task."""
+        the call. Every gather (fetch or prefetch) is issued from a hook right after a device
+        synchronisation, before the module's kernels are launched, so the compute stream idles while the
+        host runs its per-rank loops (``_host_issue``, :func:`gather_kernels`), and the all-gather starts
+        after them. Returns the last gather task."""
         rb = self.rb
         group = rb.groups["dp"]
         label = f"{'ds_prefetch' if gather.prefetch else 'ds_fetch'}_{_label(gather.keys[0])}"
