@@ -16,8 +16,9 @@ communicator, kernels their solo times (as the rest of the screen).
 
 Each gather is the builder's fill, the host's per-rank loops on the compute stream, then the all-gather
 and copy-out; the iteration starts with the previous optimizer step's gather of the persistent
-parameters and its host copy loop (``_post_step``). Two micro-batches are replayed; further ones repeat the second's period (the coordinator's steady
-state). Not kept: SMs the overlapped collectives hold (the hooks' synchronisations leave little overlap).
+parameters and its host copy loop (``_post_step``). Two micro-batches are replayed; further ones repeat
+the second's period (the coordinator's steady state). Not kept: SMs the overlapped collectives hold (the
+hooks' synchronisations leave little overlap).
 """
 
 from __future__ import annotations
