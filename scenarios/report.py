@@ -152,6 +152,15 @@ def _header(scenario: Any, m: Mapping[str, Any] | None, prep: Any) -> list[str]:
     return lines
 
 
+def _gather_part(mem: Mapping[str, Any], gather: float) -> str:
+    """The ZeRO-3 transient term: DeepSpeed's gathered parameters and unpartitioned gradients at their
+    joint peak, or FSDP's (and Megatron ZeRO-3's) gather buffers."""
+    if "deepspeed_gathered_parameters_bytes" in mem:
+        return (f", DeepSpeed gathered parameters {_gb(mem['deepspeed_gathered_parameters_bytes'])} and "
+                f"unpartitioned gradients {_gb(mem['deepspeed_unpartitioned_gradients_bytes'])}")
+    return f", FSDP gather buffers {_gb(gather)}" if gather else ""
+
+
 def _memory_lines(mem: Mapping[str, Any] | None, oom: bool) -> list[str]:
     if mem is None:
         return ["Memory per GPU: not modelled for this model"]
@@ -164,7 +173,7 @@ def _memory_lines(mem: Mapping[str, Any] | None, oom: bool) -> list[str]:
              f"optimizer states {_gb(mem['optimizer_states_bytes'])}, activations {_gb(mem['activations_bytes'])}"
              + (f", fp8 weight copies {_gb(fp8)}" if fp8 else "")
              + (f", workspace {_gb(mem['workspace_bytes'])}" if mem["workspace_bytes"] else "")
-             + (f", FSDP gather buffers {_gb(gather)}" if gather else "")]
+             + _gather_part(mem, gather)]
     if "reserved_bytes" in mem:  # the framework's memory (workload.allocator)
         lines += [f"  allocated {_gb(mem['allocated_bytes'])} (tensors and cuBLAS workspace), reserved "
                   f"{_gb(mem['reserved_bytes'])} (+ fragmentation {_gb(mem['fragmentation_bytes'])}); CUDA context "

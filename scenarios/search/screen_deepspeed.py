@@ -14,16 +14,27 @@ so far and the previous reduction, and the kernels after a flush wait for the pr
 host's ``reduction_stream.synchronize()``). Collectives are NCCL's tuner times on the data-parallel
 communicator, kernels their solo times (as the rest of the screen).
 
-Each gather is the builder's fill, all-gather and copy-out (a prefetch's copies issued from the compute
-stream first). Two micro-batches are replayed; further ones repeat the second's period (the coordinator's steady
-state). Not kept: SMs the overlapped collectives hold (the hooks' synchronisations leave little overlap).
+Each gather is the builder's fill, the host's per-rank loops on the compute stream, then the all-gather
+and copy-out; the iteration starts with the previous optimizer step's gather of the persistent
+parameters and its host copy loop (``_post_step``). Two micro-batches are replayed; further ones repeat
+the second's period (the coordinator's steady state). Not kept: SMs the overlapped collectives hold (the
+hooks' synchronisations leave little overlap).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from workload.parallel.deepspeed_zero import DEFAULTS, Use, gather_kernels, module_order, plan_fetches, segment_starts
+from workload.parallel.deepspeed_zero import (
+    DEFAULTS,
+    Use,
+    gather_kernels,
+    module_order,
+    persistent_gather_host_s,
+    persistent_parameters,
+    plan_fetches,
+    segment_starts,
+)
 
 if TYPE_CHECKING:
     from scenarios.search.screen import ScreenContext, ShardCosts
@@ -82,11 +93,11 @@ def _pass_steps(ctx: ScreenContext, sc: ShardCosts, c: Candidate, g: dict, slow:
 
 
 def _gather_kernels_s(ctx: ScreenContext, gather: Any, world: int) -> tuple[float, float, float]:
-    """Solo seconds of the fill, host issue (0 unless a prefetch) and copy-out around one gather
+    """Solo seconds of the fill, the host's per-rank work and the copy-out around one gather
     (:func:`~workload.parallel.deepspeed_zero.gather_kernels`, the builder's own tasks)."""
     fill, host, copy_out = gather_kernels(gather, world, ctx.eb, ctx.dtype, "ds_gather")
     cost = ctx.cost_model.cost
-    return cost(fill).solo_time_s, cost(host).solo_time_s if host else 0.0, cost(copy_out).solo_time_s
+    return cost(fill).solo_time_s, cost(host).solo_time_s, cost(copy_out).solo_time_s
 
 
 def deepspeed_passes_s(ctx: ScreenContext, sc: ShardCosts, c: Candidate, g: dict, slow: float, rc_s: float,
@@ -101,6 +112,10 @@ def deepspeed_passes_s(ctx: ScreenContext, sc: ShardCosts, c: Candidate, g: dict
     eb, dp = ctx.eb, g["dp"]
     op = "reduce_scatter" if DEFAULTS.contiguous_gradients else "all_reduce"
     t_c = t_ag = t_red = 0.0
+    count, numel = persistent_parameters([(n, p) for n, p, _, _ in sc.ds_segments["fwd"]], ctx.model_cfg.num_layers)
+    if count and dp.n > 1:  # the previous step's _post_step gather, then its host copy loop
+        t_ag = ctx.coll_s("all_gather", numel * eb, dp)
+        t_c = t_ag + persistent_gather_host_s(count, dp.n)
     host_wait: float | None = None
     bucket = 0
     ends: list[float] = []
@@ -124,10 +139,10 @@ def deepspeed_passes_s(ctx: ScreenContext, sc: ShardCosts, c: Candidate, g: dict
                 wait, synced = max(wait, t_ag), False
             fill_s, host_s, copy_s = _gather_kernels_s(ctx, gather, dp.n)
             fill_end = max(t_c, t_ag, t_red) + fill_s
-            if gather.prefetch:  # the host issues the copies on the compute stream before the module's kernels
-                t_c = max(t_c, fill_end) + host_s
-                wait = max(wait, t_c)
-            t_ag = fill_end + ctx.coll_s("all_gather", gather.numel * eb, dp) + copy_s
+            # the host's per-rank loop on the compute stream, before the module's kernels and the all-gather
+            t_c = max(t_c, fill_end) + host_s
+            wait = max(wait, t_c)
+            t_ag = t_c + ctx.coll_s("all_gather", gather.numel * eb, dp) + copy_s
         if synced:
             wait = max(wait, t_ag)
         if plan.synced[i]:

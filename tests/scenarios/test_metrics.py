@@ -53,3 +53,30 @@ def test_memory_dict_and_peak_dtypes():
                  "activations_bytes": 4.0, "workspace_bytes": 5.0, "fp8_weights_bytes": 0.0,
                  "hbm_capacity_bytes": 80e9, "verdict": "fits in 8e+10"}
     assert [peak_dtype_for(d) for d in ("bf16", "fp16", "fp32", "fp8")] == ["bf16", "fp16", "fp32", "bf16"]
+
+
+def test_deepspeed_memory_names_its_two_transient_terms():
+    """A DeepSpeed ZeRO-3 run's JSON and summary split the transient term into gathered parameters and
+    unpartitioned gradients (by the elements at their joint peak); FSDP's stays one term."""
+    from dataclasses import replace
+
+    import hwmodel.specs as specs
+    from scenarios.report import _memory_lines
+    from workload import allocator
+    from workload.parallel.config import ParallelConfig
+    from workload.zoo import get_model_config
+    from workload.zoo.family import transformer_memory
+
+    gpu = specs.get_gpu("A100-SXM4-80GB")
+    cfg = replace(get_model_config("gpt-1.7b"), num_layers=4)
+    for impl in ("deepspeed", "megatron"):
+        p = ParallelConfig(micro_batch_size=1, global_batch_size=16, zero_stage=3, zero_impl=impl).resolve(8)
+        mem = allocator.with_framework(transformer_memory(cfg, p, "bf16"), p, gpu)
+        out = memory_dict(mem, gpu)
+        text = _memory_lines(out, False)[1]
+        if impl == "deepspeed":
+            g, r = out["deepspeed_gathered_parameters_bytes"], out["deepspeed_unpartitioned_gradients_bytes"]
+            assert g + r == pytest.approx(mem.gather_buffers) and g > 0 and r > 0
+            assert "DeepSpeed gathered parameters" in text and "FSDP" not in text
+        else:
+            assert "deepspeed_gathered_parameters_bytes" not in out and "FSDP gather buffers" in text

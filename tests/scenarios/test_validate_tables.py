@@ -71,12 +71,15 @@ def test_unknown_table_is_a_one_line_error():
 def test_in_sample_marking_follows_calibration_toml():
     fits = provenance.fitted_to()
     listed = provenance.end_to_end_constants(fits)
-    # the one end-to-end constant is the A100 sustained clock, fitted on SC'21 T1 and Korthikanti T4/T5
-    assert set(listed) == {provenance.CLOCK_CONSTANT}
+    # the end-to-end constants: the A100 sustained clock, fitted on SC'21 T1 and Korthikanti T4/T5, and
+    # DeepSpeed ZeRO-3's host time per rank, fitted on SC'21 T2's three 175B ZeRO-3 rows
+    assert set(listed) == {provenance.CLOCK_CONSTANT, "deepspeed.host_per_rank_s"}
     rs = rows(tuple(TABLES))
     provenance.mark_in_sample(rs, fits)
-    assert {r.key for r in rs if r.in_sample} == {"sc21", "t5", "t4"}
+    assert {r.key for r in rs if r.in_sample} == {"sc21", "t5", "t4", "sc21t2-zero3"}
     assert all(r.in_sample for r in rs if r.key in ("sc21", "t5", "t4"))
+    assert sorted(r.name for r in rs if r.key == "sc21t2-zero3" and r.in_sample) == [
+        "sc21t2-175b-zero3-1536gpu", "sc21t2-175b-zero3-384gpu", "sc21t2-175b-zero3-768gpu"]
     # dropping a row from fitted_to makes it out-of-sample
     fits[provenance.CLOCK_CONSTANT] = [i for i in fits[provenance.CLOCK_CONSTANT] if i != "sc21:sc21-gpt-1t"]
     provenance.mark_in_sample(rs, fits)

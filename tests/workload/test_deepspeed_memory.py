@@ -8,7 +8,13 @@ import pytest
 
 from workload.memory import TransformerShape
 from workload.parallel.config import ParallelConfig
-from workload.parallel.deepspeed_memory import gradient_order, layer_modules, peak_gradient_elements, transient_elements
+from workload.parallel.deepspeed_memory import (
+    gradient_order,
+    layer_modules,
+    peak_gradient_elements,
+    phase_peaks,
+    transient_elements,
+)
 from workload.parallel.deepspeed_zero import Stage3Settings
 from workload.zoo import get_model_config
 from workload.zoo.family import transformer_memory
@@ -104,17 +110,39 @@ def _cfg(impl: str, dp: int = 640) -> ParallelConfig:
 
 
 def test_deepspeed_replaces_the_fsdp_gather_estimate():
-    """The same run under both implementations: model states and activations agree except the gradient
-    partitions (fp16 under DeepSpeed, like the parameters); the transient term is DeepSpeed's."""
+    """The same run under both implementations: model states and the recompute workspace agree except the
+    gradient partitions (fp16 under DeepSpeed, like the parameters); the transient term is DeepSpeed's
+    at its backward peak, where the output layer's activations (final norm and output inputs 4sbh, fp32
+    logits 4sbv: 2.35 GB at micro-batch 4) are already freed."""
     cfg = get_model_config("gpt-530b")
     fsdp = transformer_memory(cfg, _cfg("megatron"), "bf16")
     ds = transformer_memory(cfg, _cfg("deepspeed"), "bf16")
-    assert ds.activations == fsdp.activations and ds.workspace == fsdp.workspace
+    m = TransformerShape.of(cfg)
+    sb = m.seq_length * 4
+    assert fsdp.activations - ds.activations == pytest.approx(4 * sb * m.hidden_size + 4 * sb * m.vocab_size)
+    assert ds.workspace == fsdp.workspace
     assert ds.optimizer_states == fsdp.optimizer_states and ds.parameters == fsdp.parameters
     assert ds.gradients == pytest.approx(fsdp.gradients / 2)  # bf16 state bytes: fp32 main grads -> 2 B
-    gathered, grads = transient_elements(TransformerShape.of(cfg), True)
+    _, (gathered, grads) = phase_peaks(m, True)
     assert ds.gather_buffers == (gathered + grads) * 2
     assert ds.gather_buffers < 0.6 * fsdp.gather_buffers
+
+
+def test_530b_joint_peak_is_at_a_qkv_backward():
+    """530B: the sum of gathered parameters and unpartitioned gradients is largest at a layer's qkv
+    backward: qkv whole (3h^2 + its persistent bias is not gathered) with fc1's bucket being reduced and its
+    flattened copy (8h^2 + 8h), [ln2, proj] waiting (h^2 + 3h), qkv's gradient (3h^2 + 3h) and the tied
+    word embedding's gradient from the output layer, held until the embedding's backward (V h): 17.5 h^2
+    + 14h, below the two peaks added (5 h^2 + 12 h^2 + 14h, the old upper bound) plus that held V h.
+    The forward's peak (5 h^2, no gradients) is smaller."""
+    m = _shape("gpt-530b")
+    h, v = m.hidden_size, m.vocab_size
+    fwd, (gathered, grads) = phase_peaks(m, True)
+    assert gathered == 3 * h * h and fwd == 5 * h * h
+    assert grads == 12 * h * h + 14 * h + v * h
+    g_peak, r_peak = transient_elements(m, True)
+    assert gathered + grads < g_peak + r_peak + v * h and gathered < g_peak
+
 
 
 _UNITS = {"TB": 1e12, "GB": 1e9, "MB": 1e6, "kB": 1e3, "B": 1.0}
@@ -141,3 +169,14 @@ def test_verdict_parts_add_up_to_the_stated_total(impl):
     rounding = 0.05 * (_UNITS[unit] + sum(_UNITS[u] for _, u in values))
     assert sum(v * _UNITS[u] for v, u in values) == pytest.approx(float(n) * _UNITS[unit], abs=rounding)
     assert ("unpartitioned gradients" in text) == (impl == "deepspeed")
+
+
+def test_small_model_joint_peak_is_the_epilogue_flush():
+    """gpt-1.7b at 4 layers: all gradients fit one 5e8 bucket, reduced by the backward's epilogue, so the
+    joint peak is there: that bucket and its flattened copy (2x the rank's parameters) with what is still
+    gathered, never more than the two peaks added."""
+    m = replace(_shape("gpt-1.7b"), num_layers=4)
+    total, _ = _rank_params(m, 1)
+    _, (gathered, grads) = phase_peaks(m, True)
+    assert grads == 2 * total
+    assert gathered + grads <= sum(transient_elements(m, True))

@@ -9,7 +9,15 @@ import pytest
 from hwmodel.ir import Collective, Compute
 from workload.parallel.builder import build_programs
 from workload.parallel.config import ParallelConfig
-from workload.parallel.deepspeed_zero import DEFAULTS, Stage3Settings, Use, gradient_buckets, plan_fetches
+from workload.parallel.deepspeed_zero import (
+    DEFAULTS,
+    Stage3Settings,
+    Use,
+    gradient_buckets,
+    host_per_rank_s,
+    persistent_parameters,
+    plan_fetches,
+)
 from workload.parallel.rank_trace import trace_rank
 from workload.zoo import get_model_config, with_overrides
 
@@ -126,12 +134,16 @@ def test_deepspeed_program_gathers_and_reduces_in_fp16():
     once per iteration (kept for reuse), 2 bytes per non-persistent element; the gradients, 2 bytes per
     element of every parameter, are all-reduced (contiguous_gradients off) in one bucket."""
     prog = _program("deepspeed")
-    ag = [t.op for t in prog.tasks if t.stream == "fsdp_ag" and isinstance(t.op, Collective)]
+    ag = [t.op for t in prog.tasks if t.stream == "fsdp_ag" and isinstance(t.op, Collective)
+          and t.op.name != "ds_persistent_gather"]
     rs = [t.op for t in prog.tasks if t.stream == "fsdp_rs"]
     h, f, v, s = 1024, 4096, 1024, 256
     big = 3 * h * h + h * h + 2 * h * f  # the weights above the threshold
     embedding = v * h + s * h
     assert sum(o.size_bytes for o in ag) == 2 * (3 * big + embedding + v * h + 2 * h)  # + ln_f, tied output
+    persistent = 3 * h + h + f + h + 4 * h  # a layer's biases and LayerNorm weights and biases
+    post_step = [t.op for t in prog.tasks if t.op.name == "ds_persistent_gather"]
+    assert [o.size_bytes for o in post_step] == [2 * 3 * persistent]  # once per iteration, 3 layers
     total = 3 * (big + 3 * h + h + f + h + 4 * h) + embedding + 2 * h
     assert [(o.op, o.dtype) for o in rs] == [("all_reduce", "fp16")]
     assert rs[0].size_bytes == 2 * total
@@ -145,13 +157,18 @@ def test_each_gather_zero_fills_and_copies_out_per_rank():
     the gather stream, the module's kernels after the copies."""
     prog = _program("deepspeed")
     dp = len(next(t.op.group for t in prog.tasks if isinstance(t.op, Collective) and t.stream == "fsdp_ag"))
-    ag = [t for t in prog.tasks if t.stream == "fsdp_ag"]
+    by_id = {t.id: t for t in prog.tasks}
+    ag = [t for t in prog.tasks if t.stream == "fsdp_ag" and t.op.name != "ds_persistent_gather"]
     assert len(ag) % 3 == 0 and len(ag) > 0
     for fill, gather, copy in zip(ag[::3], ag[1::3], ag[2::3], strict=True):
         assert isinstance(gather.op, Collective) and gather.op.op == "all_gather"
         assert fill.op.name.endswith("_zero_fill") and fill.op.bytes_accessed == gather.op.size_bytes
         assert copy.op.name.endswith("_copy_out") and copy.op.bytes_accessed == 2 * gather.op.size_bytes
-        assert copy.op.launches == dp * fill.op.launches and gather.deps == (fill.id,) and copy.deps == (gather.id,)
+        host = by_id[gather.deps[1]]
+        assert host.stream == "compute" and host.op.name.endswith("_host_issue") and host.deps == (fill.id,)
+        assert host.op.fixed_time_s == pytest.approx(dp * fill.op.launches * host_per_rank_s())
+        assert copy.op.launches == dp * fill.op.launches and gather.deps == (fill.id, host.id)
+        assert copy.deps == (gather.id,)
 
 
 def test_copy_out_costs_one_launch_per_kernel():
@@ -175,3 +192,25 @@ def test_a_module_waits_for_its_gather():
     first_qkv = next(t for t in prog.tasks if t.stream == "compute" and t.op.layer == "layers.0.attn.qkv")
     assert any(by_id[d].stream == "fsdp_ag" for d in first_qkv.deps)
     assert Counter(t.stream for t in prog.tasks)["fsdp_ag"] >= 1
+
+
+def test_persistent_parameters_of_a_175b_layer():
+    """A GPT-3 175B layer keeps 8 parameters whole (two LayerNorms' weight and bias, the four biases):
+    2h + 3h + h + 2h + 4h + h = 13h elements; the four weight matrices are partitioned."""
+    assert persistent_parameters(GPT_LAYER, 96) == (8 * 96, 13 * H * 96)
+    assert persistent_parameters(GPT_LAYER, 1, Stage3Settings(param_persistence_threshold=0)) == (0, 0)
+
+
+def test_host_per_rank_loop_scales_with_the_data_parallel_size():
+    """``_allgather_param``'s per-rank loop (and PyTorch 1.8's per-rank copies) cost the host
+    world x modules x host_per_rank_s: doubling the data-parallel group doubles it; the copy kernels'
+    launches double too, their bytes do not change."""
+    from workload.parallel.deepspeed_zero import Gather, gather_kernels, persistent_gather_host_s
+
+    g = Gather(0, (("a", ""), ("b", "")), 10_000_000, True)
+    (f1, h1, c1), (f2, h2, c2) = (gather_kernels(g, w, 2, "fp16", "x") for w in (384, 768))
+    assert h1.fixed_time_s == pytest.approx(384 * 2 * host_per_rank_s())
+    assert h2.fixed_time_s == pytest.approx(2 * h1.fixed_time_s)
+    assert c2.launches == 2 * c1.launches == 2 * 768 and c1.bytes_accessed == c2.bytes_accessed == 4e7
+    assert f1 == f2 and f1.launches == 2
+    assert persistent_gather_host_s(768, 1536) == pytest.approx(768 * 1536 * host_per_rank_s())

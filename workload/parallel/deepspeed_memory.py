@@ -14,6 +14,11 @@ coordinator replay the simulation runs:
   bucket being reduced, its flattened copy (``allreduce_bucket`` -> ``flatten``, the all-reduce fallback of
   ``contiguous_gradients = false``), the next bucket and the gradient being produced
   (:func:`peak_gradient_elements`).
+* *At one moment* (:func:`phase_peaks`): the two are taken where their sum is largest over the module
+  order, not each at its own peak (which fall at different steps), with a tied word embedding's
+  gradient from the output layer held until the embedding's backward; at that backward peak the output
+  layer's activations (logits, the final norm's and output projection's inputs) are already freed
+  (:func:`output_layer_activations`), unless the forward's peak of gathered parameters is higher.
 * The gradient *partitions* stay in fp16 (``fp16_partitioned_groups``' gradients, 2 bytes per element),
   not Megatron's fp32 main grads.
 
@@ -112,6 +117,76 @@ def transient_elements(m: TransformerShape, full_recompute: bool, s: Stage3Setti
     return gathered, peak_gradient_elements(gradient_order(m, tp), s)
 
 
+def _backward_gradients(m: TransformerShape, full_recompute: bool, tp: int) -> tuple[int, dict[int, list[int]]]:
+    """(index in :func:`iteration_uses` of the first backward step, step -> the gradients (elements, in
+    :func:`gradient_order`) completed at it): the output layer's and final norm's at the first backward
+    step (their backward runs before the blocks'), each block module's at its backward use, the
+    embeddings' at their backward uses, last."""
+    pre, post = _ends(m, tp)
+    per_layer = len(layer_modules(m, tp))
+    first_bwd = len(pre) + m.num_layers * per_layer + len(post)
+    grads = gradient_order(m, tp)
+    n_post = sum(1 for u in post if u.key != WORD_EMBEDDING)
+    at: dict[int, list[int]] = {first_bwd: grads[:n_post]} if n_post else {}
+    k, step = n_post, first_bwd
+    for _ in range(m.num_layers):
+        step += per_layer if full_recompute else 0
+        for j in range(per_layer):
+            at.setdefault(step + j, []).append(grads[k])
+            k += 1
+        step += per_layer
+    for j in range(len(pre)):
+        at.setdefault(step + j, []).append(grads[k])
+        k += 1
+    return first_bwd, at
+
+
+@lru_cache(maxsize=64)
+def phase_peaks(m: TransformerShape, full_recompute: bool, s: Stage3Settings = DEFAULTS,
+                tp: int = 1) -> tuple[int, tuple[int, int]]:
+    """(most gathered elements in the forward, (gathered, unpartitioned gradient elements) at the
+    backward step where their sum is largest) of one micro-batch on one of ``tp`` tensor-parallel ranks.
+    The two peaks of :func:`transient_elements` fall at different steps (530B: 5 h^2 gathered in the
+    forward, 12 h^2 of gradients at a layer's qkv backward, where 3 h^2 are gathered), so adding them
+    over-counts.
+
+    Replays the coordinator (:attr:`FetchPlan.live` per step) and the buckets of
+    :func:`peak_gradient_elements` together: at a backward step, the gathered elements plus the bucket
+    being reduced (it and its flattened copy), the bucket filling and the gradient being produced, and
+    at the end the last bucket and its flattened copy (the backward epilogue's reduction). With
+    tied embeddings the output layer's gradient of the word embedding is held from the start of backward
+    until the embedding's backward adds its part (autograd sums a leaf's incoming gradients before its
+    ``AccumulateGrad``; DeepSpeed's hook fires once, :func:`gradient_order`): V h / tp more elements."""
+    uses = iteration_uses(m, full_recompute, tp)
+    live = plan_fetches(uses, s).live
+    first_bwd, at = _backward_gradients(m, full_recompute, tp)
+    held = m.vocab_size * m.hidden_size // tp if m.tied_embeddings else 0
+    reducing = current = 0
+    best = (0, 0)
+    for i in range(first_bwd, len(live)):
+        for g in at.get(i, [0]):
+            grads = reducing + current + g + held
+            if live[i] + grads > sum(best):
+                best = (live[i], grads)
+            if g and current and current + g > s.reduce_bucket_size:
+                reducing, current = 2 * current, 0  # the previous bucket freed, this one flattened
+            current += g
+    if live and live[-1] + 2 * current > sum(best):  # the epilogue's flush: the last bucket and its copy
+        best = (live[-1], 2 * current)
+    return max(live[:first_bwd], default=0), best
+
+
+def output_layer_activations(mem: MemoryBreakdown, m: TransformerShape, parallel: Any) -> float:
+    """Bytes of ``mem``'s activations that the output layer and the loss hold (the final norm's and the
+    output projection's inputs, the fp32 logits, an unfused loss's gradients: ``memory_per_gpu``'s last
+    stage terms), freed once the loss and the output layer have run their backward, before any block's."""
+    s_local = m.seq_length // max(1, parallel.cp)
+    shard = parallel.tp if parallel.sequence_parallel else 1
+    sbh = s_local * parallel.micro_batch_size * m.hidden_size / shard
+    first_stage = (sbh if m.hidden_dropout > 0 else 0.0) + (2.0 * sbh if m.embedding_norm else 0.0)
+    return max(0.0, float(mem.detail.get("other_activations", 0.0)) - first_stage)
+
+
 def peak_gradient_elements(numels: list[int], s: Stage3Settings = DEFAULTS) -> int:
     """Most unpartitioned gradient elements alive at once for gradients produced in the order ``numels``.
 
@@ -140,12 +215,18 @@ def with_deepspeed_stage3(mem: MemoryBreakdown, model_cfg: Any, parallel: Any, p
     if m.num_experts > 1 or parallel.dp * parallel.cp == 1:
         return mem
     full = parallel.recompute_granularity == "full"
-    gathered, grads = transient_elements(m, full, s, parallel.tp)
-    detail = dict(mem.detail, deepspeed_gathered_elements=gathered, deepspeed_gradient_elements=grads)
-    return replace(mem, gradients=mem.gradients * param_bytes / grad_bytes,
-                   gather_buffers=(gathered + grads) * param_bytes,
-                   detail=detail)
+    fwd_gathered, (gathered, grads) = phase_peaks(m, full, s, parallel.tp)
+    activations = mem.activations
+    out_act = output_layer_activations(mem, m, parallel)
+    if (gathered + grads - fwd_gathered) * param_bytes >= out_act:  # the peak is in the blocks' backward
+        activations -= out_act
+    else:
+        gathered, grads = fwd_gathered, 0
+    detail = dict(mem.detail, deepspeed_gathered_elements=gathered, deepspeed_gradient_elements=grads,
+                  deepspeed_freed_output_activations=mem.activations - activations)
+    return replace(mem, gradients=mem.gradients * param_bytes / grad_bytes, activations=activations,
+                   gather_buffers=(gathered + grads) * param_bytes, detail=detail)
 
 
-__all__ = ["WORD_EMBEDDING", "gradient_order", "iteration_uses", "layer_modules", "peak_gradient_elements",
-           "transient_elements", "with_deepspeed_stage3"]
+__all__ = ["WORD_EMBEDDING", "gradient_order", "iteration_uses", "layer_modules", "output_layer_activations",
+           "peak_gradient_elements", "phase_peaks", "transient_elements", "with_deepspeed_stage3"]

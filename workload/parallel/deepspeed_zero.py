@@ -31,23 +31,42 @@ ZeRO-3 measurements; ``deepspeed/runtime/zero/stage3.py``, ``partition_parameter
 
 * *Gather buffers* (``_allgather_param``): each gather zero-fills its buffer (``torch.zeros``) and
   passes PyTorch 1.8 a list of ``world_size`` partition views, so ``ProcessGroupNCCL::allgather`` copies
-  its flat output into each (one ``copy_`` per rank, enqueued by the host); a prefetch's copies are
-  enqueued before the module's kernels are launched (:meth:`DeepSpeedStage3._gather`).
+  its flat output into each (one ``copy_`` per rank, enqueued by the host).
+* *The host's per-rank loops* (:func:`gather_kernels`, :func:`host_per_rank_s`): after its
+  ``torch.cuda.synchronize()``, ``_allgather_param`` loops over the ``world_size`` ranks in Python
+  (``flat_tensor.narrow``, ``torch.distributed.get_rank(group=...)``), then PyTorch 1.8 issues the
+  per-rank ``recordStream`` + ``copy_``; the device idles meanwhile (every gather, fetch or prefetch, is
+  issued right after a device synchronisation, and the module's kernels are launched only after the
+  hook). ``_post_step`` (``stage3.py``) all-gathers the persistent parameters after every optimizer step
+  (backward's ``_partition_all_parameters`` partitioned them) through ``_allgather_params``, whose Python
+  loop copies each parameter's ``world_size`` pieces out (:func:`persistent_gather_host_s`). Both grow
+  with the data-parallel size at a fixed model while the per-GPU work shrinks with it at a fixed batch:
+  SC'21 Table 2's falling ZeRO-3 throughput.
 
-Not modelled: the Python hooks' host time and the Python loop over ranks in ``_allgather_param`` (no
-published per-call figure was found; the per-rank copies are priced at the calibration's
-``launch_overhead_s``).
+Not modelled: the Python hooks' own host time per module (``pre_sub_module_forward_function`` and the
+rest: bookkeeping, ``print_rank_0`` f-strings evaluated even when not printed -- ``fetch_sub_module``
+formats ``param.norm()`` for every parameter of every fetched module, a reduction kernel and a
+device-to-host copy each), which does not grow with the data-parallel size; the ``contiguous_gradients``
+reduce-scatter path (off by default in v0.3.16).
 DeepSpeed's pipeline engine does not run stage 3, so ``pipeline_model_parallel_size`` must be 1
 (:meth:`ParallelConfig._check_deepspeed`).
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
+from functools import cache
 from typing import TYPE_CHECKING
 
+from hwmodel.costmodel import DEFAULT_CALIBRATION_PATH
 from hwmodel.dtypes import ELEMENT_BYTES
 from hwmodel.ir import Collective, Compute
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 if TYPE_CHECKING:
     from workload.parallel.builder import RankBuilder
@@ -116,6 +135,8 @@ class FetchPlan:
     """Per step: whether its hook waited for the gathers in flight and synchronised the device."""
     peak_live: int = 0
     """Most elements gathered at once (fetched, in flight or kept for reuse), at a hook after its prefetch."""
+    live: list[int] = field(default_factory=list)
+    """Per step: the elements gathered at its hook after its prefetch (the module's pass runs with them)."""
 
     def per_step_counts(self) -> list[int]:
         return [len(self.by_step.get(i, [])) for i in range(max(self.by_step, default=-1) + 1)]
@@ -164,7 +185,8 @@ def plan_fetches(uses: list[Use], s: Stage3Settings = DEFAULTS) -> FetchPlan:
             if keys:
                 inflight.update(keys)
                 issue(i, keys, total, True)
-        plan.peak_live = max(plan.peak_live, sum(live.values()))
+        plan.live.append(sum(live.values()))
+        plan.peak_live = max(plan.peak_live, plan.live[-1])
         if use.key in live and not _reused_soon(uses, i, n, s):
             del live[use.key]
     return plan
@@ -230,20 +252,53 @@ def segment_starts(items: list, paths: list[str]) -> list[int]:
 
 
 
+@cache
+def host_per_rank_s() -> float:
+    """``[deepspeed] host_per_rank_s`` of calibration.toml: host seconds per data-parallel rank of one
+    ``_allgather_param`` call (:func:`gather_kernels`)."""
+    with DEFAULT_CALIBRATION_PATH.open("rb") as f:
+        return float(tomllib.load(f)["deepspeed"]["host_per_rank_s"])
+
+
 def gather_kernels(gather: Gather, world: int, element_bytes: int, dtype: str,
-                   label: str) -> tuple[Compute, Compute | None, Compute]:
+                   label: str) -> tuple[Compute, Compute, Compute]:
     """The kernels around one ``_allgather_param`` call (see :meth:`DeepSpeedStage3._gather`), shared by the
     program builder and the search screen: the ``torch.zeros`` fill of the ``gather.numel`` gathered
-    elements (one launch per module), for a prefetch the host's issue of the per-rank copies on the
-    compute stream (``world`` launches per module, no bytes; else None), and PyTorch 1.8's copy of the
-    flat output into the ``world`` partition views (read + write of the buffer, ``world`` launches per
-    module). ``element_bytes``: bytes per gathered element."""
+    elements (one launch per module), the host's per-rank work on the compute stream (no bytes; ``world``
+    x :func:`host_per_rank_s` per module, the device idle meanwhile), and PyTorch 1.8's copy of the flat
+    output into the ``world`` partition views (read + write of the buffer, ``world`` launches per module).
+    ``element_bytes``: bytes per gathered element.
+
+    The host part is DeepSpeed v0.3.16's ``_allgather_param`` (``partition_parameters.py``) after its
+    ``torch.cuda.synchronize()``: a Python loop over the ``world_size`` ranks (``flat_tensor.narrow`` and
+    ``torch.distributed.get_rank(group=...)`` per rank), then PyTorch 1.8's ``ProcessGroupNCCL::allgather``
+    (``recordStream`` and ``copy_`` per rank, issued one by one). The module's kernels are launched only
+    after the hook returns, and the all-gather only after the Python loop, so both wait for it; the
+    cost grows with the data-parallel size at a fixed model, which is what makes SC'21 Table 2's ZeRO-3
+    throughput fall as GPUs are added at a fixed batch."""
     nbytes = float(gather.numel * element_bytes)
     n = len(gather.keys)
     fill = Compute(f"{label}_zero_fill", "copy", 0.0, nbytes, dtype=dtype, launches=n)
-    host = Compute(f"{label}_host_issue", "copy", 0.0, 0.0, launches=world * n) if gather.prefetch else None
+    host = Compute(f"{label}_host_issue", "copy", 0.0, 0.0, fixed_time_s=world * n * host_per_rank_s())
     copy_out = Compute(f"{label}_copy_out", "copy", 0.0, 2.0 * nbytes, dtype=dtype, launches=world * n)
     return fill, host, copy_out
+
+def persistent_parameters(modules: tuple | list, layers: int, s: Stage3Settings = DEFAULTS) -> tuple[int, int]:
+    """(parameters, elements) that stay whole on every GPU (at most ``param_persistence_threshold``
+    elements each) in ``layers`` blocks of parameter modules ``modules`` (``(name, element counts)``)."""
+    small = [n for _, params in modules for n in params if n <= s.param_persistence_threshold]
+    return len(small) * layers, sum(small) * layers
+
+
+def persistent_gather_host_s(count: int, world: int) -> float:
+    """Host seconds of DeepSpeed v0.3.16's ``_post_step`` gather of the ``count`` persistent parameters
+    (``stage3.py``: ``self.persistent_parameters[0].all_gather(self.persistent_parameters)``, blocking).
+    Backward's ``_partition_all_parameters`` partitioned them, so after each optimizer step
+    ``_allgather_params`` (``partition_parameters.py``) gathers their partitions in one flat all-gather,
+    then copies each parameter's ``world`` pieces out in a Python loop (two ``narrow`` and a ``copy_`` per
+    parameter and rank): ``count x world`` per-rank steps at :func:`host_per_rank_s` each."""
+    return count * world * host_per_rank_s()
+
 
 class DeepSpeedStage3:
     """The program structure of ZeRO-3 as DeepSpeed runs it, emitted through a
@@ -269,6 +324,7 @@ class DeepSpeedStage3:
         self.last_reduce: int | None = None
         self.host_wait: int | None = None
         """The reduction the host waited for at the last flush, which the next kernels wait for."""
+        self.persistent = persistent_parameters(self.modules, t.num_layers, settings)
 
     # -- the iteration's module order --------------------------------------------------------------
     def _unit_uses(self, unit, phase: str) -> list[Use]:
@@ -329,19 +385,20 @@ class DeepSpeedStage3:
         ``world_size`` partition views of the list ``all_gather`` (``ProcessGroupNCCL::allgather``;
         DeepSpeed later switched to ``_all_gather_base``, warning that the list fallback "will result in
         suboptimal performance"). The host enqueues those copies one by one (``copy_`` per rank) inside
-        the call; a prefetch is issued from the hook before the module's kernels are launched, right
-        after a device synchronisation, so the compute stream idles meanwhile (``_host_issue``: one
-        launch overhead per copy). Returns the last gather task."""
+        the call. Every gather (fetch or prefetch) is issued from a hook right after a device
+        synchronisation, before the module's kernels are launched, so the compute stream idles while the
+        host runs its per-rank loops (``_host_issue``, :func:`gather_kernels`), and the all-gather starts
+        after them. Returns the last gather task."""
         rb = self.rb
         group = rb.groups["dp"]
         label = f"{'ds_prefetch' if gather.prefetch else 'ds_fetch'}_{_label(gather.keys[0])}"
         fill_k, host_k, copy_k = gather_kernels(gather, len(group), self.eb, rb.t.dtype, label)
         fill = rb.add(fill_k, "fsdp_ag", deps)
-        if host_k is not None:  # the host issues the copies, after the device synchronisation, before it
-            # launches the module's kernels: the compute stream waits one launch per copy
-            rb.add(host_k, "compute", (fill,))
+        # the host's per-rank loop, after the device synchronisation: the compute stream idles, and the
+        # all-gather is called only after the Python part of it (gather_kernels)
+        host = rb.add(host_k, "compute", (fill,))
         done = rb.add(Collective("all_gather", gather.numel * self.eb, group, dtype=rb.t.dtype, name=label),
-                      "fsdp_ag", (fill,))
+                      "fsdp_ag", (fill, host))
         return rb.add(copy_k, "fsdp_ag", (done,))
 
     def _emit_unit(self, unit, phase: str, deps: list, *, reduce: bool) -> None:
@@ -368,8 +425,27 @@ class DeepSpeedStage3:
     def _segment_starts(self, unit, items: list, uses: list[Use]) -> list[int]:
         return segment_starts(items, [f"layers.{unit}.{u.key[1]}" if not isinstance(unit, str) else "" for u in uses])
 
+    def _post_step_gather(self, deps: list) -> list:
+        """The previous optimizer step's ``_post_step`` gather of the persistent parameters
+        (:func:`persistent_gather_host_s`), at the start of the iteration (the steady state's end of the
+        previous one): the host's copy loop on the compute stream around one all-gather of their
+        partitions; the first module's kernels wait for both."""
+        rb = self.rb
+        count, numel = self.persistent
+        group = rb.groups["dp"]
+        if count == 0 or len(group) == 1:
+            return deps
+        done = rb.add(Collective("all_gather", numel * self.eb, group, dtype=rb.t.dtype, name="ds_persistent_gather"),
+                      "fsdp_ag", tuple(deps))
+        host = rb.add(Compute("ds_persistent_copy_out", "copy", 0.0, 0.0,
+                              fixed_time_s=persistent_gather_host_s(count, len(group))), "compute", (done,))
+        self.last_gather = done
+        return [*deps, host]
+
     def forward(self, first_v: bool, last_v: bool, deps: list) -> int | None:
         rb = self.rb
+        if self.step == 0:
+            deps = self._post_step_gather(deps)
         if first_v:
             self._emit_unit("pre", "fwd", deps + rb.gathered("pre"), reduce=False)
             deps = []

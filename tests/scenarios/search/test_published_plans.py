@@ -133,16 +133,11 @@ def _zero3_rows() -> list[dict[str, str]]:
     return [r for r in _rows(SC21_TABLE2) if "(ZeRO-3" in r["subtable"]]
 
 
-_ZERO3_FAST = ("DeepSpeed ZeRO-3 is priced by its coordinator's fetch plan, as the simulation runs it, and both "
-               "are too fast at this size (screen {screen} TFLOP/s per GPU, simulation {sim}, measured {measured}): "
-               "the measured time implies ~16-23 GB/s of parameter traffic per GPU where NCCL's model "
-               "of the fabric gives more (docs/DESIGN.md, DeepSpeed ZeRO-3); PTD-P is measured {ptdp}")
 ZERO3_XFAIL: dict[str, str] = {
-    "174.6B-384gpu": _ZERO3_FAST.format(screen=207, sim=195, measured=144, ptdp=153),
-    "174.6B-768gpu": _ZERO3_FAST.format(screen=185, sim="171 (4 layers)", measured=88, ptdp=149),
-    "529.6B-640gpu": ("micro-batch 4 with full recomputation needs 88 GB by the memory model (the verdict run "
-                      "uses): 14 GB of DeepSpeed's gathered parameters and unpartitioned gradients and 16 GB of "
-                      "recompute workspace (KNOWN_FALSE_OOM in test_published_runs_fit); the published run completed"),
+    "529.6B-640gpu": ("micro-batch 4 with full recomputation needs 86.0 GB by the memory model (the verdict "
+                      "run uses; 85.1 GB usable): 14.7 GB of DeepSpeed's gathered parameters and unpartitioned "
+                      "gradients at their joint peak and 16 GB of recompute workspace (KNOWN_FALSE_OOM in "
+                      "test_published_runs_fit); the published run completed"),
 }
 """Rows of SC'21 Table 2 where the screen does not rank PTD-P above ZeRO-3 (measured by this test)."""
 
@@ -171,6 +166,47 @@ def test_sc21_table2_ptdp_ranks_above_zero3(row):
     ptdp = min(e.iteration_time_s for e in map(ctx.estimate, cands) if e.fits)
     assert fit3, "the ZeRO-3 plan does not fit by the screen's memory model, though the published run completed"
     assert ptdp < min(fit3), f"PTD-P {ptdp:.2f} s vs ZeRO-3 {min(fit3):.2f} s"
+
+
+ZERO3_TFLOPS_TOLERANCE = 0.25
+"""Largest relative error of the screen's ZeRO-3 TFLOP/s per GPU on SC'21 Table 2 (the 175B rows are
+those ``[deepspeed] host_per_rank_s`` was fitted to: +17 %, +15 %, -10 %; the 530B rows are out of
+sample: +19 %, +15 %; the 640-GPU row is a known false OOM)."""
+ZERO3_FALL_TOLERANCE = 0.35
+"""Largest relative error of the fall in TFLOP/s per GPU from the fewest to the most GPUs (175B: 4.2x
+against 3.27x measured; 530B 1,120 -> 2,240: 2.1x against 2.04x)."""
+
+
+def _sc21_tflops(row: dict[str, str], iteration_s: float) -> float:
+    """SC'21's model FLOPs per GPU and second (the paper's formula, full recomputation)."""
+    b, s, l, h, v = (int(row[k].rstrip("*")) for k in ("global_batch_size", "seq_len", "layers", "hidden_size",
+                                                        "vocab"))
+    flops = 96 * b * s * l * h * h * (1 + s / (6 * h) + v / (16 * l * h))
+    return flops / int(row["num_gpus"]) / iteration_s / 1e12
+
+
+def test_sc21_table2_zero3_throughput_falls_as_measured():
+    """DeepSpeed ZeRO-3 at a fixed batch, 384 -> 1,536 GPUs (175B) and 1,120 -> 2,240 (530B): the
+    screen's TFLOP/s per GPU within ZERO3_TFLOPS_TOLERANCE of each measured row, and its fall within
+    ZERO3_FALL_TOLERANCE of the measured fall. Before the host's per-rank loops were modelled the 175B
+    fall was 1.8x (201 -> 114) against 3.27x."""
+    got: dict[str, list[tuple[float, float]]] = {}
+    for row in _zero3_rows():
+        gpus, gbs, mbs = int(row["num_gpus"]), int(row["global_batch_size"].rstrip("*")), int(row["micro_batch_size"])
+        big = row["model_params_B"].startswith("174")
+        if _row_id(row) in ZERO3_XFAIL:
+            continue
+        model = {"name": "gpt3-175b" if big else "gpt-530b", **MEGATRON_2021_MODEL}
+        ctx = _megatron(f"t2-{gpus}", gpus=gpus, model=model, gbs=gbs)
+        e = ctx.estimate(Candidate(dp=gpus, zero=3, zero_impl="deepspeed", mbs=mbs, recompute="full"))
+        assert e.fits, _row_id(row)
+        pred, meas = _sc21_tflops(row, e.iteration_time_s), float(row["tflops_per_gpu"])
+        assert pred == pytest.approx(meas, rel=ZERO3_TFLOPS_TOLERANCE), (_row_id(row), pred, meas)
+        got.setdefault(row["model_params_B"], []).append((pred, meas))
+    assert len(got) == 2
+    for pairs in got.values():
+        (p0, m0), (p1, m1) = pairs[0], pairs[-1]
+        assert p0 / p1 == pytest.approx(m0 / m1, rel=ZERO3_FALL_TOLERANCE), pairs
 
 
 @pytest.mark.parametrize("model, gpus, recompute", [("llama3-8b", 64, "selective"), ("llama3-70b", 256, "full")])
