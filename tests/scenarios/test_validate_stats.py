@@ -72,6 +72,25 @@ def test_leave_one_source_out_on_two_synthetic_sources():
     assert loso["C"]["mape"] == pytest.approx(abs((a + b / 0.85) / 5.0 - 1))
 
 
+def test_rows_of_a_table_only_constant_are_left_out_of_its_loso():
+    # D's rows d1, d2 fixed another end-to-end constant whose only source is D: they cannot be held out,
+    # so D's held-out figure is its remaining row d3, and the note names the constant.
+    a, b = 1.0, 4.0
+    rows = [_row("D", "sc21t2-zero3", "d1", a, b, 1.0), _row("D", "sc21t2-zero3", "d2", a, b, 2.0),
+            _row("D", "sc21t2-zero3", "d3", a, b, 4.0)]
+    fits = {"deepspeed.host_per_rank_s": ["sc21t2-zero3:d1", "sc21t2-zero3:d2"]}
+    provenance.mark_in_sample(rows, fits)
+    assert [r.in_sample for r in rows] == [True, True, False]
+    d = provenance.leave_one_source_out(rows, fits)["D"]
+    assert d["rows"] == 1 and d["mape"] == pytest.approx(abs((a + b / 0.85) / 4.0 - 1))
+    assert "deepspeed.host_per_rank_s" in d["note"] and "2 rows" in d["note"]
+    fits["deepspeed.host_per_rank_s"].append("sc21t2-zero3:d3")
+    d = provenance.leave_one_source_out(rows, fits)["D"]
+    assert d["rows"] == 0 and d["mape"] != d["mape"]
+    assert provenance.pooled({"D": d, "E": {"rows": 2, "mape": 0.03, "max_abs_error": 0.04}}) == {
+        "rows": 2, "mape": pytest.approx(0.03), "max_abs_error": 0.04}
+
+
 def test_pooled_loso_weights_tables_by_rows():
     per = {"A": {"rows": 1, "mape": 0.10, "max_abs_error": 0.10}, "B": {"rows": 3, "mape": 0.02, "max_abs_error": 0.05}}
     assert provenance.pooled(per) == {"rows": 4, "mape": pytest.approx(0.04), "max_abs_error": 0.10}
