@@ -36,6 +36,7 @@ from typing import Any
 
 from workload.memory import MemoryBreakdown, TransformerShape
 from workload.parallel.deepspeed_zero import DEFAULTS, Stage3Settings, Use, gradient_buckets, plan_fetches
+from workload.recompute_lifetime import MODULES, ModuleWorkspace, saved_bytes_by_op, workspace_by_module
 
 
 def layer_modules(m: TransformerShape, tp: int = 1) -> tuple[tuple[str, tuple[int, ...]], ...]:
@@ -148,7 +149,37 @@ def phase_peaks(m: TransformerShape, full_recompute: bool, s: Stage3Settings = D
     backward step where their sum is largest) of one micro-batch on one of ``tp`` tensor-parallel ranks.
     The two peaks of :func:`transient_elements` fall at different steps (530B: 5 h^2 gathered in the
     forward, 12 h^2 of gradients at a layer's qkv backward, where 3 h^2 are gathered), so adding them
-    over-counts.
+    over-counts. :func:`joint_peak` without a recompute workspace."""
+    fwd, (gathered, grads, _) = joint_peak(m, full_recompute, s, tp)
+    return fwd, (gathered, grads)
+
+
+def _step_workspace(m: TransformerShape, full_recompute: bool, tp: int,
+                    workspace: tuple[ModuleWorkspace, ...] | None) -> list[tuple[float, float]]:
+    """Per step of :func:`iteration_uses`: the recompute workspace (bytes) during the module's pass and
+    after it (:class:`workload.recompute_lifetime.ModuleWorkspace`); none outside the blocks' backward."""
+    pre, post = _ends(m, tp)
+    n = len(layer_modules(m, tp))
+    if workspace is not None and len(workspace) != n:
+        raise ValueError(f"workspace must give each of the block's {n} modules, got {len(workspace)}")
+    zero = [(0.0, 0.0)]
+    out = zero * (len(pre) + m.num_layers * n + len(post))
+    for _ in range(m.num_layers):
+        if full_recompute:
+            out += [(w.forward, w.forward_after) for w in workspace] if workspace else zero * n
+        out += [(w.backward, w.backward_after) for w in reversed(workspace)] if workspace else zero * n
+    return out + zero * len(pre)
+
+
+@lru_cache(maxsize=64)
+def joint_peak(m: TransformerShape, full_recompute: bool, s: Stage3Settings = DEFAULTS, tp: int = 1,
+               workspace: tuple[ModuleWorkspace, ...] | None = None,
+               param_bytes: int = 2) -> tuple[int, tuple[int, int, float]]:
+    """(most gathered elements in the forward, (gathered elements, unpartitioned gradient elements,
+    recompute workspace bytes) at the backward moment where ``(gathered + gradients) * param_bytes +
+    workspace`` is largest) of one micro-batch on one of ``tp`` tensor-parallel ranks; ``workspace``: per
+    module of :func:`layer_modules` (forward order), the layer's recompute workspace around its passes
+    (:func:`workload.recompute_lifetime.workspace_by_module`), or none.
 
     Replays the coordinator (:attr:`FetchPlan.live` per step) and the buckets of
     :func:`peak_gradient_elements` together: at a backward step, the gathered elements plus the bucket
@@ -156,23 +187,35 @@ def phase_peaks(m: TransformerShape, full_recompute: bool, s: Stage3Settings = D
     at the end the last bucket and its flattened copy (the backward epilogue's reduction). With
     tied embeddings the output layer's gradient of the word embedding is held from the start of backward
     until the embedding's backward adds its part (autograd sums a leaf's incoming gradients before its
-    ``AccumulateGrad``; DeepSpeed's hook fires once, :func:`gradient_order`): V h / tp more elements."""
+    ``AccumulateGrad``; DeepSpeed's hook fires once, :func:`gradient_order`): V h / tp more elements.
+    With a workspace, also the moment after each block step (:attr:`FetchPlan.after` gathered, the
+    buckets as that step left them), while the ops between two modules run (the attention core's
+    backward, the recomputed forward's end)."""
     uses = iteration_uses(m, full_recompute, tp)
-    live = plan_fetches(uses, s).live
+    plan = plan_fetches(uses, s)
+    live = plan.live
     first_bwd, at = _backward_gradients(m, full_recompute, tp)
+    ws = _step_workspace(m, full_recompute, tp, workspace)
     held = m.vocab_size * m.hidden_size // tp if m.tied_embeddings else 0
     reducing = current = 0
-    best = (0, 0)
+    best: tuple[int, int, float] = (0, 0, 0.0)
+    best_bytes = 0.0
+
+    def consider(gathered: int, grads: int, workspace_bytes: float) -> None:
+        nonlocal best, best_bytes
+        if (gathered + grads) * param_bytes + workspace_bytes > best_bytes:
+            best, best_bytes = (gathered, grads, workspace_bytes), (gathered + grads) * param_bytes + workspace_bytes
+
     for i in range(first_bwd, len(live)):
         for g in at.get(i, [0]):
-            grads = reducing + current + g + held
-            if live[i] + grads > sum(best):
-                best = (live[i], grads)
+            consider(live[i], reducing + current + g + held, ws[i][0])
             if g and current and current + g > s.reduce_bucket_size:
                 reducing, current = 2 * current, 0  # the previous bucket freed, this one flattened
             current += g
-    if live and live[-1] + 2 * current > sum(best):  # the epilogue's flush: the last bucket and its copy
-        best = (live[-1], 2 * current)
+        if ws[i][1] > 0:
+            consider(plan.after[i], reducing + current + held, ws[i][1])
+    if live:  # the epilogue's flush: the last bucket and its copy
+        consider(live[-1], 2 * current, 0.0)
     return max(live[:first_bwd], default=0), best
 
 
@@ -206,27 +249,49 @@ def peak_gradient_elements(numels: list[int], s: Stage3Settings = DEFAULTS) -> i
 
 
 def with_deepspeed_stage3(mem: MemoryBreakdown, model_cfg: Any, parallel: Any, param_bytes: int, grad_bytes: int,
-                          s: Stage3Settings = DEFAULTS) -> MemoryBreakdown:
+                          s: Stage3Settings = DEFAULTS, *, flash_attention: bool = True,
+                          fp8: bool = False) -> MemoryBreakdown:
     """``mem`` (:func:`workload.memory.memory_per_gpu` at ZeRO stage 3, with ``param_bytes`` and
-    ``grad_bytes`` per element) with DeepSpeed's transient buffers in place of FSDP's and the gradient
-    partitions in the parameters' dtype (module docstring). MoE models keep the FSDP estimate (the
-    coordinator replay here knows dense blocks only)."""
+    ``grad_bytes`` per element, ``flash_attention`` and ``fp8`` as passed to it) with DeepSpeed's
+    transient buffers in place of FSDP's and the gradient partitions in the parameters' dtype (module
+    docstring). Under full recomputation the recompute workspace is the layer's at the backward's joint
+    peak (:func:`layer_workspace`, :func:`joint_peak`), not its own peak. MoE models keep the FSDP
+    estimate (the coordinator replay here knows dense blocks only)."""
     m = TransformerShape.of(model_cfg)
     if m.num_experts > 1 or parallel.dp * parallel.cp == 1:
         return mem
     full = parallel.recompute_granularity == "full"
-    fwd_gathered, (gathered, grads) = phase_peaks(m, full, s, parallel.tp)
+    workspace = layer_workspace(m, parallel, flash_attention=flash_attention, fp8=fp8) if full else None
+    fwd_gathered, (gathered, grads, ws) = joint_peak(m, full, s, parallel.tp, workspace, param_bytes)
+    if workspace is None:  # the workspace (none, or selective's attention core) counted whole
+        ws = mem.workspace
     activations = mem.activations
     out_act = output_layer_activations(mem, m, parallel)
-    if (gathered + grads - fwd_gathered) * param_bytes >= out_act:  # the peak is in the blocks' backward
+    # the blocks' backward peak (the output layer's activations freed) or the forward's (the workspace
+    # counted whole there, as before its lifetime was modelled: an upper bound)
+    if (gathered + grads) * param_bytes + ws - out_act >= fwd_gathered * param_bytes + mem.workspace:
         activations -= out_act
     else:
-        gathered, grads = fwd_gathered, 0
+        gathered, grads, ws = fwd_gathered, 0, mem.workspace
     detail = dict(mem.detail, deepspeed_gathered_elements=gathered, deepspeed_gradient_elements=grads,
-                  deepspeed_freed_output_activations=mem.activations - activations)
+                  deepspeed_freed_output_activations=mem.activations - activations,
+                  recompute_workspace_peak_bytes=mem.workspace)
     return replace(mem, gradients=mem.gradients * param_bytes / grad_bytes, activations=activations,
-                   gather_buffers=(gathered + grads) * param_bytes, detail=detail)
+                   workspace=ws, gather_buffers=(gathered + grads) * param_bytes, detail=detail)
 
 
-__all__ = ["WORD_EMBEDDING", "gradient_order", "iteration_uses", "layer_modules", "output_layer_activations",
-           "peak_gradient_elements", "phase_peaks", "transient_elements", "with_deepspeed_stage3"]
+def layer_workspace(m: TransformerShape, parallel: Any, *, flash_attention: bool = True,
+                    fp8: bool = False) -> tuple[ModuleWorkspace, ...]:
+    """One layer's full-recompute workspace around each module of :func:`layer_modules` (in its order)
+    for ``parallel``'s micro-batch, TP, sequence parallelism and CP
+    (:func:`workload.recompute_lifetime.workspace_by_module`)."""
+    saved = saved_bytes_by_op(m, micro_batch_size=parallel.micro_batch_size, tp=parallel.tp,
+                              sequence_parallel=parallel.sequence_parallel and parallel.tp > 1, cp=parallel.cp,
+                              flash_attention=flash_attention, fp8=fp8)
+    by_module = workspace_by_module(saved)
+    return tuple(by_module[name] for name in MODULES)
+
+
+__all__ = ["WORD_EMBEDDING", "gradient_order", "iteration_uses", "joint_peak", "layer_modules", "layer_workspace",
+           "output_layer_activations", "peak_gradient_elements", "phase_peaks", "transient_elements",
+           "with_deepspeed_stage3"]

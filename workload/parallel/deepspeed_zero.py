@@ -137,6 +137,8 @@ class FetchPlan:
     """Most elements gathered at once (fetched, in flight or kept for reuse), at a hook after its prefetch."""
     live: list[int] = field(default_factory=list)
     """Per step: the elements gathered at its hook after its prefetch (the module's pass runs with them)."""
+    after: list[int] = field(default_factory=list)
+    """Per step: the elements still gathered once its module is released (until the next step's hook)."""
 
     def per_step_counts(self) -> list[int]:
         return [len(self.by_step.get(i, [])) for i in range(max(self.by_step, default=-1) + 1)]
@@ -189,6 +191,7 @@ def plan_fetches(uses: list[Use], s: Stage3Settings = DEFAULTS) -> FetchPlan:
         plan.peak_live = max(plan.peak_live, plan.live[-1])
         if use.key in live and not _reused_soon(uses, i, n, s):
             del live[use.key]
+        plan.after.append(sum(live.values()))
     return plan
 
 

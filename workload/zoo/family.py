@@ -207,15 +207,16 @@ def transformer_memory(cfg: Any, parallel: ParallelConfig, dtype: str) -> Memory
     (``unfused_loss``)."""
     p = parallel
     param_bytes, grad_bytes = state_bytes(dtype)
+    flash = getattr(cfg, "attention_backend", "flash") != "unfused"
     mem = memory_per_gpu(
         cfg, tp=p.tp, pp=p.pp, dp=p.dp, cp=p.cp, ep=p.ep, micro_batch_size=p.micro_batch_size,
         num_microbatches=p.num_microbatches, virtual_pipeline_size=p.vpp, sequence_parallel=p.sequence_parallel,
         recompute=p.recompute_granularity, recompute_method=p.recompute_method,
         recompute_num_layers=p.recompute_num_layers, zero_stage=p.memory_zero_stage, param_bytes=param_bytes,
-        grad_bytes=grad_bytes, flash_attention=getattr(cfg, "attention_backend", "flash") != "unfused",
+        grad_bytes=grad_bytes, flash_attention=flash,
         fp8=dtype == "fp8", unfused_loss=p.fsdp, stage_layers=p.stage_layers(cfg.num_layers))
     if p.zero_impl == "deepspeed":  # DeepSpeed's per-module buffers, not FSDP's per-layer ones
-        mem = with_deepspeed_stage3(mem, cfg, p, param_bytes, grad_bytes)
+        mem = with_deepspeed_stage3(mem, cfg, p, param_bytes, grad_bytes, flash_attention=flash, fp8=dtype == "fp8")
     return mem
 
 

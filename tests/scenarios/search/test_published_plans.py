@@ -133,12 +133,7 @@ def _zero3_rows() -> list[dict[str, str]]:
     return [r for r in _rows(SC21_TABLE2) if "(ZeRO-3" in r["subtable"]]
 
 
-ZERO3_XFAIL: dict[str, str] = {
-    "529.6B-640gpu": ("micro-batch 4 with full recomputation needs 86.0 GB by the memory model (the verdict "
-                      "run uses; 85.1 GB usable): 14.7 GB of DeepSpeed's gathered parameters and unpartitioned "
-                      "gradients at their joint peak and 16 GB of recompute workspace (KNOWN_FALSE_OOM in "
-                      "test_published_runs_fit); the published run completed"),
-}
+ZERO3_XFAIL: dict[str, str] = {}
 """Rows of SC'21 Table 2 where the screen does not rank PTD-P above ZeRO-3 (measured by this test)."""
 
 
