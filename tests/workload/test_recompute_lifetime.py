@@ -22,12 +22,13 @@ def _shape(name: str, **changes) -> TransformerShape:
 
 
 CASES = [
-    ("gpt-530b", {}, dict(micro_batch_size=4, flash_attention=False)),
-    ("gpt-530b", {"attention_dropout": 0.0, "hidden_dropout": 0.0}, dict(micro_batch_size=2, flash_attention=False)),
-    ("gpt3-175b", {}, dict(micro_batch_size=1, tp=8, sequence_parallel=True, flash_attention=True, fp8=True)),
-    ("gpt3-175b", {}, dict(micro_batch_size=1, tp=8, flash_attention=False, fp8=True, cp=2)),
-    ("llama3-70b", {}, dict(micro_batch_size=1, tp=8, sequence_parallel=True, flash_attention=True)),
-    ("llama3-8b", {"qk_norm": True, "head_dim": 256}, dict(micro_batch_size=2, tp=2, flash_attention=True)),
+    ("gpt-530b", {}, {"micro_batch_size": 4, "flash_attention": False}),
+    ("gpt-530b", {"attention_dropout": 0.0, "hidden_dropout": 0.0}, {"micro_batch_size": 2, "flash_attention": False}),
+    ("gpt3-175b", {}, {"micro_batch_size": 1, "tp": 8, "sequence_parallel": True, "flash_attention": True,
+                       "fp8": True}),
+    ("gpt3-175b", {}, {"micro_batch_size": 1, "tp": 8, "flash_attention": False, "fp8": True, "cp": 2}),
+    ("llama3-70b", {}, {"micro_batch_size": 1, "tp": 8, "sequence_parallel": True, "flash_attention": True}),
+    ("llama3-8b", {"qk_norm": True, "head_dim": 256}, {"micro_batch_size": 2, "tp": 2, "flash_attention": True}),
 ]
 
 
@@ -37,10 +38,11 @@ def test_saved_bytes_add_up_to_the_layer_activations(name, changes, kw):
     without recomputation, and the first LayerNorm's input is what full recomputation keeps."""
     m = _shape(name, **changes)
     saved = saved_bytes_by_op(m, **kw)
-    args = dict(tp=kw.get("tp", 1), sequence_parallel=kw.get("sequence_parallel", False), cp=kw.get("cp", 1),
-                ffn_hidden_size=m.ffn_hidden_size, num_query_groups=m.num_query_groups, gated_mlp=m.gated_mlp,
-                flash_attention=kw["flash_attention"], fp8=kw.get("fp8", False), hidden_dropout=m.hidden_dropout,
-                attention_dropout=m.attention_dropout, head_dim=m.head_dim, qk_norm=m.qk_norm)
+    args = {"tp": kw.get("tp", 1), "sequence_parallel": kw.get("sequence_parallel", False), "cp": kw.get("cp", 1),
+            "ffn_hidden_size": m.ffn_hidden_size, "num_query_groups": m.num_query_groups, "gated_mlp": m.gated_mlp,
+            "flash_attention": kw["flash_attention"], "fp8": kw.get("fp8", False),
+            "hidden_dropout": m.hidden_dropout, "attention_dropout": m.attention_dropout, "head_dim": m.head_dim,
+            "qk_norm": m.qk_norm}
 
     def table2(mode: str) -> float:
         return activation_bytes_per_layer(m.seq_length, kw["micro_batch_size"], m.hidden_size,

@@ -166,7 +166,14 @@ def test_sc21_table2_ptdp_ranks_above_zero3(row):
 ZERO3_TFLOPS_TOLERANCE = 0.25
 """Largest relative error of the screen's ZeRO-3 TFLOP/s per GPU on SC'21 Table 2 (the 175B rows are
 those ``[deepspeed] host_per_rank_s`` was fitted to: +17 %, +15 %, -10 %; the 530B rows are out of
-sample: +19 %, +15 %; the 640-GPU row is a known false OOM)."""
+sample: +19 %, +15 %; the 640-GPU row, which fits by the memory model only since the recompute workspace's
+lifetime is modelled, is +27 %: ZERO3_THROUGHPUT_XFAIL)."""
+ZERO3_THROUGHPUT_XFAIL: dict[str, str] = {
+    "529.6B-640gpu": ("the screen gives 175 TFLOP/s per GPU against 138 measured (+27 %, over "
+                      "ZERO3_TFLOPS_TOLERANCE): the cost that grows with the micro-batch (+17 % at mbs 4 on 175B) "
+                      "is not modelled; left out of the fall, which compares 1,120 -> 2,240 GPUs"),
+}
+"""ZeRO-3 rows of SC'21 Table 2 whose throughput is outside ZERO3_TFLOPS_TOLERANCE (a strict xfail each)."""
 ZERO3_FALL_TOLERANCE = 0.35
 """Largest relative error of the fall in TFLOP/s per GPU from the fewest to the most GPUs (175B: 4.2x
 against 3.27x measured; 530B 1,120 -> 2,240: 2.1x against 2.04x)."""
@@ -180,6 +187,24 @@ def _sc21_tflops(row: dict[str, str], iteration_s: float) -> float:
     return flops / int(row["num_gpus"]) / iteration_s / 1e12
 
 
+def _zero3_tflops(row: dict[str, str]) -> tuple[float, float]:
+    """(the screen's, the measured) TFLOP/s per GPU of a ZeRO-3 row of SC'21 Table 2."""
+    gpus, gbs, mbs = int(row["num_gpus"]), int(row["global_batch_size"].rstrip("*")), int(row["micro_batch_size"])
+    model = {"name": "gpt3-175b" if row["model_params_B"].startswith("174") else "gpt-530b", **MEGATRON_2021_MODEL}
+    ctx = _megatron(f"t2-{gpus}", gpus=gpus, model=model, gbs=gbs)
+    e = ctx.estimate(Candidate(dp=gpus, zero=3, zero_impl="deepspeed", mbs=mbs, recompute="full"))
+    assert e.fits, _row_id(row)
+    return _sc21_tflops(row, e.iteration_time_s), float(row["tflops_per_gpu"])
+
+
+@pytest.mark.parametrize("row", [pytest.param(r, id=_row_id(r), marks=pytest.mark.xfail(
+    strict=True, reason=ZERO3_THROUGHPUT_XFAIL[_row_id(r)])) for r in _zero3_rows()
+    if _row_id(r) in ZERO3_THROUGHPUT_XFAIL])
+def test_sc21_table2_zero3_throughput_out_of_tolerance(row):
+    pred, meas = _zero3_tflops(row)
+    assert pred == pytest.approx(meas, rel=ZERO3_TFLOPS_TOLERANCE), (_row_id(row), pred, meas)
+
+
 def test_sc21_table2_zero3_throughput_falls_as_measured():
     """DeepSpeed ZeRO-3 at a fixed batch, 384 -> 1,536 GPUs (175B) and 1,120 -> 2,240 (530B): the
     screen's TFLOP/s per GPU within ZERO3_TFLOPS_TOLERANCE of each measured row, and its fall within
@@ -187,15 +212,9 @@ def test_sc21_table2_zero3_throughput_falls_as_measured():
     fall was 1.8x (201 -> 114) against 3.27x."""
     got: dict[str, list[tuple[float, float]]] = {}
     for row in _zero3_rows():
-        gpus, gbs, mbs = int(row["num_gpus"]), int(row["global_batch_size"].rstrip("*")), int(row["micro_batch_size"])
-        big = row["model_params_B"].startswith("174")
-        if _row_id(row) in ZERO3_XFAIL:
+        if _row_id(row) in ZERO3_XFAIL or _row_id(row) in ZERO3_THROUGHPUT_XFAIL:
             continue
-        model = {"name": "gpt3-175b" if big else "gpt-530b", **MEGATRON_2021_MODEL}
-        ctx = _megatron(f"t2-{gpus}", gpus=gpus, model=model, gbs=gbs)
-        e = ctx.estimate(Candidate(dp=gpus, zero=3, zero_impl="deepspeed", mbs=mbs, recompute="full"))
-        assert e.fits, _row_id(row)
-        pred, meas = _sc21_tflops(row, e.iteration_time_s), float(row["tflops_per_gpu"])
+        pred, meas = _zero3_tflops(row)
         assert pred == pytest.approx(meas, rel=ZERO3_TFLOPS_TOLERANCE), (_row_id(row), pred, meas)
         got.setdefault(row["model_params_B"], []).append((pred, meas))
     assert len(got) == 2
