@@ -19,6 +19,9 @@ coordinator replay the simulation runs:
   gradient from the output layer held until the embedding's backward; at that backward peak the output
   layer's activations (logits, the final norm's and output projection's inputs) are already freed
   (:func:`output_layer_activations`), unless the forward's peak of gathered parameters is higher.
+  Under full recomputation the layer's recompute workspace joins that moment as it is then
+  (:mod:`workload.recompute_lifetime`: freed op by op as the backward walks back through the layer),
+  not whole (:func:`joint_peak`).
 * The gradient *partitions* stay in fp16 (``fp16_partitioned_groups``' gradients, 2 bytes per element),
   not Megatron's fp32 main grads.
 
