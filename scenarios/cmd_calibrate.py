@@ -232,6 +232,9 @@ def _nccl(paths: list[str], system: str, fidelity: str, doc: dict[str, Any]) -> 
             print(f"  from 1 MiB: in-sample max {max(abs(c['error']) for c in band):.1%}, held-out max "
                   f"{max((abs(c['held_out_error']) for c in band if c['held_out']), default=0.0):.1%}"
                   f" ({f.curve_knots} busbw correction knot(s))")
+        if f.curve_knots:
+            sizes = [c["size_bytes"] for c in f.comparison]
+            print(f"  the busbw correction covers {min(sizes)}-{max(sizes)} B; other sizes take its end values")
         fits.append({"log": path, "system": system, "collective": log.collective, "ranks": log.ranks,
                      "nodes": log.nodes, "gpus_per_thread": log.gpus_per_thread, "nccl_version": log.nccl_version,
                      "fidelity": fidelity, "not_fitted": f.not_fitted,

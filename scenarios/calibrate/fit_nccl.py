@@ -52,6 +52,11 @@ FOLLOW_FRACTION = 0.1
 for bound elsewhere and keeps 1.0 (a third, before: then the 8 MiB knot of the 8x A100 log under
 ``chunked``, partly masked by the host enqueue of ``-g 8`` -- busbw -3.5 % for the first pass's -24 %
 factor -- kept 1.0 and stayed 32 % off; now it follows over the passes, and under ``flow`` nothing moves)."""
+MIN_CURVE_SIZES = 4
+"""Sizes a log needs for a busbw correction: outside the fitted sizes the correction is held at its end
+values, so a curve through one to three sizes would move every other size by what those few measured
+(one 128 MiB row of the 8x A100 log: -20 % at 8 GiB). With fewer, no correction is fitted, and the fit
+says so."""
 PRUNE_TOLERANCE = 0.02
 """A knot is dropped while interpolating its neighbours stays within this of every fitted knot's factor."""
 CURVE_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce")
@@ -187,8 +192,12 @@ def _fit(topo: Any, log: NcclLog, gpus: list, fit_sizes: set[int], fidelity: str
             sections[key] = float(shipped[key]) * ratio
             changed.append((f"nccl.{key}", float(shipped[key]), sections[key]))
         sections["host_fit_gpus"] = int(shipped["host_fit_gpus"])
-    if log.collective in CURVE_COLLECTIVES and measured:
+    if log.collective in CURVE_COLLECTIVES and len(measured) >= MIN_CURVE_SIZES:
         sections = _fit_curve(topo, log, gpus, sections, measured, arch, changed, fidelity)
+    elif log.collective in CURVE_COLLECTIVES and measured:
+        not_fitted.append(f"nccl.{nccl_cal.BUSBW_CORRECTION_KEY}.{arch}.{curve_name(log)}: not fitted: "
+                          f"{len(measured)} size(s), at least {MIN_CURVE_SIZES} are needed (the correction is held "
+                          f"at its end values outside the sizes it was fitted on)")
     return sections, changed, _simulate(topo, log, gpus, sections, fidelity)
 
 

@@ -69,15 +69,16 @@ def read_nccl_log(path: str | Path) -> NcclLog:
     """Parse one nccl-tests output file.
 
     Raises:
-        CalibrationInputError: unreadable, no result rows, a row with wrong results (``#wrong`` > 0), or
-            no way to tell the collective (no ``Collective test starting`` line and a file name without it).
+        CalibrationInputError: unreadable, no result rows, a row with wrong results (``#wrong`` > 0), no
+            way to tell the collective (no ``Collective test starting`` line and a file name without it), no
+            way to tell the rank count (no ``nGpus`` line and no ``Rank`` lines), or a single rank.
     """
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8", errors="replace")
     except OSError as exc:
         raise CalibrationInputError(f"{p}: cannot read it ({exc.strerror})") from None
-    collective, version, g, channels = "", "", 1, None
+    collective, version, g, channels = "", "", 0, None
     ranks: dict[int, tuple[str, str]] = {}
     rows: list[NcclRow] = []
     choices: dict[int, tuple[str, str]] = {}
@@ -106,10 +107,15 @@ def read_nccl_log(path: str | Path) -> NcclLog:
     if not collective:
         raise CalibrationInputError(f"{p}: cannot tell the collective (no '# Collective test starting' line); name "
                                     f"the file after it, e.g. all_reduce_perf.log")
+    if not g and not ranks:
+        raise CalibrationInputError(f"{p}: cannot tell how many GPUs ran it (no 'nThread T nGpus G' line and no "
+                                    f"'Rank r ... device d' lines): keep nccl-tests' header in the log")
+    if max(len(ranks), g) < 2:
+        raise CalibrationInputError(f"{p}: ran on one GPU (busbw is 0 there): a log of 2 or more ranks is needed")
     hosts = {h for h, _ in ranks.values()}
     gpu = next(iter(ranks.values()))[1] if ranks else ""
-    return NcclLog(str(p), N.canonical_collective(collective), rows, max(len(ranks), g), max(len(hosts), 1), g,
-                   gpu, version, channels, choices)
+    return NcclLog(str(p), N.canonical_collective(collective), rows, max(len(ranks), g), max(len(hosts), 1),
+                   g or 1, gpu, version, channels, choices)
 
 
 def _row(path: Path, line: str) -> NcclRow | None:

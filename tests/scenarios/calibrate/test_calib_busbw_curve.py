@@ -11,6 +11,7 @@ from hwmodel.ir import Collective
 from hwmodel.nccl import calibration as nccl_cal
 from hwmodel.nccl.engine import NcclEngine, simulate_nccl_tests
 from hwmodel.topology import build_system
+from scenarios.calibrate import CalibrationInputError
 from scenarios.calibrate.fit_nccl import fit_nccl, held_out_sizes
 from scenarios.calibrate.nccl_log import read_nccl_log
 from scenarios.calibrate.profile import write_profile
@@ -207,8 +208,11 @@ def test_too_few_rows_leave_the_bandwidth_fraction_unfitted(tmp_path, capsys):
     fit = fit_nccl(read_nccl_log(short), "dgx-a100")
     assert "nvlink_efficiency" not in fit.sections
     assert not any(k.startswith("nccl.nvlink_efficiency") for k, _, _ in fit.changed)
-    assert len(fit.not_fitted) == 1
+    assert len(fit.not_fitted) == 2 and fit.curve_knots == 0
     assert "nccl.nvlink_efficiency.ampere: not fitted" in fit.not_fitted[0] and "at least 4" in fit.not_fitted[0]
+    # nor a busbw correction: held at its end values, three sizes would move every other size
+    assert "busbw_correction.ampere.all_reduce_8ranks_1nodes: not fitted: 3 size(s)" in fit.not_fitted[1]
+    assert "busbw_correction" not in fit.sections
     out = tmp_path / "p.toml"
     assert main(["calibrate", "--nccl-log", str(short), "--system", "dgx-a100", "--output", str(out)]) == 0
     assert "at least 4" in capsys.readouterr().out
@@ -218,3 +222,17 @@ def test_fidelity_needs_an_nccl_log(capsys):
     assert main(["calibrate", "--measured", "iteration_time_s=1", "--scenario", "default",
                  "--fidelity", "chunked"]) == 2
     assert "--fidelity applies to --nccl-log" in capsys.readouterr().err
+
+
+def test_a_log_without_its_header_or_of_one_rank_is_a_clear_error(tmp_path):
+    lines = A100_LOG.read_text().splitlines()
+    bare = tmp_path / "all_reduce_perf.log"  # result rows only: the rank count is unknown
+    bare.write_text("\n".join(line for line in lines if line.strip()[:1].isdigit()) + "\n")
+    with pytest.raises(CalibrationInputError, match="cannot tell how many GPUs ran it"):
+        read_nccl_log(bare)
+    assert main(["calibrate", "--nccl-log", str(bare), "--system", "dgx-a100"]) == 2
+    one = tmp_path / "one.log"
+    one.write_text("\n".join(line.replace("nGpus 8", "nGpus 1") for line in lines
+                             if "Rank" not in line or "Rank  0" in line) + "\n")
+    with pytest.raises(CalibrationInputError, match="ran on one GPU"):
+        read_nccl_log(one)
