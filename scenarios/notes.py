@@ -117,8 +117,17 @@ def model_notes(model: Any) -> list[str]:
 
 
 def parallel_notes(config: Any) -> list[str]:
-    """One line per ``[parallel]`` key that changes nothing: a ``rank_order`` that orders the axes of size
-    > 1 (those that hold more than one rank) as the default does, so every rank keeps its groups."""
+    """One line per ``[parallel]`` / recompute key that changes nothing: a ``rank_order`` that orders the axes
+    of size > 1 (those that hold more than one rank) as the default does, so every rank keeps its groups;
+    ``recompute_method = "block"`` over 0 layers (Megatron checkpoints no layer: no recomputation)."""
+    notes = []
+    if getattr(config, "recompute_method", None) == "block" and getattr(config, "recompute_num_layers", None) == 0:
+        notes.append("recompute_method = \"block\" with recompute_num_layers = 0 checkpoints no layer: time and "
+                     "memory are those of recompute_granularity = \"none\"")
+    return notes + _rank_order_notes(config)
+
+
+def _rank_order_notes(config: Any) -> list[str]:
     order = getattr(config, "rank_order", None)
     default = type(config).rank_order if hasattr(type(config), "rank_order") else None
     if not order or not isinstance(default, str) or order == default:

@@ -355,8 +355,9 @@ def _parse_value(field: str, raw: str, key: str) -> Any:
             raise ValueError(f"{key}: {raw!r} is not an integer") from None
         if field == "zero" and v not in (0, 1, 2, 3):
             raise ValueError(f"{key}: {v} is not a ZeRO stage; allowed: 0, 1, 2, 3")
-        if v < 1 and field not in ("zero", "recompute_num_layers") or v < 0:
-            raise ValueError(f"{key}: {v} must be a positive integer")
+        if v < 0 or v < 1 and field not in ("zero", "recompute_num_layers"):
+            raise ValueError(f"{key}: {v} must be a " + ("non-negative integer (0: block recomputes no layer)"
+                             if field == "recompute_num_layers" else "positive integer"))
         return v
     if field in STAGE_KNOBS:
         if raw.lower() == "none":

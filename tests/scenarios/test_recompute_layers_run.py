@@ -57,3 +57,11 @@ def test_json_and_report_name_the_method(runs):
 ])
 def test_bad_input_is_one_line(capsys, argv, message):
     assert message in one_line_error(capsys, ["run", *argv])
+
+
+def test_block_over_no_layer_runs_as_none_and_says_so(runs, tmp_path):
+    block0 = [*FULL, "--set", 'training.recompute_method="block"', "--set", "training.recompute_num_layers=0"]
+    data, _ = _run(tmp_path, "block0", block0)
+    assert data["iteration_time_s"] == runs["none"][0]["iteration_time_s"]
+    assert any("checkpoints no layer" in w for w in data["warnings"])
+    assert not any("checkpoints no layer" in w for w in runs["block_sym"][0].get("warnings", []))

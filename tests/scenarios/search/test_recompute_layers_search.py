@@ -35,7 +35,7 @@ def test_knobs_parse_and_bad_values_are_one_line():
     k = parse_knobs(fix=["training.recompute_method=block"], space=["training.recompute_num_layers=0,2"])
     assert k == {"recompute_method": ["block"], "recompute_num_layers": [0, 2]}
     for fix, words in ((["training.recompute_method=layer"], "allowed: uniform, block"),
-                       (["training.recompute_num_layers=-1"], "must be a positive integer"),
+                       (["training.recompute_num_layers=-1"], "must be a non-negative integer"),
                        (["training.recompute_num_layers=x"], "is not an integer")):
         with pytest.raises(ValueError, match=None) as exc:
             parse_knobs(fix=fix)
