@@ -54,6 +54,11 @@ def pair_trace(trace_path: str, scenario: Any) -> Paired:
     if known is not None and known != gpu.name:
         raise CalibrationInputError(f"{trace_path}: traced on {trace.gpu_name} ({known}); the scenario "
                                     f"{scenario.name} runs on {gpu.name}: give a scenario on the traced GPU")
+    family = gpu.name.split("-")[0].lower()  # "V100" of V100-SXM2: an unknown board of the same GPU passes
+    if trace.gpu_name and known is None and family not in trace.gpu_name.lower():
+        raise CalibrationInputError(f"{trace_path}: traced on {trace.gpu_name!r}, a GPU trainsim does not know and "
+                                    f"not a {gpu.name.split('-')[0]}; the scenario {scenario.name} runs on "
+                                    f"{gpu.name}: give a scenario on the traced GPU (trainsim list gpus)")
     if trace.gpu_name and known is None:
         print(f"note: {trace_path}: GPU {trace.gpu_name!r} is not one trainsim knows; fitting to {gpu.name}",
               file=sys.stderr)

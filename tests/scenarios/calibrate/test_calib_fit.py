@@ -84,8 +84,21 @@ def test_profile_applies_to_run(profile, capsys, tmp_path):
     assert m["iteration_time_s"] == pytest.approx(0.0954, rel=0.02)
 
 
-def test_trace_of_another_model(capsys, tmp_path):
+def test_trace_of_another_gpu_that_trainsim_does_not_know(capsys, tmp_path):
+    # 'NVIDIA A100-PG509-200' is no GPU of gpus.toml and no V100: refused before anything is fitted
     assert main(["calibrate", "--kineto", str(DATA / "kineto_alexnet_a100.json.gz"), "--scenario", str(SCENARIO),
+                 "--output", str(tmp_path / "x.toml")]) == 2
+    err = capsys.readouterr().err
+    assert "a GPU trainsim does not know and not a V100" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "x.toml").exists()
+
+
+def test_trace_of_another_model(capsys, tmp_path):
+    # the same trace against a ResNet-50 scenario on an A100: an unknown A100 board passes with a note,
+    # then the model check refuses it
+    a100 = tmp_path / "resnet50_a100.toml"
+    a100.write_text(SCENARIO.read_text().replace('name = "dgx-2-v100"', 'name = "dgx-a100"'))
+    assert main(["calibrate", "--kineto", str(DATA / "kineto_alexnet_a100.json.gz"), "--scenario", str(a100),
                  "--output", str(tmp_path / "x.toml")]) == 2
     err = capsys.readouterr().err
     assert "not a trace of resnet-50" in err and len(err.strip().splitlines()) == 2  # a note, then one error line
