@@ -96,7 +96,7 @@ def _parallel_line(p: Mapping[str, Any], stack: list[str] | None = None) -> str:
     line = " x ".join(parts)
     extras = [f"schedule {p['schedule']}" + (f" (vpp {p['vpp']})" if p.get("vpp", 1) > 1 else "")]
     extras.append(f"micro-batch {p['micro_batch_size']}, global batch {p['global_batch_size']} "
-                  f"({p['num_microbatches']} micro-batches per pipeline)")
+                  f"({p['num_microbatches']} micro-batch{'es' if p['num_microbatches'] != 1 else ''} per pipeline)")
     extras.append(f"recompute {p['recompute_granularity']}" + (
         f" ({p['recompute_method']}, {p['recompute_num_layers']} layers)" if p.get("recompute_method") else ""))
     if p.get("sequence_parallel"):

@@ -65,9 +65,10 @@ def check_chunks(method: str | None, num_layers: int | None, chunk_layers: Seque
     if method is None or num_layers is None:
         return
     if method == "block" and num_layers > max(chunk_layers):
+        most = max(chunk_layers)
         raise ValueError(f"recompute_num_layers={num_layers} with recompute_method = 'block': a pipeline stage "
-                         f"(per virtual chunk) has at most {max(chunk_layers)} layers; allowed: 0 to "
-                         f"{max(chunk_layers)}")
+                         f"(per virtual chunk) has at most {most} layer{'s' if most != 1 else ''}; allowed: 0 to "
+                         f"{most}")
     bad = sorted({n for n in chunk_layers if n % num_layers}) if method == "uniform" else []
     if bad:
         raise ValueError(f"recompute_num_layers={num_layers} with recompute_method = 'uniform' must divide the "
