@@ -314,6 +314,11 @@ class Topology:
         """Segment inside ``node``: searched once per class of alike nodes where both ends are in it."""
         if src == dst:
             return []
+        classes = self._node_classes
+        if classes is not None and self.route_by_construction:  # (a segment already constructed: a GPU's to its NIC recurs per mirror)
+            named = classes.named(src, dst)
+            if named is not None:
+                return list(named)
         nodes = self._tables()[1]
         if not self.route_by_construction or nodes.get(src) != node or nodes.get(dst) != node:
             return self._path(src, dst, ("node", node), hkey)
