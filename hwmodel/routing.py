@@ -209,6 +209,9 @@ class NodeClasses:
         self._class_of: dict[Any, tuple[int, Any] | None] = {}
         self._classes: dict[tuple, tuple[int, Any]] = {}
         self._segments: dict[tuple[int, str, str], tuple[Edge, ...] | None] = {}
+        self._named: dict[tuple[str, str], tuple[Edge, ...]] = {}
+        """(src, dst) -> its segment once renamed, for segments without an ECMP choice: a GPU's segment
+        to its NIC recurs in the route of every mirror the GPU is an end of (O(devices) entries)."""
 
     def _signature(self, node: Any) -> tuple | None:
         if self._members is None:
@@ -237,12 +240,25 @@ class NodeClasses:
         self._class_of[node] = hit
         return hit
 
+    def named(self, src: str, dst: str) -> tuple[Edge, ...] | None:
+        """The segment ``src -> dst`` if :meth:`segment` has already constructed it (without an ECMP
+        choice), else None."""
+        return self._named.get((src, dst))
+
     def segment(self, src: str, dst: str, node: Any, search) -> list[Edge]:
         """The node-local segment ``src -> dst`` inside ``node``: ``search(src, dst, node)`` returns
         ``(edges, unique)`` for a node; a unique segment of the class's first node is renamed."""
+        named = self._named.get((src, dst))
+        if named is not None:
+            return list(named)
         cls = self.class_of(node)
-        if cls is None or cls[1] == node:
+        if cls is None:
             return search(src, dst, node)[0]
+        if cls[1] == node:
+            edges, unique = search(src, dst, node)
+            if unique:
+                self._named[(src, dst)] = tuple(edges)
+            return edges
         cid, rep = cls
         cut = len(f"n{node}.")
         key = (cid, src[cut:], dst[cut:])
@@ -258,4 +274,6 @@ class NodeClasses:
         if local is None:  # an ECMP choice inside the node (its hash names the devices), or no route
             return search(src, dst, node)[0]
         p = f"n{node}."
-        return [(p + u, p + v) for u, v in local]
+        edges = [(p + u, p + v) for u, v in local]
+        self._named[(src, dst)] = tuple(edges)
+        return edges

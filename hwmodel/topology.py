@@ -280,6 +280,9 @@ class Topology:
         return min((edges[u, v]["bandwidth_Bps"] for u, v in route), default=math.inf)
 
     def _check_node(self, n: str) -> dict[str, Any]:
+        data = self.graph._node.get(n)  # (networkx's plain node dict: off its views, once per route end)
+        if data is not None:
+            return data
         if n not in self.graph:
             if isinstance(n, str) and ".gpu" in n:
                 self._check_gpu(n)
@@ -314,6 +317,12 @@ class Topology:
         """Segment inside ``node``: searched once per class of alike nodes where both ends are in it."""
         if src == dst:
             return []
+        classes = self._node_classes
+        # a segment already constructed: a GPU's to its NIC recurs in the route of every mirror it ends
+        if classes is not None and self.route_by_construction:
+            named = classes.named(src, dst)
+            if named is not None:
+                return list(named)
         nodes = self._tables()[1]
         if not self.route_by_construction or nodes.get(src) != node or nodes.get(dst) != node:
             return self._path(src, dst, ("node", node), hkey)
@@ -348,7 +357,7 @@ class Topology:
 
     def _exit_nic(self, n: str) -> str:
         """The NIC node-local device ``n`` uses to leave its node."""
-        data = self.graph.nodes[n]
+        data = self.graph._node[n]
         if data["kind"] == "nic":
             return n
         if data["kind"] == "gpu":

@@ -6,6 +6,7 @@ model (``docs/DESIGN.md``). The metrics dict itself is :func:`scenarios.metrics.
 
 from __future__ import annotations
 
+import gc
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -430,7 +431,7 @@ def run_prepared(prep: Prepared, memory: Any, *, progress: bool = False,
     """
     t0 = time.perf_counter() if started_s is None else started_s
     overlay = calibration_overlay.active() or scenario_profile(prep.scenario)
-    with calibration_overlay.applied(overlay):
+    with calibration_overlay.applied(overlay), _prepared_frozen():
         report = _run_prepared(prep, memory, progress=progress, max_tasks=max_tasks)
     if overlay is not None:  # only then: a run on the shipped calibration keeps its JSON bytes
         gpu = prep.topology.gpu_spec
@@ -452,6 +453,23 @@ def run_prepared(prep: Prepared, memory: Any, *, progress: bool = False,
                 report.metrics.setdefault("warnings", []).append(warning)
     report.wall_s = time.perf_counter() - t0
     return report
+
+
+@contextmanager
+def _prepared_frozen() -> Iterator[None]:
+    """The objects alive before the simulation (the topology graph, the traced programs) kept out of
+    the garbage collector's full passes while it runs (``gc.freeze``), and handed back after: they
+    live through the run, and each full pass re-walked all of them, a cost that grows with the
+    cluster (16,384 H100: about 0.2 s of CPU). Nothing is frozen if the caller already froze
+    objects (its freeze is its own)."""
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def scenario_profile(scenario: Scenario) -> calibration_overlay.Overlay | None:

@@ -53,21 +53,42 @@ def edge_weights(engine: NcclEngine, ctx: EdgeContext, plan: Plan,
     """Edge -> bytes on it per byte of per-rank progress of ``plan``: the same figures, in the same order,
     as ``engine._link_weights(plan)`` gives per link resource. ``efficiency``: a cache, edge kind -> NCCL's
     link efficiency (:meth:`NcclEngine.link_efficiency_of_kind`)."""
-    proto_w = engine.proto_weight(plan)
-    per_byte: dict[Edge, float] = {}
-    for f in _algorithms.get(plan.algorithm).flows(ctx, plan.op, plan.gpus, plan.root):  # type: ignore[arg-type]
-        frac = f.frac
-        for e in cast(tuple[Edge, ...], f.path):  # (EdgeContext's paths: edges)
-            per_byte[e] = per_byte.get(e, 0.0) + frac
-    adj = engine.cluster.topology.graph._adj  # (networkx's plain successor dicts: off its views)
     out: dict[Edge, float] = {}
-    for e, w in per_byte.items():
+    _add_edge_weights(engine, ctx, plan, efficiency, out, None)
+    return out
+
+
+def _add_edge_weights(engine: NcclEngine, ctx: EdgeContext, plan: Plan, efficiency: dict[str, float],
+                      into: dict[Edge, float], shared: set[Edge] | None) -> None:
+    """:func:`edge_weights` of ``plan`` added into ``into`` edge by edge (each new edge appended, as a
+    dict update would), without the intermediate dict: a merge adds thousands of mirrors' weights.
+    ``shared``: where given, the edges ``into`` already had (used by an earlier member) are added to it."""
+    proto_w = engine.proto_weight(plan)
+    flows = _algorithms.get(plan.algorithm).flows(ctx, plan.op, plan.gpus, plan.root)  # type: ignore[arg-type]
+    path = cast(tuple[Edge, ...], flows[0].path) if len(flows) == 1 else ()
+    if flows and path and flows[0].frac == 1.0 and len(set(path)) == len(path):
+        per_byte: dict[Edge, float] | tuple[Edge, ...] = path  # (a send: each edge once, 0.0 + 1.0 == 1.0)
+    else:
+        per_byte = {}
+        for f in flows:
+            frac = f.frac
+            for e in cast(tuple[Edge, ...], f.path):  # (EdgeContext's paths: edges)
+                per_byte[e] = per_byte.get(e, 0.0) + frac
+    adj = engine.cluster.topology.graph._adj  # (networkx's plain successor dicts: off its views)
+    pairs = per_byte.items() if isinstance(per_byte, dict) else ((e, 1.0) for e in per_byte)
+    for e, w in pairs:
         kind = adj[e[0]][e[1]].get("kind", "")
         eff = efficiency.get(kind)
         if eff is None:
             eff = efficiency[kind] = engine.link_efficiency_of_kind(kind)
-        out[e] = w * proto_w / eff
-    return out
+        x = w * proto_w / eff
+        had = into.get(e)
+        if had is None:
+            into[e] = x
+        else:
+            into[e] = had + x
+            if shared is not None:
+                shared.add(e)
 
 
 def merged_weights(engine: NcclEngine, members: list[Plan], own: dict[Edge, float],
@@ -84,19 +105,14 @@ def merged_weights(engine: NcclEngine, members: list[Plan], own: dict[Edge, floa
     (:meth:`hwmodel.link_classes.LinkClasses.resolve`), or the link's own where anything else uses it."""
     ctx = EdgeContext(engine)
     efficiency: dict[str, float] = {}
-    weights: dict[Edge, float] = {}
-    users: dict[Edge, int] = {}
-    for e, x in own.items():
-        weights[e] = x
-        users[e] = 1
+    weights: dict[Edge, float] = dict(own)
+    shared: set[Edge] = set()  # edges several members use
     for p in members[1:]:
-        for e, x in edge_weights(engine, ctx, p, efficiency).items():
-            weights[e] = weights.get(e, 0.0) + x
-            users[e] = users.get(e, 0) + 1
+        _add_edge_weights(engine, ctx, p, efficiency, weights, shared)
     kinds = engine.cluster.topology.device_kinds()
     kept: dict[Edge, float] = {}
     for e, x in weights.items():
         u, v = e
-        if e in own or users[e] > 1 or kinds[u] == kinds[v] == "ib_switch" or u in ends or v in ends:
+        if e in own or e in shared or kinds[u] == kinds[v] == "ib_switch" or u in ends or v in ends:
             kept[e] = x
     return engine.cluster.link_classes.resolve(kept)

@@ -90,3 +90,24 @@ def test_unlike_nodes_do_not_share_segments():
     assert r[:3] == [("n2.gpu0", "n2.retimer"), ("n2.retimer", "n2.pcie0"), ("n2.pcie0", "n2.nic0")]
     assert r == _searched(u).route("n2.gpu0", "n0.gpu0")
     assert u.route("n1.gpu0", "n0.gpu0")[0] == ("n1.gpu0", "n1.pcie0")
+
+
+@pytest.mark.parametrize("case", ["rail-3su-oversub", "fat-tree", "pcie-only"])
+def test_uncached_routes_reuse_node_segments_and_equal_searched(case):
+    # route_edges does not cache whole routes; the node-local segments it keeps by (source,
+    # destination) must give the searched route again when a GPU ends many routes (as mirrors do)
+    t = CASES[case]()
+    ref = _searched(t)
+    gpus = t.gpus()
+    pairs = [(g, h) for g in gpus[:16] for h in gpus[-16:]] + [(h, g) for g in gpus[:16] for h in gpus[-16:]]
+    for _ in range(2):
+        for a, b in pairs:
+            assert _uncached_outcome(t, a, b) == _outcome(ref, a, b), (case, a, b)
+    assert not t._routes  # (the routes themselves were not cached)
+
+
+def _uncached_outcome(t: Topology, a: str, b: str):
+    try:
+        return list(t.route_edges(a, b))
+    except ValueError as exc:
+        return str(exc)
