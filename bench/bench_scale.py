@@ -98,6 +98,8 @@ def main() -> None:
     if "--sizes" in sys.argv:  # e.g. --sizes 2048,16384 (the ratio needs both)
         sizes = tuple(int(x) for x in sys.argv[sys.argv.index("--sizes") + 1].split(","))
     acceptance_table(sizes)
+    if "--sizes" in sys.argv:  # the acceptance table only, as the docstring says
+        return
     print("Targets (auto mode)")
     show("GPT-3 175B, 128 A100, global batch 1536", run("gpt3-175b-16x-dgx-a100", ["training.global_batch_size=1536"]))
     if not quick:
