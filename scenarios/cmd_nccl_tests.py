@@ -28,6 +28,7 @@ from typing import Any
 
 from hwmodel import calibration_overlay
 from hwmodel.nccl import nccltests as N
+from hwmodel.nccl.calibration import CurveKey, recording_corrections
 from hwmodel.nccl.channels import MAXCHANNELS as MAX_CHANNELS_NOTE
 from hwmodel.nccl.engine import FIDELITIES, simulate_nccl_tests
 from hwmodel.nccl.tuner import NCCL_VERSION
@@ -129,11 +130,12 @@ def run(args: argparse.Namespace) -> int:
         if wide:
             print(f"# note: tuner rule(s) ask for up to {max(r.channels for r in wide)} channels; NCCL (and trainsim) "
                   f"clamp channels to the communicator's ({MAX_CHANNELS_NOTE} at most)", file=sys.stderr)
-    rows = simulate_nccl_tests(topo, coll, sizes, gpus_per_thread=args.ngpus, dtype=args.datatype,
-                               algorithm=args.algo, protocol=args.proto, fidelity=args.fidelity,
-                               gpus=gpus, tuner_config=rules)
+    with recording_corrections() as used_curves:
+        rows = simulate_nccl_tests(topo, coll, sizes, gpus_per_thread=args.ngpus, dtype=args.datatype,
+                                   algorithm=args.algo, protocol=args.proto, fidelity=args.fidelity,
+                                   gpus=gpus, tuner_config=rules)
     profile = calibration_overlay.active()
-    applying = _profile_applies(profile, topo, args.fidelity) if profile else ()
+    applying = _profile_applies(profile, topo, args.fidelity, used_curves) if profile else ()
     print(f"# trainsim nccl-tests: {topo.name}, {nodes} node(s) x {args.ngpus} GPU(s), "
           f"fidelity {args.fidelity}, NCCL {NCCL_VERSION} tuning model"
           + (f", NCCL_ALGO={args.algo}" if args.algo else "")
@@ -153,20 +155,21 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _profile_applies(profile: calibration_overlay.Overlay, topo: Any, fidelity: str) -> tuple[str, ...]:
+def _profile_applies(profile: calibration_overlay.Overlay, topo: Any, fidelity: str,
+                     used_curves: set[CurveKey]) -> tuple[str, ...]:
     """The constants of ``profile`` that apply to ``topo``'s GPU (as ``run`` lists them); warns on stderr,
-    as ``run`` does, when none does or when its busbw correction was fitted under another fidelity."""
+    as ``run`` does, when none does or when a busbw correction the sweep applied (``used_curves``, from
+    :func:`~hwmodel.nccl.calibration.recording_corrections`) was fitted under another fidelity."""
     from hwmodel.costmodel import Calibration
     from hwmodel.nccl.calibration import fidelity_warning
-    from hwmodel.nccl.tuner import arch_of
 
     gpu = topo.gpu_spec
     applying = profile.applying_to(gpu.name, Calibration.architecture_of(gpu))
     if not applying:
         print(f"# warning: calibration {profile.name} ({profile.path}): changes nothing for this run on {gpu.name}; "
               f"its {len(profile.changed)} constant(s) are for other GPUs", file=sys.stderr)
-    elif any(c.startswith("nccl.busbw_correction.") for c in applying):
-        warning = fidelity_warning(profile.name, arch_of(gpu.compute_capability), fidelity)
+    elif used_curves:
+        warning = fidelity_warning(profile.name, fidelity, used_curves)
         if warning:
             print(f"# warning: {warning}", file=sys.stderr)
     return applying

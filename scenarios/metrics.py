@@ -29,9 +29,6 @@ BUSIEST_LINK_GROUPS = 10
 ``name (+k)`` rows; each row gives its first link's name and ``links``, the number in the group."""
 LINK_GROUP_REL_TOL = 1e-9
 """Links whose bytes, mean and peak utilisation agree to this relative tolerance are one group."""
-_CANDIDATES_PER_GROUP = 64
-"""Links ranked per group wanted: links of a group carry the same bytes, so the groups sit among the
-top few hundred by load."""
 
 
 def peak_dtype_for(dtype: str) -> str:
@@ -110,12 +107,32 @@ def link_groups(links: Iterable[Any], end_time_s: float, top: int) -> list[tuple
     the same load (bytes, mean and peak utilisation equal to :data:`LINK_GROUP_REL_TOL` relative), as
     symmetric collectives produce, are one row; links that carried nothing are left out.
 
+    Every link is ranked (by bytes, an attribute) and a group's count is the true number of its links,
+    the last group's too. Timelines are integrated only for the links of the groups returned (and the
+    one after), once per timeline object: the links of a link class (:mod:`hwmodel.link_classes`) share
+    their representative's, so a class of thousands of links costs one integration.
+
     Returns:
         ``[(first link's name, number of links, bytes each, mean utilisation, peak utilisation)]``.
     """
-    rows = [r for r in busiest_links(links, _CANDIDATES_PER_GROUP * top, end_time_s) if r[1] > 0]
+    def carried_of(lk: Any) -> float:
+        c = getattr(lk, "carried", None)
+        return float(c) if c is not None else link_stats(lk.timeline, float(lk.nominal_capacity), end_time_s)[0]
+
+    def key(r: tuple[float, Any]) -> tuple[float, float, str]:  # as busiest_links ranks
+        cap = float(r[1].nominal_capacity) or 1.0
+        return (-r[0] / cap, -r[0], r[1].name)
+
+    # (mean, peak) by timeline object; the value holds the timeline, so its id is not reused meanwhile
+    stats: dict[tuple[int, float], tuple[Any, float, float]] = {}
+    ranked = sorted(((c, lk) for lk in links if (c := carried_of(lk)) > 0), key=key)
     groups: list[list] = []
-    for name, carried, mean, peak in rows:
+    for carried, lk in ranked:
+        cap, timeline = float(lk.nominal_capacity), lk.timeline
+        sk = (id(timeline), cap)
+        if sk not in stats:
+            stats[sk] = (timeline, *link_stats(timeline, cap, end_time_s)[1:])
+        _, mean, peak = stats[sk]
         g = groups[-1] if groups else None
         if g and all(math.isclose(a, b, rel_tol=LINK_GROUP_REL_TOL)
                      for a, b in ((carried, g[2]), (mean, g[3]), (peak, g[4]))):
@@ -123,7 +140,7 @@ def link_groups(links: Iterable[Any], end_time_s: float, top: int) -> list[tuple
             continue
         if len(groups) == top:
             break
-        groups.append([name, 1, carried, mean, peak])
+        groups.append([lk.name, 1, carried, mean, peak])
     return [tuple(g) for g in groups]
 
 

@@ -67,13 +67,22 @@ def _oversubscription_note(system: dict, topo: Topology) -> list[str]:
 
 
 def _pod_note(system: dict, topo: Topology) -> list[str]:
-    per_pod = system.get("leaves_per_pod")
-    if per_pod is None:
-        return []
-    leaves = sum(1 for _, d in topo.graph.nodes(data=True) if d.get("tier") == "leaf")
-    if leaves > per_pod:
-        return []
+    """A pod that holds every leaf: ``leaves_per_pod`` (the scenario's) or ``core_oversubscription`` (the
+    scenario's, over a system preset's pods) then builds no core tier to oversubscribe."""
+    g = topo.graph
+    per_pod = system.get("leaves_per_pod", g.graph.get("leaves_per_pod"))
     core = system.get("core_oversubscription")
+    if per_pod is None or (system.get("leaves_per_pod") is None and (core is None or float(core) == 1)):
+        return []
+    leaves = sum(1 for _, d in g.nodes(data=True) if d.get("tier") == "leaf")
+    if any(d.get("tier") == "core" for _, d in g.nodes(data=True)):
+        return []
+    if system.get("leaves_per_pod") is None:  # the preset's pods; the scenario set only the core's ratio
+        return [f"core_oversubscription = {float(core):g} has (almost) no effect: all {topo.num_nodes} node(s) "
+                f"({leaves} leaf switch(es)) are in one pod (leaves_per_pod = {per_pod}), so no traffic reaches "
+                f"the core; " + (f"set [system] leaves_per_pod below {leaves}" if leaves > 1 else
+                                 "spread the nodes over leaves (nodes_per_leaf) and set leaves_per_pod below their "
+                                 "number") + " for traffic to cross the core"]
     tail = f", so core_oversubscription = {core:g} has no effect" if core is not None else ""
     return [f"leaves_per_pod = {per_pod} covers all {leaves} leaf switch(es): one pod, no core tier{tail}; "
             f"set [system] leaves_per_pod below {leaves} for traffic to cross the core"]

@@ -431,7 +431,9 @@ def run_prepared(prep: Prepared, memory: Any, *, progress: bool = False,
     """
     t0 = time.perf_counter() if started_s is None else started_s
     overlay = calibration_overlay.active() or scenario_profile(prep.scenario)
-    with calibration_overlay.applied(overlay), _prepared_frozen():
+    from hwmodel.nccl.calibration import fidelity_warning, recording_corrections
+
+    with calibration_overlay.applied(overlay), recording_corrections() as used_curves, _prepared_frozen():
         report = _run_prepared(prep, memory, progress=progress, max_tasks=max_tasks)
     if overlay is not None:  # only then: a run on the shipped calibration keeps its JSON bytes
         gpu = prep.topology.gpu_spec
@@ -442,13 +444,10 @@ def run_prepared(prep: Prepared, memory: Any, *, progress: bool = False,
                 f"calibration {overlay.name} ({overlay.path}): changes nothing for this run on {gpu.name}; its "
                 f"{len(overlay.changed)} constant(s) are for other GPUs ({', '.join(overlay.changed[:3])}"
                 + (", ..." if len(overlay.changed) > 3 else "") + ")")
-        if any(c.startswith("nccl.busbw_correction.") for c in changed):
-            from hwmodel.nccl.calibration import fidelity_warning
-            from hwmodel.nccl.tuner import arch_of
-
+        if used_curves:  # only the corrections this run applied: a curve for another collective warns of nothing
             with calibration_overlay.applied(overlay):
-                warning = fidelity_warning(overlay.name, arch_of(gpu.compute_capability),
-                                           prep.scenario.simulation.get("fidelity", "flow"))
+                warning = fidelity_warning(overlay.name, prep.scenario.simulation.get("fidelity", "flow"),
+                                           used_curves)
             if warning:
                 report.metrics.setdefault("warnings", []).append(warning)
     report.wall_s = time.perf_counter() - t0

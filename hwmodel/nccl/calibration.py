@@ -9,9 +9,10 @@ these functions are read where the engine uses them, not once at import.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,10 +111,31 @@ class BusbwCurve:
         return ys[i - 1] + t * (ys[i] - ys[i - 1])
 
 
-def fidelity_warning(profile_name: str, arch: str, fidelity: str) -> str | None:
-    """A one-line warning when the active profile has a busbw correction for GPU generation ``arch`` fitted
-    under another fidelity than ``fidelity`` (the model it is now applied to); ``None`` otherwise."""
-    other = sorted({c.fidelity for (a, *_), c in busbw_curves().items() if a == arch.lower()} - {fidelity})
+CurveKey = tuple[str, str, int, int]
+"""A busbw correction's key: (GPU generation, collective, ranks, nodes)."""
+
+_recorders: list[set[CurveKey]] = []
+
+
+@contextlib.contextmanager
+def recording_corrections() -> Iterator[set[CurveKey]]:
+    """Collect the keys of the busbw corrections :func:`busbw_correction` applies inside the block (the
+    curves a run really uses; a profile's curves for other collectives or shapes are not among them)."""
+    seen: set[CurveKey] = set()
+    _recorders.append(seen)
+    try:
+        yield seen
+    finally:
+        _recorders.remove(seen)
+
+
+def fidelity_warning(profile_name: str, fidelity: str, used: Collection[CurveKey]) -> str | None:
+    """A one-line warning when a busbw correction in ``used`` (keys :func:`recording_corrections` collected:
+    the corrections the run applied) was fitted under another fidelity than ``fidelity`` (the model it is
+    now applied to); ``None`` otherwise, also when the profile's other-fidelity curves are for collectives
+    or communicator shapes the run does not have."""
+    curves = busbw_curves()
+    other = sorted({curves[k].fidelity for k in used if k in curves} - {fidelity})
     if not other:
         return None
     fitted = " and ".join(f'fidelity = "{f}"' for f in other)
@@ -166,5 +188,10 @@ def busbw_correction(arch: str, collective: str, ranks: int, nodes: int, size_by
     curves = busbw_curves()
     if not curves:
         return 1.0
-    curve = curves.get((arch.lower(), collective, ranks, nodes))
-    return 1.0 if curve is None else curve.at(size_bytes)
+    key = (arch.lower(), collective, ranks, nodes)
+    curve = curves.get(key)
+    if curve is None:
+        return 1.0
+    for seen in _recorders:
+        seen.add(key)
+    return curve.at(size_bytes)

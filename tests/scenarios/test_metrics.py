@@ -80,3 +80,17 @@ def test_deepspeed_memory_names_its_two_transient_terms():
             assert "DeepSpeed gathered parameters" in text and "FSDP" not in text
         else:
             assert "deepspeed_gathered_parameters_bytes" not in out and "FSDP gather buffers" in text
+
+
+def test_link_groups_count_every_link_of_the_last_group():
+    """A group's ``links`` is the number of links with its load however many there are (here 1,000 sharing
+    one timeline, as a link class's links do, after a group of 700): the last group is not cut at a window
+    of candidates, and a text report asking for fewer groups gives the same counts."""
+    shared = [(0.0, 3e9)]
+    big = [link(f"a{i:04d}", 10e9, [(0.0, 5e9)]) for i in range(700)]
+    cls = [link(f"b{i:04d}", 10e9, shared) for i in range(1000)]
+    tail = [link("c", 10e9, [(0.0, 1e9)])]
+    groups = link_groups([*tail, *cls, *big], 1.0, 10)
+    assert [(g[0], g[1]) for g in groups] == [("a0000", 700), ("b0000", 1000), ("c", 1)]
+    assert groups[1][3:] == pytest.approx((0.3, 0.3))
+    assert link_groups([*tail, *cls, *big], 1.0, 2) == groups[:2]

@@ -45,3 +45,22 @@ def test_a_rank_order_that_moves_no_group_says_so():
                               rank_order="tp-cp-ep-pp-dp").resolve(16)
     assert parallel_notes(tp_pp_dp) == []
     assert parallel_notes(ParallelConfig(tensor_model_parallel_size=2).resolve(16)) == []
+
+
+def test_core_oversubscription_over_a_presets_single_pod_is_named():
+    """``core_oversubscription`` alone, on a preset with pods (Meta's RoCE cluster: 192 leaves a pod) whose
+    nodes all sit in one pod, builds no core tier: named as a no-op, as ``oversubscription`` is; with pods
+    of one leaf (a core tier) or the ratio left at 1 it is not."""
+    from scenarios.notes import what_if_notes
+    from scenarios.runner import build_topology
+
+    def notes(**system):
+        system = {"name": "meta-llama3-roce-24k", "nodes": 8, **system}
+        return [n for n in what_if_notes(system, build_topology(system, None)) if "core" in n]
+
+    one_pod = notes(core_oversubscription=4)
+    assert len(one_pod) == 1 and one_pod[0].startswith("core_oversubscription = 4 has (almost) no effect")
+    assert "4 leaf switch(es)" in one_pod[0] and "leaves_per_pod = 192" in one_pod[0]
+    assert "leaves_per_pod below 4" in one_pod[0]
+    assert notes(core_oversubscription=4, leaves_per_pod=1) == []  # 4 pods of one leaf: the core is crossed
+    assert notes() == [] and notes(core_oversubscription=1) == []

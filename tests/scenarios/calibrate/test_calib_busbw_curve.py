@@ -236,3 +236,30 @@ def test_a_log_without_its_header_or_of_one_rank_is_a_clear_error(tmp_path):
                              if "Rank" not in line or "Rank  0" in line) + "\n")
     with pytest.raises(CalibrationInputError, match="ran on one GPU"):
         read_nccl_log(one)
+
+
+def test_another_collectives_curve_under_another_fidelity_warns_of_nothing(tmp_path, a100_fit, capsys):
+    """The profile's busbw correction is for all_reduce on 8 ranks: an all_gather sweep under chunked does
+    not apply it, so nothing is said of the fidelity it was fitted under; an all_reduce on 4 ranks (another
+    communicator shape) neither."""
+    prof = write_profile(tmp_path / "p.toml", {"profile": {"name": "a100"}, "nccl": a100_fit.sections})
+    for coll, gpus in (("all_gather", "8"), ("all_reduce", "4")):
+        assert main(["nccl-tests", coll, "-b", "8M", "-e", "8M", "-g", gpus, "--system", "dgx-a100",
+                     "--fidelity", "chunked", "--calibration", str(prof)]) == 0
+        err = capsys.readouterr().err
+        assert "fitted under" not in err, (coll, gpus)
+
+
+def test_fidelity_warning_names_only_the_curves_used(tmp_path, a100_fit):
+    ov = _profile(tmp_path, a100_fit)
+    with O.applied(ov):
+        key = next(iter(nccl_cal.busbw_curves()))
+        assert key == ("ampere", "all_reduce", 8, 1)
+        assert nccl_cal.fidelity_warning("a100", "chunked", set()) is None
+        assert nccl_cal.fidelity_warning("a100", "chunked", {("ampere", "all_gather", 8, 1)}) is None
+        assert nccl_cal.fidelity_warning("a100", "flow", {key}) is None
+        assert 'fitted under fidelity = "flow"' in nccl_cal.fidelity_warning("a100", "chunked", {key})
+        with nccl_cal.recording_corrections() as used:
+            nccl_cal.busbw_correction("ampere", "all_gather", 8, 1, MiB)
+            nccl_cal.busbw_correction("ampere", "all_reduce", 8, 1, MiB)
+        assert used == {key}
