@@ -39,17 +39,11 @@ def memory_only(monkeypatch):
     return memory
 
 
-KNOWN_FALSE_OOM: dict[str, str] = {}
-"""Published runs the memory model still calls OOM, with the reason (a strict xfail each, below)."""
-
-
 def test_every_published_run_fits(memory_only):
     published = [r for r in rows(tuple(TABLES)) if r.expressible and r.key != "t4"]  # t4 is one layer
     # SC'21 T1 10, T2 6 + ZeRO-3 6, Korthikanti T5 8, MegaScale 8, README 2020 5, torchtitan 8
     assert len(published) >= 51
     for r in published:
-        if r.row_id in KNOWN_FALSE_OOM:
-            continue
         mem, gpu = memory_only(r)
         assert mem.usable_hbm > gpu.hbm_capacity_bytes * 0.99, r.row_id
         assert mem.fits(gpu), f"{r.row_id}: {mem.verdict(gpu)}"
@@ -69,15 +63,6 @@ def test_sc21_530b_zero3_fits_on_640_gpus_not_560(memory_only):
     mem560, _ = memory_only(replace(row, scenario=fewer))
     assert not mem560.fits(gpu), mem560.verdict(gpu)
     assert mem560.device_used - mem.device_used == pytest.approx(1.9e9, rel=0.1)
-
-
-@pytest.mark.parametrize("row_id", sorted(KNOWN_FALSE_OOM))
-def test_known_false_oom(memory_only, row_id):
-    row = next(r for r in rows(tuple(TABLES)) if r.row_id == row_id)
-    mem, gpu = memory_only(row)
-    if not mem.fits(gpu):
-        pytest.xfail(KNOWN_FALSE_OOM[row_id])
-    raise AssertionError(f"{row_id} fits now: remove it from KNOWN_FALSE_OOM")
 
 
 def test_torchtitan_eager_reserved_memory_within_5_percent(memory_only):
