@@ -58,7 +58,7 @@ def test_driver_adds_the_block_plan_with_the_fewest_layers_that_fit(ctx):
     for c in added:
         k = c.recompute_num_layers
         assert 1 <= k < 16 and _fits(ctx, c)
-        assert not _fits(ctx, replace(c, recompute_num_layers=k - 1)) if k > 1 else True
+        assert not _fits(ctx, replace(c, recompute_num_layers=k - 1))  # block over 0 layers is none: no fit
     ours = next(c for c in added if replace(c, recompute_method="", recompute_num_layers=0) == PLAN)
     # faster than recomputing every layer: (16 - k) forwards fewer
     assert ctx.estimate(ours).iteration_time_s < ctx.estimate(PLAN).iteration_time_s
