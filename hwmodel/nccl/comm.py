@@ -307,15 +307,14 @@ class CommTopology:
            graph (NCCL may raise the tree's ``bwIntra`` up to 2x ``bwInter`` for <= 2 nodes; not modelled).
         4. ``ncclTopoPostset`` (connect.cc l.440-506): ``nChannels = min(64, 2*min(ring, tree))``, then
            x2 again when sm90+, multi-node, ``bwIntra > 45`` and ``nChannels < 16``; then the cap.
-        5. NVLS (single node, Hopper+, NVSwitch, ppn >= :data:`NVLS_MIN_GPUS`): ``nCh = min(32, ppn)``
-           channels (one head per GPU, ``minChannels = maxChannels`` intra-node); ``bwIntra`` = first intra speed with
+        5. NVLS (single node, Hopper+, NVSwitch, ppn >= 2): ``nCh = min(32, ppn)`` channels (one head per
+           GPU, ``minChannels = maxChannels`` intra-node); ``bwIntra`` = first intra speed with
            ``(nCh+1)*speed <= totalBw`` (every channel loads each GPU once and its head twice,
            ``ncclTopoSearchTryNvls``; ``nCh = ppn`` on today's 8-GPU nodes, 32 on an NVL72); pass 2
            raises ``bwInter`` up the array while it is below ``2*bwIntra``. Runtime channels from
            nvls.cc (Hopper 16, Blackwell 24).
-        6. NVLS graph on several nodes (used by NVLSTree; Hopper+, NVSwitch, ppn >= :data:`NVLS_MIN_GPUS`
-           -- ``ncclNvlsInit`` counts the node's GPUs of the communicator): see
-           :func:`_search_nvls_multinode`. Each channel starts at a NIC
+        6. NVLS graph on several nodes (used by NVLSTree; Hopper+, NVSwitch, ppn >= 2 -- ``ncclNvlsInit``
+           needs 2 local GPUs): see :func:`_search_nvls_multinode`. Each channel starts at a NIC
            (``ncclTopoSearchRecNet``: NIC bandwidth >= speed, one channel per NIC, its local GPU is the
            head) and loads NVLink as in rule 5, so ``k`` channels fit at speed ``s`` while
            ``(k+1)*s <= totalBw``; the speeds are the *inter* array from ``min(nic, pcie)`` down,
@@ -379,7 +378,10 @@ class CommTopology:
 
         nvls = None
         nvls_channels = 0
-        if cc_min >= 90 and has_nvlink and nvswitch and ppn >= NVLS_MIN_GPUS:
+        # ncclNvlsInit: NVLS needs 2 GPUs of the communicator in the node (``gpuCount < 2`` returns, NCCL
+        # 2.28.7+); NCCL 2.18.1-2.28.6 required 3 (``gpuCount <= 2``), so older logs of 2-GPU groups show
+        # Ring's busbw even under NCCL_ALGO=NVLS (nccl #1455, 2024).
+        if cc_min >= 90 and has_nvlink and nvswitch and ppn >= 2:
             if n_nodes == 1:
                 nvls = _search_nvls(SPEED_ARRAY_INTRA[arch], total_bw, ppn)
             else:
@@ -456,14 +458,6 @@ def _search(speeds, max_bw: float, total_bw: float, fit) -> tuple[int, float]:
         # NCCL falls back to a simple order at 0.1 GB/s ("Could not find a path", search.cc).
         return 1, 0.1
     return best_n, best_s
-
-
-NVLS_MIN_GPUS = 3
-"""Fewest GPUs of a communicator on one node (or NVLink domain) for which NCCL enables NVLS and NVLSTree:
-``ncclNvlsInit`` (src/transport/nvls.cc) returns with ``nvlsSupport = 0`` when ``gpuCount <= 2``
-(``ncclTopoGetGpuCount(comm->topo)``: the communicator's GPUs in the node's topology; on a multi-node
-NVLink domain ``clique.size <= 2``). A 2-GPU group on an HGX H100 runs Ring (nccl #1455 measured the
-same ~370 GB/s busbw for 2 GPUs with NCCL_ALGO=RING and NVLS)."""
 
 
 def _search_nvls(speeds: tuple[float, ...], total_bw: float, ppn: int) -> SearchGraph | None:

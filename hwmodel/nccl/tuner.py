@@ -510,8 +510,7 @@ def choose(
         allowed = ", ".join(f"{a}/{p}" for a, p in possible) or "none"
         raise ValueError(f"algorithm/protocol: none of algo={algo or 'any'}, proto={proto or 'any'} is "
                          f"available for {coll} on this system (NVLS needs NVSwitch gen3, i.e. Hopper or "
-                         f"newer, one node and 3+ GPUs on it; NVLSTree the same NVSwitch, several nodes "
-                         f"(3+ GPUs on each) and all_reduce; "
+                         f"newer, and one node; NVLSTree the same NVSwitch, several nodes and all_reduce; "
                          f"PAT one GPU per node, all_gather/reduce_scatter and simple; "
                          f"Broadcast/Reduce are ring only); available: {allowed}")
     if topo.n_ranks <= 1:
