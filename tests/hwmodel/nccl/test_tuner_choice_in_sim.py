@@ -90,3 +90,20 @@ def test_tuner_pick_is_within_10_percent_of_the_fastest_simulated(name, coll, fi
             bad.append(f"{size} B: {chosen.algorithm}/{chosen.protocol} {chosen.time_s * 1e6:.1f} us vs "
                        f"{best[1]}/{best[2]} {best[0] * 1e6:.1f} us")
     assert not bad, bad
+
+
+def test_h100_1mib_ring_ll_is_the_fastest_gpu_time_and_the_g8_gap_is_host_enqueue():
+    """The issue's case (8x H100, 1 MiB all-reduce: Ring/LL 101 us while NVLS does 8 MiB in 81 us) is
+    nccl-tests ``-g 8``: one thread enqueues on 8 GPUs, ``8 x (launch + per-channel x nChannels)``, and Ring
+    holds 24 channels where NVLS holds 16. In GPU time (one process per GPU) NCCL's pick is the fastest."""
+    from hwmodel.nccl.engine import HOST_LAUNCH_PER_GPU_S, HOST_PER_CHANNEL_PER_GPU_S
+    topo = build_system("dgx-h100", 1)
+    g1 = {a: simulate_nccl_tests(topo, "all_reduce", [1 << 20], algorithm=a)[0] for a in (None, "nvls")}
+    assert g1[None].algorithm == "ring" and g1[None].protocol == "ll"
+    assert g1[None].time_s <= g1["nvls"].time_s
+    g8 = {a: simulate_nccl_tests(topo, "all_reduce", [1 << 20], gpus_per_thread=8, algorithm=a)[0]
+          for a in ("ring", "nvls")}
+    for algo, channels in (("ring", 24), ("nvls", 16)):
+        host_s = 8 * (HOST_LAUNCH_PER_GPU_S + HOST_PER_CHANNEL_PER_GPU_S * channels)
+        assert g8[algo].time_s == pytest.approx(host_s, rel=1e-6)
+    assert g8["ring"].time_s - g8["nvls"].time_s == pytest.approx(8 * HOST_PER_CHANNEL_PER_GPU_S * (24 - 16))
