@@ -378,6 +378,9 @@ class CommTopology:
 
         nvls = None
         nvls_channels = 0
+        # ncclNvlsInit: NVLS needs 2 GPUs of the communicator in the node (``gpuCount < 2`` returns, NCCL
+        # 2.28.7+); NCCL 2.18.1-2.28.6 required 3 (``gpuCount <= 2``), so older logs of 2-GPU groups show
+        # Ring's busbw even under NCCL_ALGO=NVLS (nccl #1455, 2024).
         if cc_min >= 90 and has_nvlink and nvswitch and ppn >= 2:
             if n_nodes == 1:
                 nvls = _search_nvls(SPEED_ARRAY_INTRA[arch], total_bw, ppn)
