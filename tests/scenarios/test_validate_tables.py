@@ -39,6 +39,7 @@ def test_megascale_rows_follow_the_paper():
     sc = rs[-1].scenario
     assert sc["system"]["nodes"] * 8 == 12288 and sc["parallel"]["data_parallel_size"] == 192
     assert sc["parallel"]["virtual_pipeline_model_parallel_size"] == 6
+    assert sc["parallel"]["overlap_p2p_comm"] is False  # Megatron-LM 285068c8: batched, synchronised exchanges
     assert sc["model"]["num_attention_heads"] == 128 and sc["model"]["vocab_size"] == 64000
     assert sc["training"]["global_batch_size"] == 6144 and rs[0].measured == 40.0
 

@@ -8,7 +8,8 @@ and PyTorch use:
 * ``compute``: kernels and the tensor/expert-parallel collectives (synchronous in Megatron: they
   block the compute stream);
 * ``pp_fwd_recv`` / ``pp_fwd_send`` / ``pp_bwd_recv`` / ``pp_bwd_send``: pipeline activations and
-  gradients (asynchronous p2p; one stream per direction so no send waits behind an unrelated receive);
+  gradients (asynchronous p2p; one stream per direction so no send waits behind an unrelated receive),
+  or with ``overlap_p2p_comm = false`` Megatron's batched, synchronised exchanges (:mod:`.p2p_batched`);
 * ``cp_send`` / ``cp_recv``: ring-attention K/V blocks (context parallelism);
 * ``dp``: data-parallel gradient buckets (all-reduce, or reduce-scatter + all-gather with the
   distributed optimizer); with ``overlap_grad_reduce`` each bucket starts as soon as the last
@@ -24,9 +25,6 @@ and PyTorch use:
   last backward; ``zero_stage = 3`` with PP gathers and reduces per micro-batch;
 * ``tp_overlap`` / ``tp_async``: with ``tp_comm_overlap`` or ``async_tp``, the chunks of the TP
   collectives pipelined with their GEMMs (:mod:`workload.parallel.tp_overlap`).
-
-Gradients are reduced in fp32 for bf16 and fp32 training, in fp16 for fp16 training (Megatron-LM);
-parameters are gathered in the training dtype.
 
 FP8 training (:mod:`workload.fp8`) arrives as a bf16 trace whose Linear GEMMs already run in FP8 with
 their activation and gradient casts; the builder adds the recipe's weight casts (:attr:`ModelTrace.fp8_params_block`)
@@ -44,7 +42,7 @@ from typing import TYPE_CHECKING
 from hwmodel.dtypes import ELEMENT_BYTES, TRAINING_DTYPES
 from hwmodel.ir import Collective, Compute, Program, SendRecv
 from workload.fp8 import params as fp8p
-from workload.parallel import fsdp2
+from workload.parallel import fsdp2, p2p_batched
 from workload.parallel.config import DDP_BUCKET_ELEMENTS_PER_DP_RANK, ParallelConfig
 from workload.parallel.deepspeed_zero import DeepSpeedStage3
 from workload.parallel.optimizer import fused_adam, optimizer_kernel
@@ -71,7 +69,7 @@ ELEM_BYTES = dict(ELEMENT_BYTES)
 GRAD_REDUCE_BYTES = {n: d.grad_reduce_bytes for n, d in TRAINING_DTYPES.items()}
 """Bytes per gradient element in the data-parallel reduction, by training dtype: Megatron-LM reduces
 bf16 runs' gradients in fp32 (it forces ``accumulate_allreduce_grads_in_fp32`` for bf16) and fp16
-runs' in fp16 (the flag's default); see :mod:`hwmodel.dtypes`."""
+runs' in fp16 (the flag's default); see :mod:`hwmodel.dtypes`. Parameters are gathered in the training dtype."""
 
 
 @dataclass
@@ -580,7 +578,9 @@ class RankBuilder:
             self.deepspeed = DeepSpeedStage3(self)
         if self.zero in (1, 2) and cfg.overlap_param_gather:
             self._prefetch_param_gathers()
-        steps = schedule(cfg.schedule, p, m, s, v)
+        if batched := not cfg.overlap_p2p_comm and p > 1:  # Megatron's batched, synchronised exchanges
+            p2p_batched.emit(self, p, v, m)
+        steps = [] if batched else schedule(cfg.schedule, p, m, s, v)
         last_b = {st.chunk: idx for idx, st in enumerate(steps) if st.kind == "B"}
         for idx, st in enumerate(steps):
             vs = st.chunk * p + s

@@ -77,6 +77,11 @@ class ParallelConfig:
     """Launch each bucket's reduction as soon as backward has produced it, overlapping compute."""
     overlap_param_gather: bool = False
     """With the distributed optimizer: overlap the parameter all-gather with the next forward."""
+    overlap_p2p_comm: bool = True
+    """Pipeline sends and receives overlap compute (Megatron-LM ``--overlap-p2p-communication``: added
+    2023-05 for the interleaved schedule, its default since 2023-10). False: Megatron's batched,
+    synchronised exchanges, the only mode before (:mod:`workload.parallel.p2p_batched`); 1f1b and
+    interleaved_1f1b schedules only."""
     rank_order: str = "tp-cp-ep-dp-pp"
     """Axis order from innermost (fastest-varying rank) to outermost, Megatron's RankGenerator."""
     num_layers_in_first_pipeline_stage: int | None = None
@@ -177,7 +182,7 @@ class ParallelConfig:
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
                 raise ValueError(f"{name} must be a positive integer or unset, got {v!r}")
         for name in ("sequence_parallel", "use_distributed_optimizer", "fsdp", "overlap_grad_reduce",
-                     "overlap_param_gather", "tp_comm_overlap", "async_tp"):
+                     "overlap_param_gather", "overlap_p2p_comm", "tp_comm_overlap", "async_tp"):
             v = getattr(self, name)
             if not isinstance(v, bool):
                 raise ValueError(f"{name} must be true or false, got {v!r}")
@@ -213,6 +218,9 @@ class ParallelConfig:
             raise ValueError(f"fsdp=true is ZeRO stage 3; it conflicts with zero_stage={self.zero_stage}")
         if self.fsdp and self.use_distributed_optimizer:
             raise ValueError("fsdp=true conflicts with use_distributed_optimizer=true (ZeRO-1); choose one")
+        if not self.overlap_p2p_comm and self.pp > 1 and self.schedule == "gpipe":
+            raise ValueError("overlap_p2p_comm = false needs pipeline_schedule 1f1b or interleaved_1f1b "
+                             "(Megatron's batched exchanges); got gpipe")
         if self.zero_impl == "deepspeed":
             self._check_deepspeed()
         if self.sequence_parallel and self.tp == 1:
