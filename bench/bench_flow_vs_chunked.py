@@ -42,7 +42,8 @@ def differences(system: str, nodes: int, n_gpus: int, coll: str, sizes: list[int
     t1 = time.perf_counter()
     chk = simulate_nccl_tests(topo, coll, sizes, gpus=gpus, fidelity="chunked")
     t2 = time.perf_counter()
-    out = {c.size_bytes: (f.time_s / c.time_s - 1, f"{c.algorithm}/{c.protocol}") for f, c in zip(flow, chk, strict=True)}
+    out = {c.size_bytes: (f.time_s / c.time_s - 1, f"{c.algorithm}/{c.protocol}")
+           for f, c in zip(flow, chk, strict=True)}
     return out, t1 - t0, t2 - t1
 
 
