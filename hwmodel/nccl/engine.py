@@ -10,18 +10,20 @@ cluster's fluid resources, decomposed the way NCCL 2.30 does it:
 
 Fidelities: ``flow`` makes ONE fluid activity per collective over every link it loads, with the
 weight of each link = bytes on that link per byte of per-rank progress, so contention with other
-traffic emerges from the max-min solver; NCCL's latency terms (from the tuner) are paid first.
-``step`` runs every algorithm step as a synchronised set of per-edge transfers (one fluid activity
-per edge, a barrier after each step; the latency is split evenly over the steps): ring all-reduce
-2(n-1) steps, all-gather / reduce-scatter n-1, ring broadcast / reduce n pipeline steps. Tree, NVLS,
-NVLSTree and PAT are pipelined algorithms without a barrier per step at this level, and all_to_all is
-one grouped kernel, so they run as ONE synchronised step of per-edge transfers. Both fidelities agree
-where nothing contends (tests/hwmodel/nccl/test_engine.py checks 2 %). Every algorithm runs at the
-tuner's bandwidth (its activity's rate bound) unless a link it loads binds first. ``chunked`` times
-every tuned collective with NCCL's chunk/slice pipeline (:mod:`hwmodel.nccl.chunked`: FIFO depth,
-per-step latency, per-channel bandwidth of the links and of one CTA) and runs it as the flow fidelity's
-one activity whose latency and rate bound reproduce that time on an idle machine, so contention still
-slows it through the links it loads.
+traffic emerges from the max-min solver. Its latency and rate bound reproduce, on an idle machine,
+NCCL's chunk pipeline (:mod:`hwmodel.nccl.chunked`: NCCL's chunks and slices, ``NCCL_STEPS`` FIFO,
+per-step latency, per-channel bandwidth of the links and of one CTA) in closed form
+(:mod:`hwmodel.nccl.pipeline_closed`): rate bound = channels x per-channel rate, latency = the
+pipeline's time less work / bound (its fill and the latency it does not overlap). ``step`` runs every
+algorithm step as a synchronised set of per-edge transfers (one fluid activity per edge, a barrier
+after each step; the same latency split evenly over the steps): ring all-reduce 2(n-1) steps,
+all-gather / reduce-scatter n-1, ring broadcast / reduce n pipeline steps. Tree, NVLS, NVLSTree and
+PAT are pipelined algorithms without a barrier per step at this level, and all_to_all is one grouped
+kernel, so they run as ONE synchronised step of per-edge transfers. Both fidelities agree where
+nothing contends (tests/hwmodel/nccl/test_engine.py checks 2 %). ``chunked`` evaluates the same
+pipeline's recurrence item by item (the reference; flow agrees within 2 % at every nccl-tests size,
+tests/hwmodel/nccl/test_pipeline_closed.py). Send/recv and all-to-all pay the tuner's p2p latency and
+run at the links' rate in every fidelity.
 
 Bandwidth efficiency enters as link weight: a protocol that carries 8 data bytes per 16-byte line (LL)
 puts 2 bytes on the wire per payload byte; NCCL's app-level link efficiency likewise (NVLink
