@@ -279,6 +279,7 @@ class NcclEngine:
 
     def _idle_link_rate_Bps(self, plan: Plan) -> float:
         """Per-rank progress per second ``plan``'s most loaded link allows on an idle machine."""
+        self.flows(plan)  # (its routes, cached: the weights below and its start reuse them)
         weights = self._flow(plan)[1]
         return min((r.capacity / w for r, w in weights.items() if w > 0), default=math.inf)
 
