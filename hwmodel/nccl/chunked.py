@@ -1,8 +1,9 @@
 """NCCL's chunked protocol pipeline, evaluated exactly per collective (``fidelity = "chunked"``).
 
-The flow fidelity runs a collective at NCCL's *tuning-model* speed: latency, then bytes at the tuner's
-bandwidth. Real NCCL kernels move a buffer as a stream of chunks through a fixed-depth FIFO, and the
-bandwidth-vs-size ramp comes from that pipeline. This module computes the time of that pipeline:
+NCCL's tuning model prices a collective as latency, then bytes at the tuner's bandwidth. Real NCCL
+kernels move a buffer as a stream of chunks through a fixed-depth FIFO, and the bandwidth-vs-size ramp
+comes from that pipeline. This module computes the time of that pipeline item by item (the reference;
+the flow and step fidelities use its closed form, :mod:`hwmodel.nccl.pipeline_closed`):
 
 * **Chunking** as ``calcCollChunking`` (``src/enqueue.cc``, NCCL 2.30.7): ``stepSize = buffSize /
   NCCL_STEPS``; Ring Simple chunks are ``ALLREDUCE_CHUNKSTEPS = NCCL_STEPS/2`` steps sent as slices of

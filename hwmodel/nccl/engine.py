@@ -10,18 +10,20 @@ cluster's fluid resources, decomposed the way NCCL 2.30 does it:
 
 Fidelities: ``flow`` makes ONE fluid activity per collective over every link it loads, with the
 weight of each link = bytes on that link per byte of per-rank progress, so contention with other
-traffic emerges from the max-min solver; NCCL's latency terms (from the tuner) are paid first.
-``step`` runs every algorithm step as a synchronised set of per-edge transfers (one fluid activity
-per edge, a barrier after each step; the latency is split evenly over the steps): ring all-reduce
-2(n-1) steps, all-gather / reduce-scatter n-1, ring broadcast / reduce n pipeline steps. Tree, NVLS,
-NVLSTree and PAT are pipelined algorithms without a barrier per step at this level, and all_to_all is
-one grouped kernel, so they run as ONE synchronised step of per-edge transfers. Both fidelities agree
-where nothing contends (tests/hwmodel/nccl/test_engine.py checks 2 %). Every algorithm runs at the
-tuner's bandwidth (its activity's rate bound) unless a link it loads binds first. ``chunked`` times
-every tuned collective with NCCL's chunk/slice pipeline (:mod:`hwmodel.nccl.chunked`: FIFO depth,
-per-step latency, per-channel bandwidth of the links and of one CTA) and runs it as the flow fidelity's
-one activity whose latency and rate bound reproduce that time on an idle machine, so contention still
-slows it through the links it loads.
+traffic emerges from the max-min solver. Its latency and rate bound reproduce, on an idle machine,
+NCCL's chunk pipeline (:mod:`hwmodel.nccl.chunked`: NCCL's chunks and slices, ``NCCL_STEPS`` FIFO,
+per-step latency, per-channel bandwidth of the links and of one CTA) in closed form
+(:mod:`hwmodel.nccl.pipeline_closed`): rate bound = channels x per-channel rate, latency = the
+pipeline's time less work / bound (its fill and the latency it does not overlap). ``step`` runs every
+algorithm step as a synchronised set of per-edge transfers (one fluid activity per edge, a barrier
+after each step; the same latency split evenly over the steps): ring all-reduce 2(n-1) steps,
+all-gather / reduce-scatter n-1, ring broadcast / reduce n pipeline steps. Tree, NVLS, NVLSTree and
+PAT are pipelined algorithms without a barrier per step at this level, and all_to_all is one grouped
+kernel, so they run as ONE synchronised step of per-edge transfers. Both fidelities agree where
+nothing contends (tests/hwmodel/nccl/test_engine.py checks 2 %). ``chunked`` evaluates the same
+pipeline's recurrence item by item (the reference; flow agrees within 2 % at every nccl-tests size,
+tests/hwmodel/nccl/test_pipeline_closed.py). Send/recv and all-to-all pay the tuner's p2p latency and
+run at the links' rate in every fidelity.
 
 Bandwidth efficiency enters as link weight: a protocol that carries 8 data bytes per 16-byte line (LL)
 puts 2 bytes on the wire per payload byte; NCCL's app-level link efficiency likewise (NVLink
@@ -56,6 +58,7 @@ from hwmodel.nccl import calibration as _calibration
 from hwmodel.nccl import chunked as _chunked
 from hwmodel.nccl import mirrors as _mirrors
 from hwmodel.nccl import nccltests as _nt
+from hwmodel.nccl import pipeline_closed as _pipeline_closed
 from hwmodel.nccl import tuner as _tuner
 from hwmodel.nccl.algorithms.base import Flow
 from hwmodel.nccl.channels import P2PPlan, p2p_plan
@@ -166,6 +169,7 @@ class NcclEngine:
         self._merged_cache: dict[tuple, tuple[dict[Resource, float], dict[Resource, float]]] = {}
         self._mirrored_cache: dict[tuple, tuple[list[Plan], list[_MergedGroup]]] = {}
         self._plan_cache: dict[tuple, Plan] = {}
+        self._shape_rate_cache: dict[tuple, float] = {}
         self._weights_cache: dict[tuple, tuple[dict[Resource, float], dict[Resource, float]]] = {}
         self._flows_cache: dict[tuple, list[Flow]] = {}
         self._eff_cache: dict[Resource, float] = {}
@@ -239,43 +243,76 @@ class NcclEngine:
             p = Plan(coll.op, coll.size_bytes, gpus, ch.algorithm, ch.protocol, ch.n_channels,
                      ch.latency_s, ch.predicted_time_s, bound, coll.root, coll.name,
                      info={"decided_by": ch.decided_by})
-            if self.fidelity == "chunked" and bound:
-                self._apply_chunked(p, ct, rate / full if full else rate)
+            if bound:
+                self._apply_pipeline(p, ct, rate / full if full else rate)
             if algo is None and proto is None and ch.decided_by == "model":
                 _correct(p, _calibration.busbw_correction(ct.gpu_arch, coll.op, n, ct.n_nodes, coll.size_bytes))
         self._plan_cache[key] = p
         return p
 
     def chunked_time(self, plan: Plan, ct: _tuner.CommTopology, channel_cap_Bps: float) -> _chunked.PipelineTime:
-        """NCCL's chunk pipeline for ``plan`` on an idle machine (:mod:`hwmodel.nccl.chunked`).
+        """NCCL's chunk pipeline for ``plan`` on an idle machine (:mod:`hwmodel.nccl.chunked`), by the
+        exact recurrence (see :meth:`pipeline`)."""
+        return _chunked.pipeline_time(self.pipeline(plan, ct, channel_cap_Bps))
+
+    def pipeline(self, plan: Plan, ct: _tuner.CommTopology, channel_cap_Bps: float,
+                 link_rate_Bps: float | None = None) -> _chunked.Pipeline:
+        """NCCL's chunk pipeline of ``plan`` (:func:`hwmodel.nccl.chunked.pipeline_for`).
 
         One channel moves ``min(link rate / channels, channel_cap_Bps)`` (bytes of per-edge progress per
         second): the links' unloaded rate (capacity over this plan's weight per link, protocol and link
-        efficiency included) shared by the active channels, capped by the tuner's per-channel bandwidth.
+        efficiency included; ``link_rate_Bps`` where the caller knows it) shared by the active channels,
+        capped by the tuner's per-channel bandwidth.
         """
-        weights = self._flow(plan)[1]
-        link_rate = min((r.capacity / w for r, w in weights.items() if w > 0), default=math.inf)
+        if link_rate_Bps is None:
+            link_rate_Bps = self._idle_link_rate_Bps(plan)
         nch = max(1, plan.n_channels)
-        rate = min(link_rate / nch, channel_cap_Bps)
+        rate = min(link_rate_Bps / nch, channel_cap_Bps)
         a = _algorithms.get(plan.algorithm)
         base = a.base_latency_us[PROTOCOL_INDEX[plan.protocol]] * 1e-6
         total = _tuner.latency_s(plan.op, plan.algorithm, plan.protocol, ct)
         n = len(plan.gpus)
         per_byte = a.work_bytes(plan.op, 1.0, n)
-        pipe = _chunked.pipeline_for(plan.op, plan.algorithm, plan.protocol, plan.size_bytes, nch, ct,
+        return _chunked.pipeline_for(plan.op, plan.algorithm, plan.protocol, plan.size_bytes, nch, ct,
                                      channel_rate_Bps=rate, base_latency_s=base, step_latency_total_s=total - base,
                                      progress_per_byte=per_byte)
-        return _chunked.pipeline_time(pipe)
 
-    def _apply_chunked(self, plan: Plan, ct: _tuner.CommTopology, channel_cap_Bps: float) -> None:
-        """Give ``plan`` the latency and rate bound that reproduce the chunked pipeline's time when
+    def _idle_link_rate_Bps(self, plan: Plan) -> float:
+        """Per-rank progress per second ``plan``'s most loaded link allows on an idle machine."""
+        self.flows(plan)  # (its routes, cached: the weights below and its start reuse them)
+        weights = self._flow(plan)[1]
+        return min((r.capacity / w for r, w in weights.items() if w > 0), default=math.inf)
+
+    def _apply_pipeline(self, plan: Plan, ct: _tuner.CommTopology, channel_cap_Bps: float) -> None:
+        """Give ``plan`` the latency and rate bound that reproduce NCCL's chunk pipeline's time when
         nothing contends: rate bound = channels x per-channel rate (never above the links' rate), the
-        rest of the pipeline's time paid as latency."""
-        t = self.chunked_time(plan, ct, channel_cap_Bps)
+        rest of the pipeline's time paid as latency. ``chunked`` evaluates the pipeline's recurrence
+        (:func:`hwmodel.nccl.chunked.pipeline_time`); ``flow`` and ``step`` its closed form
+        (:func:`hwmodel.nccl.pipeline_closed.closed_form_time`), with the idle link rate of the first
+        group of this shape (see :meth:`_shape_link_rate_Bps`)."""
+        if self.fidelity == "chunked":
+            t = self.chunked_time(plan, ct, channel_cap_Bps)
+            plan.info["chunked_time_s"] = t.time_s
+        else:
+            pipe = self.pipeline(plan, ct, channel_cap_Bps, self._shape_link_rate_Bps(plan, ct))
+            t = _pipeline_closed.closed_form_time(pipe)
+            plan.info["pipeline_time_s"] = t.time_s
         bound = t.channel_rate_Bps * max(1, plan.n_channels)
         plan.rate_bound_Bps = bound
         plan.latency_s = max(0.0, t.time_s - self._work(plan) / bound)
-        plan.info["chunked_time_s"] = t.time_s
+
+    def _shape_link_rate_Bps(self, plan: Plan, ct: _tuner.CommTopology) -> float:
+        """:meth:`_idle_link_rate_Bps` of the first plan of ``plan``'s operation, algorithm and protocol
+        on a communicator of ``ct``'s shape (nodes, GPUs per node, ranks), reused for the others: a
+        simulated rank's mirrors are the same group shifted, and laying out every mirror's links here
+        would undo what merging them saves (:mod:`hwmodel.nccl.mirrors`). Where two groups of one shape
+        sit on links of different speeds, the second's ramp uses the first's rate; its bandwidth is
+        still bound by its own links, which its activity loads."""
+        key = (plan.op, plan.algorithm, plan.protocol, id(ct))  # (ct: one object per shape, kept in a cache)
+        rate = self._shape_rate_cache.get(key)
+        if rate is None:
+            rate = self._shape_rate_cache[key] = self._idle_link_rate_Bps(plan)
+        return rate
 
     def plan_p2p(self, src: str, dst: str, size_bytes: int) -> Plan:
         """A send/recv of ``size_bytes`` from GPU ``src`` to GPU ``dst``."""

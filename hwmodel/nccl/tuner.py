@@ -12,11 +12,12 @@ indices, ``llMaxBw``, the intra/inter-node step latencies) is computed here once
 supplies its own terms and availability. CollNet (needs a SHARP plugin, and with it multi-node NVLS) is
 not modelled.
 
-How the simulator uses it (:mod:`hwmodel.nccl.engine`): :func:`latency_s` is paid first, and the
-algorithm bandwidth of :func:`choose`'s pair (scaled by the channels a small message uses) is the
-collective activity's *rate bound*. The collective therefore runs at NCCL's modelled bandwidth unless a
-link it loads is shared and binds first (max-min fair share below the bound); bandwidth does not
-"emerge" from the links on an idle machine. :data:`PROTOCOL_EFFICIENCY` (payload share of the wire) and
+How the simulator uses it (:mod:`hwmodel.nccl.engine`): :func:`choose` picks the pair and channels;
+:func:`latency_s` and the algorithm bandwidth per channel then feed NCCL's chunk pipeline
+(:mod:`hwmodel.nccl.chunked`, in closed form :mod:`hwmodel.nccl.pipeline_closed`) as per-step latency
+and one channel's rate cap, and the pipeline's time sets the collective activity's latency and *rate
+bound*. The collective therefore runs at NCCL's modelled bandwidth per channel unless a link it loads is
+shared and binds first (max-min fair share below the bound). :data:`PROTOCOL_EFFICIENCY` (payload share of the wire) and
 the app-level link efficiencies set how many bytes each link carries. :func:`predict_time_s` and
 :func:`choose` give NCCL's own estimate and decision.
 

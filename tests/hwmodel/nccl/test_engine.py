@@ -51,10 +51,13 @@ def test_ring_all_reduce_closed_form_two_nodes_is_nic_bound():
     t, plan, _ = _run("dgx-a100", 2, "all_reduce", size, algo="ring", proto="simple")
     b = 8 * 25e9 * tuner.IB_APP_EFFICIENCY
     assert t == pytest.approx(plan.latency_s + 2 * (n - 1) / n * size / b, rel=1e-9)
-    # latency includes the multi-node Ring Simple "plateau" x1.4 of tuning.cc
-    assert plan.latency_s == pytest.approx(
-        tuner.latency_s("all_reduce", "ring", "simple", NcclEngine(Cluster(build_system("dgx-a100", 2)))
-                        .comm_topology(tuple(build_system("dgx-a100", 2).gpus())), size))
+    # the latency is the chunk pipeline's fill (the chunked fidelity's time, exactly), not the tuner's
+    # formula, whose multi-node Ring Simple "plateau" x1.4 is a fitted term of NCCL's model
+    assert t == pytest.approx(_run("dgx-a100", 2, "all_reduce", size, algo="ring", proto="simple",
+                                   fidelity="chunked")[0], rel=1e-9)
+    model = tuner.latency_s("all_reduce", "ring", "simple", NcclEngine(Cluster(build_system("dgx-a100", 2)))
+                            .comm_topology(tuple(build_system("dgx-a100", 2).gpus())), size)
+    assert plan.latency_s < model / 10
 
 
 def test_ring_tree_crossover_follows_the_tuner():
@@ -71,15 +74,17 @@ def test_ring_tree_crossover_follows_the_tuner():
     assert algos[0] == "tree" and algos[-1] == "ring"
     first_ring = algos.index("ring")
     assert "tree" not in algos[first_ring:]  # one crossover
-    # and the simulated times cross near the tuner's crossover: within two size steps (x4), because the
-    # tuner multiplies Tree bandwidth by treeCorrectionFactor (0.7-0.9 at 8-256 MB) while the
-    # simulated Tree runs at the uncorrected model rate (measured: 16 MB tuner vs 64 MB simulated).
+    # and the simulated times cross near the tuner's crossover: within two size steps (x4) either way.
+    # The tuner multiplies Tree bandwidth by treeCorrectionFactor (0.7-0.9 at 8-256 MB), which the
+    # simulated Tree does not pay, but the simulated Ring streams each step's latency under the
+    # transfer of the next slices (NCCL's chunk pipeline) where the tuner adds them (measured: 16 MB
+    # tuner vs 4 MB simulated).
     sim = {}
     for algo in ("ring", "tree"):
         sim[algo] = [_run("dgx-a100", 2, "all_reduce", 1 << k, algo=algo)[0] for k in range(10, 31)]
     faster = ["ring" if r < t else "tree" for r, t in zip(sim["ring"], sim["tree"], strict=True)]
     sim_cross = faster.index("ring")
-    assert first_ring <= sim_cross <= first_ring + 2
+    assert first_ring - 2 <= sim_cross <= first_ring + 2
 
 
 @pytest.mark.parametrize("system,nodes,op,algo", [
@@ -327,14 +332,17 @@ def _ib_in(cl, node):
 
 def test_nvls_tree_two_h100_nodes_closed_form():
     # NCCL 2.30.7's model (test_tuner.NVLS_TREE): latency 25 + 2*20.9 = 66.8 us, algBw 461.6*16/30 GB/s.
-    # Nothing else runs, so the activity moves at that rate: time = latency + S/algBw.
+    # Nothing else runs, so the activity moves at that rate per channel through NCCL's chunk pipeline:
+    # 64 loops of one 1 MiB item (8 heads x 128 KiB) per channel through 2 + 2 log2(2) = 4 hops, store
+    # and forward, bandwidth-bound: base + 4 step latencies + (64 + 3) s, s = 1 MiB / (algBw / 16).
     size = GiB
     t, plan, _ = _run("dgx-h100", 2, "all_reduce", size, algo="nvls_tree")
     assert (plan.algorithm, plan.protocol, plan.n_channels) == ("nvls_tree", "simple", 16)
-    assert plan.latency_s == pytest.approx(66.8e-6, rel=1e-9)
     algbw = 8 * 57.7e9 * 16 / 30
     assert plan.rate_bound_Bps == pytest.approx(algbw, rel=1e-6)
-    assert t == pytest.approx(66.8e-6 + size / algbw, rel=1e-9)  # well within 2 %: exactly
+    assert plan.predicted_time_s == pytest.approx(66.8e-6 + size / algbw, rel=1e-9)  # the tuner's own
+    base = 0.0  # NVLSTree's row of baseLatencies (tuning.cc) is 0
+    assert t == pytest.approx(base + 66.8e-6 + (64 + 3) * MiB / (algbw / 16), rel=1e-9)
     # NCCL's model picks it by itself from 4 MiB on two DGX H100 (Tree/LL128 below).
     assert _run("dgx-h100", 2, "all_reduce", 4 * MiB)[1].algorithm == "nvls_tree"
     assert _run("dgx-h100", 2, "all_reduce", 2 * MiB)[1].algorithm == "tree"

@@ -90,8 +90,8 @@ def test_pat_blocks_per_dimension():
 
 @pytest.mark.parametrize("coll", ["all_gather", "reduce_scatter"])
 def test_pat_engine_time_and_bytes_per_nic(coll):
-    """16 DGX H100 nodes, one GPU each (rail 0): NCCL picks PAT; the activity runs at the tuner's rate
-    (time = latency + S/algBw exactly), and every rank's NIC carries (n-1)/n * S each way, split over
+    """16 DGX H100 nodes, one GPU each (rail 0): NCCL picks PAT; the activity takes NCCL's chunk
+    pipeline's time, and every rank's NIC carries (n-1)/n * S each way, split over
     the log2(n) = 4 dimensions as 8:4:2:1 blocks of S/n to the peers 1, 2, 4, 8 ranks away."""
     nodes, size = 16, 1 * MiB
     topo = build_system("dgx-h100", nodes)
@@ -100,11 +100,21 @@ def test_pat_engine_time_and_bytes_per_nic(coll):
     gpus = tuple(f"n{k}.gpu0" for k in range(nodes))
     plan = eng.plan(Collective(coll, size, tuple(range(nodes))), gpus)
     assert (plan.algorithm, plan.protocol, plan.n_channels) == ("pat", "simple", 4)
-    assert plan.latency_s == pytest.approx(68.8e-6, rel=1e-12)
     done = eng.start(plan)
     cl.env.run()
     assert done.processed
-    assert cl.env.now == pytest.approx(68.8e-6 + size / 36e9, rel=1e-9)
+    # NCCL's chunk pipeline: 4 loops of one 60 KiB item per channel through log2(16) = 4 hops, store
+    # and forward, no credit wait (4 items < NCCL_STEPS): base + 3 s + 4 (s + step latency), the
+    # chunked fidelity's time (the tuner's formula, 68.8 us + S / 36 GB/s, adds every hop's latency and
+    # pays no fill)
+    pipe = eng.pipeline(plan, eng.comm_topology(gpus), plan.rate_bound_Bps / plan.n_channels)
+    assert (pipe.hops, len(pipe.loop_bytes), pipe.loop_bytes[0]) == (4, 4, 15 / 16 * 64 * 1024)
+    s, step = pipe.loop_bytes[0] / pipe.channel_rate_Bps, pipe.step_latency_s
+    assert step == pytest.approx((68.8e-6 - pipe.base_latency_s) / 4, rel=1e-12)
+    assert cl.env.now == pytest.approx(pipe.base_latency_s + 3 * s + 4 * (s + step), rel=1e-9)
+    chunked = NcclEngine(Cluster(topo), fidelity="chunked")
+    assert chunked.plan(Collective(coll, size, tuple(range(nodes))), gpus).info["chunked_time_s"] == \
+        pytest.approx(cl.env.now, rel=1e-9)
     sign = -1 if coll == "all_gather" else 1
     flows = eng.flows(plan)
     assert len(flows) == 4 * nodes

@@ -19,21 +19,6 @@ GROUPS = {  # name -> (system, nodes, GPUs of the group: every GPU, or the first
 SIZES = [1 << 10, 1 << 16, 1 << 20, 1 << 24, 1 << 28, 1 << 31, 1 << 33]
 TOLERANCE = 0.10
 _TOPOS: dict = {}
-KNOWN = {  # (group, collective) -> what the simulator gives; NCCL 2.30.7's model picks as the tuner does
-    ("a100-8", "all_reduce"): "64 KiB: ring/ll 30.7 us vs tree/ll 18.6 us",
-    ("a100-4", "all_reduce"): "64 KiB: ring/ll 16.9 us vs tree/ll 13.8 us",
-    ("h100-8", "all_reduce"): "64 KiB: ring/ll 24.8 us vs tree/ll 17.5 us",
-    ("h100-4", "all_reduce"): "64 KiB: ring/ll 14.4 us vs tree/ll 12.7 us",
-    ("a100-2x8", "all_gather"): "64 KiB: ring/ll 81.0 us vs ring/ll128 46.5 us",
-    ("a100-2x8", "reduce_scatter"): "64 KiB: ring/ll 81.0 us vs ring/ll128 46.5 us",
-    ("a100-4x8", "all_gather"): "64 KiB: ring/ll 124.2 us vs ring/ll128 82.5 us",
-    ("a100-4x8", "reduce_scatter"): "64 KiB: ring/ll 124.2 us vs ring/ll128 82.5 us",
-    ("a100-8x1", "all_reduce"): "64 KiB: tree/ll128 72.9 us vs tree/ll 64.8 us; 1 MiB: ring/ll128 224.8 us vs "
-                                "tree/ll128 190.7 us",
-}
-"""Cases where the flow model's latency-bound times (one latency, then bandwidth through the links) and
-NCCL's tuning model (latency + size / bandwidth per pair) disagree at small sizes by more than 10 %."""
-
 KNOWN_CHUNKED = {  # the same check with fidelity = "chunked" (hwmodel/nccl/chunked.py)
     ("a100-8", "all_reduce"): "64 KiB: ring/ll 22.9 us vs tree/ll 18.6 us",
     ("h100-2x8", "all_reduce"): "16 MiB: nvls_tree/simple 237.2 us vs ring/ll128 123.2 us",
@@ -51,6 +36,10 @@ KNOWN_CHUNKED = {  # the same check with fidelity = "chunked" (hwmodel/nccl/chun
 """Where NCCL's choice is more than 10 % slower than another pair in the chunked pipeline: the pipeline
 streams a ring step in max(latency, transfer) where NCCL's model adds them, so Ring gains at mid sizes;
 NVLSTree and Tree LL128 pay their chunk fill over many hops; PAT's Simple slices cross log2(n) hops."""
+
+KNOWN = KNOWN_CHUNKED
+"""The flow fidelity times a collective by the same pipeline in closed form (hwmodel/nccl/pipeline_closed.py,
+equal to the recurrence on these groups), so it has the same cases."""
 
 
 def _cases(fidelities=("flow", "chunked")):

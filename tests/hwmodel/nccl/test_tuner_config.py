@@ -4,8 +4,10 @@ import pytest
 
 from hwmodel.cluster import Cluster
 from hwmodel.ir import Collective
+from hwmodel.nccl import algorithms
 from hwmodel.nccl import tuner as T
 from hwmodel.nccl.channels import CommTopology, nccl_channels
+from hwmodel.nccl.comm import PROTOCOL_INDEX
 from hwmodel.nccl.engine import NcclEngine, simulate_nccl_tests
 from hwmodel.nccl.tuner_config import TunerConfigError, load_tuner_config, parse_tuner_config
 from hwmodel.topology import build_system
@@ -108,7 +110,7 @@ def test_module_default_rules_and_context_manager(a100x1):
 def test_channel_override_holds_fewer_sms_and_lowers_bandwidth():
     """Ring/Simple on 12 of 24 channels: half the SMs held, and the per-channel bandwidth cap
     (NCCL's model busBw 240 GB/s over 24 channels) binds below NVLink, so a 1 GiB all-reduce takes
-    latency + 2(n-1)/n * S / 120 GB/s."""
+    NCCL's base latency + one step latency + 2(n-1)/n * S / 120 GB/s (the chunk pipeline streams)."""
     topo = build_system("dgx-a100", 1)
     size = 1 << 30
     full = simulate_nccl_tests(topo, "all_reduce", [size], algorithm="ring", protocol="simple")[0]
@@ -118,7 +120,10 @@ def test_channel_override_holds_fewer_sms_and_lowers_bandwidth():
     ct = NcclEngine(Cluster(topo)).comm_topology(tuple(topo.gpus()))
     assert T.bus_bandwidth_Bps("all_reduce", "ring", "simple", ct) == pytest.approx(240e9)
     lat = T.latency_s("all_reduce", "ring", "simple", ct)
-    assert half.time_s == pytest.approx(lat + 14 / 8 * size / 120e9, rel=1e-6)
+    # NCCL's chunk pipeline, bandwidth-bound: base latency once, one step latency (the rest overlaps
+    # the transfer), then 2(n-1)/n * S at 12 x 10 GB/s
+    base = algorithms.get("ring").base_latency_us[PROTOCOL_INDEX["simple"]] * 1e-6
+    assert half.time_s == pytest.approx(base + (lat - base) / 14 + 14 / 8 * size / 120e9, rel=1e-6)
     assert half.time_s > 1.9 * full.time_s
     eng = NcclEngine(Cluster(topo), tuner_config=half_cfg)
     plan = eng.plan(Collective("all_reduce", size, tuple(range(8))), tuple(topo.gpus()))
