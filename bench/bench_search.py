@@ -16,6 +16,7 @@ Llama 3 405B on 16,384 H100 (target <= 10 minutes)::
 from __future__ import annotations
 
 import argparse
+import math
 import resource
 import sys
 import time
@@ -59,6 +60,12 @@ def main() -> None:
     print(f"wall time: {wall:.1f} s (target <= 300 s on 2 cores); Kendall tau {tau:.2f}; "
           f"best is #{ag.get('best_screen_rank')} by the screen; "
           f"{sp.get('speedup_over_baseline', float('nan')):.2f}x over the baseline")
+    runs = sorted(((r.get("cpu_s", math.nan), r.get("wall_s", math.nan), c.short()) for c, r in res.simulated.items()
+                   if "wall_s" in r), reverse=True)
+    if runs:  # where tier 2's time goes (cached results of an earlier run carry their own figures)
+        print(f"simulations: {sum(r[0] for r in runs):.1f} s CPU, {sum(r[1] for r in runs):.1f} s wall in all; "
+              f"slowest {runs[0][2]}: {runs[0][0]:.1f} s CPU, {runs[0][1]:.1f} s wall; median "
+              f"{runs[len(runs) // 2][0]:.1f} s CPU")
     print(f"CPU time: {cpu_main:.1f} s in the main process (enumerate, trace, screen), {cpu_workers:.1f} s in the "
           f"simulation workers; peak RSS {own.ru_maxrss / 1e6:.2f} GB (main), {kids.ru_maxrss / 1e6:.2f} GB (largest "
           f"worker) -- on a shared machine the CPU time is the figure that does not depend on the load")
