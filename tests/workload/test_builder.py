@@ -114,7 +114,8 @@ def test_tp_collectives_per_layer_and_sequence_parallel():
 
 def test_fsdp_collectives_move_one_layer_per_call():
     """FSDP/ZeRO-3: per layer, an all-gather of the layer's bf16 parameters before its forward and its
-    backward, and a reduce-scatter of its fp32 gradients after its backward. Sizes are nccl-tests' S,
+    backward (not the last layer's backward under FSDP: torchtitan keeps it unsharded after forward), and
+    a reduce-scatter of its fp32 gradients after its backward. Sizes are nccl-tests' S,
     the whole (gathered) buffer -- Llama-3 8B: 218,112,000 parameters per layer -- whatever dp is."""
     mc = with_overrides(get_model_config("llama3-8b"), num_layers=2, seq_length=256, vocab_size=1024)
     h, f = mc.hidden_size, mc.ffn_hidden_size
@@ -127,7 +128,7 @@ def test_fsdp_collectives_move_one_layer_per_call():
         ag = [t.op for t in prog.tasks if t.stream == "fsdp_ag"]
         rs = [t.op for t in prog.tasks if t.stream == "fsdp_rs"]
         ag, rs = [c for c in ag if "_L" in c.name], [c for c in rs if "_L" in c.name]  # the layers
-        assert len(ag) == 2 * 2 and {c.size_bytes for c in ag} == {2 * layer}
+        assert len(ag) == 2 * 2 - 1 and {c.size_bytes for c in ag} == {2 * layer}
         assert len(rs) == 2 and {c.size_bytes for c in rs} == {4 * layer}
         assert all(len(c.group) == dp for c in ag + rs)
 
@@ -202,20 +203,24 @@ def _fsdp_parts(prog):
 
 
 def test_fsdp_gathers_and_reduces_embedding_and_head():
-    """ZeRO-3/FSDP shards the parts outside the layers too: the embedding ("pre") and final norm plus
-    output layer ("post") are all-gathered (bf16) before their forward and backward and their fp32
-    gradients reduce-scattered after the backward, once per micro-batch; S is the whole unit. Llama-3
-    (untied): pre V*h, post h + V*h elements."""
+    """ZeRO-3/FSDP shards the parts outside the layers too, once per micro-batch; S is the whole unit.
+    Llama-3 (untied): pre V*h, post h + V*h elements. ZeRO-3: the embedding ("pre") and final norm plus
+    output layer ("post") are units of their own, all-gathered (bf16) before their forward and backward,
+    their fp32 gradients reduce-scattered after the backward. FSDP (torchtitan's ``fully_shard(model)``):
+    both are the root unit, gathered once before the forward and reduce-scattered after the whole backward."""
     mc = with_overrides(get_model_config("llama3-8b"), num_layers=2, seq_length=256, vocab_size=1024)
     h, vocab = mc.hidden_size, mc.vocab_size
     pre, post = vocab * h, h + vocab * h
     assert (pre, post) == (4_194_304, 4_198_400)
     for dp in (4, 8):
-        cfg = ParallelConfig(fsdp=True, global_batch_size=2 * dp).resolve(dp)  # 2 micro-batches
+        cfg = ParallelConfig(zero_stage=3, global_batch_size=2 * dp).resolve(dp)  # 2 micro-batches
         prog = build_programs(trace_rank(mc, cfg), cfg, ranks=[0]).programs[0]
         assert _fsdp_parts(prog) == {
             "fsdp_ag_fwd_pre": [2 * pre] * 2, "fsdp_ag_bwd_pre": [2 * pre] * 2, "fsdp_rs_pre": [4 * pre] * 2,
             "fsdp_ag_fwd_post": [2 * post] * 2, "fsdp_ag_bwd_post": [2 * post] * 2, "fsdp_rs_post": [4 * post] * 2}
+        cfg = ParallelConfig(fsdp=True, global_batch_size=2 * dp).resolve(dp)
+        prog = build_programs(trace_rank(mc, cfg), cfg, ranks=[0]).programs[0]
+        assert _fsdp_parts(prog) == {"fsdp_ag_fwd_pre": [2 * (pre + post)] * 2, "fsdp_rs_pre": [4 * (pre + post)] * 2}
         assert all(len(t.op.group) == dp for t in prog.tasks
                    if t.stream.startswith("fsdp") and isinstance(t.op, Collective))
         # the embedding's forward waits for its gather (FSDP2: its copy-out, first on the compute
@@ -229,12 +234,12 @@ def test_fsdp_gathers_and_reduces_embedding_and_head():
 
 
 def test_fsdp_tied_output_layer_gathers_the_embedding():
-    """Tied embeddings on one stage (GPT): "post" (final LayerNorm, 2h) gathers the word embedding (V*h)
-    with it; the embedding's gradient, both uses accumulated, is reduce-scattered once, with "pre"
-    (word and position embeddings, (V + s)*h)."""
+    """Tied embeddings on one stage (GPT), ZeRO-3: "post" (final LayerNorm, 2h) gathers the word embedding
+    (V*h) with it; the embedding's gradient, both uses accumulated, is reduce-scattered once, with "pre"
+    (word and position embeddings, (V + s)*h). FSDP's root unit holds the tied weight once."""
     mc = with_overrides(get_model_config("gpt-1.7b"), num_layers=2, seq_length=256, vocab_size=1024)
     h, vocab, s = mc.hidden_size, mc.vocab_size, mc.seq_length
-    cfg = ParallelConfig(fsdp=True, global_batch_size=4).resolve(4)
+    cfg = ParallelConfig(zero_stage=3, global_batch_size=4).resolve(4)
     trace = trace_rank(mc, cfg)
     pre, post, tied = (vocab + s) * h, 2 * h, vocab * h
     assert (trace.params_pre, trace.params_post, trace.params_post_tied) == (pre, post, tied)
@@ -242,6 +247,9 @@ def test_fsdp_tied_output_layer_gathers_the_embedding():
     assert parts == {"fsdp_ag_fwd_pre": [2 * pre], "fsdp_ag_bwd_pre": [2 * pre], "fsdp_rs_pre": [4 * pre],
                      "fsdp_ag_fwd_post": [2 * (post + tied)], "fsdp_ag_bwd_post": [2 * (post + tied)],
                      "fsdp_rs_post": [4 * post]}
+    cfg = ParallelConfig(fsdp=True, global_batch_size=4).resolve(4)
+    parts = _fsdp_parts(build_programs(trace_rank(mc, cfg), cfg, ranks=[0]).programs[0])
+    assert parts == {"fsdp_ag_fwd_pre": [2 * (pre + post)], "fsdp_rs_pre": [4 * (pre + post)]}
 
 
 def test_zero3_pipeline_gathers_pre_on_first_stage_and_post_on_last():

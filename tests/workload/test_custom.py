@@ -249,9 +249,11 @@ def test_fsdp_gathers_each_block_and_zero1_reduce_scatters():
     rs = [t.op for t in tasks if t.stream == "fsdp_rs" and isinstance(t.op, Collective)]
     # (FSDP2's copy kernels on these streams: tests/workload/test_fsdp2.py)
     # nccl-tests' S for all-gather / reduce-scatter is the whole buffer: one unit's parameters -- each
-    # block, the embedding before the blocks ("pre", V*d) and the classifier after them ("post", d*C)
-    units = {f"L{i}": 8 * d * d for i in range(L)} | {"pre": V * d, "post": d * C}
-    assert sorted(c.name for c in ag) == sorted(f"fsdp_ag_{ph}_{u}" for ph in ("fwd", "bwd") for u in units)
+    # block, and the root unit ("pre": the embedding before the blocks, V*d, and the classifier after
+    # them, d*C), gathered once before the forward; the last block is not gathered again for its backward
+    units = {f"L{i}": 8 * d * d for i in range(L)} | {"pre": V * d + d * C}
+    assert sorted(c.name for c in ag) == sorted([f"fsdp_ag_fwd_{u}" for u in units]
+                                                + [f"fsdp_ag_bwd_L{i}" for i in range(L - 1)])
     assert all(c.size_bytes == 2 * units[c.name.split("_")[-1]] for c in ag)  # bf16
     assert sorted(c.name for c in rs) == sorted(f"fsdp_rs_{u}" for u in units)
     assert all(c.size_bytes == 4 * units[c.name.split("_")[-1]] for c in rs)  # fp32 gradients

@@ -24,7 +24,8 @@ def test_fsdp2_copies_per_unit_closed_form():
     """Per layer (n elements, dp 4): copy-in 10 B per shard element (read fp32, write bf16, read bf16,
     write bf16) before the all-gather on its stream; copy-out 4 B per element (read, write bf16) on the
     compute stream, after it, and the layer's first kernel after the copy-out; reduce-scatter copy-in
-    6 B per element (read bf16, write fp32) before the fp32 reduce-scatter on its stream."""
+    6 B per element (read bf16, write fp32) on the compute stream (pytorch/pytorch#129721: allocated
+    and written in the default stream), before the fp32 reduce-scatter on its stream."""
     t, prog = _program(fsdp=True)
     n = t.block_params(0)
     tasks = prog.tasks
@@ -39,7 +40,7 @@ def test_fsdp2_copies_per_unit_closed_form():
     assert copy_out.op.bytes_accessed == 4 * n and ag in copy_out.deps
     rs = by_name["fsdp_rs_L0"][0]
     rs_in = tasks[rs - 1]
-    assert rs_in.op.name == "fsdp_reduce_scatter_copy_in" and rs_in.stream == "fsdp_rs"
+    assert rs_in.op.name == "fsdp_reduce_scatter_copy_in" and rs_in.stream == "compute" and rs_in.id in tasks[rs].deps
     assert rs_in.op.bytes_accessed == 6 * n and tasks[rs].op.size_bytes == 4 * n
     # one copy-out per gather, one copy-in per gather and per reduce-scatter
     names = Counter(x.op.name for x in tasks)
@@ -65,3 +66,56 @@ def test_plain_zero3_has_no_fsdp2_copies():
     names = {x.op.name for x in prog.tasks}
     assert not names & {"fsdp_all_gather_copy_in", "fsdp_all_gather_copy_out", "fsdp_reduce_scatter_copy_in"}
     assert "fused_adam" in names
+
+
+def _collectives(prog, prefix):
+    return [x.op for x in prog.tasks if isinstance(x.op, Collective) and x.op.name.startswith(prefix)]
+
+
+def test_fsdp2_units_as_torchtitan_wraps_them():
+    """torchtitan's apply_fsdp: the root unit (embedding, final norm, output layer) is gathered once, before
+    the forward, and reduce-scattered once, at the end of the backward; every block is gathered before its
+    forward, and before its backward except the last block (reshard_after_forward = layer_id < n - 1).
+    2 layers, dp 4: 1 + 2 + 1 gathers, 2 + 1 reduce-scatters; plain ZeRO-3 keeps a unit for each part."""
+    t, prog = _program(fsdp=True)
+    eb = 2
+    gathers = _collectives(prog, "fsdp_ag")
+    assert [g.name for g in gathers] == ["fsdp_ag_fwd_pre", "fsdp_ag_fwd_L0", "fsdp_ag_fwd_L1", "fsdp_ag_bwd_L0"]
+    assert gathers[0].size_bytes == (t.params_pre + t.params_post) * eb
+    scatters = _collectives(prog, "fsdp_rs")
+    assert [r.name for r in scatters] == ["fsdp_rs_L1", "fsdp_rs_L0", "fsdp_rs_pre"]
+    assert scatters[-1].size_bytes == (t.params_pre + t.params_post) * 4  # fp32 (mixed_precision_reduce)
+    # every parameter is gathered for the forward once and reduce-scattered once
+    assert sum(g.size_bytes for g in gathers[:3]) == (t.params_pre + t.params_post + 2 * t.block_params(0)) * eb
+    assert sum(r.size_bytes for r in scatters) == (t.params_pre + t.params_post + 2 * t.block_params(0)) * 4
+    # the optimizer waits for the root's reduce-scatter, the last one
+    last_rs = max(i for i, x in enumerate(prog.tasks) if x.op.name == "fsdp_rs_pre")
+    first_opt = min(i for i, x in enumerate(prog.tasks) if isinstance(x.op, Compute) and x.op.phase == "opt")
+    assert last_rs in prog.tasks[first_opt].deps
+    _, z3 = _program(zero_stage=3)
+    assert len(_collectives(z3, "fsdp_ag")) == 8 and len(_collectives(z3, "fsdp_rs")) == 4
+
+
+def test_fsdp2_with_pp_keeps_every_unit_gathered():
+    """With pipeline stages torchtitan sets reshard_after_forward = False everywhere: one gather per unit
+    and iteration, whatever the root rule says (the pre and post parts are on different stages)."""
+    cfg = ParallelConfig(global_batch_size=8, pipeline_model_parallel_size=2, fsdp=True).resolve(4)
+    t = trace_rank(MC, cfg)
+    names = {tuple(g.name for g in _collectives(p, "fsdp_ag")) for p in build_programs(t, cfg).programs.values()}
+    assert names == {("fsdp_ag_fwd_pre", "fsdp_ag_fwd_L0"), ("fsdp_ag_fwd_L1", "fsdp_ag_fwd_post")}
+
+
+def test_clip_grad_norm_all_reduces_the_dtensor_norm():
+    """clip_grad_norm_ on DTensor gradients: one 4-byte fp32 all-reduce per sharded mesh dimension (dp;
+    tp too under TP), on the compute stream after every norm kernel and before the first scaling kernel."""
+    for kw, groups in (({}, [4]), ({"tensor_model_parallel_size": 2, "sequence_parallel": True}, [2, 2])):
+        _, prog = _program(fsdp=True, **kw)
+        names = [x.op.name for x in prog.tasks]
+        norms = [x for x in prog.tasks if isinstance(x.op, Collective) and x.op.dtype == "fp32"
+                 and x.op.op == "all_reduce" and x.op.size_bytes == 4]
+        assert sorted(len(x.op.group) for x in norms) == sorted(groups)
+        assert all(x.stream == "compute" for x in norms)
+        first = min(prog.tasks.index(x) for x in norms)
+        last = max(prog.tasks.index(x) for x in norms)
+        assert max(i for i, n in enumerate(names) if n == "clip_grad_norm") < first
+        assert last < min(i for i, n in enumerate(names) if n == "clip_grad_scale")

@@ -391,7 +391,7 @@ class RankBuilder:
     def fsdp_gather_part(self, part: str, phase: str, after: int | None) -> list[int]:
         """ZeRO-3/FSDP all-gather of the "pre" or "post" unit's parameters (training dtype; nccl-tests'
         S, the whole gathered buffer); nothing for a unit without parameters."""
-        n = self.t.params_pre if part == "pre" else self.t.params_post + self.t.params_post_tied
+        n = fsdp2.root_elements(self, part, phase)  # FSDP2's root unit: gathered once, before the forward
         if n <= 0:
             return []
         return [fsdp2.unshard(self, Collective("all_gather", n * ELEM_BYTES.get(self.t.dtype, 2), self.groups["dp"],
@@ -453,7 +453,7 @@ class RankBuilder:
         prev_prev = None
         for layer in reversed(layers):
             d = list(deps)
-            if gather:
+            if gather and fsdp2.gathers_for_backward(self, layer):
                 d.append(self.fsdp_gather(layer, "bwd", prev_prev))
             before = self.last_compute
             if gather and (kernels := self.fp8_weight_cast(layer, "bwd")):
@@ -477,7 +477,7 @@ class RankBuilder:
         done = self.last_compute
         if self.zero == 3:
             if last_mb or not self.cfg.fsdp_keeps_unsharded:
-                fsdp2.reduce(self, key, n, done)
+                fsdp2.reduce(self, key, fsdp2.root_reduce_elements(self, key, n), done)
         elif last_mb:
             self.grad_ready(key, done)
 
@@ -667,7 +667,7 @@ class RankBuilder:
                                                                        ("zero_grad_buffers", 4))
                   for n, layer in shards]
         if cfg.fsdp:  # PyTorch's clip_grad_norm_ and foreach AdamW (workload.parallel.fsdp2)
-            items = fsdp2.optimizer_kernels(shards)
+            items = fsdp2.optimizer_kernels(shards, fsdp2.norm_reduce_axes(self))
         wait = list(self.dp_tasks)
         if self.zero == 3:
             wait += [i for i, t in enumerate(self.prog.tasks) if t.stream == "fsdp_rs"][-1:]

@@ -14,13 +14,30 @@ between its flat communication buffers and the per-parameter tensors
 * *all-gather copy-out* (``foreach_all_gather_copy_out`` in ``wait_for_unshard``, on the compute stream
   before the unit's pass): ``split_with_sizes_copy`` of the whole gathered buffer into the unsharded
   parameters: read and write the gathered bytes (the training dtype; FP8 bytes with FP8 all-gathers);
-* *reduce-scatter copy-in* (``foreach_reduce``, on the reduce-scatter stream): the unsharded gradients
-  (training dtype) cast to ``reduce_dtype`` (torchtitan's ``mixed_precision_reduce = "float32"``) and
-  chunk-concatenated into the reduce-scatter input (``torch._chunk_cat``): read the training dtype,
-  write fp32, per element of the unit (one pass; a separate cast would add another fp32 round trip).
+* *reduce-scatter copy-in* (``foreach_reduce``): the unsharded gradients (training dtype) cast to
+  ``reduce_dtype`` (torchtitan's ``mixed_precision_reduce = "float32"``) and chunk-concatenated into the
+  reduce-scatter input (``torch._chunk_cat``, which widens bf16 to fp32 itself): read the training dtype,
+  write fp32, per element of the unit. It runs on the *compute* stream, before the reduce-scatter stream
+  waits for it (pytorch/pytorch#129721, PyTorch 2.5 on: the large input is allocated in the default
+  stream's memory pool), so it delays the next unit's backward by its own time.
+
+No gradient division kernel: for an fp32 or bf16 ``reduce_dtype`` ``_get_gradient_divide_factors`` returns
+no pre/post-divide factors and the reduce-scatter uses NCCL's ``ReduceOp.AVG`` (a pre-multiplied sum in
+the same kernel), so ``_div_if_needed`` launches nothing.
+
+*Units as torchtitan wraps them* (``apply_fsdp``, torchtitan 9dec370 and 820504e): ``fully_shard`` on each
+transformer block, then on the whole model, whose own unit (the *root*) holds the embedding, the final
+norm and the output layer; without pipeline stages every block but the last reshards after forward
+(``reshard_after_forward = layer_id < n_layers - 1``: the last block would be prefetched at once for the
+backward), and FSDP2 never reshards the root after forward (``_lazy_init`` clears the root's
+``post_forward_mesh_info``). So the root is gathered once, before the embedding, kept to the end of the
+backward and reduce-scattered there (its post-backward runs in the root's final callback: its forward
+input, the token ids, needs no gradient), and the last block is not gathered again for its backward
+(:func:`root_elements`, :func:`gathers_for_backward`).
 
 The optimizer step is PyTorch's ``AdamW(foreach=True)`` (torchtitan's default, ``optimizer.fused =
-false``) on the fp32 shards, after ``clip_grad_norm_`` (torchtitan's ``max_norm = 1.0``):
+false``) on the fp32 shards, after ``clip_grad_norm_`` (torchtitan's ``max_norm = 1.0``; the DTensor norm
+all-reduced, :func:`norm_reduce_axes`):
 :data:`FOREACH_ADAMW_PASSES`. No master-weight copy (the fp32 shards are the parameters; the cast to bf16
 is the all-gather copy-in) and no gradient zeroing kernel (``zero_grad(set_to_none=True)``).
 """
@@ -82,15 +99,64 @@ def reduce(rb: RankBuilder, key, n: int, after: int | None) -> None:
     if rb.cfg.fsdp:
         layer = f"layers.{key}" if isinstance(key, int) else str(key)
         after = rb.add(Compute("fsdp_reduce_scatter_copy_in", "copy", 0.0, n * (_elem_bytes(rb) + rb.grad_bytes),
-                               dtype=rb.grad_dtype, layer=layer, phase="bwd"), "fsdp_rs", (after,))
+                               dtype=rb.grad_dtype, layer=layer, phase="bwd"), "compute", (after,))
     rb.add(Collective("reduce_scatter", n * rb.grad_bytes, rb.groups["dp"], dtype=rb.grad_dtype, name=name),
            "fsdp_rs", (after,))
 
 
-def optimizer_kernels(shards: list[tuple[float, str]]) -> list[Compute]:
+def root_unit(rb: RankBuilder) -> bool:
+    """Whether the parts outside the blocks form FSDP2's one root unit, kept unsharded from its forward to
+    the end of the backward (``fsdp`` without pipeline stages, as torchtitan wraps the model)."""
+    return rb.cfg.fsdp and not rb.cfg.fsdp_keeps_unsharded
+
+
+def root_elements(rb: RankBuilder, part: str, phase: str) -> int:
+    """Parameters the "pre" or "post" unit all-gathers before its ``phase``: under :func:`root_unit` the
+    whole root (embedding, final norm, output layer; a tied output weight is the embedding's) before the
+    forward's "pre" and nothing else; otherwise each part's own (a tied output layer gathers the
+    embedding again)."""
+    t = rb.t
+    if root_unit(rb):
+        return t.params_pre + t.params_post if (part, phase) == ("pre", "fwd") else 0
+    return t.params_pre if part == "pre" else t.params_post + t.params_post_tied
+
+
+def root_reduce_elements(rb: RankBuilder, key, n: int) -> int:
+    """Gradient elements reduce-scattered after unit ``key``'s backward (``n``: the unit's own): under
+    :func:`root_unit` the root's, all after "pre" (the end of the backward), none after "post"."""
+    if not root_unit(rb) or key not in ("pre", "post"):
+        return n
+    return rb.t.params_pre + rb.t.params_post if key == "pre" else 0
+
+
+def gathers_for_backward(rb: RankBuilder, layer: int) -> bool:
+    """Whether block ``layer`` is all-gathered again before its backward: not the model's last block under
+    :func:`root_unit` (torchtitan keeps it unsharded after forward)."""
+    return not (root_unit(rb) and layer == rb.offsets[-1] - 1)
+
+
+def norm_reduce_axes(rb: RankBuilder) -> tuple[str, ...]:
+    """The mesh dimensions ``clip_grad_norm_`` all-reduces the gradient norm over: the gradients are
+    DTensors sharded over FSDP's (and TP's) mesh dimensions, so ``get_total_norm`` returns a
+    ``_NormPartial`` DTensor that ``clip_grads_with_norm_`` makes replicated -- one all-reduce of one fp32
+    scalar per sharded dimension (torchtitan ``utils.clip_grad_norm_``, 9dec370; torchtitan's extra
+    all-reduce over the pipeline mesh is not modelled)."""
+    return tuple(axis for axis in ("tp", "dp") if len(rb.groups[axis]) > 1)
+
+
+def optimizer_kernels(shards: list[tuple[float, str]], norm_axes: tuple[str, ...] = ()) -> list:
     """The optimizer step's kernels over ``shards`` ((fp32 parameters, layer) per unit), pass by pass
-    as ``foreach`` runs them (each ``_foreach_*`` op over every tensor before the next)."""
-    return [optimizer_kernel(name, n * b, layer) for name, b in FOREACH_ADAMW_PASSES for n, layer in shards]
+    as ``foreach`` runs them (each ``_foreach_*`` op over every tensor before the next), with the
+    gradient norm's all-reduces over ``norm_axes`` (:func:`norm_reduce_axes`) between the norm and the
+    clipping scale, which waits for the total (on the compute stream, as DTensor issues them)."""
+    from workload.parallel.builder import TracedCollective
+
+    items: list = []
+    for name, b in FOREACH_ADAMW_PASSES:
+        items += [optimizer_kernel(name, n * b, layer) for n, layer in shards]
+        if name == "clip_grad_norm":
+            items += [TracedCollective("all_reduce", MASTER_BYTES, axis, "fp32") for axis in norm_axes]
+    return items
 
 
 def _elem_bytes(rb: RankBuilder) -> int:
@@ -99,4 +165,5 @@ def _elem_bytes(rb: RankBuilder) -> int:
     return ELEM_BYTES.get(rb.t.dtype, 2)
 
 
-__all__ = ["FOREACH_ADAMW_PASSES", "MASTER_BYTES", "optimizer_kernels", "reduce", "unshard"]
+__all__ = ["FOREACH_ADAMW_PASSES", "MASTER_BYTES", "gathers_for_backward", "norm_reduce_axes", "optimizer_kernels",
+           "reduce", "root_elements", "root_reduce_elements", "root_unit", "unshard"]
