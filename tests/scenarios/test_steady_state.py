@@ -11,6 +11,7 @@ the full runs to seconds. A closed form checks the premise: with free communicat
 (m + p - 1)(t_f + t_b) per stage, affine in m, and the extrapolation reproduces the full run.
 """
 
+import functools
 from dataclasses import dataclass
 
 import pytest
@@ -19,6 +20,7 @@ from hwmodel.cluster import Cluster
 from hwmodel.ir import Compute
 from hwmodel.runtime import Runtime
 from hwmodel.topology import build_system
+from scenarios.report import format_report
 from scenarios.runner import run_scenario
 from scenarios.scenario import parse_scenario
 from scenarios.steady_state import plan_for
@@ -56,6 +58,7 @@ CASES = {
 }
 
 
+@functools.cache
 def _report(case: str, steady: str):
     spec = CASES[case]
     data = {"name": case, **{k: dict(v) for k, v in spec.items()}, "simulation": {"steady_state": steady}}
@@ -90,6 +93,14 @@ def test_extrapolated_equals_full(case):
     assert fast["simulation"]["tasks"] == full["simulation"]["tasks"]
     assert fast["parallel"] == full["parallel"] and fast["memory"] == full["memory"]
     assert fast["mfu"] == pytest.approx(full["mfu"], rel=TOL)
+
+
+def test_report_says_what_was_simulated():
+    rep = _report("1f1b", "auto")
+    text = format_report(rep)
+    assert "simulated 16 and 20 of 48 micro-batches; the steady 1F1B period extrapolated" in text
+    assert rep.simulated is not None and rep.simulated.end_time_s < rep.result.end_time_s
+    assert "simulated" not in format_report(_report("1f1b", "off")).split("Simulation", 1)[1]
 
 
 def test_plan_rule():
