@@ -168,10 +168,13 @@ def _iteration_s(p: int, m: int, schedule: str, v: int) -> float:
     return run.end_time_s
 
 
-@pytest.mark.parametrize("schedule,v", [("1f1b", 1), ("gpipe", 1), ("interleaved_1f1b", 2)])
-def test_free_communication_closed_form(schedule, v):
-    """T(m) = (m + (p - 1) / v)(t_f + t_b) per stage (SC'21 eq. 1-2), affine: the extrapolation from the
-    plan's two counts is the full run's to 1e-9."""
+@pytest.mark.parametrize("schedule,v,affine_rel",
+                         [("1f1b", 1, 1e-9), ("gpipe", 1, 1e-9), ("interleaved_1f1b", 2, 2e-3)])
+def test_free_communication_closed_form(schedule, v, affine_rel):
+    """T(m) = (m + (p - 1) / v)(t_f + t_b) per stage (SC'21 eq. 1-2), affine: for 1F1B and GPipe the
+    extrapolation from the plan's two counts is the full run's to 1e-9. Interleaved, the sends' latency
+    settles slowly (the time per micro-batch grows 0.0601 to 0.0604 s from 12 to 48 micro-batches, each
+    period's increase 0.88 of the last): -0.11 % at 48 from (16, 20), inside the 0.5 % bound."""
     p, m = 4, 48
     cfg = ParallelConfig(pipeline_model_parallel_size=p, pipeline_schedule=schedule,
                          virtual_pipeline_model_parallel_size=v if v > 1 else None, global_batch_size=m).resolve(p)
@@ -182,4 +185,4 @@ def test_free_communication_closed_form(schedule, v):
         # (the rest is the sends' latency on the critical path: up to 0.4 % interleaved, whose micro-batches
         # cross 2p - 1 stage boundaries)
         assert t == pytest.approx((count + (p - 1) / v) * per_microbatch, rel=5e-3)
-    assert t2 + (m - m2) * (t2 - t1) / (m2 - m1) == pytest.approx(full, rel=1e-9)
+    assert t2 + (m - m2) * (t2 - t1) / (m2 - m1) == pytest.approx(full, rel=affine_rel)
