@@ -321,8 +321,19 @@ def format_report(rep: Any, *, max_rank_rows: int = MAX_RANK_ROWS, top_links: in
         "",
         f"Simulation  mode {sim['mode']}, {sim['simulated_ranks']} rank(s), {sim['tasks']:,} tasks, "
         f"{sim['fluid_solves']:,} fluid solves; wall time {rep.wall_s:.2f} s",
+        *_steady_lines(sim),
     ]
     return "\n".join(lines)
+
+
+def _steady_lines(sim: Mapping[str, Any]) -> list[str]:
+    """The line on an extrapolated run (:mod:`scenarios.steady_state`); none where every micro-batch ran."""
+    steady = sim.get("steady_state")
+    if not steady:
+        return []
+    m1, m2 = steady["simulated_microbatches"]
+    return [f"            simulated {m1} and {m2} of {steady['of']} micro-batches; the steady {steady['period']} "
+            f"period extrapolated (tasks: the iteration's; --trace and --plots show the {m2}-micro-batch run)"]
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -334,10 +345,12 @@ def write_trace(rep: Any, path: str | Path, *, max_links: int = TRACE_MAX_LINKS)
     tracks. ``.json.gz`` is compressed."""
     from plots.chrome_trace import write_chrome_trace  # deferred: the plots package loads matplotlib
 
-    res = rep.result
+    res = getattr(rep, "simulated", None) or rep.result  # an extrapolated run: its larger simulated run
     meta = {"traceName": f"trainsim {rep.scenario.name}",
             "trainsim": {"scenario": rep.scenario.name, "iteration_time_s": res.end_time_s,
                          "mode": rep.mode}}
+    if rep.metrics.get("simulation", {}).get("steady_state"):  # only then: other traces keep their bytes
+        meta["trainsim"]["steady_state"] = rep.metrics["simulation"]["steady_state"]
     try:
         return write_chrome_trace(path, res.events, link_series=res.cluster.link_resources(),
                                   max_links=max_links, metadata=meta, iterations=[(0.0, res.end_time_s)],
@@ -359,13 +372,15 @@ def write_plots(rep: Any, directory: str | Path) -> list[Path]:
         d.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ValueError(f"cannot create {d}: {exc.strerror}") from None
-    res, m = rep.result, rep.metrics
+    res, m = getattr(rep, "simulated", None) or rep.result, rep.metrics
     p = m["parallel"]
     what = (f"{rep.scenario.name}: {m['model']} on {m['system']['gpus']} x {m['system']['gpu']}, "
             f"TP {p['tp']} PP {p['pp']} DP {p['dp']}")
+    steady = m["simulation"].get("steady_state")
+    shown = f" (the simulated {steady['simulated_microbatches'][1]} of {steady['of']} micro-batches)" if steady else ""
     out = [d / "gantt.png", d / "links.png", d / "breakdown.png"]
-    plot_gantt(res.events, out[0], title=f"Timeline -- {what}")
+    plot_gantt(res.events, out[0], title=f"Timeline -- {what}{shown}")
     plot_link_utilisation(res.cluster.link_resources(), out[1], end_time_s=res.end_time_s,
-                          title=f"Busiest links -- {what}")
+                          title=f"Busiest links -- {what}{shown}")
     plot_breakdown({int(r): v for r, v in m["per_rank"].items()}, out[2], title=f"Time per GPU -- {what}")
     return out

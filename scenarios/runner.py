@@ -11,7 +11,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,7 @@ from scenarios.metrics import peak_dtype_for as peak_dtype_for  # re-exported, a
 from scenarios.metrics import run_metrics
 from scenarios.notes import model_notes, parallel_notes, what_if_notes
 from scenarios.scenario import MAX_GPUS, MAX_NODES, Scenario, parallel_kwargs
+from scenarios.steady_state import extrapolated, plan_for
 from scenarios.user_code import check_trusted, load_factory
 from workload.allocator import with_framework
 from workload.custom import MODULE_KEYS, CustomModel
@@ -394,6 +395,8 @@ class RunReport:
     memory: Any
     metrics: dict[str, Any] = field(default_factory=dict)
     wall_s: float = 0.0
+    simulated: RunResult | None = None
+    """The run ``--trace`` / ``--plots`` draw where ``result`` is extrapolated (:mod:`scenarios.steady_state`)."""
 
     def to_json(self) -> dict[str, Any]:
         return self.metrics
@@ -487,12 +490,16 @@ def scenario_profile(scenario: Scenario) -> calibration_overlay.Overlay | None:
         raise ValueError(f"simulation.calibration: {exc}") from None
 
 
-def _run_prepared(prep: Prepared, memory: Any, *, progress: bool, max_tasks: float | None) -> RunReport:
+def _run_prepared(prep: Prepared, memory: Any, *, progress: bool, max_tasks: float | None,
+                  resolved: tuple[str, list[str]] | None = None) -> RunReport:
     cfg, topo, sim = prep.config, prep.topology, prep.scenario.simulation
     trace = prep.trace if prep.trace is not None else trace_rank(
         prep.model_cfg, cfg, **trace_options(prep.scenario.training))
     layout = Layout(cfg)
-    mode, mode_note = _simulation_mode(prep, trace)
+    mode, mode_note = resolved or _simulation_mode(prep, trace)
+    if (steady := plan_for(cfg, sim)) is not None:  # a few micro-batches simulated in the real run's mode
+        return extrapolated(replace(prep, trace=trace), steady, model_flops(prep, trace), lambda p: _run_prepared(
+            p, memory, progress=progress, max_tasks=max_tasks, resolved=(mode, mode_note)))
     if max_tasks is not None:
         check_task_budget(prep, trace, mode, max_tasks)
     ranks = None if mode == "full" else layout.representatives()

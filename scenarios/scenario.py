@@ -9,7 +9,8 @@
               # fp8_recipe (delayed, tensorwise, rowwise, mxfp8), fp8_param_gather
 [simulation]  # fidelity (flow/step/chunked), mode (auto/full/symmetric/hierarchical), nccl_algo, nccl_proto,
               # nccl_tuner_config (a path: NCCL tuner-plugin CSV rules), host_launch_overhead_s, record_links,
-              # gpu_speed_spread (per-GPU compute-time variation, default 0.02: hwmodel/variation.py)
+              # gpu_speed_spread (per-GPU compute-time variation, default 0.02: hwmodel/variation.py),
+              # steady_state (auto/off: extrapolate the steady pipeline period, scenarios/steady_state.py)
 ```
 
 Unknown sections and keys are rejected by name with the allowed ones listed; values are type-checked.
@@ -50,6 +51,7 @@ arguments); :func:`parallel_kwargs` joins them to ``[parallel]``."""
 SIMULATION_KEYS = {
     "fidelity": str, "mode": str, "host_launch_overhead_s": (int, float), "nccl_algo": str, "nccl_proto": str,
     "record_links": bool, "nccl_tuner_config": str, "calibration": str, "gpu_speed_spread": (int, float),
+    "steady_state": str,
 }
 MAX_NODES = 16384
 MAX_GPUS = 131072
@@ -59,6 +61,9 @@ of today's largest training clusters (Llama 3 405B ran on 16,384 H100). Building
 node count (16,384 nodes: ~400,000 topology vertices, tens of seconds to build); routes, link resources
 and mirrored traffic cost what the simulated ranks touch, not the cluster."""
 MODES = ("auto", "full", "symmetric", "hierarchical")
+STEADY_STATES = ("auto", "off")
+"""``[simulation] steady_state``: extrapolate the steady pipeline period where it applies, or simulate every
+micro-batch (:mod:`scenarios.steady_state`)."""
 DTYPES = tuple(TRAINING_DTYPES)
 """Training dtypes (:data:`hwmodel.dtypes.TRAINING_DTYPES`); fp8 is bf16 mixed precision with Transformer
 Engine FP8 Linear GEMMs (H100 and later)."""
@@ -200,10 +205,9 @@ def parse_scenario(data: dict[str, Any], source: str = "") -> Scenario:
         raise ValueError("[system] name is required (e.g. dgx-a100, dgx-h100)")
     if not ({"name", "factory", "hf_config"} & set(model)):
         raise ValueError("[model] needs name (a zoo model), factory (\"package.module:function\") or hf_config")
-    if simulation.get("mode", "auto") not in MODES:
-        raise ValueError(f"[simulation] mode: unknown {simulation['mode']!r}; allowed: {', '.join(MODES)}")
-    if simulation.get("fidelity", "flow") not in ("flow", "step", "chunked"):
-        raise ValueError(f"[simulation] fidelity: unknown {simulation['fidelity']!r}; allowed: flow, step, chunked")
+    for key, allowed in (("mode", MODES), ("fidelity", ("flow", "step", "chunked")), ("steady_state", STEADY_STATES)):
+        if simulation.get(key, allowed[0]) not in allowed:
+            raise ValueError(f"[simulation] {key}: unknown {simulation[key]!r}; allowed: {', '.join(allowed)}")
     if training.get("dtype", "bf16") not in DTYPES:
         raise ValueError(f"[training] dtype: unknown {training['dtype']!r}; allowed: {', '.join(DTYPES)}")
     if "fp8_recipe" in training:
