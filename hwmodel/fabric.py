@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import networkx as nx
 
-from hwmodel.node import NodeSpec, add_link, add_node
+from hwmodel.node import NodeSpec, add_link, add_nodes
 from hwmodel.specs import NICSpec, SwitchSpec, get_switch, known_switches
 
 if TYPE_CHECKING:
@@ -200,7 +200,7 @@ def build_cluster(node: NodeSpec, num_nodes: int = 1, *, fabric: str = "rail_opt
         raise ValueError("core_oversubscription needs leaves_per_pod (a core layer above pods of leaves)")
     if pods is not None:
         g.graph.update(leaves_per_pod=leaves_per_pod, core_oversubscription=pods.core_oversubscription)
-    node_nics = [add_node(g, node, i, i * node.gpus_per_node) for i in range(num_nodes)]
+    node_nics = add_nodes(g, node, num_nodes)
     if fabric != "none" and node.nics_per_node > 0:
         assert node.nic is not None
         if fabric == "rail_optimized":

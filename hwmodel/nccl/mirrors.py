@@ -91,6 +91,34 @@ def _add_edge_weights(engine: NcclEngine, ctx: EdgeContext, plan: Plan, efficien
                 shared.add(e)
 
 
+def _add_send_weights(engine: NcclEngine, ctx: EdgeContext, plan: Plan, proto_w: float,
+                      per_kind: dict[str, float], efficiency: dict[str, float], into: dict[Edge, float],
+                      shared: set[Edge]) -> bool:
+    """:func:`_add_edge_weights` of a send (``PointToPoint.flows``: one flow, fraction 1, over the route
+    between its GPUs) without laying out its flow: each edge gets ``1.0 * proto_w / eff`` -- the same
+    float, computed once per edge kind (``per_kind``) -- in route order. False (nothing added) when the
+    route crosses an edge twice: the general merge sums its fractions first."""
+    path = ctx.path(plan.gpus[0], plan.gpus[1])
+    if not path or len(set(path)) != len(path):
+        return False
+    adj = engine.cluster.topology.graph._adj
+    for e in path:
+        kind = adj[e[0]][e[1]].get("kind", "")
+        x = per_kind.get(kind)
+        if x is None:
+            eff = efficiency.get(kind)
+            if eff is None:
+                eff = efficiency[kind] = engine.link_efficiency_of_kind(kind)
+            x = per_kind[kind] = 1.0 * proto_w / eff
+        had = into.get(e)
+        if had is None:
+            into[e] = x
+        else:
+            into[e] = had + x
+            shared.add(e)
+    return True
+
+
 def merged_weights(engine: NcclEngine, members: list[Plan], own: dict[Edge, float],
                    ends: set[str]) -> dict[Resource, float]:
     """Link weights of ``members`` (one plan and its mirrors) merged into one activity: weights added per
@@ -107,7 +135,15 @@ def merged_weights(engine: NcclEngine, members: list[Plan], own: dict[Edge, floa
     efficiency: dict[str, float] = {}
     weights: dict[Edge, float] = dict(own)
     shared: set[Edge] = set()  # edges several members use
+    sends: dict[float, dict[str, float]] = {}  # protocol weight -> edge kind -> a send's weight there
     for p in members[1:]:
+        if p.op == "p2p" and p.algorithm == "p2p":
+            proto_w = engine.proto_weight(p)
+            per_kind = sends.get(proto_w)
+            if per_kind is None:
+                per_kind = sends[proto_w] = {}
+            if _add_send_weights(engine, ctx, p, proto_w, per_kind, efficiency, weights, shared):
+                continue
         _add_edge_weights(engine, ctx, p, efficiency, weights, shared)
     kinds = engine.cluster.topology.device_kinds()
     kept: dict[Edge, float] = {}
