@@ -110,6 +110,17 @@ def add_link(g: nx.DiGraph, u: str, v: str, bandwidth_Bps: float, kind: str, lat
              lat_vu: float | None = None) -> None:
     """A full-duplex link: two directed edges of ``bandwidth_Bps`` (bytes/s) each; ``lat_uv`` (s) on
     ``u -> v`` and ``lat_vu`` (default ``lat_uv``) on ``v -> u``."""
+    succ, pred = g._succ, g._pred
+    if u in succ and v in succ and v not in succ[u] and u not in succ[v]:
+        # two new edges between existing devices: networkx's dicts written as its add_edge writes them
+        # (one data dict per edge, seen from both ends), without its per-call overhead
+        succ[u][v] = pred[v][u] = {"bandwidth_Bps": float(bandwidth_Bps), "latency_s": float(lat_uv), "kind": kind}
+        succ[v][u] = pred[u][v] = {"bandwidth_Bps": float(bandwidth_Bps),
+                                   "latency_s": float(lat_uv if lat_vu is None else lat_vu), "kind": kind}
+        cache = getattr(g, "__networkx_cache__", None)
+        if cache:
+            cache.clear()
+        return
     g.add_edge(u, v, bandwidth_Bps=float(bandwidth_Bps), latency_s=float(lat_uv), kind=kind)
     g.add_edge(v, u, bandwidth_Bps=float(bandwidth_Bps),
                latency_s=float(lat_uv if lat_vu is None else lat_vu), kind=kind)
