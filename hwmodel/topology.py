@@ -120,6 +120,7 @@ class Topology:
         self._edge_offsets: dict[str, int] | None = None
         self._num_links = 0
         self._gpu_nodes: dict[str, int] | None = None
+        self._by_kind: dict[str, list[tuple[str, dict[str, Any]]]] | None = None
         self.route_by_construction = True
         """Route structured fabrics and alike nodes by construction (:mod:`hwmodel.routing`); False
         searches every route (the reference the constructed routes are tested against)."""
@@ -164,7 +165,8 @@ class Topology:
 
     def node_of(self, gpu: str) -> int:
         """Node index of ``gpu``."""
-        return int(self._check_gpu(gpu)["node"])
+        node = self.gpu_nodes().get(gpu)
+        return int(self._check_gpu(gpu)["node"]) if node is None else node
 
     def local_index(self, gpu: str) -> int:
         """Index of ``gpu`` within its node."""
@@ -231,8 +233,11 @@ class Topology:
 
     def nodes_of_kind(self, kind: str, **attrs: Any) -> list[str]:
         """Names of devices of ``kind`` (e.g. ``ib_switch``) whose attributes match ``attrs``."""
-        return sorted(n for n, d in self.graph.nodes(data=True)
-                      if d["kind"] == kind and all(d.get(k) == v for k, v in attrs.items()))
+        if self._by_kind is None:  # (built once: a large cluster's devices are mostly of other kinds)
+            self._by_kind = {}
+            for n, d in self.graph._node.items():
+                self._by_kind.setdefault(d["kind"], []).append((n, d))
+        return sorted(n for n, d in self._by_kind.get(kind, ()) if all(d.get(k) == v for k, v in attrs.items()))
 
     def edge_offsets(self) -> dict[str, int]:
         """Device -> position of its first out-going link in ``graph.edges()`` order (cached), so that a
@@ -523,6 +528,7 @@ class Topology:
         self._ends.clear()
         self._edge_offsets = None
         self._gpu_nodes = None
+        self._by_kind = None
 
     # -- save / load --------------------------------------------------------------------------------
 
