@@ -91,32 +91,56 @@ def _add_edge_weights(engine: NcclEngine, ctx: EdgeContext, plan: Plan, efficien
                 shared.add(e)
 
 
-def _add_send_weights(engine: NcclEngine, ctx: EdgeContext, plan: Plan, proto_w: float,
-                      per_kind: dict[str, float], efficiency: dict[str, float], into: dict[Edge, float],
-                      shared: set[Edge]) -> bool:
-    """:func:`_add_edge_weights` of a send (``PointToPoint.flows``: one flow, fraction 1, over the route
-    between its GPUs) without laying out its flow: each edge gets ``1.0 * proto_w / eff`` -- the same
-    float, computed once per edge kind (``per_kind``) -- in route order. False (nothing added) when the
-    route crosses an edge twice: the general merge sums its fractions first."""
-    path = ctx.path(plan.gpus[0], plan.gpus[1])
-    if not path or len(set(path)) != len(path):
-        return False
+def _sends_kept(engine: NcclEngine, ctx: EdgeContext, mirrors: list[Plan], own: dict[Edge, float],
+                ends: set[str]) -> dict[Edge, float] | None:
+    """The kept edge weights of :func:`merged_weights` when every mirror is a send (``PointToPoint.flows``:
+    one flow, fraction 1, over the route between its GPUs) of one protocol weight, each route crossing an
+    edge at most once; None otherwise (the caller lays the flows out). Each mirror adds
+    ``x = 1.0 * proto_w / eff`` to every edge of its route, so the per-edge loop only counts the mirrors
+    on each edge; the weights -- the same floats, added in the same order as the general merge adds them
+    (``own``'s, then ``x`` once per mirror, left to right) -- are summed only for the edges kept."""
+    proto_w = engine.proto_weight(mirrors[0])
+    counts: dict[Edge, int] = {}
+    get = counts.get
+    for p in mirrors:
+        if p.op != "p2p" or p.algorithm != "p2p" or engine.proto_weight(p) != proto_w:
+            return None
+        path = ctx.path(p.gpus[0], p.gpus[1])
+        if not path or len(set(path)) != len(path):
+            return None
+        for e in path:
+            counts[e] = get(e, 0) + 1
     adj = engine.cluster.topology.graph._adj
-    for e in path:
+    kinds = engine.cluster.topology.device_kinds()
+    x_of_kind: dict[str, float] = {}
+    efficiency: dict[str, float] = {}
+
+    def x_of(e: Edge) -> float:
         kind = adj[e[0]][e[1]].get("kind", "")
-        x = per_kind.get(kind)
+        x = x_of_kind.get(kind)
         if x is None:
-            eff = efficiency.get(kind)
-            if eff is None:
-                eff = efficiency[kind] = engine.link_efficiency_of_kind(kind)
-            x = per_kind[kind] = 1.0 * proto_w / eff
-        had = into.get(e)
-        if had is None:
-            into[e] = x
-        else:
-            into[e] = had + x
-            shared.add(e)
-    return True
+            eff = efficiency[kind] = efficiency.get(kind) or engine.link_efficiency_of_kind(kind)
+            x = x_of_kind[kind] = 1.0 * proto_w / eff
+        return x
+
+    kept: dict[Edge, float] = {}
+    for e, w in own.items():
+        k = counts.get(e, 0)
+        if k:
+            x = x_of(e)
+            for _ in range(k):
+                w = w + x
+        kept[e] = w
+    for e, k in counts.items():
+        if e in own:
+            continue
+        u, v = e
+        if k > 1 or kinds[u] == kinds[v] == "ib_switch" or u in ends or v in ends:
+            w = x = x_of(e)
+            for _ in range(k - 1):
+                w = w + x
+            kept[e] = w
+    return kept
 
 
 def merged_weights(engine: NcclEngine, members: list[Plan], own: dict[Edge, float],
@@ -132,18 +156,14 @@ def merged_weights(engine: NcclEngine, members: list[Plan], own: dict[Edge, floa
     Only kept links get a resource: one per class of links the merges load alike
     (:meth:`hwmodel.link_classes.LinkClasses.resolve`), or the link's own where anything else uses it."""
     ctx = EdgeContext(engine)
+    if len(members) > 1:
+        sends = _sends_kept(engine, ctx, members[1:], own, ends)
+        if sends is not None:
+            return engine.cluster.link_classes.resolve(sends)
     efficiency: dict[str, float] = {}
     weights: dict[Edge, float] = dict(own)
     shared: set[Edge] = set()  # edges several members use
-    sends: dict[float, dict[str, float]] = {}  # protocol weight -> edge kind -> a send's weight there
     for p in members[1:]:
-        if p.op == "p2p" and p.algorithm == "p2p":
-            proto_w = engine.proto_weight(p)
-            per_kind = sends.get(proto_w)
-            if per_kind is None:
-                per_kind = sends[proto_w] = {}
-            if _add_send_weights(engine, ctx, p, proto_w, per_kind, efficiency, weights, shared):
-                continue
         _add_edge_weights(engine, ctx, p, efficiency, weights, shared)
     kinds = engine.cluster.topology.device_kinds()
     kept: dict[Edge, float] = {}
