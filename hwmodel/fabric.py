@@ -214,7 +214,8 @@ def build_cluster(node: NodeSpec, num_nodes: int = 1, *, fabric: str = "rail_opt
                          oversubscription=oversubscription, num_spines=num_spines, pods=pods)
             else:
                 if oversubscription != 1 or pods is not None:
-                    raise ValueError("oversubscription and leaves_per_pod apply to tree fabrics, not to 'single_switch'")
+                    raise ValueError("oversubscription and leaves_per_pod apply to tree fabrics, "
+                                     "not to 'single_switch'")
                 single_switch(g, node_nics, nic=node.nic, switch=sw)
         return Topology(g, node.gpu, node.nic)
 

@@ -58,7 +58,8 @@ def test_copies_equal_one_server_at_a_time(system, gpus_per_node, monkeypatch):
         assert copied.nodes[f"n3.gpu{spec.gpus_per_node - 1}"]["nic"].startswith("n3.nic")
     # the copies are independent: changing one server's link leaves the others'
     copied.edges["n1.gpu0", "n1.pcie0"]["bandwidth_Bps"] = 1.0
-    assert copied.edges["n2.gpu0", "n2.pcie0"]["bandwidth_Bps"] == one_by_one.edges["n2.gpu0", "n2.pcie0"]["bandwidth_Bps"]
+    link = ("n2.gpu0", "n2.pcie0")
+    assert copied.edges[link]["bandwidth_Bps"] == one_by_one.edges[link]["bandwidth_Bps"]
 
 
 @pytest.mark.parametrize("system,nodes,keys", [
