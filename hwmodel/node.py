@@ -183,6 +183,7 @@ def add_nodes(g: nx.DiGraph, spec: NodeSpec, num_nodes: int) -> list[list[str]]:
         p = f"n{i}."
         rank0 = i * spec.gpus_per_node
         names = [p + d for d in local]
+        name_of = dict(zip(local, names, strict=True))  # (one string per device, shared by its links' keys)
         for name, t_a in zip(names, t_attrs, strict=True):
             attrs = dict(t_a)
             attrs["node"] = i
@@ -192,9 +193,9 @@ def add_nodes(g: nx.DiGraph, spec: NodeSpec, num_nodes: int) -> list[list[str]]:
                 attrs["nic"] = p + attrs["nic"][cut:]
             succ[name], pred[name], node_attr[name] = {}, {}, attrs
         for name, links in zip(names, t_succ, strict=True):
-            succ[name] = {p + v: dict(data) for v, data in links}
+            succ[name] = {name_of[v]: dict(data) for v, data in links}
         for name, froms in zip(names, t_pred, strict=True):  # (a link's one data dict, both ways)
-            pred[name] = {p + u: succ[p + u][name] for u in froms}
+            pred[name] = {name_of[u]: succ[name_of[u]][name] for u in froms}
         out.append([p + n[cut:] for n in nics0])
     cache = getattr(g, "__networkx_cache__", None)
     if cache:  # (views networkx caches on the graph: none may predate these dicts)
