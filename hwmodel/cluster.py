@@ -80,10 +80,10 @@ class Cluster:
         g = topology.graph
         self._edge_base = topology.edge_offsets()  # device -> index of its first out-going edge
         self._edge_pos: dict[str, dict[str, int]] = {}
-        self._num_edges = g.number_of_edges()
+        self._num_edges = topology.num_links()
         self.links: OnDemand[tuple[str, str], Resource] = OnDemand(
             lambda e: isinstance(e, tuple) and len(e) == 2 and g.has_edge(*e), lambda: iter(g.edges()),
-            g.number_of_edges, self._make_link)
+            topology.num_links, self._make_link)
         """Directed edge -> resource (capacity in bytes/s), made on first use (a link of a class is
         pinned: taken out of it, see :mod:`hwmodel.link_classes`)."""
         self.link_classes = LinkClasses(self.fs, g, self._edge_index, self.links._made, self.links.__getitem__,

@@ -110,6 +110,17 @@ def add_link(g: nx.DiGraph, u: str, v: str, bandwidth_Bps: float, kind: str, lat
              lat_vu: float | None = None) -> None:
     """A full-duplex link: two directed edges of ``bandwidth_Bps`` (bytes/s) each; ``lat_uv`` (s) on
     ``u -> v`` and ``lat_vu`` (default ``lat_uv``) on ``v -> u``."""
+    succ, pred = g._succ, g._pred
+    if u in succ and v in succ and v not in succ[u] and u not in succ[v]:
+        # two new edges between existing devices: networkx's dicts written as its add_edge writes them
+        # (one data dict per edge, seen from both ends), without its per-call overhead
+        succ[u][v] = pred[v][u] = {"bandwidth_Bps": float(bandwidth_Bps), "latency_s": float(lat_uv), "kind": kind}
+        succ[v][u] = pred[u][v] = {"bandwidth_Bps": float(bandwidth_Bps),
+                                   "latency_s": float(lat_uv if lat_vu is None else lat_vu), "kind": kind}
+        cache = getattr(g, "__networkx_cache__", None)
+        if cache:
+            cache.clear()
+        return
     g.add_edge(u, v, bandwidth_Bps=float(bandwidth_Bps), latency_s=float(lat_uv), kind=kind)
     g.add_edge(v, u, bandwidth_Bps=float(bandwidth_Bps),
                latency_s=float(lat_uv if lat_vu is None else lat_vu), kind=kind)
@@ -151,3 +162,42 @@ def add_node(g: nx.DiGraph, spec: NodeSpec, i: int, rank0: int) -> list[str]:
             add_link(g, gpu, f"{p}nvswitch", spec.nvlink_bandwidth_Bps, "nvlink", 0.0,
                      spec.nvswitch.hop_latency_s)
     return nics
+
+
+def add_nodes(g: nx.DiGraph, spec: NodeSpec, num_nodes: int) -> list[list[str]]:
+    """:func:`add_node` for servers ``0 .. num_nodes - 1`` (ranks node-major), giving the same graph --
+    devices, links, attributes and the order of each -- without networkx's per-call overhead: server 0
+    is built once in a graph of its own and every server is a renamed copy of it, written into ``g``'s
+    dicts in the order :func:`add_node` would add them (edge order is the links' solver tie-break).
+    ``g`` must not hold any of these servers' devices yet. Returns each server's NIC names."""
+    t = nx.DiGraph()
+    nics0 = add_node(t, spec, 0, 0)
+    cut = len("n0.")
+    local = [d[cut:] for d in t._node]  # server 0's devices, in the order add_node added them
+    t_attrs = [t._node[f"n0.{d}"] for d in local]
+    t_succ = [[(v[cut:], data) for v, data in t._succ[f"n0.{d}"].items()] for d in local]
+    t_pred = [[u[cut:] for u in t._pred[f"n0.{d}"]] for d in local]
+    node_attr, succ, pred = g._node, g._succ, g._pred
+    out: list[list[str]] = []
+    for i in range(num_nodes):
+        p = f"n{i}."
+        rank0 = i * spec.gpus_per_node
+        names = [p + d for d in local]
+        name_of = dict(zip(local, names, strict=True))  # (one string per device, shared by its links' keys)
+        for name, t_a in zip(names, t_attrs, strict=True):
+            attrs = dict(t_a)
+            attrs["node"] = i
+            if "rank" in attrs:
+                attrs["rank"] = rank0 + attrs["rank"]
+            if attrs.get("nic") is not None:
+                attrs["nic"] = p + attrs["nic"][cut:]
+            succ[name], pred[name], node_attr[name] = {}, {}, attrs
+        for name, links in zip(names, t_succ, strict=True):
+            succ[name] = {name_of[v]: dict(data) for v, data in links}
+        for name, froms in zip(names, t_pred, strict=True):  # (a link's one data dict, both ways)
+            pred[name] = {name_of[u]: succ[name_of[u]][name] for u in froms}
+        out.append([p + n[cut:] for n in nics0])
+    cache = getattr(g, "__networkx_cache__", None)
+    if cache:  # (views networkx caches on the graph: none may predate these dicts)
+        cache.clear()
+    return out

@@ -86,31 +86,41 @@ class Topology:
         """The GPUSpec of every GPU."""
         self.nic_spec = nic_spec
         """The compute NICSpec (None if the cluster has no NICs)."""
-        for n, data in graph.nodes(data=True):
+        # (networkx's plain node and successor dicts, in its iteration order: off its views, which cost
+        # more than the checks on a 100,000-GPU cluster)
+        node_data, adj = graph._node, graph._adj
+        for n, data in node_data.items():
             if "kind" not in data:
                 raise ValueError(f"topology node {n!r} has no 'kind' attribute")
-        for u, v, data in graph.edges(data=True):
-            for attr in ("bandwidth_Bps", "latency_s"):
-                if attr not in data:
-                    raise ValueError(f"topology edge {u!r}->{v!r} has no {attr!r} attribute")
-            if not data["bandwidth_Bps"] > 0 or not data["latency_s"] >= 0:
-                raise ValueError(f"topology edge {u!r}->{v!r}: bandwidth_Bps must be > 0 and latency_s >= 0")
-        gpus = [n for n, d in graph.nodes(data=True) if d["kind"] == "gpu"]
+        for u, nbrs in adj.items():
+            for v, data in nbrs.items():
+                for attr in ("bandwidth_Bps", "latency_s"):
+                    if attr not in data:
+                        raise ValueError(f"topology edge {u!r}->{v!r} has no {attr!r} attribute")
+                if not data["bandwidth_Bps"] > 0 or not data["latency_s"] >= 0:
+                    raise ValueError(f"topology edge {u!r}->{v!r}: bandwidth_Bps must be > 0 and latency_s >= 0")
+        gpus = [n for n, d in node_data.items() if d["kind"] == "gpu"]
         for n in gpus:
             for attr in ("node", "index"):
-                if graph.nodes[n].get(attr) is None:
+                if node_data[n].get(attr) is None:
                     raise ValueError(f"GPU node {n!r} has no {attr!r} attribute")
         self._gpus: tuple[str, ...] = tuple(
-            sorted(gpus, key=lambda n: (graph.nodes[n]["node"], graph.nodes[n]["index"], n)))
+            sorted(gpus, key=lambda n: (node_data[n]["node"], node_data[n]["index"], n)))
         self._gpu_index = {g: i for i, g in enumerate(self._gpus)}
         self._routes: dict[Edge, tuple[Edge, ...]] = {}
         self._route_tables: tuple | None = None
+        self._succ_costs: dict[str, dict[str, float]] | None = None
         self._nics_per_node: int | None = None
         self._segments: dict[tuple[str, str, Any], tuple[Edge, ...]] = {}
         self._dist: dict[tuple[str, Any], tuple[dict[str, float], dict[str, tuple[str, ...]]]] = {}
         self._clos: ClosRoutes | None | bool = False  # False: not detected yet
         self._node_classes: NodeClasses | None = None
+        self._ends: dict[tuple[str, bool], tuple[Any, str, tuple[Edge, ...]]] = {}
+        """(device, leaving) -> (its node, its exit NIC, the segment to / from it): see _remember_end."""
         self._edge_offsets: dict[str, int] | None = None
+        self._num_links = 0
+        self._gpu_nodes: dict[str, int] | None = None
+        self._by_kind: dict[str, list[tuple[str, dict[str, Any]]]] | None = None
         self.route_by_construction = True
         """Route structured fabrics and alike nodes by construction (:mod:`hwmodel.routing`); False
         searches every route (the reference the constructed routes are tested against)."""
@@ -155,7 +165,8 @@ class Topology:
 
     def node_of(self, gpu: str) -> int:
         """Node index of ``gpu``."""
-        return int(self._check_gpu(gpu)["node"])
+        node = self.gpu_nodes().get(gpu)
+        return int(self._check_gpu(gpu)["node"]) if node is None else node
 
     def local_index(self, gpu: str) -> int:
         """Index of ``gpu`` within its node."""
@@ -222,8 +233,11 @@ class Topology:
 
     def nodes_of_kind(self, kind: str, **attrs: Any) -> list[str]:
         """Names of devices of ``kind`` (e.g. ``ib_switch``) whose attributes match ``attrs``."""
-        return sorted(n for n, d in self.graph.nodes(data=True)
-                      if d["kind"] == kind and all(d.get(k) == v for k, v in attrs.items()))
+        if self._by_kind is None:  # (built once: a large cluster's devices are mostly of other kinds)
+            self._by_kind = {}
+            for n, d in self.graph._node.items():
+                self._by_kind.setdefault(d["kind"], []).append((n, d))
+        return sorted(n for n, d in self._by_kind.get(kind, ()) if all(d.get(k) == v for k, v in attrs.items()))
 
     def edge_offsets(self) -> dict[str, int]:
         """Device -> position of its first out-going link in ``graph.edges()`` order (cached), so that a
@@ -231,10 +245,24 @@ class Topology:
         if self._edge_offsets is None:
             total = 0
             self._edge_offsets = {}
-            for u, nbrs in self.graph.adj.items():
+            for u, nbrs in self.graph._adj.items():  # (networkx's plain successor dicts: off its views)
                 self._edge_offsets[u] = total
                 total += len(nbrs)
+            self._num_links = total
         return self._edge_offsets
+
+    def num_links(self) -> int:
+        """Number of directed links (``graph.number_of_edges()``, counted once with :meth:`edge_offsets`:
+        networkx counts them by summing every device's degree on each call)."""
+        self.edge_offsets()
+        return self._num_links
+
+    def gpu_nodes(self) -> dict[str, int]:
+        """GPU name -> its node index, for every GPU (built once; treat it as read-only)."""
+        if self._gpu_nodes is None:
+            nodes = self.graph._node
+            self._gpu_nodes = {g: int(nodes[g]["node"]) for g in self._gpus}
+        return self._gpu_nodes
 
     def link(self, u: str, v: str) -> dict[str, Any]:
         """Attributes of the directed link ``u -> v`` (KeyError naming it if absent)."""
@@ -289,7 +317,13 @@ class Topology:
             raise ValueError(f"unknown device {n!r} in topology {self.name!r}")
         return self.graph.nodes[n]
 
-    def _compute_route(self, src: str, dst: str) -> list[Edge]:
+    def _compute_route(self, src: str, dst: str) -> list[Edge] | tuple[Edge, ...]:
+        ends = self._ends
+        up, down = ends.get((src, True)), ends.get((dst, False))
+        if up is not None and down is not None and up[0] != down[0]:  # two nodes' known end segments
+            fabric = self._clos_route(up[1], down[1], f"{src}|{dst}")
+            if fabric is not None:
+                return up[2] + fabric + down[2]
         sd, dd = self._check_node(src), self._check_node(dst)
         if src == dst:
             return []
@@ -303,15 +337,37 @@ class Topology:
             if s_node is not None:
                 a = self._exit_nic(src)
                 out += self._local(src, a, s_node, hkey)
+                self._remember_end(src, a, s_node, True)
             b = dst
             if d_node is not None:
                 b = self._exit_nic(dst)
             out += self._fabric(a, b, hkey)
             if d_node is not None:
                 out += self._local(b, dst, d_node, hkey)
+                self._remember_end(dst, b, d_node, False)
             return out
         except _NoPath as exc:
             raise ValueError(f"no route from {src!r} to {dst!r} ({exc})") from None
+
+    def _remember_end(self, device: str, nic: str, node: Any, leaving: bool) -> None:
+        """Keep ``device``'s segment to (``leaving``) or from its exit ``nic`` once it is known not to
+        depend on the route's hash (constructed without an ECMP choice: :meth:`NodeClasses.named`),
+        with its node: the route between two nodes' known ends is then these segments and the fabric's.
+        O(devices) entries, as the named segments."""
+        if (device, leaving) in self._ends or self._node_classes is None:
+            return
+        seg = () if nic == device else self._node_classes.named(*((device, nic) if leaving else (nic, device)))
+        if seg is not None:
+            self._ends[(device, leaving)] = (node, nic, seg)
+
+    def _clos_route(self, a: str, b: str, hkey: str) -> tuple[Edge, ...] | None:
+        """The constructed fabric segment between NICs ``a`` and ``b`` (None: not a constructed fabric,
+        or ``a == b``, or ends it does not know: the caller searches)."""
+        clos = self._clos
+        if a == b or not self.route_by_construction or clos is None or isinstance(clos, bool):
+            return None
+        edges = clos.route(a, b, hkey)
+        return None if edges is None else tuple(edges)
 
     def _local(self, src: str, dst: str, node: Any, hkey: str) -> list[Edge]:
         """Segment inside ``node``: searched once per class of alike nodes where both ends are in it."""
@@ -348,12 +404,14 @@ class Topology:
         return self._path(a, b, ("fabric",), hkey)
 
     def _succ_cost(self) -> dict[str, dict[str, float]]:
-        """device -> {successor: routing cost}, from the predecessor table."""
-        succ: dict[str, dict[str, float]] = {n: {} for n in self.graph}
-        for v, preds in self._tables()[2].items():
-            for u, c in preds.items():
-                succ[u][v] = c
-        return succ
+        """device -> {successor: routing cost}, from the predecessor table (built once; read-only)."""
+        if self._succ_costs is None:
+            succ: dict[str, dict[str, float]] = {n: {} for n in self.graph._node}
+            for v, preds in self._tables()[2].items():
+                for u, c in preds.items():
+                    succ[u][v] = c
+            self._succ_costs = succ
+        return self._succ_costs
 
     def _exit_nic(self, n: str) -> str:
         """The NIC node-local device ``n`` uses to leave its node."""
@@ -374,12 +432,13 @@ class Topology:
         """(device -> kind, device -> node index, device -> {predecessor: routing cost}), built once:
         plain dicts keep the Dijkstra loops off networkx's views."""
         if self._route_tables is None:
-            g = self.graph
-            kinds = {n: d["kind"] for n, d in g.nodes(data=True)}
-            nodes = {n: d.get("node") for n, d in g.nodes(data=True)}
-            pred_cost: dict[str, dict[str, float]] = {n: {} for n in g}
-            for u, v, data in g.edges(data=True):
-                pred_cost[v][u] = float(data.get("route_cost", ROUTE_COST.get(data.get("kind", ""), 1.0)))
+            node_data = self.graph._node  # (networkx's plain dicts, in its order: off its views)
+            kinds = {n: d["kind"] for n, d in node_data.items()}
+            nodes = {n: d.get("node") for n, d in node_data.items()}
+            pred_cost: dict[str, dict[str, float]] = {n: {} for n in node_data}
+            for u, nbrs in self.graph._adj.items():
+                for v, data in nbrs.items():
+                    pred_cost[v][u] = float(data.get("route_cost", ROUTE_COST.get(data.get("kind", ""), 1.0)))
             self._route_tables = (kinds, nodes, pred_cost)
         return self._route_tables
 
@@ -463,9 +522,13 @@ class Topology:
         self._dist.clear()
         self._segments.clear()
         self._route_tables = None
+        self._succ_costs = None
         self._clos = False
         self._node_classes = None
+        self._ends.clear()
         self._edge_offsets = None
+        self._gpu_nodes = None
+        self._by_kind = None
 
     # -- save / load --------------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from scenarios.catalog import display_source
-from scenarios.metrics import busiest_links, link_groups, memory_dict, peak_dtype_for
+from scenarios.metrics import link_groups, link_stats, memory_dict, peak_dtype_for
 
 __all__ = [
     "JSON_FLOAT_DIGITS", "MAX_RANK_ROWS", "TRACE_MAX_LINKS", "format_memory_only", "format_report",
@@ -210,17 +210,18 @@ def _rank_rows(per_rank: Mapping[str, Mapping[str, float]], T: float, max_rows: 
 
 
 def _link_lines(rep: Any, top: int) -> list[str]:
-    groups = link_groups(rep.result.cluster.link_resources(), rep.result.end_time_s, top)
+    links = rep.result.cluster.link_resources()  # (once: a large cluster's merges load tens of thousands)
+    groups = link_groups(links, rep.result.end_time_s, top)
     if not groups:
         return ["  no link traffic"]
     lines = [f"  {'link':<34} {'links':>5} {'carried each':>13} {'capacity':>11} {'mean':>7} {'peak':>7}"]
-    caps = {lk.name: lk.nominal_capacity for lk in rep.result.cluster.link_resources()}
+    caps = {lk.name: lk.nominal_capacity for lk in links}
     for name, n, carried, mean, peak in groups:
         label = name if n == 1 else f"{name} (+{n - 1})"
         lines.append(f"  {label:<34} {n:>5} {_gb(carried):>13} {caps[name] / 1e9:>6.0f} GB/s {100 * mean:>6.1f}% "
                      f"{100 * peak:>6.1f}%")
     lines.append("  (+k): k more links with the same load; capacity per direction")
-    lines += _kind_lines(rep)
+    lines += _kind_lines(rep, links)
     if rep.mode == "hierarchical":  # macro tasks carry time, not traffic (docs/DESIGN.md, hierarchical engine)
         lines.append("  (hierarchical mode: collectives inside a layer pass -- TP, CP -- are timed in its macro task "
                      "and put on no link; mode = \"symmetric\" puts them on the NVLink-domain links)")
@@ -232,22 +233,31 @@ LINK_KIND_LABELS = {"nvlink": "NVLink (NVLink domain)", "pcie": "PCIe (GPU/NIC t
 """Text report labels of the topology's edge kinds, in the order the per-kind lines show them."""
 
 
-def _kind_lines(rep: Any) -> list[str]:
+def _kind_lines(rep: Any, links: list[Any]) -> list[str]:
     """The busiest link of each edge kind that carried traffic: NVLink-domain traffic and NIC traffic
-    apart, whichever dominates the table above (on an NVL72 the rack's NVLink is rarely the busiest)."""
-    graph = rep.result.cluster.topology.graph
-    best: dict[str, tuple[float, float, str, float]] = {}
+    apart, whichever dominates the table above (on an NVL72 the rack's NVLink is rarely the busiest).
+    ``links``: the cluster's (``link_resources()``). Busiest as :func:`scenarios.metrics.busiest_links`
+    ranks them, but the utilisation is integrated only for each kind's busiest link, not for every link."""
+    adj = rep.result.cluster.topology.graph._adj  # (networkx's plain dicts: off its views)
+    end = rep.result.end_time_s
+    first: dict[str, tuple[tuple[float, float, str], Any, float, float]] = {}  # kind -> its busiest link
     used: dict[str, int] = {}
-    for name, carried, mean, _ in busiest_links(rep.result.cluster.link_resources(), 10**9, rep.result.end_time_s):
+    for lk in links:
+        c = getattr(lk, "carried", None)
+        carried = float(c) if c is not None else link_stats(lk.timeline, float(lk.nominal_capacity), end)[0]
         if carried <= 0:
             continue
-        u, v = name.split("->", 1)
-        kind = graph.edges[u, v].get("kind", "other")
+        u, v = lk.name.split("->", 1)
+        data = adj[u][v]
+        kind = data.get("kind", "other")
         used[kind] = used.get(kind, 0) + 1
-        if kind not in best:
-            best[kind] = (mean, carried, name, graph.edges[u, v]["bandwidth_Bps"])
-    if len(best) < 2:
+        key = (-carried / (float(lk.nominal_capacity) or 1.0), -carried, lk.name)  # busiest_links' order
+        if kind not in first or key < first[kind][0]:
+            first[kind] = (key, lk, carried, data["bandwidth_Bps"])
+    if len(first) < 2:
         return []
+    best = {kind: (link_stats(lk.timeline, float(lk.nominal_capacity), end)[1], carried, lk.name, cap)
+            for kind, (_, lk, carried, cap) in first.items()}
     lines = ["  busiest link of each kind:"]
     for kind in sorted(best, key=lambda k: (list(LINK_KIND_LABELS).index(k) if k in LINK_KIND_LABELS else 9, k)):
         mean, carried, name, cap = best[kind]

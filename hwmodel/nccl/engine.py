@@ -163,7 +163,7 @@ class NcclEngine:
             raise ValueError(f"nvlink_efficiency must be in (0, 1], got {nvlink_efficiency!r}")
         self.nvlink_efficiency = nvlink_efficiency or 1.0
         """Achieved / line rate of NVLink for NCCL traffic."""
-        self._node_of = {g: topo.node_of(g) for g in topo.gpus()}
+        self._node_of = topo.gpu_nodes()  # (shared, read-only)
         self._comm_topo_cache: dict[tuple[int, int, int], _tuner.CommTopology] = {}
         self._p2p_cache: dict[tuple[bool, int], P2PPlan] = {}
         self._merged_cache: dict[tuple, tuple[dict[Resource, float], dict[Resource, float]]] = {}

@@ -91,6 +91,58 @@ def _add_edge_weights(engine: NcclEngine, ctx: EdgeContext, plan: Plan, efficien
                 shared.add(e)
 
 
+def _sends_kept(engine: NcclEngine, ctx: EdgeContext, mirrors: list[Plan], own: dict[Edge, float],
+                ends: set[str]) -> dict[Edge, float] | None:
+    """The kept edge weights of :func:`merged_weights` when every mirror is a send (``PointToPoint.flows``:
+    one flow, fraction 1, over the route between its GPUs) of one protocol weight, each route crossing an
+    edge at most once; None otherwise (the caller lays the flows out). Each mirror adds
+    ``x = 1.0 * proto_w / eff`` to every edge of its route, so the per-edge loop only counts the mirrors
+    on each edge; the weights -- the same floats, added in the same order as the general merge adds them
+    (``own``'s, then ``x`` once per mirror, left to right) -- are summed only for the edges kept."""
+    proto_w = engine.proto_weight(mirrors[0])
+    counts: dict[Edge, int] = {}
+    get = counts.get
+    for p in mirrors:
+        if p.op != "p2p" or p.algorithm != "p2p" or engine.proto_weight(p) != proto_w:
+            return None
+        path = ctx.path(p.gpus[0], p.gpus[1])
+        if not path or len(set(path)) != len(path):
+            return None
+        for e in path:
+            counts[e] = get(e, 0) + 1
+    adj = engine.cluster.topology.graph._adj
+    kinds = engine.cluster.topology.device_kinds()
+    x_of_kind: dict[str, float] = {}
+    efficiency: dict[str, float] = {}
+
+    def x_of(e: Edge) -> float:
+        kind = adj[e[0]][e[1]].get("kind", "")
+        x = x_of_kind.get(kind)
+        if x is None:
+            eff = efficiency[kind] = efficiency.get(kind) or engine.link_efficiency_of_kind(kind)
+            x = x_of_kind[kind] = 1.0 * proto_w / eff
+        return x
+
+    kept: dict[Edge, float] = {}
+    for e, w in own.items():
+        k = counts.get(e, 0)
+        if k:
+            x = x_of(e)
+            for _ in range(k):
+                w = w + x
+        kept[e] = w
+    for e, k in counts.items():
+        if e in own:
+            continue
+        u, v = e
+        if k > 1 or kinds[u] == kinds[v] == "ib_switch" or u in ends or v in ends:
+            w = x = x_of(e)
+            for _ in range(k - 1):
+                w = w + x
+            kept[e] = w
+    return kept
+
+
 def merged_weights(engine: NcclEngine, members: list[Plan], own: dict[Edge, float],
                    ends: set[str]) -> dict[Resource, float]:
     """Link weights of ``members`` (one plan and its mirrors) merged into one activity: weights added per
@@ -104,6 +156,10 @@ def merged_weights(engine: NcclEngine, members: list[Plan], own: dict[Edge, floa
     Only kept links get a resource: one per class of links the merges load alike
     (:meth:`hwmodel.link_classes.LinkClasses.resolve`), or the link's own where anything else uses it."""
     ctx = EdgeContext(engine)
+    if len(members) > 1:
+        sends = _sends_kept(engine, ctx, members[1:], own, ends)
+        if sends is not None:
+            return engine.cluster.link_classes.resolve(sends)
     efficiency: dict[str, float] = {}
     weights: dict[Edge, float] = dict(own)
     shared: set[Edge] = set()  # edges several members use

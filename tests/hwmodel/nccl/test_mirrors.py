@@ -63,3 +63,32 @@ def test_start_mirrored_caches_by_list_and_matches_start_together():
         if mirrored:
             assert len(eng._mirrored_cache) == 1
     assert times[:2] == times[2:] and times[1] > times[0] > 0
+
+
+def _merged_in_order(topo, pairs, size, *, counted: bool, monkeypatch):
+    """``merged_weights`` of sends ``pairs`` (the first is the representative) as [(link, weight)] in order,
+    counted per edge (``counted``) or laid out flow by flow (the general merge)."""
+    from hwmodel.nccl import mirrors as mirrors_module
+
+    eng = NcclEngine(Cluster(topo, record=False))
+    plans = [eng.plan_p2p(a, b, size) for a, b in pairs]
+    with monkeypatch.context() as m:
+        if not counted:
+            m.setattr(mirrors_module, "_sends_kept", lambda *a: None)
+        weights = mirrors_module.merged_weights(eng, plans, eng.edge_weights(plans[0]), set(plans[0].gpus))
+    classes = eng.cluster.link_classes
+    return [(f"{u}->{v}", x) for r, x in weights.items() for u, v in classes.edges_of(r)]
+
+
+def test_sends_counted_per_edge_merge_as_laid_out_flow_by_flow(monkeypatch):
+    # three tiers, oversubscribed; 4 NICs for 8 GPUs (two sends share each NIC uplink); sends into one
+    # node from several (shared downlinks), one back the other way, one inside a node
+    topo = build_system("dgx-h100", 64, leaves_per_pod=4, oversubscription=2.0, nics_per_node=4)
+    g = topo.gpus()
+    pairs = [(g[0], g[8 * 40]), *((g[i], g[8 * 40 + i]) for i in range(1, 8)),
+             *((g[8 * n + 3], g[8 * 63 + 5]) for n in range(1, 30)), (g[8 * 63 + 1], g[2]), (g[9], g[12])]
+    for size in (4 * MiB, 4096):  # the Simple and the LL protocol
+        counted = _merged_in_order(topo, pairs, size, counted=True, monkeypatch=monkeypatch)
+        laid_out = _merged_in_order(topo, pairs, size, counted=False, monkeypatch=monkeypatch)
+        assert counted == laid_out  # the same links, in the same order, float for float
+        assert any(name.startswith("pod") and "core" in name for name, _ in counted)  # crosses the core

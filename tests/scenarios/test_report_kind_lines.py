@@ -1,0 +1,48 @@
+"""The links report's busiest link of each edge kind (``scenarios.report._kind_lines``) is the first link of
+that kind in ``busiest_links`` order over every link, with its mean utilisation and its kind's count."""
+
+from types import SimpleNamespace
+
+from hwmodel.cluster import Cluster
+from hwmodel.ir import Collective
+from hwmodel.nccl.engine import NcclEngine
+from hwmodel.topology import build_system
+from scenarios.metrics import busiest_links
+from scenarios.report import _kind_lines
+
+MiB = 1 << 20
+
+
+def _reference(cluster, end_time_s):
+    """kind -> (mean, carried, name, count): every link ranked, as the report did it before."""
+    graph, best, used = cluster.topology.graph, {}, {}
+    for name, carried, mean, _ in busiest_links(cluster.link_resources(), 10**9, end_time_s):
+        if carried <= 0:
+            continue
+        kind = graph.edges[tuple(name.split("->", 1))].get("kind", "other")
+        used[kind] = used.get(kind, 0) + 1
+        best.setdefault(kind, (mean, carried, name))
+    return {k: (*v, used[k]) for k, v in best.items()}
+
+
+def test_each_kinds_busiest_link_is_the_first_of_its_kind_over_all_links():
+    topo = build_system("dgx-h100", 4, oversubscription=2.0)
+    gpus = topo.gpus()
+    cl = Cluster(topo)
+    eng = NcclEngine(cl)
+    coll = Collective("all_reduce", 256 * MiB, tuple(range(4)))
+    first = eng.plan(coll, tuple(gpus[i] for i in (0, 8, 16, 24)))
+    mirrors = [eng.plan(coll, tuple(gpus[i + j] for i in (0, 8, 16, 24))) for j in range(1, 8)]
+    eng.start_mirrored(first, mirrors)
+    eng.start(eng.plan(Collective("all_gather", 64 * MiB, tuple(range(8))), tuple(gpus[8:16])))
+    cl.env.run()
+    rep = SimpleNamespace(result=SimpleNamespace(cluster=cl, end_time_s=cl.env.now))
+    lines = _kind_lines(rep, cl.link_resources())
+    ref = _reference(cl, cl.env.now)
+    assert set(ref) == {"nvlink", "pcie", "ib"} and len(lines) == 1 + len(ref)
+    for line in lines[1:]:
+        kind = next(k for k, label in (("nvlink", "NVLink"), ("pcie", "PCIe"), ("ib", "network"))
+                    if line.strip().startswith(label))
+        mean, carried, name, count = ref[kind]
+        assert name in line.split()
+        assert f"{100 * mean:>6.1f}%" in line and f"({count} such links carried traffic)" in line
