@@ -128,8 +128,12 @@ def model_notes(model: Any) -> list[str]:
 def parallel_notes(config: Any) -> list[str]:
     """One line per ``[parallel]`` / recompute key that changes nothing: a ``rank_order`` that orders the axes
     of size > 1 (those that hold more than one rank) as the default does, so every rank keeps its groups;
-    ``recompute_method = "block"`` over 0 layers (Megatron checkpoints no layer: no recomputation)."""
+    ``recompute_method = "block"`` over 0 layers (Megatron checkpoints no layer: no recomputation);
+    ``overlap_p2p_comm = false`` without pipeline parallelism (there are no pipeline exchanges)."""
     notes = []
+    if getattr(config, "overlap_p2p_comm", True) is False and getattr(config, "pp", 1) == 1:
+        notes.append("[parallel] overlap_p2p_comm = false changes nothing without pipeline parallelism "
+                     "(pipeline_model_parallel_size = 1: no pipeline exchanges)")
     if getattr(config, "recompute_method", None) == "block" and getattr(config, "recompute_num_layers", None) == 0:
         notes.append("recompute_method = \"block\" with recompute_num_layers = 0 checkpoints no layer: time and "
                      "memory are those of recompute_granularity = \"none\"")

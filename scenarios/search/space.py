@@ -152,8 +152,9 @@ class Candidate:
 
     def parallel_section(self, base: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """The scenario's ``[parallel]`` table for this plan; ``base``'s keys the search does not vary
-        (grad_bucket_size_bytes, moe_tokens_per_expert) are kept."""
-        keep = ("grad_bucket_size_bytes", "moe_tokens_per_expert")
+        (grad_bucket_size_bytes, moe_tokens_per_expert, overlap_p2p_comm: properties of the framework the
+        scenario runs, which the screen does not price) are kept."""
+        keep = ("grad_bucket_size_bytes", "moe_tokens_per_expert", "overlap_p2p_comm")
         out: dict[str, Any] = {k: v for k, v in (base or {}).items() if k in keep}
         out.update(tensor_model_parallel_size=self.tp, pipeline_model_parallel_size=self.pp)
         if self.cp > 1:

@@ -64,3 +64,12 @@ def test_core_oversubscription_over_a_presets_single_pod_is_named():
     assert "leaves_per_pod below 4" in one_pod[0]
     assert notes(core_oversubscription=4, leaves_per_pod=1) == []  # 4 pods of one leaf: the core is crossed
     assert notes() == [] and notes(core_oversubscription=1) == []
+
+
+def test_batched_pipeline_exchanges_without_a_pipeline_say_so():
+    from scenarios.notes import parallel_notes
+    from workload.parallel.config import ParallelConfig
+
+    (note,) = parallel_notes(ParallelConfig(tensor_model_parallel_size=2, overlap_p2p_comm=False).resolve(16))
+    assert "overlap_p2p_comm = false changes nothing" in note
+    assert parallel_notes(ParallelConfig(pipeline_model_parallel_size=2, overlap_p2p_comm=False).resolve(16)) == []

@@ -211,6 +211,8 @@ def transformer_memory(cfg: Any, parallel: ParallelConfig, dtype: str) -> Memory
     mem = memory_per_gpu(
         cfg, tp=p.tp, pp=p.pp, dp=p.dp, cp=p.cp, ep=p.ep, micro_batch_size=p.micro_batch_size,
         num_microbatches=p.num_microbatches, virtual_pipeline_size=p.vpp, sequence_parallel=p.sequence_parallel,
+        # GPipe runs every forward before any backward: the first stage holds all m micro-batches
+        num_microbatches_in_flight=p.num_microbatches if p.schedule == "gpipe" else None,
         recompute=p.recompute_granularity, recompute_method=p.recompute_method,
         recompute_num_layers=p.recompute_num_layers, zero_stage=p.memory_zero_stage, param_bytes=param_bytes,
         grad_bytes=grad_bytes, flash_attention=flash,

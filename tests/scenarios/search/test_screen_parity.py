@@ -118,3 +118,12 @@ def test_deepspeed_zero3_screen_tracks_its_simulation():
     assert est[ds] > est[fsdp] and sim[ds] > sim[fsdp]
     assert "zero_impl" not in Candidate(dp=16, zero=1, zero_impl="megatron").parallel_section()
     assert Candidate(dp=16, zero=3, zero_impl="deepspeed").parallel_section()["zero_impl"] == "deepspeed"
+
+
+def test_plans_keep_the_scenarios_framework_keys():
+    """Keys the search does not vary are the scenario's framework: a plan keeps them (Megatron-LM's
+    batched pipeline exchanges, ``overlap_p2p_comm = false``, among them)."""
+    base = {"overlap_p2p_comm": False, "grad_bucket_size_bytes": 1 << 26, "tensor_model_parallel_size": 8}
+    sec = Candidate(tp=2, pp=4, dp=2).parallel_section(base)
+    assert sec["overlap_p2p_comm"] is False and sec["grad_bucket_size_bytes"] == 1 << 26
+    assert sec["tensor_model_parallel_size"] == 2
