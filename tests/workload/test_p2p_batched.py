@@ -3,15 +3,15 @@ schedules pairs every send with a receive, in order, without deadlock; the passe
 order; the bubble with free communication is the schedule's closed form; the next pass waits for sends."""
 
 from collections import defaultdict, deque
-from dataclasses import dataclass
 
 import pytest
 
 from hwmodel.cluster import Cluster
-from hwmodel.ir import Compute, SendRecv
+from hwmodel.ir import SendRecv
 from hwmodel.runtime import Runtime
 from hwmodel.topology import build_system
-from workload.parallel.builder import ModelTrace, build_programs
+from tests.workload.test_builder import _synthetic  # one fixed-duration kernel per layer pass
+from workload.parallel.builder import build_programs
 from workload.parallel.config import ParallelConfig
 from workload.parallel.p2p_batched import Exchange, megatron_exchanges
 from workload.parallel.schedules import bubble_fraction, schedule
@@ -123,38 +123,6 @@ def test_other_schedules_are_refused():
     with pytest.raises(ValueError, match="overlap_p2p_comm = false needs pipeline_schedule"):
         ParallelConfig(pipeline_model_parallel_size=4, pipeline_schedule="gpipe", overlap_p2p_comm=False,
                        global_batch_size=8).resolve(4)
-
-
-@dataclass(frozen=True)
-class _Rec:
-    name: str
-    phase: str
-    seconds: float
-    layer: str = ""
-
-    def to_compute(self) -> Compute:
-        return Compute(self.name, "macro", 1.0, 1.0, layer=self.layer, phase=self.phase, fixed_time_s=self.seconds)
-
-
-class _Graph:
-    """One fixed-duration kernel per layer pass (as tests/workload/test_builder.py's)."""
-
-    def __init__(self, layers: int, fwd_s: float, bwd_s: float) -> None:
-        self.num_blocks, self.fwd_s, self.bwd_s = layers, fwd_s, bwd_s
-
-    def block_ops(self, i, phase):
-        return [_Rec(f"L{i}_{phase}", phase, self.fwd_s if phase == "fwd" else self.bwd_s, f"layers.{i}")]
-
-    def pre_ops(self, phase):
-        return []
-
-    def post_ops(self, phase):
-        return []
-
-
-def _synthetic(layers, fwd_s, bwd_s, hidden=16):
-    return ModelTrace(graph=_Graph(layers, fwd_s, bwd_s), num_layers=layers, hidden_size=hidden, seq_length=16,
-                      micro_batch_size=1, params_pre=0, params_block=0, params_post=0)
 
 
 def _run(trace, cfg):
