@@ -35,8 +35,9 @@ KNOWN_MISSES = {  # (source, ranks, nccl_algo, size) -> why; errors measured on 
 (``nCh x bwIntra x 0.85 x (nCh-1)/nCh x 2``, with the NVLS graph's one channel per GPU and
 ``(nCh+1) x bwIntra <= 370.8 GB/s``), which is below the hardware's for small groups; no link binds.
 On 8 GPUs the same formula is within 1 %. NCCL itself (this formula) picks Ring there, whose busbw the
-model matches within 2.3 %. Ring reduce-scatter at 128-256 MiB: the chunk pipeline's ramp (max(transfer, latency) per step) reaches the plateau a
-little early (the mid-band slowness of real NCCL, see docs/DESIGN.md, chunked pipeline)."""
+model matches within 2.3 %. Ring reduce-scatter at 128-256 MiB: the chunk pipeline's ramp (max(transfer,
+latency) per step) reaches the plateau early (the mid-band slowness of real NCCL, docs/DESIGN.md, chunked
+pipeline)."""
 
 
 def band_tolerance(size_bytes: int) -> float:
