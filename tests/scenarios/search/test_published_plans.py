@@ -166,15 +166,13 @@ def test_sc21_table2_ptdp_ranks_above_zero3(row):
 
 ZERO3_TFLOPS_TOLERANCE = 0.25
 """Largest relative error of the screen's ZeRO-3 TFLOP/s per GPU on SC'21 Table 2 (the 175B rows are
-those ``[deepspeed] host_per_rank_s`` was fitted to: +17 %, +15 %, -10 %; the 530B rows are out of
-sample: +19 %, +15 %; the 640-GPU row, which fits by the memory model only since the recompute workspace's
-lifetime is modelled, is +27 %: ZERO3_THROUGHPUT_XFAIL)."""
-ZERO3_THROUGHPUT_XFAIL: dict[str, str] = {
-    "529.6B-640gpu": ("the screen gives 175 TFLOP/s per GPU against 138 measured (+27 %, over "
-                      "ZERO3_TFLOPS_TOLERANCE): the cost that grows with the micro-batch (+17 % at mbs 4 on 175B) "
-                      "is not modelled; left out of the fall, which compares 1,120 -> 2,240 GPUs"),
-}
-"""ZeRO-3 rows of SC'21 Table 2 whose throughput is outside ZERO3_TFLOPS_TOLERANCE (a strict xfail each)."""
+those ``[deepspeed] host_per_rank_s`` was fitted to: +15 %, +14 %, -10 %; the 530B rows are out of
+sample: +19 %, +14 %; the 640-GPU row, which fits by the memory model only since the recompute workspace's
+lifetime is modelled, is +24.9 %, just inside: the cost that grows with the micro-batch, +15 % at mbs 4
+on 175B, is not modelled)."""
+LEFT_OUT_OF_THE_FALL = {"529.6B-640gpu"}
+"""The 530B fall compares 1,120 -> 2,240 GPUs (one global batch, 2,240): the 640-GPU row ran a global batch
+of 2,560 at micro-batch 4, whose per-micro-batch cost is the known gap above."""
 ZERO3_FALL_TOLERANCE = 0.35
 """Largest relative error of the fall in TFLOP/s per GPU from the fewest to the most GPUs (175B: 4.2x
 against 3.27x measured; 530B 1,120 -> 2,240: 2.1x against 2.04x)."""
@@ -198,10 +196,9 @@ def _zero3_tflops(row: dict[str, str]) -> tuple[float, float]:
     return _sc21_tflops(row, e.iteration_time_s), float(row["tflops_per_gpu"])
 
 
-@pytest.mark.parametrize("row", [pytest.param(r, id=_row_id(r), marks=pytest.mark.xfail(
-    strict=True, reason=ZERO3_THROUGHPUT_XFAIL[_row_id(r)])) for r in _zero3_rows()
-    if _row_id(r) in ZERO3_THROUGHPUT_XFAIL])
-def test_sc21_table2_zero3_throughput_out_of_tolerance(row):
+def test_sc21_table2_zero3_530b_640_gpus_throughput():
+    """The 640-GPU 530B row, left out of the fall: within ZERO3_TFLOPS_TOLERANCE like the others."""
+    (row,) = [r for r in _zero3_rows() if _row_id(r) in LEFT_OUT_OF_THE_FALL]
     pred, meas = _zero3_tflops(row)
     assert pred == pytest.approx(meas, rel=ZERO3_TFLOPS_TOLERANCE), (_row_id(row), pred, meas)
 
@@ -213,7 +210,7 @@ def test_sc21_table2_zero3_throughput_falls_as_measured():
     fall was 1.8x (201 -> 114) against 3.27x."""
     got: dict[str, list[tuple[float, float]]] = {}
     for row in _zero3_rows():
-        if _row_id(row) in ZERO3_XFAIL or _row_id(row) in ZERO3_THROUGHPUT_XFAIL:
+        if _row_id(row) in ZERO3_XFAIL or _row_id(row) in LEFT_OUT_OF_THE_FALL:
             continue
         pred, meas = _zero3_tflops(row)
         assert pred == pytest.approx(meas, rel=ZERO3_TFLOPS_TOLERANCE), (_row_id(row), pred, meas)
