@@ -345,6 +345,8 @@ def balanced_ends(num_layers: int, pp: int) -> tuple[int, int]:
 
 def _parse_value(field: str, raw: str, key: str) -> Any:
     raw = raw.strip()
+    if len(raw) >= 2 and raw[0] == raw[-1] and raw[0] in "\"'":  # a TOML string, as ``run --set`` takes it
+        raw = raw[1:-1].strip()
     if field in BOOL_KNOBS:
         if raw.lower() not in ("true", "false"):
             raise ValueError(f"{key}: {raw!r} is not a boolean; allowed: true, false")

@@ -146,6 +146,16 @@ def test_parse_knobs_errors():
     assert parse_knobs(space=["parallel.sequence_parallel=true,false"]) == {"sp": [True, False]}
 
 
+def test_parse_knobs_takes_toml_strings_as_run_set_does():
+    """``--fix parallel.recompute_granularity='"none"'`` (a TOML string, as ``run --set`` needs) equals the bare
+    word; a quoted non-string value is still checked."""
+    assert parse_knobs(fix=['parallel.recompute_granularity="none"']) == parse_knobs(
+        fix=["parallel.recompute_granularity=none"])
+    assert parse_knobs(space=["parallel.recompute_granularity='none', \"full\""]) == {"recompute": ["none", "full"]}
+    with pytest.raises(ValueError, match="not an integer"):
+        parse_knobs(fix=['training.micro_batch_size="two"'])
+
+
 def test_cache_key_is_canonical(small):
     c = Candidate(tp=2, dp=4, sp=True)
     a = candidate_data(small, c)
