@@ -392,5 +392,9 @@ def write_plots(rep: Any, directory: str | Path) -> list[Path]:
     plot_gantt(res.events, out[0], title=f"Timeline -- {what}{shown}")
     plot_link_utilisation(res.cluster.link_resources(), out[1], end_time_s=res.end_time_s,
                           title=f"Busiest links -- {what}{shown}")
-    plot_breakdown({int(r): v for r, v in m["per_rank"].items()}, out[2], title=f"Time per GPU -- {what}")
+    # the breakdown is the iteration's: extrapolated from both simulated runs where steady_state applied
+    extrapolated = (f" (extrapolated from the simulated {steady['simulated_microbatches'][0]} and "
+                    f"{steady['simulated_microbatches'][1]} of {steady['of']} micro-batches)") if steady else ""
+    plot_breakdown({int(r): v for r, v in m["per_rank"].items()}, out[2],
+                   title=f"Time per GPU -- {what}{extrapolated}")
     return out

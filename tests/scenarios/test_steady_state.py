@@ -20,7 +20,7 @@ from hwmodel.cluster import Cluster
 from hwmodel.ir import Compute
 from hwmodel.runtime import Runtime
 from hwmodel.topology import build_system
-from scenarios.report import format_report
+from scenarios.report import format_report, write_plots
 from scenarios.runner import run_scenario
 from scenarios.scenario import parse_scenario
 from scenarios.steady_state import plan_for
@@ -187,3 +187,25 @@ def test_free_communication_closed_form(schedule, v, affine_rel):
         # cross 2p - 1 stage boundaries)
         assert t == pytest.approx((count + (p - 1) / v) * per_microbatch, rel=5e-3)
     assert t2 + (m - m2) * (t2 - t1) / (m2 - m1) == pytest.approx(full, rel=affine_rel)
+
+
+def test_plot_titles_say_what_each_plot_shows(tmp_path, monkeypatch):
+    """The timeline and links plots show the longer simulated run, the breakdown the extrapolated iteration;
+    each title says which (and a run that was not extrapolated says neither)."""
+    import plots.bars
+    import plots.gantt
+    import plots.links
+
+    titles: dict[str, str] = {}
+    monkeypatch.setattr(plots.gantt, "plot_gantt", lambda *a, title="", **k: titles.__setitem__("gantt", title))
+    monkeypatch.setattr(plots.links, "plot_link_utilisation",
+                        lambda *a, title="", **k: titles.__setitem__("links", title))
+    monkeypatch.setattr(plots.bars, "plot_breakdown", lambda *a, title="", **k: titles.__setitem__("bars", title))
+    rep = _report("1f1b", "auto")
+    m1, m2 = rep.metrics["simulation"]["steady_state"]["simulated_microbatches"]
+    write_plots(rep, tmp_path)
+    assert titles["gantt"].endswith(f"(the simulated {m2} of 56 micro-batches)")
+    assert titles["links"].endswith(f"(the simulated {m2} of 56 micro-batches)")
+    assert titles["bars"].endswith(f"(extrapolated from the simulated {m1} and {m2} of 56 micro-batches)")
+    write_plots(_report("1f1b", "off"), tmp_path)
+    assert not any("simulated" in t for t in titles.values())
