@@ -85,7 +85,10 @@ non-gated MLP keeps fc1. See :func:`activation_bytes_per_layer`.
 The framework's own memory (CUDA context, NCCL buffers, cuBLAS workspace, the caching allocator's
 reserved-but-unallocated bytes) and the HBM a process can use are :mod:`workload.allocator`'s;
 :meth:`MemoryBreakdown.fits` compares them once :func:`workload.allocator.with_framework` has set them.
-Not modelled: temporary GEMM workspace beyond cuBLAS's, Inductor's memory planning under compile.
+Under torch.compile (``compiled``) per-op SAC keeps only what AOTAutograd's partitioner saves: the saved
+outputs the backward reads (:func:`workload.parallel.sac.op_sac_bytes`: not the MLP's down projection).
+Not modelled: temporary GEMM workspace beyond cuBLAS's, the rest of Inductor's memory planning (its
+buffer reuse inside a compiled region, and the smaller recompute workspace of fused kernels).
 """
 
 from __future__ import annotations
@@ -304,7 +307,7 @@ def activation_bytes_per_layer(seq_length: int, micro_batch_size: int, hidden_si
                                moe_tokens_factor: float = 1.0, flash_attention: bool = False,
                                fp8: bool = False, hidden_dropout: float = 0.1,
                                attention_dropout: float = 0.1, head_dim: int | None = None,
-                               qk_norm: bool = False) -> float:
+                               qk_norm: bool = False, compiled: bool = False) -> float:
     """Bytes of activations one transformer layer stores for the backward pass, per micro-batch, per GPU.
 
     Korthikanti et al. 2022 Table 2 (see the module docstring), decomposed so that it generalises:
@@ -340,6 +343,9 @@ def activation_bytes_per_layer(seq_length: int, micro_batch_size: int, hidden_si
             wide, K and V ``g*d``, in place of h and ``h*g/a``.
         qk_norm: RMSNorm on the queries and keys (Qwen3): their inputs are saved too, ``2*(a + g)*d``
             bytes per token, split by t.
+        compiled: torch.compile of the block (``[training] compile``); with ``selective_op`` only the
+            saved tensors the backward reads are kept (:func:`workload.parallel.sac.op_sac_bytes`); no
+            other mode changes.
 
     Raises:
         ValueError: unknown ``recompute``, non-positive sizes or a dropout probability outside [0, 1).
@@ -363,7 +369,7 @@ def activation_bytes_per_layer(seq_length: int, micro_batch_size: int, hidden_si
     q = a * head_dim if head_dim else h  # query / attention-output width
     kv = (num_query_groups or a) * head_dim if head_dim else h * (num_query_groups or a) / a
     if recompute == "selective_op":
-        return op_sac_bytes(s * b, h, q, kv, f * moe_tokens_factor, a, t, sp, gated_mlp)
+        return op_sac_bytes(s * b, h, q, kv, f * moe_tokens_factor, a, t, sp, gated_mlp, compiled=compiled)
     gemm_in = 1.0 if fp8 else 2.0  # bytes per element of a saved FP8-GEMM input
     masks = 2.0 if hidden_dropout > 0 else 0.0  # two 1-byte hidden-dropout masks
     # layer-norm inputs 4, QKV and MLP inputs (norm outputs) 2 x gemm_in, dropout masks
@@ -538,7 +544,8 @@ def memory_per_gpu(model_cfg: Any, *, tp: int = 1, pp: int = 1, dp: int = 1, cp:
                    recompute_num_layers: int | None = None, zero_stage: int = 0,
                    param_bytes: int = 2, grad_bytes: int = 4, optimizer_bytes_per_param: int | None = None,
                    flash_attention: bool = False, fp8: bool = False, unfused_loss: bool = False,
-                   stage: int | None = None, stage_layers: Sequence[int] | None = None) -> MemoryBreakdown:
+                   stage: int | None = None, stage_layers: Sequence[int] | None = None,
+                   compiled: bool = False) -> MemoryBreakdown:
     """Peak memory of one GPU training ``model_cfg`` under a parallel configuration.
 
     Args:
@@ -574,6 +581,8 @@ def memory_per_gpu(model_cfg: Any, *, tp: int = 1, pp: int = 1, dp: int = 1, cp:
             Megatron's order (chunk ``c`` of stage ``i`` is entry ``c*pp + i``), as
             :meth:`workload.parallel.config.ParallelConfig.stage_layers` gives them; default the even
             split (the first ``num_layers % pp`` stages one layer more).
+        compiled: torch.compile of the blocks (``[training] compile``): with ``selective_op``, the saved
+            outputs the backward never reads are not kept (:func:`activation_bytes_per_layer`).
 
     Raises:
         ValueError: a size is not positive, tp does not divide the heads, pp exceeds the layers, an
@@ -596,7 +605,7 @@ def memory_per_gpu(model_cfg: Any, *, tp: int = 1, pp: int = 1, dp: int = 1, cp:
             ffn_hidden_size=m.ffn_hidden_size, num_query_groups=m.num_query_groups, gated_mlp=m.gated_mlp,
             moe_tokens_factor=m.moe_topk * m.moe_capacity_factor, flash_attention=flash_attention, fp8=fp8,
             hidden_dropout=m.hidden_dropout, attention_dropout=m.attention_dropout, head_dim=m.head_dim,
-            qk_norm=m.qk_norm)
+            qk_norm=m.qk_norm, compiled=compiled)
 
     per_layer_act = layer_activations(recompute)
     # one layer rematerialised at a time during backward
