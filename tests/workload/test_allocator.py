@@ -95,7 +95,7 @@ def test_compiled_op_sac_drops_only_the_saved_outputs_no_backward_reads():
     """torch.compile's partitioner keeps what the backward reads: the gated MLP's down-projection output
     (2h a token) and, with TP, its reduce-scatter output (2h/t) go; nothing else moves, and a non-gated
     MLP (whose fc2 output per-op SAC does not save) and the other recompute modes are unchanged."""
-    s, b, h, a, kv, f = 8192, 2, 4096, 32, 1024, 14336
+    s, b, h, a, f = 8192, 2, 4096, 32, 14336
     kw = {"recompute": "selective_op", "ffn_hidden_size": f, "num_query_groups": 8, "flash_attention": True}
     for tp, rs in ((1, 0.0), (8, 2 * h / 8)):
         sp = {"tp": tp, "sequence_parallel": tp > 1}
