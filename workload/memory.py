@@ -85,10 +85,7 @@ non-gated MLP keeps fc1. See :func:`activation_bytes_per_layer`.
 The framework's own memory (CUDA context, NCCL buffers, cuBLAS workspace, the caching allocator's
 reserved-but-unallocated bytes) and the HBM a process can use are :mod:`workload.allocator`'s;
 :meth:`MemoryBreakdown.fits` compares them once :func:`workload.allocator.with_framework` has set them.
-Under torch.compile (``compiled``) per-op SAC keeps only what AOTAutograd's partitioner saves: the saved
-outputs the backward reads (:func:`workload.parallel.sac.op_sac_bytes`: not the MLP's down projection).
-Not modelled: temporary GEMM workspace beyond cuBLAS's, the rest of Inductor's memory planning (its
-buffer reuse inside a compiled region, and the smaller recompute workspace of fused kernels).
+Not modelled: GEMM workspace beyond cuBLAS's; Inductor's memory planning beyond compiled SAC's (:func:`op_sac_bytes`).
 """
 
 from __future__ import annotations
@@ -343,9 +340,7 @@ def activation_bytes_per_layer(seq_length: int, micro_batch_size: int, hidden_si
             wide, K and V ``g*d``, in place of h and ``h*g/a``.
         qk_norm: RMSNorm on the queries and keys (Qwen3): their inputs are saved too, ``2*(a + g)*d``
             bytes per token, split by t.
-        compiled: torch.compile of the block (``[training] compile``); with ``selective_op`` only the
-            saved tensors the backward reads are kept (:func:`workload.parallel.sac.op_sac_bytes`); no
-            other mode changes.
+        compiled: torch.compile (``[training] compile``): changes ``selective_op`` only (:func:`op_sac_bytes`).
 
     Raises:
         ValueError: unknown ``recompute``, non-positive sizes or a dropout probability outside [0, 1).
@@ -543,9 +538,8 @@ def memory_per_gpu(model_cfg: Any, *, tp: int = 1, pp: int = 1, dp: int = 1, cp:
                    sequence_parallel: bool = False, recompute: str = "none", recompute_method: str | None = None,
                    recompute_num_layers: int | None = None, zero_stage: int = 0,
                    param_bytes: int = 2, grad_bytes: int = 4, optimizer_bytes_per_param: int | None = None,
-                   flash_attention: bool = False, fp8: bool = False, unfused_loss: bool = False,
-                   stage: int | None = None, stage_layers: Sequence[int] | None = None,
-                   compiled: bool = False) -> MemoryBreakdown:
+                   flash_attention: bool = False, fp8: bool = False, unfused_loss: bool = False, compiled: bool = False,
+                   stage: int | None = None, stage_layers: Sequence[int] | None = None) -> MemoryBreakdown:
     """Peak memory of one GPU training ``model_cfg`` under a parallel configuration.
 
     Args:
@@ -571,18 +565,16 @@ def memory_per_gpu(model_cfg: Any, *, tp: int = 1, pp: int = 1, dp: int = 1, cp:
         fp8: FP8 training (Transformer Engine hybrid recipe): FP8 weight copies of
             ``FP8_WEIGHT_COPY_BYTES`` (2) bytes per FP8-GEMM weight and FP8 saved GEMM inputs (module
             docstring). ``param_bytes`` and ``grad_bytes`` keep their bf16-training meaning.
-        unfused_loss: the loss as ``F.cross_entropy(logits.float(), labels)`` on the bf16 logits
-            (torchtitan's ``cross_entropy_loss``), not Megatron's vocab-parallel cross entropy, which
-            keeps one fp32 ``4sbV/t`` and computes its gradient in place: at the loss's backward the
-            bf16 logits (``2sbV/t``, held by the training loop) and the fp32 upcast (``4sbV/t``), then
-            the log-softmax output's and input's gradients, ``8sbV/t`` once beyond the saved ``4sbV/t``.
+        unfused_loss: the loss as ``F.cross_entropy(logits.float(), labels)`` on the bf16 logits (torchtitan's
+            ``cross_entropy_loss``), not Megatron's vocab-parallel cross entropy (one fp32 ``4sbV/t``, gradient in
+            place): at the loss's backward the bf16 logits (``2sbV/t``, held by the training loop), the fp32 upcast
+            (``4sbV/t``), then the log-softmax output's and input's gradients, ``8sbV/t`` beyond the saved ``4sbV/t``.
+        compiled: torch.compile of the blocks (``[training] compile``, :func:`activation_bytes_per_layer`).
         stage: report this pipeline stage; default the stage with the largest total.
         stage_layers: layers of each virtual pipeline stage, ``pp * virtual_pipeline_size`` entries in
             Megatron's order (chunk ``c`` of stage ``i`` is entry ``c*pp + i``), as
             :meth:`workload.parallel.config.ParallelConfig.stage_layers` gives them; default the even
             split (the first ``num_layers % pp`` stages one layer more).
-        compiled: torch.compile of the blocks (``[training] compile``): with ``selective_op``, the saved
-            outputs the backward never reads are not kept (:func:`activation_bytes_per_layer`).
 
     Raises:
         ValueError: a size is not positive, tp does not divide the heads, pp exceeds the layers, an
