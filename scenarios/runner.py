@@ -672,7 +672,7 @@ def memory_of(model_cfg: Any, cfg: ParallelConfig, training: Mapping[str, Any], 
     dtype = training.get("dtype", "bf16")  # a recipe that keeps no FP8 state between passes holds bf16's memory
     if dtype == "fp8" and not get_recipe(training.get("fp8_recipe", DEFAULT_RECIPE)).fp8_saved_state:
         dtype = "bf16"
-    mem = family_of(model_cfg).memory(model_cfg, cfg, dtype)
+    mem = family_of(model_cfg).memory(model_cfg, cfg, dtype, compiled=bool(training.get("compile", False)))
     if mem is None:
         return None
     if training.get("fp8_param_gather", False):

@@ -442,7 +442,9 @@ class CustomFamily(ModelFamily):
     def own_trace(self, cfg: CustomModel, parallel: ParallelConfig, dtype: str) -> ModelTrace:
         return cfg.trace(parallel, dtype)
 
-    def memory(self, cfg: CustomModel, parallel: ParallelConfig, dtype: str) -> MemoryBreakdown:
+    def memory(self, cfg: CustomModel, parallel: ParallelConfig, dtype: str, *,
+               compiled: bool = False) -> MemoryBreakdown:
+        """The module's own saved tensors (:meth:`CustomModel.memory`); ``compiled`` changes nothing here."""
         param_bytes, grad_bytes = state_bytes(dtype)
         return cfg.memory(parallel, dtype=dtype, param_bytes=param_bytes, grad_bytes=grad_bytes)
 

@@ -85,7 +85,7 @@ non-gated MLP keeps fc1. See :func:`activation_bytes_per_layer`.
 The framework's own memory (CUDA context, NCCL buffers, cuBLAS workspace, the caching allocator's
 reserved-but-unallocated bytes) and the HBM a process can use are :mod:`workload.allocator`'s;
 :meth:`MemoryBreakdown.fits` compares them once :func:`workload.allocator.with_framework` has set them.
-Not modelled: temporary GEMM workspace beyond cuBLAS's, Inductor's memory planning under compile.
+Not modelled: GEMM workspace beyond cuBLAS's; Inductor's memory planning beyond compiled SAC's (:func:`op_sac_bytes`).
 """
 
 from __future__ import annotations
@@ -304,7 +304,7 @@ def activation_bytes_per_layer(seq_length: int, micro_batch_size: int, hidden_si
                                moe_tokens_factor: float = 1.0, flash_attention: bool = False,
                                fp8: bool = False, hidden_dropout: float = 0.1,
                                attention_dropout: float = 0.1, head_dim: int | None = None,
-                               qk_norm: bool = False) -> float:
+                               qk_norm: bool = False, compiled: bool = False) -> float:
     """Bytes of activations one transformer layer stores for the backward pass, per micro-batch, per GPU.
 
     Korthikanti et al. 2022 Table 2 (see the module docstring), decomposed so that it generalises:
@@ -340,6 +340,7 @@ def activation_bytes_per_layer(seq_length: int, micro_batch_size: int, hidden_si
             wide, K and V ``g*d``, in place of h and ``h*g/a``.
         qk_norm: RMSNorm on the queries and keys (Qwen3): their inputs are saved too, ``2*(a + g)*d``
             bytes per token, split by t.
+        compiled: torch.compile (``[training] compile``): changes ``selective_op`` only (:func:`op_sac_bytes`).
 
     Raises:
         ValueError: unknown ``recompute``, non-positive sizes or a dropout probability outside [0, 1).
@@ -363,7 +364,7 @@ def activation_bytes_per_layer(seq_length: int, micro_batch_size: int, hidden_si
     q = a * head_dim if head_dim else h  # query / attention-output width
     kv = (num_query_groups or a) * head_dim if head_dim else h * (num_query_groups or a) / a
     if recompute == "selective_op":
-        return op_sac_bytes(s * b, h, q, kv, f * moe_tokens_factor, a, t, sp, gated_mlp)
+        return op_sac_bytes(s * b, h, q, kv, f * moe_tokens_factor, a, t, sp, gated_mlp, compiled=compiled)
     gemm_in = 1.0 if fp8 else 2.0  # bytes per element of a saved FP8-GEMM input
     masks = 2.0 if hidden_dropout > 0 else 0.0  # two 1-byte hidden-dropout masks
     # layer-norm inputs 4, QKV and MLP inputs (norm outputs) 2 x gemm_in, dropout masks
@@ -537,7 +538,7 @@ def memory_per_gpu(model_cfg: Any, *, tp: int = 1, pp: int = 1, dp: int = 1, cp:
                    sequence_parallel: bool = False, recompute: str = "none", recompute_method: str | None = None,
                    recompute_num_layers: int | None = None, zero_stage: int = 0,
                    param_bytes: int = 2, grad_bytes: int = 4, optimizer_bytes_per_param: int | None = None,
-                   flash_attention: bool = False, fp8: bool = False, unfused_loss: bool = False,
+                   flash_attention: bool = False, fp8: bool = False, unfused_loss: bool = False, compiled: bool = False,
                    stage: int | None = None, stage_layers: Sequence[int] | None = None) -> MemoryBreakdown:
     """Peak memory of one GPU training ``model_cfg`` under a parallel configuration.
 
@@ -564,11 +565,11 @@ def memory_per_gpu(model_cfg: Any, *, tp: int = 1, pp: int = 1, dp: int = 1, cp:
         fp8: FP8 training (Transformer Engine hybrid recipe): FP8 weight copies of
             ``FP8_WEIGHT_COPY_BYTES`` (2) bytes per FP8-GEMM weight and FP8 saved GEMM inputs (module
             docstring). ``param_bytes`` and ``grad_bytes`` keep their bf16-training meaning.
-        unfused_loss: the loss as ``F.cross_entropy(logits.float(), labels)`` on the bf16 logits
-            (torchtitan's ``cross_entropy_loss``), not Megatron's vocab-parallel cross entropy, which
-            keeps one fp32 ``4sbV/t`` and computes its gradient in place: at the loss's backward the
-            bf16 logits (``2sbV/t``, held by the training loop) and the fp32 upcast (``4sbV/t``), then
-            the log-softmax output's and input's gradients, ``8sbV/t`` once beyond the saved ``4sbV/t``.
+        unfused_loss: the loss as ``F.cross_entropy(logits.float(), labels)`` on the bf16 logits (torchtitan's
+            ``cross_entropy_loss``), not Megatron's vocab-parallel cross entropy (one fp32 ``4sbV/t``, gradient in
+            place): at the loss's backward the bf16 logits (``2sbV/t``, held by the training loop), the fp32 upcast
+            (``4sbV/t``), then the log-softmax output's and input's gradients, ``8sbV/t`` beyond the saved ``4sbV/t``.
+        compiled: torch.compile of the blocks (``[training] compile``, :func:`activation_bytes_per_layer`).
         stage: report this pipeline stage; default the stage with the largest total.
         stage_layers: layers of each virtual pipeline stage, ``pp * virtual_pipeline_size`` entries in
             Megatron's order (chunk ``c`` of stage ``i`` is entry ``c*pp + i``), as
@@ -596,7 +597,7 @@ def memory_per_gpu(model_cfg: Any, *, tp: int = 1, pp: int = 1, dp: int = 1, cp:
             ffn_hidden_size=m.ffn_hidden_size, num_query_groups=m.num_query_groups, gated_mlp=m.gated_mlp,
             moe_tokens_factor=m.moe_topk * m.moe_capacity_factor, flash_attention=flash_attention, fp8=fp8,
             hidden_dropout=m.hidden_dropout, attention_dropout=m.attention_dropout, head_dim=m.head_dim,
-            qk_norm=m.qk_norm)
+            qk_norm=m.qk_norm, compiled=compiled)
 
     per_layer_act = layer_activations(recompute)
     # one layer rematerialised at a time during backward

@@ -91,6 +91,28 @@ def test_op_sac_keeps_the_region_input_and_every_other_mm():
     assert got < full
 
 
+def test_compiled_op_sac_drops_only_the_saved_outputs_no_backward_reads():
+    """torch.compile's partitioner keeps what the backward reads: the gated MLP's down-projection output
+    (2h a token) and, with TP, its reduce-scatter output (2h/t) go; nothing else moves, and a non-gated
+    MLP (whose fc2 output per-op SAC does not save) and the other recompute modes are unchanged."""
+    s, b, h, a, f = 8192, 2, 4096, 32, 14336
+    kw = {"recompute": "selective_op", "ffn_hidden_size": f, "num_query_groups": 8, "flash_attention": True}
+    for tp, rs in ((1, 0.0), (8, 2 * h / 8)):
+        sp = {"tp": tp, "sequence_parallel": tp > 1}
+        eager = activation_bytes_per_layer(s, b, h, a, gated_mlp=True, **sp, **kw)
+        compiled = activation_bytes_per_layer(s, b, h, a, gated_mlp=True, compiled=True, **sp, **kw)
+        assert eager - compiled == pytest.approx(s * b * (2 * h + rs), rel=1e-12)
+    assert (activation_bytes_per_layer(s, b, h, a, compiled=True, **kw)
+            == activation_bytes_per_layer(s, b, h, a, **kw))
+    for mode in ("none", "selective", "full"):
+        assert (activation_bytes_per_layer(s, b, h, a, recompute=mode, gated_mlp=True, compiled=True)
+                == activation_bytes_per_layer(s, b, h, a, recompute=mode, gated_mlp=True))
+    c = _llama8b()
+    mkw = {"dp": 8, "micro_batch_size": 2, "flash_attention": True, "recompute": "selective_op", "zero_stage": 3}
+    drop = memory_per_gpu(c, **mkw).activations - memory_per_gpu(c, compiled=True, **mkw).activations
+    assert drop == pytest.approx(c.num_layers * 2 * c.seq_length * 2 * c.hidden_size)
+
+
 def test_op_sac_reruns_every_second_gemm_and_the_kernels_it_does_not_save():
     ops = [SimpleNamespace(kind=k, i=i) for i, k in enumerate(
         ["normalization", "gemm", "elementwise", "attention", "gemm", "normalization", "gemm", "elementwise",

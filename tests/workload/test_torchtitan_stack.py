@@ -87,3 +87,23 @@ def test_explicit_model_keys_win_over_the_stack_default():
     assert len(gemms) == 4
     complex_ops = lambda t: [o for o in t.graph.block_ops(0, "fwd") if o.dtype == "complex64"]  # noqa: E731
     assert complex_ops(trace_rank(fused, cfg)) == [] and len(complex_ops(trace_rank(MC, cfg))) == 2
+
+
+def test_fsdp_attention_repeats_kv_heads_as_torchtitans_repeat_kv():
+    """torchtitan's ``repeat_kv`` before SDPA (grouped-query K and V copied to the query heads): per block
+    two copy kernels each reading the g heads and writing a*hs per token (2 bytes an element), SDPA on
+    a heads, and in backward two reductions of the a-head gradients back to g heads. Megatron's stack
+    passes the g heads to the kernel (no copies, no sums)."""
+    cfg = ParallelConfig(fsdp=True, global_batch_size=4).resolve(4)
+    seq, hs, a, g = MC.seq_length, MC.kv_channels, MC.num_attention_heads, MC.num_query_groups
+    t = trace_rank(MC, cfg).graph
+    copies = [o for o in t.block_ops(0, "fwd") if o.name == "aten.clone" and o.layer.endswith(".attn")]
+    assert [o.out_shapes[0] for o in copies] == [(1, seq, g, a // g, hs)] * 2
+    assert [o.bytes_accessed for o in copies] == [2 * seq * (g + a) * hs] * 2
+    sdpa_bwd = [o for o in t.block_ops(0, "bwd") if o.kind == "attention"]
+    assert [s[1] for s in sdpa_bwd[0].out_shapes[1:]] == [a, a]  # dK, dV on a heads
+    sums = [o for o in t.block_ops(0, "bwd") if o.name == "aten.sum" and o.layer.endswith(".attn")]
+    assert len(sums) == 2
+    meg = trace_rank(MC, ParallelConfig(global_batch_size=4).resolve(4)).graph
+    assert not [o for o in meg.block_ops(0, "fwd") if o.name == "aten.clone" and o.layer.endswith(".attn")]
+    assert [s[1] for s in [o for o in meg.block_ops(0, "bwd") if o.kind == "attention"][0].out_shapes[1:]] == [g, g]

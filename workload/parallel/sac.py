@@ -59,16 +59,29 @@ def op_sac_recomputed(block_fwd: Iterable[T]) -> list[T]:
 
 
 def op_sac_bytes(tokens: float, h: int, q: float, kv: float, f: float, a: int, t: int, sp: int,
-                 gated_mlp: bool) -> float:
+                 gated_mlp: bool, *, compiled: bool = False) -> float:
     """Bytes one block keeps under torchtitan's per-op selective checkpointing (:mod:`workload.memory`'s
     docstring), for ``tokens`` = s*b local tokens: the region's input, the odd-numbered ``mm`` outputs (wq,
     wv, the MLP's first and, gated, its down projection), SDPA's output and fp32 log-sum-exp, and with TP
-    the two reduce-scatter outputs."""
+    the two reduce-scatter outputs.
+
+    ``compiled`` (torch.compile of the block, as torchtitan applies it after the checkpoint wrapper): the
+    saved set is what AOTAutograd's min-cut partitioner keeps, and it keeps only tensors the backward reads
+    (``solve_min_cut`` in ``torch/_functorch/partitioners.py`` cuts between the forward and the nodes the
+    backward needs; a ``MUST_SAVE`` tag only bans recomputing a node). Eager SAC instead stores every
+    ``MUST_SAVE`` output as it runs (``_CachingTorchDispatchMode`` in ``torch/utils/checkpoint.py``). The
+    gated MLP's down projection output (mm 7, ``w2``) and, with TP, its reduce-scatter output only feed the
+    residual add, whose backward reads nothing, so compiled they are not kept: ``2h`` (and ``2h/t``) bytes
+    per token less. Every other kept tensor is read by the backward (wq's and wv's outputs rebuild SDPA's
+    inputs, w1's feeds SiLU's backward, SDPA's output the wo weight gradient, wo's reduce-scatter output the
+    MLP norm's input)."""
     layer_input = 2.0 * h / sp
     mm_widths = [q / t, kv / t, kv / t, h, f / t] + ([f / t, h] if gated_mlp else [h])
-    kept_mm = sum(mm_widths[0::2])  # mm 1, 3, 5, 7: every second one is recomputed
+    kept = mm_widths[0::2]  # mm 1, 3, 5, 7: every second one is recomputed
+    kept_mm = sum(kept[:-1] if compiled and gated_mlp else kept)
     sdpa = 2.0 * q / t + 4.0 * a / t
-    reduce_scatter = 2.0 * 2.0 * h / t if t > 1 else 0.0
+    kept_reduce_scatters = 1 if compiled and gated_mlp else 2
+    reduce_scatter = kept_reduce_scatters * 2.0 * h / t if t > 1 else 0.0
     return tokens * (layer_input + 2.0 * kept_mm + sdpa + reduce_scatter)
 
 

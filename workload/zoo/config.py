@@ -101,7 +101,9 @@ class TransformerConfig:
     """The block's input projections as separate GEMMs -- ``wq``, ``wk``, ``wv`` and SwiGLU's ``w1``, ``w3``
     (torchtitan's and Hugging Face's Llama) -- rather than Megatron-Core's fused ``linear_qkv`` and
     gate/up ``fc1``. Same parameters and FLOPs; each GEMM reads the input again, each data-gradient
-    GEMM writes a gradient that autograd then sums, and per-op SAC counts seven GEMMs. ``None`` (unset):
+    GEMM writes a gradient that autograd then sums, and per-op SAC counts seven GEMMs. With grouped-query
+    attention both models also copy K and V to the query heads before SDPA (``repeat_kv``,
+    :func:`workload.zoo.gpt.repeat_kv`), and the backward sums the copies' gradients. ``None`` (unset):
     the stack's own model -- separate under ``fsdp = true`` (PyTorch's stack, torchtitan's model), fused
     otherwise; an explicit ``true``/``false`` is kept."""
     rotary_complex: bool | None = None

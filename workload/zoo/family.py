@@ -167,10 +167,11 @@ class ModelFamily(ABC):
         """FLOPs per iteration; default :func:`traced_flops` of the rank's trace ``graph``."""
         return traced_flops(parallel, graph)
 
-    def memory(self, cfg: Any, parallel: ParallelConfig, dtype: str) -> MemoryBreakdown | None:
+    def memory(self, cfg: Any, parallel: ParallelConfig, dtype: str, *,
+               compiled: bool = False) -> MemoryBreakdown | None:
         """Peak memory of the busiest GPU (``None``: no memory model). Default: the transformer closed
-        forms (:func:`transformer_memory`) for a transformer."""
-        return transformer_memory(cfg, parallel, dtype) if self.transformer else None
+        forms (:func:`transformer_memory`) for a transformer; ``compiled``: ``[training] compile``."""
+        return transformer_memory(cfg, parallel, dtype, compiled=compiled) if self.transformer else None
 
     # -- Hugging Face ---------------------------------------------------------------------------
     def from_hf(self, d: dict[str, Any], *, name: str, seq_length: int | None) -> Any:
@@ -200,11 +201,11 @@ def traced_flops(parallel: ParallelConfig, graph: Any) -> Flops:
     return Flops(model, hw, TRACED_FLOPS_FORMULA)
 
 
-def transformer_memory(cfg: Any, parallel: ParallelConfig, dtype: str) -> MemoryBreakdown:
+def transformer_memory(cfg: Any, parallel: ParallelConfig, dtype: str, *, compiled: bool = False) -> MemoryBreakdown:
     """:func:`workload.memory.memory_per_gpu` (Korthikanti et al. 2022 closed forms, model states by ZeRO
     stage) for a transformer configuration under ``parallel``, training in ``dtype``. ``fsdp = true`` is
     PyTorch FSDP, torchtitan's stack: its loss is PyTorch's cross entropy on upcast logits
-    (``unfused_loss``)."""
+    (``unfused_loss``). ``compiled``: torch.compile of the blocks (``[training] compile``)."""
     p = parallel
     param_bytes, grad_bytes = state_bytes(dtype)
     flash = getattr(cfg, "attention_backend", "flash") != "unfused"
@@ -216,7 +217,7 @@ def transformer_memory(cfg: Any, parallel: ParallelConfig, dtype: str) -> Memory
         recompute=p.recompute_granularity, recompute_method=p.recompute_method,
         recompute_num_layers=p.recompute_num_layers, zero_stage=p.memory_zero_stage, param_bytes=param_bytes,
         grad_bytes=grad_bytes, flash_attention=flash,
-        fp8=dtype == "fp8", unfused_loss=p.fsdp, stage_layers=p.stage_layers(cfg.num_layers))
+        fp8=dtype == "fp8", unfused_loss=p.fsdp, stage_layers=p.stage_layers(cfg.num_layers), compiled=compiled)
     if p.zero_impl == "deepspeed":  # DeepSpeed's per-module buffers, not FSDP's per-layer ones
         mem = with_deepspeed_stage3(mem, cfg, p, param_bytes, grad_bytes, flash_attention=flash, fp8=dtype == "fp8")
     return mem

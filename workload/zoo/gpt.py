@@ -105,12 +105,15 @@ class SelfAttention(nn.Module):
         v = v.view(B, T, self.n_kv, hs).transpose(1, 2)  # (B, nkv/tp, T, hs)
         if rope is not None and len(rope) == 2:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if self.separate and self.backend != "unfused" and self.n_kv != self.n_head:
+            rep = self.n_head // self.n_kv  # repeated in torchtitan's (B, T, heads, hs) layout
+            k, v = (repeat_kv(t.transpose(1, 2), rep).transpose(1, 2) for t in (k, v))
         if self.backend != "unfused" and self.masked:  # one fused kernel with the window / ALiBi
             y = masked_attention(q, k, v, self.attention_pattern, is_causal=self.causal,
-                                 enable_gqa=self.n_kv != self.n_head)  # (B, nh/tp, T, hs)
+                                 enable_gqa=k.shape[1] != q.shape[1])  # (B, nh/tp, T, hs)
         elif self.backend != "unfused":  # one fused kernel (which one: the cost model's business)
             y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal,
-                                               enable_gqa=self.n_kv != self.n_head)  # (B, nh/tp, T, hs)
+                                               enable_gqa=k.shape[1] != q.shape[1])  # (B, nh/tp, T, hs)
         else:
             y = self._unfused(q, k, v)
         y = y.transpose(1, 2).reshape(B, T, self.n_head * hs)  # (B, T, C/tp)
@@ -132,6 +135,16 @@ class SelfAttention(nn.Module):
         if self.attn_dropout:
             probs = F.dropout(probs, self.attn_dropout)
         return torch.bmm(probs, v).view(B, H, T, hs)  # (B, nh/tp, T, hs)
+
+
+def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """K or V heads repeated to the query heads, (B, T, g, d) -> (B, T, g·n_rep, d), materialised: torchtitan's
+    ``repeat_kv`` (``torchtitan/models/llama3/model.py`` at the Dec 2024 and Jun 2025 benchmark commits 9dec370
+    and 820504e; Hugging Face's Llama has the same) -- ``unsqueeze``, ``expand``, ``reshape``, a copy kernel
+    writing ``n_rep`` times the heads -- before SDPA, which then runs as multi-head attention. Its backward
+    sums the ``n_rep`` gradients (a reduction); per-op SAC recomputes the copy (not in ``_save_list``)."""
+    b, t, g, d = x.shape
+    return x.unsqueeze(3).expand(b, t, g, n_rep, d).reshape(b, t, g * n_rep, d)
 
 
 def apply_rope_complex(x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:

@@ -93,9 +93,9 @@ class ResNetFamily(ModelFamily):
         self.check_sizes(cfg, tp=tp.size if tp is not None else 1, ep=ep)
         return ResNet(cfg)
 
-    def memory(self, cfg: ResNetConfig, parallel: ParallelConfig, dtype: str):
+    def memory(self, cfg: ResNetConfig, parallel: ParallelConfig, dtype: str, *, compiled: bool = False):
         """Model states by ZeRO stage and the tensors autograd saves in the traced forward (images and
-        integer targets from :meth:`ResNet.example_inputs`)."""
+        integer targets from :meth:`ResNet.example_inputs`); ``compiled`` changes nothing here."""
         with torch.device("meta"):
             module = self.build(cfg)
         return saved_tensor_memory(module, cfg.name, parallel, dtype)
