@@ -21,12 +21,12 @@ Of the 34: 10 s*b*h are never split by TP (two layer-norm inputs 4, the QKV and 
 dropout masks 2), 24 s*b*h are (Q, K, V 6, attention-projection input 2, GeLU input and output 16);
 5*a*s^2*b is the attention score, softmax and dropout.
 
-**Dropout**: the paper's figures assume dropout on (GPT-3, Megatron: 0.1). Megatron stores no mask for a dropout of
-probability 0 (``torch.nn.functional.dropout`` returns its input), so with ``hidden_dropout`` 0 the two per-layer
-masks (``2sbh``) and the embedding's (``sbh``) go, and with ``attention_dropout`` 0 the attention core keeps only the
-softmax output, ``2*a*s^2*b`` of the ``5*a*s^2*b`` (the ``a*s^2*b`` mask and the ``2*a*s^2*b`` dropout output go; with
-FlashAttention nothing changes: it regenerates its mask from the RNG state). A config without dropout fields gets
-Megatron's defaults, 0.1 and 0.1.
+**Dropout**: the paper's figures assume dropout on (GPT-3, Megatron: 0.1). Megatron stores no mask for a
+dropout of probability 0 (``torch.nn.functional.dropout`` returns its input), so with ``hidden_dropout``
+0 the two per-layer masks (``2sbh``) and the embedding's (``sbh``) go, and with ``attention_dropout`` 0
+the attention core keeps only the softmax output, ``2*a*s^2*b`` of the ``5*a*s^2*b`` (the ``a*s^2*b``
+mask and the ``2*a*s^2*b`` dropout output go; with FlashAttention nothing changes: it regenerates its
+mask from the RNG state). A config without dropout fields gets Megatron's defaults, 0.1 and 0.1.
 
 :func:`activation_bytes_per_layer` computes the same decomposition for any MLP width, grouped-query
 attention, SwiGLU and top-k MoE; for GPT (4h GeLU MLP, MHA) it is exactly the paper's closed forms. With
@@ -34,26 +34,26 @@ full recompute Table 2 lists ``2sbhL`` (no SP); with SP Megatron checkpoints the
 input, so this module uses ``2sbh/t`` then. Full recomputation of some layers only (Megatron-LM's
 ``--recompute-method uniform|block``) stores per chunk what :mod:`workload.parallel.recompute` gives.
 
-**Pipeline** (§4.2.3): with 1F1B the first stage holds ``p`` micro-batches in flight, each over ``L/p`` layers,
-i.e. ``L`` layers' worth regardless of ``p``; stage ``i`` holds ``p - i``. Uneven stages (``stage_layers``, e.g.
-Megatron's ``num_layers_in_first_pipeline_stage``) scale a stage's parameters and activations with its own layer
-count; the busiest stage is reported. Interleaving with ``v`` model chunks per stage multiplies the first stage's
-by ``1 + (p-1)/(p*v)``.
+**Pipeline** (§4.2.3): with 1F1B the first stage holds ``p`` micro-batches in flight, each over ``L/p``
+layers, i.e. ``L`` layers' worth regardless of ``p``; stage ``i`` holds ``p - i``. Uneven stages
+(``stage_layers``, e.g. Megatron's ``num_layers_in_first_pipeline_stage``) scale a stage's parameters and
+activations with its own layer count; the busiest stage is reported. Interleaving with ``v``
+model chunks per stage multiplies the first stage's by ``1 + (p-1)/(p*v)``.
 
-**Other activations** (§4.3): the embedding dropout mask, ``s*b*h`` bytes (/t with SP) per micro-batch in flight
-on the first stage; and on the last stage the final layer norm input ``2sbh``, the output projection input
-``2sbh`` (both /t with SP) and the fp32 logits ``4*s*b*V/t`` for the loss (``4sbh/t*(1 + V/h)`` with SP, the
-paper's figure for p = 1).
+**Other activations** (§4.3): the embedding dropout mask, ``s*b*h`` bytes (/t with SP) per micro-batch in
+flight on the first stage; and on the last stage the final layer norm input ``2sbh``, the output
+projection input ``2sbh`` (both /t with SP) and the fp32 logits ``4*s*b*V/t`` for the loss
+(``4sbh/t*(1 + V/h)`` with SP, the paper's figure for p = 1).
 
-**Model states** (mixed-precision Adam): bf16 parameters (2 bytes/param); gradients in **fp32, 4 bytes/param, by
-default**, because Megatron-LM accumulates and all-reduces main gradients in fp32 for bf16 training
-(``accumulate_allreduce_grads_in_fp32``, set automatically with ``--bf16``); ``grad_bytes=2`` gives the ZeRO
-paper's fp16 gradients. Optimizer: fp32 master weights + two fp32 Adam moments = 12 bytes/param (8 when parameters
-are already fp32). Totals per parameter: 18 bytes (Megatron-LM's distributed-optimizer doc: "bf16 param, fp32
-grads: 18 bytes, 6 + 12/d with the distributed optimizer") or 16 (ZeRO, Rajbhandari et al. 2020, arXiv:1910.02054,
-with K = 12). ZeRO stage 1 shards optimizer states over the data-parallel ranks (dp x cp: context-parallel ranks
-hold the same weights), stage 2 also gradients, stage 3 also parameters. fp16's optimizer step adds fp32 copies of
-the gradients (:attr:`MemoryBreakdown.optimizer_step_grads`).
+**Model states** (mixed-precision Adam): bf16 parameters (2 bytes/param); gradients in **fp32, 4 bytes/param,
+by default**, because Megatron-LM accumulates and all-reduces main gradients in fp32 for bf16 training
+(``accumulate_allreduce_grads_in_fp32``, set automatically with ``--bf16``); ``grad_bytes=2`` gives the
+ZeRO paper's fp16 gradients. Optimizer: fp32 master weights + two fp32 Adam moments = 12 bytes/param
+(8 when parameters are already fp32). Totals per parameter: 18 bytes (Megatron-LM's distributed-optimizer
+doc: "bf16 param, fp32 grads: 18 bytes, 6 + 12/d with the distributed optimizer") or 16 (ZeRO, Rajbhandari
+et al. 2020, arXiv:1910.02054, with K = 12). ZeRO stage 1 shards optimizer states over the data-parallel
+ranks (dp x cp: context-parallel ranks hold the same weights), stage 2 also gradients, stage 3 also
+parameters. fp16's optimizer step adds fp32 copies of the gradients (:attr:`MemoryBreakdown.optimizer_step_grads`).
 
 **FP8 training** (``fp8=True``; Transformer Engine's hybrid recipe, :mod:`workload.fp8`): the bf16
 parameters, fp32 gradients and fp32 optimizer states stay; TE adds an FP8 copy of every FP8-GEMM weight
@@ -71,8 +71,8 @@ input for the weight gradient instead of the bf16 one (1 byte per element, Korth
 so GPT with FlashAttention stores ``s*b*h*(8 + 21/t)`` per layer instead of ``s*b*h*(10 + 24/t)`` (plus the softmax
 statistics). The layer input saved by full recomputation, the norm inputs, Q/K/V and the GeLU/SwiGLU input stay bf16.
 
-**torchtitan's per-op selective checkpointing** (``recompute = "selective_op"``, :mod:`workload.parallel.sac`):
-each block keeps its input (``2sbh``, /t with SP) and the outputs its policy saves (:func:`activation_bytes_per_layer`).
+**torchtitan's per-op selective checkpointing** (``recompute = "selective_op"``): a block keeps its input (``2sbh``, /t
+with SP), every second ``mm``'s output, SDPA's and the TP reduce-scatters' (:func:`workload.parallel.sac.op_sac_bytes`).
 
 The framework's own memory (CUDA context, NCCL buffers, cuBLAS workspace, the caching allocator's
 reserved-but-unallocated bytes) and the HBM a process can use are :mod:`workload.allocator`'s;
