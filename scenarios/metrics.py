@@ -163,6 +163,8 @@ def memory_dict(mem: Any, gpu: Any) -> dict[str, Any]:
                     "reserved_bytes": mem.reserved, "cuda_context_bytes": mem.cuda_context,
                     "nccl_buffers_bytes": mem.nccl_buffers, "device_used_bytes": mem.device_used,
                     "usable_hbm_bytes": mem.usable_hbm})
+        if mem.optimizer_step_grads:  # fp16: the optimizer step's fp32 gradient copies (new key, fp16 only)
+            out["optimizer_step_grads_bytes"] = mem.optimizer_step_grads
         g, r = (mem.detail.get(k, 0) for k in ("deepspeed_gathered_elements", "deepspeed_gradient_elements"))
         if g + r:  # DeepSpeed ZeRO-3's two transient terms (workload.parallel.deepspeed_memory)
             out.update({"deepspeed_gathered_parameters_bytes": mem.gather_buffers * g / (g + r),

@@ -53,7 +53,7 @@ ZeRO paper's fp16 gradients. Optimizer: fp32 master weights + two fp32 Adam mome
 doc: "bf16 param, fp32 grads: 18 bytes, 6 + 12/d with the distributed optimizer") or 16 (ZeRO, Rajbhandari
 et al. 2020, arXiv:1910.02054, with K = 12). ZeRO stage 1 shards optimizer states over the data-parallel
 ranks (dp x cp: context-parallel ranks hold the same weights), stage 2 also gradients, stage 3 also
-parameters.
+parameters. fp16's optimizer step adds fp32 copies of the gradients (:attr:`MemoryBreakdown.optimizer_step_grads`).
 
 **FP8 training** (``fp8=True``; Transformer Engine's hybrid recipe, :mod:`workload.fp8`): the bf16
 parameters, fp32 gradients and fp32 optimizer states stay; TE adds an FP8 copy of every FP8-GEMM weight
@@ -65,22 +65,14 @@ input for the weight gradient instead of the bf16 one (1 byte per element, Korth
 
     QKV input, MLP input (norm outputs, quantised by the fused norm)   2 -> 1   (replicated part)
     fc2 input (GeLU / SwiGLU output)                                   2f -> 1f (split part, per token)
-    attention projection input                                         2 -> 1, or 2 -> 2 + 1 with
-                                                                       FlashAttention (which keeps its bf16
-                                                                       output O for its own backward)
+    attention projection input                                         2 -> 1 (2 -> 2 + 1 with FlashAttention,
+                                                                       which keeps its bf16 output O)
 
-so GPT with FlashAttention stores ``s*b*h*(8 + 21/t)`` per layer instead of ``s*b*h*(10 + 24/t)`` (plus the
-softmax statistics). The layer input saved by full recomputation, the norm inputs, Q/K/V and the GeLU/SwiGLU
-input stay bf16.
+so GPT with FlashAttention stores ``s*b*h*(8 + 21/t)`` per layer instead of ``s*b*h*(10 + 24/t)`` (plus the softmax
+statistics). The layer input saved by full recomputation, the norm inputs, Q/K/V and the GeLU/SwiGLU input stay bf16.
 
-**torchtitan's per-op selective checkpointing** (``recompute = "selective_op"``, torchtitan
-``activation_checkpoint.mode = "selective"``, ``selective_ac_option = "op"``, ``_save_list`` in
-``torchtitan/models/llama3/parallelize_llama.py``): each block is a checkpoint region whose input is kept
-(``2sbh``, /t with SP); inside it the outputs of ``aten.mm`` are saved except every second one, and those
-of SDPA (output and fp32 log-sum-exp) and of the TP reduce-scatters; everything else is recomputed.
-torchtitan's Llama runs wq, wk, wv, wo, w1, w3, w2 as seven ``mm``: wq, wv, w1 (gate) and w2 outputs are
-kept (w2's before its reduce-scatter: a TP partial sum, ``2sbh`` whole), wk, wo, w3 recomputed; a
-non-gated MLP keeps fc1. See :func:`activation_bytes_per_layer`.
+**torchtitan's per-op selective checkpointing** (``recompute = "selective_op"``): a block keeps its input (``2sbh``, /t
+with SP), every second ``mm``'s output, SDPA's and the TP reduce-scatters' (:func:`workload.parallel.sac.op_sac_bytes`).
 
 The framework's own memory (CUDA context, NCCL buffers, cuBLAS workspace, the caching allocator's
 reserved-but-unallocated bytes) and the HBM a process can use are :mod:`workload.allocator`'s;
@@ -99,8 +91,7 @@ from workload.parallel.recompute import stage_chunks, stored_activations
 from workload.parallel.sac import op_sac_bytes
 
 RECOMPUTE_MODES = ("none", "selective", "full", "selective_op")
-"""Activation recomputation: none, selective (attention core, Korthikanti §5), full (whole layer),
-selective_op (torchtitan's per-op selective checkpointing, module docstring)."""
+"""Activation recomputation: none, selective (attention core), full (whole layer), selective_op (torchtitan's)."""
 
 _MISSING = object()
 
@@ -129,8 +120,7 @@ class TransformerShape:
     num_query_groups: int
     """Key/value heads (= a without grouped-query attention)."""
     head_dim: int | None = None
-    """Channels per head, d; ``None`` means h / a. Qwen3: 128 with h / a = 64, so the query and
-    attention-output width ``a*d`` is not h."""
+    """Channels per head, d; ``None`` means h / a (Qwen3: 128 with h / a = 64: ``a*d`` is not h)."""
     ffn_hidden_size: int
     """MLP inner width f (per expert)."""
     seq_length: int
@@ -413,6 +403,9 @@ class MemoryBreakdown:
     """FP8 training: Transformer Engine's cached FP8 copies of the FP8-GEMM weights (and transposes)."""
     gather_buffers: float = 0.0
     """ZeRO-3 / FSDP: the unsharded parameters and gradient of the units being gathered and reduced."""
+    optimizer_step_grads: float = 0.0
+    """fp16 training: the fp32 copies of the gradients the optimizer step holds beside the fp16 ones, once
+    the backward's activations are freed."""
     stage: int = 0
     """Pipeline stage this breakdown is for (the one with the largest total unless asked)."""
     params_per_gpu: float = 0.0
@@ -437,9 +430,14 @@ class MemoryBreakdown:
         return self.parameters + self.gradients + self.optimizer_states
 
     @property
-    def total(self) -> float:
-        """The tensors the model counts (bytes): model states, FP8 copies, activations, recompute workspace."""
+    def backward_peak(self) -> float:
+        """Tensors at the backward's peak (bytes): model states, FP8 copies, activations, recompute workspace."""
         return self.model_states + self.fp8_weights + self.activations + self.workspace + self.gather_buffers
+
+    @property
+    def total(self) -> float:
+        """Tensors at their peak (bytes): :attr:`backward_peak`, or the optimizer step's (no activations)."""
+        return max(self.backward_peak, self.model_states + self.fp8_weights + self.optimizer_step_grads)
 
     @property
     def allocated(self) -> float:
@@ -450,8 +448,9 @@ class MemoryBreakdown:
     @property
     def reserved(self) -> float:
         """Peak bytes the caching allocator holds (``torch.cuda.max_memory_reserved``, torchtitan's logged
-        memory): :attr:`allocated` and fragmentation."""
-        return self.allocated + self.fragmentation
+        memory): :attr:`allocated` + fragmentation at the backward's peak; at the step cached blocks are freed."""
+        return max(self.backward_peak + self.cublas_workspace + self.fragmentation,
+                   self.model_states + self.fp8_weights + self.optimizer_step_grads + self.cublas_workspace)
 
     @property
     def device_used(self) -> float:
@@ -466,8 +465,7 @@ class MemoryBreakdown:
 
     def fits(self, gpu_hbm_bytes: float | Any, headroom_bytes: float = 0.0) -> bool:
         """Whether the memory + ``headroom_bytes`` fits: for a GPUSpec once the framework's figures are set,
-        :attr:`device_used` (reserved + context + NCCL) against :attr:`usable_hbm`; otherwise
-        :attr:`total` against ``gpu_hbm_bytes`` (a number, or a GPUSpec's ``hbm_capacity_bytes``)."""
+        :attr:`device_used` against :attr:`usable_hbm`; else :attr:`total` against ``gpu_hbm_bytes`` (or a GPUSpec)."""
         need, cap, _ = self._need_and_cap(gpu_hbm_bytes, headroom_bytes)
         return need <= cap
 
@@ -480,6 +478,8 @@ class MemoryBreakdown:
             parts += f", fp8 weight copies {_fmt(self.fp8_weights)}"
         if self.workspace:
             parts += f", recompute workspace {_fmt(self.workspace)}"
+        parts += f", fp32 gradient copies at the optimizer step {_fmt(self.optimizer_step_grads)}" * bool(
+            self.optimizer_step_grads)
         g, r = (self.detail.get(f"deepspeed_{k}_elements", 0) for k in ("gathered", "gradient"))  # DeepSpeed's
         parts += (f", gathered parameters {_fmt(self.gather_buffers * g / (g + r))}, unpartitioned gradients "
                   f"{_fmt(self.gather_buffers * r / (g + r))}" if g + r else  # two parts, or FSDP's one term

@@ -350,10 +350,12 @@ class ScreenContext:
             return ""
         need, cap = self.hbm_limit(mem)
         terms = {"parameters": mem.parameters, "gradients": mem.gradients, "optimizer states": mem.optimizer_states,
-                 "activations": mem.activations, "recompute workspace": mem.workspace, "fp8 weights": mem.fp8_weights}
+                 "activations": mem.activations, "recompute workspace": mem.workspace, "fp8 weights": mem.fp8_weights,
+                 "fp32 gradient copies": mem.optimizer_step_grads}
         name, value = max(terms.items(), key=lambda kv: kv[1])
-        return (f"OOM by {(need - cap) / 1e9:.2f} GB: needs {need / 1e9:.2f} GB > {cap / 1e9:.1f} GB usable HBM; "
-                f"largest term {name} {value / 1e9:.1f} GB (stage {mem.stage})")
+        when = " at the optimizer step" * (mem.total > mem.backward_peak)  # fp16's fp32 gradient copies
+        return (f"OOM by {(need - cap) / 1e9:.2f} GB{when}: needs {need / 1e9:.2f} GB > {cap / 1e9:.1f} GB usable "
+                f"HBM; largest term {name} {value / 1e9:.1f} GB (stage {mem.stage})")
 
     # -- time ------------------------------------------------------------------------------------------
     def _megatron_flops(self) -> float | None:

@@ -60,7 +60,7 @@ def op_sac_recomputed(block_fwd: Iterable[T]) -> list[T]:
 
 def op_sac_bytes(tokens: float, h: int, q: float, kv: float, f: float, a: int, t: int, sp: int,
                  gated_mlp: bool, *, compiled: bool = False) -> float:
-    """Bytes one block keeps under torchtitan's per-op selective checkpointing (:mod:`workload.memory`'s
+    """Bytes one block keeps under torchtitan's per-op selective checkpointing (module
     docstring), for ``tokens`` = s*b local tokens: the region's input, the odd-numbered ``mm`` outputs (wq,
     wv, the MLP's first and, gated, its down projection), SDPA's output and fp32 log-sum-exp, and with TP
     the two reduce-scatter outputs.

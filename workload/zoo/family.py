@@ -220,7 +220,20 @@ def transformer_memory(cfg: Any, parallel: ParallelConfig, dtype: str, *, compil
         fp8=dtype == "fp8", unfused_loss=p.fsdp, stage_layers=p.stage_layers(cfg.num_layers), compiled=compiled)
     if p.zero_impl == "deepspeed":  # DeepSpeed's per-module buffers, not FSDP's per-layer ones
         mem = with_deepspeed_stage3(mem, cfg, p, param_bytes, grad_bytes, flash_attention=flash, fp8=dtype == "fp8")
+    elif dtype == "fp16" and not p.fsdp:
+        mem = replace(mem, optimizer_step_grads=fp16_optimizer_grad_copies(mem))
     return mem
+
+
+def fp16_optimizer_grad_copies(mem: MemoryBreakdown) -> float:
+    """Bytes of the fp32 gradient copies Megatron-LM's fp16 optimizer holds at its step, beside the fp16
+    gradients (which stay until the next iteration's ``zero_grad``): ``main_param.grad =
+    model_param.grad.float()`` for each fp16 parameter (``Float16OptimizerWithFloat16Params.
+    _copy_model_grads_to_main_grads``, ``megatron/optimizer/optimizer.py``; v2.0's ``FP16OptimizerWithFP16Params``
+    copies into fp32 ``.grad`` tensors it keeps; the distributed optimizer copies its shard): 4 bytes per
+    element the fp32 master weights cover, a third of the 12-byte optimizer states, sharded as they are.
+    With bf16 the main gradients are fp32 already and ``.float()`` copies nothing."""
+    return mem.optimizer_states / 3
 
 
 def saved_tensor_memory(module: nn.Module, name: str, parallel: ParallelConfig, dtype: str) -> MemoryBreakdown:
