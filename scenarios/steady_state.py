@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any, cast
 
 from hwmodel.runtime import RunResult
@@ -152,6 +153,10 @@ def extrapolated(prep: Any, plan: SteadyPlan, flops: tuple[float, float, str],
     return report
 
 
+_load = itemgetter(1)
+"""A timeline point's load."""
+
+
 class ExtrapolatedLink:
     """A link of the extrapolated iteration: its ``carried`` bytes extrapolated, and as ``timeline`` a
     step function with those bytes at the simulated run's peak rate -- what
@@ -163,7 +168,7 @@ class ExtrapolatedLink:
     def __init__(self, link: Any, carried: float) -> None:
         self.name, self.index, self.nominal_capacity = link.name, link.index, link.nominal_capacity
         self.carried = carried
-        peak = max((u for _, u in link.timeline), default=0.0)
+        peak = max(link.timeline, key=_load, default=(0.0, 0.0))[1]
         self.timeline = [(0.0, peak), (carried / peak, 0.0)] if peak > 0 and carried > 0 else []
 
 
