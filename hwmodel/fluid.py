@@ -660,8 +660,12 @@ def _add_loads(weights: Iterable[tuple[Resource, float]], rate: float, now: floa
         if load <= 0 or not r.users:
             load = 0.0
         r.load = load
-        if record and load + side != total_old:
-            _record_total(r, now, load + side)
+        if record and load + side != total_old:  # (_record_total, inlined: millions of calls)
+            timeline = r.timeline
+            if timeline and timeline[-1][0] == now:
+                timeline[-1] = (now, load + side)
+            else:
+                timeline.append((now, load + side))
 
 
 def _record_total(r: Resource, now: float, total: float) -> None:

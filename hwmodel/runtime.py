@@ -80,7 +80,7 @@ class RunResult:
 
 
 class _Rendezvous:
-    __slots__ = ("op", "arrived", "started", "done", "plan", "task_desc", "start_time")
+    __slots__ = ("op", "arrived", "started", "done", "plan", "start_time")
 
     def __init__(self, op: Collective, env: simpy.Environment, plan: Plan) -> None:
         self.op = op
@@ -88,7 +88,6 @@ class _Rendezvous:
         self.started = False
         self.done: simpy.Event = env.event()
         self.plan = plan
-        self.task_desc: dict[int, str] = {}
         self.start_time = 0.0
 
 
@@ -160,6 +159,9 @@ class Runtime:
         self._sim_nodes = {topo.node_of(self.placement[r]) for r in self.programs}
         self.mirrored_activities = 0
         self._mirror_plans: dict[tuple, list[Plan]] = {}
+        # a collective's plan and simulated member count, a transfer's plan: the same for every repeat
+        self._plans: dict[tuple, Plan] = {}
+        self._expected: dict[tuple[int, ...], int] = {}
         self._tasks_done = 0
         self._tasks_total = 0
         self._progress: Callable[[int, int], None] | None = None
@@ -249,13 +251,17 @@ class Runtime:
         seq = self._coll_seq[key_seq]
         self._coll_seq[key_seq] = seq + 1
         key = (group, seq)
+        mkey = (group, op.op, op.size_bytes, op.dtype, op.root, op.algorithm, op.protocol)
         rdv = self._rdv.get(key)
         if rdv is None:
-            if len(set(group)) != len(group):
-                dup = sorted({r for r in group if group.count(r) > 1})
-                raise ValueError(f"collective {op.op} ({op.name or 'unnamed'}): duplicate ranks {dup} "
-                                 f"in group {group}")
-            rdv = _Rendezvous(op, self.env, self.nccl.plan(op, tuple(self.placement[r] for r in group)))
+            plan = self._plans.get(mkey)
+            if plan is None:  # (the engine's own cache is keyed alike: the same object)
+                if len(set(group)) != len(group):
+                    dup = sorted({r for r in group if group.count(r) > 1})
+                    raise ValueError(f"collective {op.op} ({op.name or 'unnamed'}): duplicate ranks {dup} "
+                                     f"in group {group}")
+                plan = self._plans[mkey] = self.nccl.plan(op, tuple(self.placement[r] for r in group))
+            rdv = _Rendezvous(op, self.env, plan)
             self._rdv[key] = rdv
         elif (rdv.op.op, rdv.op.size_bytes, rdv.op.dtype, rdv.op.root) != (op.op, op.size_bytes, op.dtype,
                                                                            op.root):
@@ -264,17 +270,18 @@ class Runtime:
                 f"collective #{seq} on group {group}: rank {first} issued {_desc(rdv.op)} but rank {rank} "
                 f"issued {_desc(op)} (task {t.id}); real NCCL would hang here")
         rdv.arrived[rank] = self.env.now
-        rdv.task_desc[rank] = f"task {t.id} {_desc(op)}"
         gpu = self.cluster.gpus[self.placement[rank]]
         channels = rdv.plan.n_channels
         gpu.hold_sms(channels)
         self._waiting_on[(rank, stream)] = ("collective", t.id, op, seq)
-        expected = len(group) if self.mirror is None else sum(1 for r in group if r in self.programs)
+        expected = self._expected.get(group)
+        if expected is None:
+            expected = self._expected[group] = len(group) if self.mirror is None else \
+                sum(1 for r in group if r in self.programs)
         if len(rdv.arrived) == expected:
             rdv.started = True
             rdv.start_time = self.env.now
             del self._rdv[key]
-            mkey = (group, op.op, op.size_bytes, op.dtype, op.root, op.algorithm, op.protocol)
             mirrors = self._mirror_plans.get(mkey)
             if mirrors is None:
                 mirrors = self._mirror_plans[mkey] = [self.nccl.plan(op, gpus) for gpus in self._mirrors(group)]
@@ -307,10 +314,10 @@ class Runtime:
                 raise CollectiveMismatchError(
                     f"send/recv between ranks {pair[0]}->{pair[1]}: sizes differ "
                     f"({other_op.size_bytes} vs {op.size_bytes} bytes)")
-            plan = self.nccl.plan_p2p(self.placement[pair[0]], self.placement[pair[1]], op.size_bytes)
+            mkey = (pair[:2], op.size_bytes)
+            plan = self._p2p_plan(mkey)
             gpu.hold_sms(plan.n_channels)
             now = self.env.now
-            mkey = (pair[:2], op.size_bytes)
             mirrors = self._mirror_plans.get(mkey)
             if mirrors is None:
                 mirrors = self._mirror_plans[mkey] = [self.nccl.plan_p2p(src, dst, op.size_bytes)
@@ -321,12 +328,20 @@ class Runtime:
             done = self.env.event()
             mine[pair].append((op, done))
             # Hold this side's SMs while waiting, with the channel count the transfer will use.
-            plan = self.nccl.plan_p2p(self.placement[pair[0]], self.placement[pair[1]], op.size_bytes)
+            plan = self._p2p_plan((pair[:2], op.size_bytes))
             gpu.hold_sms(plan.n_channels)
         xfer_start = yield done
         gpu.release_sms(plan.n_channels)
         self.events.append(TraceEvent(rank, stream, t.id, op.name or op.direction, op.direction, start,
                                       self.env.now, "", "", P2PInfo(op.peer, op.size_bytes), xfer_start))
+
+    def _p2p_plan(self, key: tuple[tuple[int, ...], int]) -> Plan:
+        """The plan of a transfer ``((src, dst), size_bytes)`` (the engine's, kept: it does not change)."""
+        plan = self._plans.get(key)
+        if plan is None:
+            (src, dst), size = key
+            plan = self._plans[key] = self.nccl.plan_p2p(self.placement[src], self.placement[dst], size)
+        return plan
 
     def _mirrors(self, ranks: tuple[int, ...], *, directed: bool = False) -> list[tuple[str, ...]]:
         """GPU tuples of the mirrors of ``ranks`` worth simulating (see ``mirror``); ``directed``: ``ranks``

@@ -30,13 +30,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any, cast
 
 from hwmodel.runtime import RunResult
 from scenarios.analysis import RankBreakdown
 from scenarios.metrics import run_metrics
 
-__all__ = ["MIN_MICROBATCHES", "MIN_PIPELINE_M1", "SteadyPlan", "extrapolated", "plan_for"]
+__all__ = ["MIN_MICROBATCHES", "MIN_PIPELINE_M1", "STEADY_M1_PIPELINES", "SteadyPlan", "extrapolated", "plan_for"]
 
 MIN_MICROBATCHES = 32
 """Fewer micro-batches per pipeline than this are simulated in full (the saving would be small)."""
@@ -46,6 +47,14 @@ embedding on the first, the loss on the last) and share the fabric with data-par
 into their period slowly: sc21-gpt-39b (PP 2, v 2, DP 32) gains 0.288362, 0.288560, 0.288678 s per
 micro-batch from 12 to 24 micro-batches against 0.288741 s from 48 on, so (4, 8) missed its 48-micro-batch
 iteration by 0.26 % and rank 0's bubble by 0.5 % of the iteration; from 16 on the miss is < 0.05 %."""
+STEADY_M1_PIPELINES = 2
+"""The smaller simulated count is at least this many pipelines' worth (``2p``) with the interleaved
+schedule (and GPipe, not measured at ``p``); with 1F1B one pipeline's worth (``p``) is steady (measured
+at PP 16 to 64 in ``tests/scenarios/test_steady_state_deep.py``). Interleaved, at ``m = p`` the iteration
+time is already on the steady line (PP 16 x DP 2 on A100, v 2: 0.234897 s per 16 micro-batches from 16
+to 80, to 1e-9), but the first stages, whose warm-up then covers every forward, hold SMs for posted
+receives longer: rank 0 computed 0.1840 s more from 16 to 32 micro-batches against 0.1894 s per period
+from 32 on, so (16, 32) missed its compute at 80 by 1.3 % of the iteration, and (32, 48) by 1e-6."""
 
 
 @dataclass(frozen=True)
@@ -66,17 +75,20 @@ def plan_for(cfg: Any, simulation: dict[str, Any]) -> SteadyPlan | None:
     The rule (the same for every scenario): a period is ``p`` micro-batches (the interleaved schedule's
     block; 1F1B and GPipe repeat each micro-batch, but the same ``p`` keeps each stage's phase), at
     least 4 micro-batches. ``m1`` is the smallest count congruent to ``m`` modulo the period that is
-    >= ``2p`` -- every stage of an interleaved schedule then has a steady phase, whose warm-up is
-    ``2(p - s - 1) + (v - 1)p`` virtual micro-batches -- and, with a pipeline, >= 16
-    (:data:`MIN_PIPELINE_M1`); ``m2 = m1 + period``. It applies when ``m >= MIN_MICROBATCHES`` and
-    ``m1 + m2 < 3m / 4``: over a quarter fewer micro-batches, since each run has its fixed costs
-    (the hierarchical engine's step 1, the metrics); sc21-gpt-39b's 16 + 20 of 48 was no faster.
-    """
+    >= ``p`` with 1F1B (the warm-up of stage ``s`` is ``p - s - 1`` forwards: from ``p`` on every stage
+    has a steady phase) and >= ``2p`` otherwise (interleaved, the warm-up ``2(p - s - 1) + (v - 1)p``
+    virtual micro-batches, covers all ``vp`` of the first stages at ``m = p``: the iteration time is then
+    already on the steady line, but their compute / bubble split is not -- :data:`STEADY_M1_PIPELINES`),
+    and, with a pipeline, >= 16 (:data:`MIN_PIPELINE_M1`); ``m2 = m1 + period``. It applies when
+    ``m >= MIN_MICROBATCHES`` and ``m1 + m2 < 3m / 4``: over a quarter fewer micro-batches, since each run
+    has its fixed costs (the hierarchical engine's step 1, the metrics); sc21-gpt-39b's 16 + 20 of 48 was
+    no faster."""
     if simulation.get("steady_state", "auto") == "off":
         return None
     p, m = cfg.pp, cfg.num_microbatches
     period = p * -(-4 // p)  # whole pipelines' worth, at least 4 micro-batches
-    m1 = max(2 * p, MIN_PIPELINE_M1 if p > 1 else 4)
+    pipelines = 1 if cfg.schedule == "1f1b" else STEADY_M1_PIPELINES
+    m1 = max(pipelines * p, MIN_PIPELINE_M1 if p > 1 else 4)
     m1 += (m - m1) % period
     m2 = m1 + period
     if m < MIN_MICROBATCHES or 4 * (m1 + m2) >= 3 * m:
@@ -95,7 +107,8 @@ def extrapolated(prep: Any, plan: SteadyPlan, flops: tuple[float, float, str],
 
     Args:
         prep: the real :class:`scenarios.runner.Prepared`; each simulated count runs it with only
-            ``global_batch_size`` changed (``micro_batch_size x dp x count``).
+            ``global_batch_size`` changed (``micro_batch_size x dp x count``), the ``m1`` run also without
+            link timelines (``record_links = false``: only its links' carried bytes are read).
         plan: from :func:`plan_for`.
         flops: the real configuration's ``(model, hardware FLOPs, formula)``.
         simulate: ``Prepared -> RunReport``.
@@ -109,7 +122,12 @@ def extrapolated(prep: Any, plan: SteadyPlan, flops: tuple[float, float, str],
     runs = []
     for count in plan.simulated:
         sub = dataclasses.replace(cfg, global_batch_size=count * cfg.micro_batch_size * cfg.dp)
-        runs.append(simulate(dataclasses.replace(prep, config=sub)))
+        run = dataclasses.replace(prep, config=sub)
+        if count != plan.simulated[-1]:  # only its links' carried bytes are read, which do not need timelines
+            scenario = prep.scenario
+            run = dataclasses.replace(run, scenario=dataclasses.replace(
+                scenario, simulation={**scenario.simulation, "record_links": False}))
+        runs.append(simulate(run))
     first, last = runs
     (m1, m2), m = plan.simulated, plan.of
 
@@ -135,6 +153,10 @@ def extrapolated(prep: Any, plan: SteadyPlan, flops: tuple[float, float, str],
     return report
 
 
+_load = itemgetter(1)
+"""A timeline point's load."""
+
+
 class ExtrapolatedLink:
     """A link of the extrapolated iteration: its ``carried`` bytes extrapolated, and as ``timeline`` a
     step function with those bytes at the simulated run's peak rate -- what
@@ -146,7 +168,7 @@ class ExtrapolatedLink:
     def __init__(self, link: Any, carried: float) -> None:
         self.name, self.index, self.nominal_capacity = link.name, link.index, link.nominal_capacity
         self.carried = carried
-        peak = max((u for _, u in link.timeline), default=0.0)
+        peak = max(link.timeline, key=_load, default=(0.0, 0.0))[1]
         self.timeline = [(0.0, peak), (carried / peak, 0.0)] if peak > 0 and carried > 0 else []
 
 

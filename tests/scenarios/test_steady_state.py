@@ -104,13 +104,18 @@ def test_report_says_what_was_simulated():
 
 
 def test_plan_rule():
-    """m1 >= 2p, m1 = m (mod the period), m2 one period on; none where it would save under a quarter."""
+    """m1 >= p with 1F1B and 2p interleaved (and >= 16), m1 = m (mod the period), m2 one period on; none
+    where it would save under a quarter."""
     def cfg(p, m, v=None):
         return ParallelConfig(pipeline_model_parallel_size=p, virtual_pipeline_model_parallel_size=v,
                               global_batch_size=m).resolve(p)
 
     assert plan_for(cfg(8, 768, 3), {}).simulated == (16, 24)
-    assert plan_for(cfg(64, 512, 2), {}).simulated == (128, 192)
+    assert plan_for(cfg(64, 512, 2), {}).simulated == (128, 192)  # interleaved: two pipelines' worth
+    assert plan_for(cfg(64, 512), {}).simulated == (64, 128)  # 1F1B: one
+    assert plan_for(cfg(35, 280, 3), {}).simulated == (70, 105)
+    assert plan_for(cfg(16, 80), {}).simulated == (16, 32)
+    assert plan_for(cfg(16, 112, 2), {}).simulated == (32, 48)
     assert plan_for(cfg(3, 100), {}).simulated == (16, 22)  # period 6, m1 >= 16: 100 = 16 = 22 (mod 6)
     assert plan_for(cfg(1, 32), {}).simulated == (4, 8)
     assert plan_for(cfg(8, 768, 3), {"steady_state": "off"}) is None
