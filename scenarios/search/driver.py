@@ -26,6 +26,7 @@ from scenarios.search.simulate import simulate_plans
 from scenarios.search.space import (
     Candidate,
     Rejection,
+    balanced_ends,
     check_plan,
     empty_space_reason,
     enumerate_space,
@@ -38,6 +39,12 @@ from workload.fp8 import DEFAULT_RECIPE
 from workload.parallel.config import ParallelConfig
 
 DEFAULT_TOP_K = 20
+NEAR_DUPLICATE_MARGIN = 0.01
+"""Two plans of one shape (:func:`plan_shape`) whose screen estimates are within this fraction of each other
+count as one for the top K: the knobs they differ in (ZeRO stage, overlaps, TP comm overlap, rank order,
+uneven ends, FP8 recipe) move the screen's time by less than the screen's own error (1 % is below the
+screen-vs-simulation gap of the search's published-plan checks), so simulating both spends a slot on
+a plan the screen cannot tell apart. ``0`` simulates the screen's K fastest as they come."""
 
 
 class NoFeasiblePlan(Exception):
@@ -66,6 +73,9 @@ class SearchResult:
     """The GPU's usable HBM, the memory limit of the screen's verdict and ``run``'s (one function)."""
     world_size: int
     info: dict[str, Any] = field(default_factory=dict)
+    near_duplicates: dict[Candidate, Candidate] = field(default_factory=dict)
+    """Plans the screen ranked among the top K but not simulated, each with the simulated plan of its shape
+    it is a near-duplicate of (:func:`pick_distinct`)."""
     outside: frozenset[Candidate] = frozenset()
     """Plans simulated for comparison only (the baseline or the scenario's plan outside ``--fix``/``--space``):
     never the recommendation."""
@@ -141,7 +151,10 @@ def baseline_plans(ctx: ScreenContext) -> list[tuple[str, Candidate]]:
     recomputation, then Megatron-LM's documented recipe (Narayanan et al. SC'21 §3.3, takeaway #1:
     tensor parallelism up to the GPUs of a node, pipeline parallelism across nodes; with sequence
     parallelism, selective recomputation and the distributed optimizer, Korthikanti et al. 2022) with
-    the fewest pipeline stages."""
+    the fewest pipeline stages. Where PP does not divide the layers the recipe's end stages take fewer
+    (:func:`~scenarios.search.space.balanced_ends`, Megatron-LM's ``--num-layers-in-first-pipeline-stage``
+    / ``--num-layers-in-last-pipeline-stage``; Llama 3 405B's 126 layers on 16 stages, Dubey et al. 2024
+    §3.3.2, are balanced so), so that the recipe exists at every PP the space has."""
     f = ctx.facts
     dp = f.world_size
     out = [("plain DP (DDP)", Candidate(dp=dp, overlap_grad_reduce=dp > 1)),
@@ -151,9 +164,11 @@ def baseline_plans(ctx: ScreenContext) -> list[tuple[str, Candidate]]:
     pp = 1
     while pp <= min(f.num_layers, f.world_size // tp):
         d = f.world_size // (tp * pp)
+        first, last = balanced_ends(f.num_layers, pp)
         out.append((f"Megatron-LM recipe (TP {tp} in the node, PP {pp})",
                     Candidate(tp=tp, sp=tp > 1, pp=pp, dp=d, zero=1 if d > 1 else 0, recompute="selective",
-                              overlap_grad_reduce=d > 1, overlap_param_gather=d > 1)))
+                              overlap_grad_reduce=d > 1, overlap_param_gather=d > 1, first_layers=first,
+                              last_layers=last)))
         pp *= 2
     tr = ctx.scenario.training  # the scenario's FP8 recipe and ZeRO-3 implementation, as the enumerated plans
     recipe = tr.get("fp8_recipe", DEFAULT_RECIPE) if tr.get("dtype") == "fp8" else ""
@@ -171,6 +186,39 @@ def pick_baseline(ctx: ScreenContext) -> tuple[str, Candidate | None, Estimate |
             if est.fits:
                 return kind, c, est
     return "", None, None
+
+
+def plan_shape(c: Candidate) -> tuple[Any, ...]:
+    """The plan's shape: how the model and the batch are cut (TP, CP, EP, PP, VPP, DP, micro-batch size,
+    recomputation with its method and layers). Plans of one shape differ only in ZeRO stage, overlaps,
+    SP, TP comm overlap / async TP, rank order, uneven ends and FP8 recipe."""
+    return (c.tp, c.cp, c.ep, c.pp, c.vpp, c.dp, c.mbs, c.recompute, c.recompute_method, c.recompute_num_layers)
+
+
+def pick_distinct(fit: Sequence[Estimate], k: int, margin: float = NEAR_DUPLICATE_MARGIN
+                  ) -> tuple[list[Candidate], dict[Candidate, Candidate]]:
+    """The top ``k`` of ``fit`` (fitting estimates, fastest first) without near-duplicates.
+
+    Walking the screen's order, a plan is skipped when a plan already picked has the same
+    :func:`plan_shape` and a screen estimate within ``margin`` (a fraction) of its own; ``margin`` 0 skips
+    none. Returns the ``k`` picks (fewer only when ``fit`` runs out) and, for each plan skipped on the
+    way, the pick it duplicates.
+    """
+    picks: list[Candidate] = []
+    folded: dict[Candidate, Candidate] = {}
+    by_shape: dict[tuple[Any, ...], list[Estimate]] = {}
+    for e in fit:
+        if len(picks) >= k:
+            break
+        same = by_shape.setdefault(plan_shape(e.candidate), [])
+        twin = next((p for p in same if e.iteration_time_s <= p.iteration_time_s * (1 + margin)), None) \
+            if margin > 0 else None
+        if twin is not None:
+            folded[e.candidate] = twin.candidate
+            continue
+        same.append(e)
+        picks.append(e.candidate)
+    return picks, folded
 
 
 def _bar(progress: bool, total: int, desc: str, unit: str):
@@ -202,8 +250,12 @@ def screen_all(ctx: ScreenContext, cands: Sequence[Candidate], progress: bool) -
 
 def run_search(scenario: Scenario, *, fix: Sequence[str] = (), space: Sequence[str] = (), top_k: int = DEFAULT_TOP_K,
                executor: Executor | None = None, cache: str | Path | None = None, progress: bool = False,
-               context: ScreenContext | None = None) -> SearchResult:
+               context: ScreenContext | None = None, near_duplicate_margin: float = NEAR_DUPLICATE_MARGIN
+               ) -> SearchResult:
     """Search the parallel plans of ``scenario`` (its ``[parallel]`` is the plan to beat, not a constraint).
+
+    The ``top_k`` plans simulated are the screen's fastest distinct plans (:func:`pick_distinct`, with
+    ``near_duplicate_margin``), beside the baseline and the scenario's own plan.
 
     Raises:
         ValueError: bad ``fix``/``space`` (one line naming the key or value; also a space without a valid
@@ -235,7 +287,10 @@ def run_search(scenario: Scenario, *, fix: Sequence[str] = (), space: Sequence[s
     given = given_plan(scenario, ctx.world)
     if given is not None and check_plan(given, ctx.facts, ctx.model_cfg, ctx.base_parallel) is not None:
         given = None  # e.g. the scenario's stages do not divide a model set with --set: no plan to compare
-    chosen = [e.candidate for e in fit[:top_k]]
+    if near_duplicate_margin < 0:
+        raise ValueError(f"near-duplicate margin must be >= 0 (a fraction), got {near_duplicate_margin}")
+    chosen, folded = pick_distinct(fit, top_k, near_duplicate_margin)
+    picked = len(chosen)
     for extra in (base, given):
         if extra is not None and extra not in chosen and ctx.estimate(extra).fits:
             chosen.append(extra)
@@ -249,7 +304,10 @@ def run_search(scenario: Scenario, *, fix: Sequence[str] = (), space: Sequence[s
     return SearchResult(scenario, ordered, rejections, simulated, base, kind, given, rate, screen_s,
                         ctx.traces, trace_s, sim_s, usable_hbm_bytes(ctx.gpu), ctx.world,
                         info={"candidates": len(cands), "fitting": len(fit), "top_k": top_k,
+                              "near_duplicate_margin": near_duplicate_margin, "near_duplicates": len(folded),
+                              "picked": picked,
                               "enumerate_s": enumerate_s, "usable_hbm_bytes": usable_hbm_bytes(ctx.gpu)},
+                        near_duplicates=folded,
                         outside=frozenset(c for c in (base, given) if c is not None and not satisfies(c, knobs)))
 
 

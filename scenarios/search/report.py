@@ -115,9 +115,26 @@ def agreement(res: SearchResult) -> dict[str, Any]:
     if not pairs:
         return {}
     t_best = res.estimate_of(res.best[0]).iteration_time_s
-    screen_rank = 1 + sum(1 for e in res.estimates if e.fits and e.iteration_time_s < t_best)
+    ahead = [e.candidate for e in res.estimates if e.fits and e.iteration_time_s < t_best]
+    screen_rank = 1 + len(ahead)
+    distinct_rank = screen_rank - sum(1 for c in ahead if c in res.near_duplicates)
     return {"kendall_tau": kendall_tau([p[0] for p in pairs], [p[1] for p in pairs]), "simulated_plans": len(pairs),
-            "best_screen_rank": screen_rank, "best_in_screen_top10": screen_rank <= 10}
+            "best_screen_rank": screen_rank, "best_in_screen_top10": screen_rank <= 10,
+            "best_distinct_screen_rank": distinct_rank}
+
+
+def format_near_duplicates(res: SearchResult) -> str:
+    """One line: how the K simulated plans were picked, and the near-duplicates left out (with an example)."""
+    k, margin = res.info.get("picked", 0), res.info.get("near_duplicate_margin", 0.0)
+    if not margin:
+        return f"top {k}: the screen's {k} fastest plans"
+    line = (f"top {k}: the screen's {k} fastest distinct plans -- a plan with the same TP, CP, EP, PP, VPP, DP, "
+            f"micro-batch and recomputation as a faster simulated one and a screen time within {100 * margin:g} % "
+            f"of it is a near-duplicate, not simulated")
+    if not res.near_duplicates:
+        return line + " (none)"
+    c, twin = next(iter(res.near_duplicates.items()))
+    return line + f"; {len(res.near_duplicates)} skipped, e.g. {c.short()} (as {twin.short()})"
 
 
 def format_search(res: SearchResult) -> str:
@@ -130,6 +147,7 @@ def format_search(res: SearchResult) -> str:
              f"screen: {res.screen_rate_per_s:,.0f} plans/s after {res.traces} shard traces "
              f"({res.trace_wall_s:.1f} s); simulated {len(res.simulated)} plans in {res.simulate_wall_s:.1f} s", ""]
     lines.append(format_table(res))
+    lines.append(format_near_duplicates(res))
     if any(c.async_tp for c in res.simulated) and not sc.training.get("compile", False):
         lines.append("note: async TP plans set [training] compile = true (torchtitan runs async TP only compiled)")
     sp = speedups(res)
@@ -149,7 +167,9 @@ def format_search(res: SearchResult) -> str:
     ag = agreement(res)
     if ag:
         lines.append(f"screen vs simulation: Kendall tau {ag['kendall_tau']:.2f} over {ag['simulated_plans']} plans; "
-                     f"the simulated best is #{ag['best_screen_rank']} by the screen")
+                     f"the simulated best is #{ag['best_screen_rank']} by the screen"
+                     + (f" (#{ag['best_distinct_screen_rank']} of its distinct plans)"
+                        if ag["best_distinct_screen_rank"] != ag["best_screen_rank"] else ""))
     lines += ["", "rejected:", format_rejections(res)]
     return "\n".join(lines)
 
@@ -162,6 +182,9 @@ def search_json(res: SearchResult) -> dict[str, Any]:
         r = res.simulated.get(e.candidate)
         if r is not None:
             d["simulated"] = r
+        twin = res.near_duplicates.get(e.candidate)
+        if twin is not None:
+            d["near_duplicate_of"] = twin.short()
         plans.append(d)
     return {"scenario": res.scenario.name, "gpus": res.world_size, "hbm_bytes": res.hbm_bytes,
             "screen_rate_per_s": res.screen_rate_per_s, "screen_wall_s": res.screen_wall_s, "traces": res.traces,
