@@ -109,6 +109,20 @@ def make_executor(spec: str | None, workers: int) -> tuple[Executor, Callable[[]
     raise ValueError(f"--executor {spec!r}: unknown; allowed: process, dask://HOST:PORT")
 
 
+def simulated_microbatches(base: Scenario, c: Candidate) -> int:
+    """Micro-batches the run of plan ``c`` simulates (both short runs where the steady period is
+    extrapolated, :func:`scenarios.steady_state.plan_for`): its cost in simulated work, since every plan
+    of one model simulates all its layers once per micro-batch. ``0`` for a plan ``run`` would refuse."""
+    from scenarios.steady_state import plan_for
+
+    try:
+        cfg = c.config(int(base.training["global_batch_size"]), base.parallel)
+    except (ValueError, KeyError, TypeError):
+        return 0
+    steady = plan_for(cfg, dict(base.simulation))
+    return sum(steady.simulated) if steady is not None else cfg.num_microbatches
+
+
 def simulate_plans(base: Scenario, cands: Iterable[Candidate], *, executor: Executor | None = None,
                    cache: str | Path | None = None, progress: bool = False) -> dict[Candidate, dict[str, Any]]:
     """Simulate every plan of ``cands`` (those in ``cache`` are read back, not re-run); results by plan.
@@ -119,6 +133,8 @@ def simulate_plans(base: Scenario, cands: Iterable[Candidate], *, executor: Exec
     keyed = {c: scenario_key(candidate_data(base, c)) for c in cands}
     out = {c: done[k] for c, k in keyed.items() if k in done}
     todo = [c for c in cands if c not in out]
+    if executor is not None:  # the longest first, so that the last to finish is a short one (LPT)
+        todo.sort(key=lambda c: -simulated_microbatches(base, c))
     bar = tqdm(total=len(cands), initial=len(out), desc="simulating plans", unit="plan", file=sys.stderr,
                disable=not progress, leave=False, dynamic_ncols=True)
 

@@ -97,3 +97,42 @@ def test_cli_reports_the_rule_and_marks_the_skipped(tmp_path, capsys, monkeypatc
 def test_cli_bad_margin_exits_2(bad, capsys):
     assert main(["search", "llama3-8b-tp2-dgx-h100", "--near-duplicate-margin", bad]) == 2
     assert "--near-duplicate-margin" in capsys.readouterr().err
+
+
+GPT3 = {"name": "gpt3", "system": {"name": "dgx-a100", "nodes": 128}, "model": {"name": "gpt3-175b"}, "parallel": {},
+        "training": {"global_batch_size": 1536, "micro_batch_size": 1}}
+
+
+@pytest.mark.parametrize("plan, simulated", [
+    (Candidate(tp=8, sp=True, pp=16, dp=8), 32 + 48),  # m 192, p 16: m1 = 2p, m2 = m1 + p (steady period)
+    (Candidate(tp=8, sp=True, pp=8, dp=16, mbs=2), 48),  # m 48: 16 + 24 is over 3/4 of it, so all 48 run
+    (Candidate(tp=8, sp=True, pp=16, dp=8, mbs=5), 0),  # 1536 / (8 x 5) is no whole number: run refuses it
+])
+def test_simulated_microbatches(plan, simulated):
+    from scenarios.scenario import parse_scenario
+    from scenarios.search.simulate import simulated_microbatches
+
+    assert simulated_microbatches(parse_scenario(GPT3), plan) == simulated
+
+
+def test_the_longest_simulations_are_submitted_first(monkeypatch):
+    """Tier 2 hands the executor the plans by simulated micro-batches, most first (longest processing
+    time first: the pool's last task is a short one)."""
+    from concurrent.futures import Future
+
+    from scenarios.scenario import parse_scenario
+    from scenarios.search import simulate as sim_mod
+
+    submitted = []
+
+    class Recorder:
+        def submit(self, fn, data, source):
+            submitted.append(data["parallel"]["pipeline_model_parallel_size"])
+            fut: Future = Future()
+            fut.set_result({"iteration_time_s": 1.0})
+            return fut
+
+    plans = [Candidate(tp=8, sp=True, pp=8, dp=16, mbs=2), Candidate(tp=8, sp=True, pp=16, dp=8),
+             Candidate(tp=8, sp=True, pp=4, dp=32, mbs=4)]  # 48, 80 and 12 micro-batches simulated
+    out = sim_mod.simulate_plans(parse_scenario(GPT3), plans, executor=Recorder())
+    assert submitted == [16, 8, 4] and set(out) == set(plans)
