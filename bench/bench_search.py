@@ -6,7 +6,7 @@ default space is enumerated and screened (the screen's rate is printed, traces e
 Target (2 cores): >= 1,000 plans screened and the top 20 simulated in <= 5 minutes.
 
 Run: ``python bench/bench_search.py [--case gpt3-175b|llama3-405b] [--top-k K] [--workers N]
-[--near-duplicate-margin F] [--nodes N] [--scenario NAME] [--set K=V]``.
+[--top-k-rule shapes|screen] [--nodes N] [--scenario NAME] [--set K=V]``.
 
 ``--case llama3-405b``: Llama 3 405B on 16,384 H100 (2,048 DGX H100, global batch 2048; target <= 10
 minutes), the same as::
@@ -44,7 +44,7 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=None, help="instead of the case's")
     ap.add_argument("--top-k", type=int, default=20)
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--near-duplicate-margin", type=float, default=None)
+    ap.add_argument("--top-k-rule", choices=("shapes", "screen"), default="shapes")
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     ap.add_argument("--cache", default=None)
     args = ap.parse_args()
@@ -54,14 +54,13 @@ def main() -> None:
 
     from scenarios.runner import scenario_path
     from scenarios.scenario import load_scenario
-    from scenarios.search.driver import NEAR_DUPLICATE_MARGIN, run_search
+    from scenarios.search.driver import run_search
     from scenarios.search.report import agreement, format_search, speedups
 
     t0 = time.perf_counter()
     sc = load_scenario(scenario_path(name), [f"system.nodes={args.nodes or nodes}", *overrides, *args.overrides])
-    margin = NEAR_DUPLICATE_MARGIN if args.near_duplicate_margin is None else args.near_duplicate_margin
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
-        res = run_search(sc, top_k=args.top_k, executor=pool, cache=args.cache, near_duplicate_margin=margin)
+        res = run_search(sc, top_k=args.top_k, executor=pool, cache=args.cache, top_k_rule=args.top_k_rule)
     wall = time.perf_counter() - t0
     own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu_main, cpu_workers = own.ru_utime + own.ru_stime, kids.ru_utime + kids.ru_stime  # workers: reaped at exit
@@ -75,7 +74,7 @@ def main() -> None:
           f"({args.workers} workers)")
     tau = ag.get("kendall_tau", float("nan"))
     print(f"wall time: {wall:.1f} s, CPU {cpu_main + cpu_workers:.1f} s (target <= {target_s:.0f} s on 2 cores); "
-          f"{res.info['near_duplicates']} near-duplicates not simulated (margin {margin:g}); Kendall tau {tau:.2f}; "
+          f"top-k rule {args.top_k_rule}; Kendall tau {tau:.2f}; "
           f"best is #{ag.get('best_screen_rank')} by the screen; "
           f"{sp.get('speedup_over_baseline', float('nan')):.2f}x over the baseline")
     runs = sorted(((r.get("cpu_s", math.nan), r.get("wall_s", math.nan), c.short()) for c, r in res.simulated.items()

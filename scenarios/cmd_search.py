@@ -51,10 +51,10 @@ def register(subparsers) -> None:
     p.add_argument("--space", action="append", default=[], metavar="SECTION.KEY=V1,V2",
                    help="restrict one knob to these values (repeatable)")
     p.add_argument("--top-k", type=int, default=20, metavar="K", help="plans to co-simulate (default 20)")
-    p.add_argument("--near-duplicate-margin", type=float, default=None, metavar="F",
-                   help="a plan of the same shape as a faster simulated one (TP, CP, EP, PP, VPP, DP, micro-batch, "
-                        "recompute) and a screen time within this fraction of it is not simulated "
-                        "(default 0.01; 0: the K fastest as ranked)")
+    p.add_argument("--top-k-rule", choices=("shapes", "screen"), default="shapes",
+                   help="shapes (default): the best plan of the screen's K/2 fastest shapes (TP, CP, EP, PP, VPP, DP, "
+                        "micro-batch, recompute), then K/2 variants of the shapes that simulated fastest; "
+                        "screen: the screen's K fastest as ranked")
     p.add_argument("--workers", type=int, default=2, metavar="N", help="local worker processes (default 2)")
     p.add_argument("--executor", default=None, metavar="SPEC",
                    help="'process' (default: a local pool of --workers) or dask://HOST:PORT (needs trainsim[dask])")
@@ -70,15 +70,13 @@ def run(args: argparse.Namespace) -> int:
     # deferred: the search imports the runner, hence torch
     from scenarios.cmd_run import load
     from scenarios.report import write_json
-    from scenarios.search.driver import NEAR_DUPLICATE_MARGIN, NoFeasiblePlan, run_search
+    from scenarios.search.driver import NoFeasiblePlan, run_search
     from scenarios.search.report import emit_scenario, format_search, plot_pareto, search_json
     from scenarios.search.simulate import make_executor
     from scenarios.search.space import parse_knobs
 
     if args.top_k < 1:
         raise UserError(f"--top-k must be >= 1, got {args.top_k}")
-    if args.near_duplicate_margin is not None and not args.near_duplicate_margin >= 0:
-        raise UserError(f"--near-duplicate-margin must be a fraction >= 0, got {args.near_duplicate_margin}")
     if args.workers < 1:
         raise UserError(f"--workers must be >= 1, got {args.workers}")
     parse_knobs(args.fix, args.space)  # bad keys and values fail before any tracing
@@ -88,8 +86,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         res = run_search(scenario, fix=args.fix, space=args.space, top_k=args.top_k, executor=executor,
                          cache=args.cache, progress=sys.stderr.isatty(),
-                         near_duplicate_margin=NEAR_DUPLICATE_MARGIN if args.near_duplicate_margin is None
-                         else args.near_duplicate_margin)
+                         top_k_rule=args.top_k_rule)
     except NoFeasiblePlan as exc:
         print(f"trainsim search: no feasible plan: {exc}", file=sys.stderr)
         return EXIT_NO_PLAN

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -39,12 +39,11 @@ from workload.fp8 import DEFAULT_RECIPE
 from workload.parallel.config import ParallelConfig
 
 DEFAULT_TOP_K = 20
-NEAR_DUPLICATE_MARGIN = 0.01
-"""Two plans of one shape (:func:`plan_shape`) whose screen estimates are within this fraction of each other
-count as one for the top K: the knobs they differ in (ZeRO stage, overlaps, TP comm overlap, rank order,
-uneven ends, FP8 recipe) move the screen's time by less than the screen's own error (1 % is below the
-screen-vs-simulation gap of the search's published-plan checks), so simulating both spends a slot on
-a plan the screen cannot tell apart. ``0`` simulates the screen's K fastest as they come."""
+TOP_K_RULES = ("shapes", "screen")
+"""How the top K are picked (:func:`pick_top_k`): ``shapes`` (default) half by plan shape, half by
+variants of the shapes that simulated fastest; ``screen``: the screen's K fastest as they come."""
+VARIANTS_PER_SHAPE = 4
+"""Round 2 of the ``shapes`` rule simulates at most this many more variants of one shape."""
 
 
 class NoFeasiblePlan(Exception):
@@ -73,9 +72,9 @@ class SearchResult:
     """The GPU's usable HBM, the memory limit of the screen's verdict and ``run``'s (one function)."""
     world_size: int
     info: dict[str, Any] = field(default_factory=dict)
-    near_duplicates: dict[Candidate, Candidate] = field(default_factory=dict)
-    """Plans the screen ranked among the top K but not simulated, each with the simulated plan of its shape
-    it is a near-duplicate of (:func:`pick_distinct`)."""
+    picks: dict[Candidate, str] = field(default_factory=dict)
+    """The top K, each with why it was simulated: ``shape`` (round 1), ``variant`` (round 2) or ``screen``
+    (:func:`simulate_top_k`)."""
     outside: frozenset[Candidate] = frozenset()
     """Plans simulated for comparison only (the baseline or the scenario's plan outside ``--fix``/``--space``):
     never the recommendation."""
@@ -195,30 +194,64 @@ def plan_shape(c: Candidate) -> tuple[Any, ...]:
     return (c.tp, c.cp, c.ep, c.pp, c.vpp, c.dp, c.mbs, c.recompute, c.recompute_method, c.recompute_num_layers)
 
 
-def pick_distinct(fit: Sequence[Estimate], k: int, margin: float = NEAR_DUPLICATE_MARGIN
-                  ) -> tuple[list[Candidate], dict[Candidate, Candidate]]:
-    """The top ``k`` of ``fit`` (fitting estimates, fastest first) without near-duplicates.
-
-    Walking the screen's order, a plan is skipped when a plan already picked has the same
-    :func:`plan_shape` and a screen estimate within ``margin`` (a fraction) of its own; ``margin`` 0 skips
-    none. Returns the ``k`` picks (fewer only when ``fit`` runs out) and, for each plan skipped on the
-    way, the pick it duplicates.
-    """
-    picks: list[Candidate] = []
-    folded: dict[Candidate, Candidate] = {}
-    by_shape: dict[tuple[Any, ...], list[Estimate]] = {}
+def pick_shapes(fit: Sequence[Estimate], n: int) -> list[Candidate]:
+    """Round 1 of the ``shapes`` rule: the screen's fastest plan of each of its ``n`` fastest shapes
+    (``fit``: fitting estimates, fastest first), in the screen's order."""
+    seen: set[tuple[Any, ...]] = set()
+    out: list[Candidate] = []
     for e in fit:
-        if len(picks) >= k:
+        if len(out) >= n:
             break
-        same = by_shape.setdefault(plan_shape(e.candidate), [])
-        twin = next((p for p in same if e.iteration_time_s <= p.iteration_time_s * (1 + margin)), None) \
-            if margin > 0 else None
-        if twin is not None:
-            folded[e.candidate] = twin.candidate
-            continue
-        same.append(e)
-        picks.append(e.candidate)
-    return picks, folded
+        shape = plan_shape(e.candidate)
+        if shape not in seen:
+            seen.add(shape)
+            out.append(e.candidate)
+    return out
+
+
+def pick_variants(fit: Sequence[Estimate], simulated: Mapping[Candidate, Mapping[str, Any]], n: int,
+                  taken: Collection[Candidate]) -> list[Candidate]:
+    """Round 2 of the ``shapes`` rule: ``n`` more plans. The shapes of the ``simulated`` plans, fastest
+    simulated first, each give up to :data:`VARIANTS_PER_SHAPE` of their other plans in the screen's order
+    (ZeRO stage, overlaps, SP, TP comm overlap, rank order, uneven ends, FP8 recipe: knobs the screen
+    prices alike or not at all -- it prices both rank orders the same -- and the simulation tells apart);
+    what that leaves of ``n`` goes to the screen's fastest plans not yet taken."""
+    ok = sorted(((r["iteration_time_s"], c) for c, r in simulated.items()
+                 if not r.get("error") and not r.get("oom")), key=lambda tc: tc[0])
+    order = list(dict.fromkeys(plan_shape(c) for _, c in ok))
+    by_shape: dict[tuple[Any, ...], list[Candidate]] = {s: [] for s in order}
+    for e in fit:
+        lst = by_shape.get(plan_shape(e.candidate))
+        if lst is not None and len(lst) < VARIANTS_PER_SHAPE and e.candidate not in taken:
+            lst.append(e.candidate)
+    out = [c for s in order for c in by_shape[s]][:n]
+    have = set(taken) | set(out)
+    out += [e.candidate for e in fit if e.candidate not in have][:n - len(out)]
+    return out
+
+
+def simulate_top_k(scenario: Scenario, fit: Sequence[Estimate], k: int, extras: Sequence[Candidate], *,
+                   rule: str = "shapes", executor: Executor | None = None, cache: str | Path | None = None,
+                   progress: bool = False) -> tuple[dict[Candidate, dict[str, Any]], dict[Candidate, str]]:
+    """Tier 2: simulate ``k`` plans of ``fit`` (fitting estimates, fastest first) and ``extras`` (the
+    baseline and the scenario's plan). Returns the results by plan and the ``k`` picks with their round.
+
+    ``rule`` ``screen``: the screen's ``k`` fastest. ``shapes``: round 1 simulates the fastest plan of
+    each of the screen's ``ceil(k / 2)`` fastest shapes (:func:`pick_shapes`) with the extras, so that
+    ``k`` slots are not spent on one plan in variants the screen cannot tell apart; round 2 the other
+    ``floor(k / 2)``: variants of the shapes that simulated fastest (:func:`pick_variants`)."""
+    if rule == "screen":
+        picks = {e.candidate: "screen" for e in fit[:k]}
+        chosen = list(picks) + [c for c in extras if c not in picks]
+        return simulate_plans(scenario, chosen, executor=executor, cache=cache, progress=progress), picks
+    picks = dict.fromkeys(pick_shapes(fit, -(-k // 2)), "shape")
+    first = list(picks) + [c for c in extras if c not in picks]
+    out = simulate_plans(scenario, first, executor=executor, cache=cache, progress=progress)
+    more = pick_variants(fit, {c: r for c, r in out.items() if c in picks}, k - len(picks), set(first))
+    picks.update(dict.fromkeys(more, "variant"))
+    if more:
+        out.update(simulate_plans(scenario, more, executor=executor, cache=cache, progress=progress))
+    return out, picks
 
 
 def _bar(progress: bool, total: int, desc: str, unit: str):
@@ -250,18 +283,19 @@ def screen_all(ctx: ScreenContext, cands: Sequence[Candidate], progress: bool) -
 
 def run_search(scenario: Scenario, *, fix: Sequence[str] = (), space: Sequence[str] = (), top_k: int = DEFAULT_TOP_K,
                executor: Executor | None = None, cache: str | Path | None = None, progress: bool = False,
-               context: ScreenContext | None = None, near_duplicate_margin: float = NEAR_DUPLICATE_MARGIN
-               ) -> SearchResult:
+               context: ScreenContext | None = None, top_k_rule: str = "shapes") -> SearchResult:
     """Search the parallel plans of ``scenario`` (its ``[parallel]`` is the plan to beat, not a constraint).
 
-    The ``top_k`` plans simulated are the screen's fastest distinct plans (:func:`pick_distinct`, with
-    ``near_duplicate_margin``), beside the baseline and the scenario's own plan.
+    The ``top_k`` plans simulated beside the baseline and the scenario's own plan are picked by
+    ``top_k_rule`` (:func:`simulate_top_k`).
 
     Raises:
         ValueError: bad ``fix``/``space`` (one line naming the key or value; also a space without a valid
-            plan), or a scenario field at fault.
+            plan), an unknown ``top_k_rule``, or a scenario field at fault.
         NoFeasiblePlan: no valid plan fits in memory (the message names the closest and what it lacks).
     """
+    if top_k_rule not in TOP_K_RULES:
+        raise ValueError(f"top-k rule {top_k_rule!r}: unknown; allowed: {', '.join(TOP_K_RULES)}")
     knobs = parse_knobs(fix, space)
     ctx = context or ScreenContext(scenario)
     t_enum = time.perf_counter()
@@ -287,15 +321,10 @@ def run_search(scenario: Scenario, *, fix: Sequence[str] = (), space: Sequence[s
     given = given_plan(scenario, ctx.world)
     if given is not None and check_plan(given, ctx.facts, ctx.model_cfg, ctx.base_parallel) is not None:
         given = None  # e.g. the scenario's stages do not divide a model set with --set: no plan to compare
-    if near_duplicate_margin < 0:
-        raise ValueError(f"near-duplicate margin must be >= 0 (a fraction), got {near_duplicate_margin}")
-    chosen, folded = pick_distinct(fit, top_k, near_duplicate_margin)
-    picked = len(chosen)
-    for extra in (base, given):
-        if extra is not None and extra not in chosen and ctx.estimate(extra).fits:
-            chosen.append(extra)
     t1 = time.perf_counter()
-    simulated = simulate_plans(scenario, chosen, executor=executor, cache=cache, progress=progress)
+    compare = [c for c in (base, given) if c is not None and ctx.estimate(c).fits]
+    simulated, picks = simulate_top_k(scenario, fit, top_k, compare, rule=top_k_rule, executor=executor, cache=cache,
+                                      progress=progress)
     sim_s = time.perf_counter() - t1
     known = set(cands)
     extras = [ctx.estimate(c) for c in dict.fromkeys((base, given)) if c is not None and c not in known]
@@ -304,10 +333,10 @@ def run_search(scenario: Scenario, *, fix: Sequence[str] = (), space: Sequence[s
     return SearchResult(scenario, ordered, rejections, simulated, base, kind, given, rate, screen_s,
                         ctx.traces, trace_s, sim_s, usable_hbm_bytes(ctx.gpu), ctx.world,
                         info={"candidates": len(cands), "fitting": len(fit), "top_k": top_k,
-                              "near_duplicate_margin": near_duplicate_margin, "near_duplicates": len(folded),
-                              "picked": picked,
+                              "top_k_rule": top_k_rule, "picked": len(picks),
+                              "shapes_picked": sum(1 for v in picks.values() if v == "shape"),
                               "enumerate_s": enumerate_s, "usable_hbm_bytes": usable_hbm_bytes(ctx.gpu)},
-                        near_duplicates=folded,
+                        picks=picks,
                         outside=frozenset(c for c in (base, given) if c is not None and not satisfies(c, knobs)))
 
 

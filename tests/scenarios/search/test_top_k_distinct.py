@@ -1,14 +1,15 @@
-"""The top K simulated are the screen's fastest *distinct* plans: a plan of the same shape as a faster pick
-and a screen time within the margin is a near-duplicate, left out; ``--top-k`` stays the number simulated."""
+"""The top K simulated cover the space: round 1 the screen's best plan of each of its K/2 fastest shapes,
+round 2 K/2 variants of the shapes that simulated fastest; ``--top-k`` stays the number simulated; the
+longest simulations go to the pool first."""
 
 import json
-from dataclasses import replace
 
 import pytest
 
 from scenarios.cli import main
+from scenarios.scenario import parse_scenario
 from scenarios.search import driver
-from scenarios.search.driver import NEAR_DUPLICATE_MARGIN, pick_distinct, plan_shape
+from scenarios.search.driver import VARIANTS_PER_SHAPE, pick_shapes, pick_variants, plan_shape, run_search
 from scenarios.search.estimate import Estimate
 from scenarios.search.space import Candidate
 
@@ -17,10 +18,12 @@ def est(c: Candidate, t: float) -> Estimate:
     return Estimate(c, t, t, 0.0, 0.0, 1e9, 80e9)
 
 
-# one shape (TP4 CP8 PP64 DP8 mbs1) in 20 variants within 0.2 %, as the 405B search's top 20 were, then
+# one shape (TP4 CP8 PP64 DP8 mbs1) in 16 variants within 0.2 %, as the 405B search's top 20 were, then
 # three other shapes
-VARIANTS = [Candidate(tp=4, cp=8, pp=64, dp=8, sp=sp, zero=z, overlap_grad_reduce=ogr, tp_comm_overlap=tpo)
-            for sp in (True, False) for z in (0, 1) for ogr in (True, False) for tpo in (True, False)][:20]
+VARIANTS = [Candidate(tp=4, cp=8, pp=64, dp=8, sp=True, zero=z, overlap_grad_reduce=ogr, tp_comm_overlap=tpo,
+                      rank_order=order)
+            for z in (1, 2) for ogr in (True, False) for tpo in (True, False)
+            for order in ("tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp")]
 A = [est(c, 10.0 * (1 + 0.0001 * i)) for i, c in enumerate(VARIANTS)]
 OTHERS = [est(Candidate(tp=8, cp=4, pp=64, dp=8, sp=True), 10.05),
           est(Candidate(tp=4, cp=8, pp=32, dp=16, sp=True), 10.3),
@@ -28,39 +31,54 @@ OTHERS = [est(Candidate(tp=8, cp=4, pp=64, dp=8, sp=True), 10.05),
 FIT = sorted(A + OTHERS, key=lambda e: e.iteration_time_s)
 
 
-def test_variants_of_one_shape_take_one_slot():
-    picks, folded = pick_distinct(FIT, 4)
-    assert picks == [A[0].candidate] + [e.candidate for e in OTHERS]  # K = 4 distinct plans, screen order
-    assert len({plan_shape(c) for c in picks}) == 4
-    assert set(folded) == {e.candidate for e in A[1:]}  # all 19 variants walked past, each folded onto A[0]
-    assert set(folded.values()) == {A[0].candidate}
+def test_round_one_takes_one_plan_per_shape():
+    assert pick_shapes(FIT, 3) == [A[0].candidate, OTHERS[0].candidate, OTHERS[1].candidate]
+    assert pick_shapes(FIT, 10) == [A[0].candidate] + [e.candidate for e in OTHERS]  # 4 shapes in all
+    assert len({plan_shape(c) for c in pick_shapes(FIT, 4)}) == 4
 
 
-def test_margin_zero_is_the_k_fastest():
-    picks, folded = pick_distinct(FIT, 4, margin=0.0)
-    assert picks == [e.candidate for e in FIT[:4]] and not folded
+def test_round_two_takes_variants_of_the_fastest_simulated_shape_first():
+    taken = pick_shapes(FIT, 2)
+    # the simulation reverses the screen: the second shape is faster, but it has no other plan
+    simulated = {A[0].candidate: {"iteration_time_s": 2.0}, OTHERS[0].candidate: {"iteration_time_s": 1.0}}
+    assert pick_variants(FIT, simulated, 3, taken) == [e.candidate for e in A[1:4]]
+    more = pick_variants(FIT, simulated, 6, taken)  # 4 variants at most, then the screen's next plan
+    assert more == [e.candidate for e in A[1:1 + VARIANTS_PER_SHAPE]] + [A[5].candidate, A[6].candidate]
+    failed = {A[0].candidate: {"error": "x"}, OTHERS[0].candidate: {"iteration_time_s": 1.0}}
+    assert pick_variants(FIT, failed, 2, taken) == [A[1].candidate, A[2].candidate]  # no shape gives variants
 
 
-def test_a_variant_the_screen_prices_apart_is_kept():
-    far = est(replace(VARIANTS[0], zero=3), 10.0 * (1 + 2 * NEAR_DUPLICATE_MARGIN))  # same shape, 2 % slower
-    picks, folded = pick_distinct(sorted(A[:3] + [far], key=lambda e: e.iteration_time_s), 3)
-    assert picks == [A[0].candidate, far.candidate]  # fewer than K only because the plans ran out
-    assert folded == {A[1].candidate: A[0].candidate, A[2].candidate: A[0].candidate}
+def test_two_rounds_simulate_k_plans_and_the_extras_once(monkeypatch):
+    calls = []
+
+    def fake(base, cands, **_kw):
+        cands = list(cands)
+        calls.append(cands)
+        return {c: {"iteration_time_s": 3.0 if c == A[0].candidate else 1.0} for c in cands}
+
+    monkeypatch.setattr(driver, "simulate_plans", fake)
+    base = Candidate(dp=8)
+    out, picks = driver.simulate_top_k(None, FIT, 4, [base])
+    assert calls[0] == [A[0].candidate, OTHERS[0].candidate, base]  # ceil(4 / 2) shapes, then the baseline
+    assert calls[1] == [A[1].candidate, A[2].candidate]  # OTHERS[0] simulated fastest but has no variant
+    assert len(picks) == 4 and set(out) == set(picks) | {base}
+    assert [picks[c] for c in calls[0][:2]] == ["shape", "shape"] and picks[A[1].candidate] == "variant"
+    calls.clear()
+    out, picks = driver.simulate_top_k(None, FIT, 4, [base], rule="screen")
+    assert calls == [[e.candidate for e in FIT[:4]] + [base]] and set(picks.values()) == {"screen"}
 
 
-def test_another_shape_within_the_margin_is_kept():
-    near = est(Candidate(tp=8, cp=4, pp=64, dp=8, sp=True), 10.0001)  # other shape, 0.001 % apart
-    picks, _ = pick_distinct([A[0], near, A[1]], 2)
-    assert picks == [A[0].candidate, near.candidate]
+def test_unknown_rule_is_one_line():
+    with pytest.raises(ValueError, match="top-k rule 'best': unknown; allowed: shapes, screen"):
+        run_search(parse_scenario(GPT3), top_k_rule="best")
 
 
-def test_cli_reports_the_rule_and_marks_the_skipped(tmp_path, capsys, monkeypatch):
-    """The CLI's table simulates K distinct plans; the report says how they were picked, ``--json`` marks
-    each plan left out with the pick it duplicates. The simulation is replaced by the screen's time (the
-    rule is the driver's; what the simulator predicts is tested elsewhere)."""
+def test_cli_reports_the_rule_and_marks_the_picks(tmp_path, capsys, monkeypatch):
+    """The report says how the K were picked and ``--json`` marks each simulated plan with its round. The
+    simulation is replaced by a fixed time per plan (what the simulator predicts is tested elsewhere)."""
     def fake_simulate(base, cands, **_kw):
-        return {c: {"iteration_time_s": 1.0 + 0.01 * i, "tokens_per_s": 1.0, "mfu": 0.1, "bubble_s": 0.0,
-                    "exposed_comm_s": 0.0, "oom": False} for i, c in enumerate(cands)}
+        return {c: {"iteration_time_s": 1.0 + 0.01 * c.mbs, "tokens_per_s": 1.0, "mfu": 0.1, "bubble_s": 0.0,
+                    "exposed_comm_s": 0.0, "oom": False} for c in cands}
 
     monkeypatch.setattr(driver, "simulate_plans", fake_simulate)
     sc = tmp_path / "small.toml"
@@ -70,33 +88,20 @@ def test_cli_reports_the_rule_and_marks_the_skipped(tmp_path, capsys, monkeypatc
     out = tmp_path / "s.json"
     space = ["--space", "parallel.tensor_model_parallel_size=2", "--space", "parallel.pipeline_model_parallel_size=1",
              "--space", "parallel.context_parallel_size=1", "--space", "training.micro_batch_size=1,2"]
-    assert main(["search", str(sc), *space, "--top-k", "3", "--workers", "1", "--json", str(out)]) == 0
+    assert main(["search", str(sc), *space, "--top-k", "4", "--workers", "1", "--json", str(out)]) == 0
     text = capsys.readouterr().out
     doc = json.loads(out.read_text())
-    assert doc["picked"] == 3 and doc["near_duplicates"] > 0
-    fit = [p for p in doc["plans"] if p["fits"]]
-    picked = [p for p in fit if "simulated" in p]
-    skipped = [p for p in fit if "near_duplicate_of" in p]
-    assert len(skipped) == doc["near_duplicates"]
-    by_label = {p["label"]: p for p in fit}
-    for p in skipped:  # each within the margin of a faster simulated plan of its shape, and not simulated
-        twin = by_label[p["near_duplicate_of"]]
-        assert "simulated" not in p and "simulated" in twin
-        assert twin["screen_iteration_time_s"] <= p["screen_iteration_time_s"] <= \
-            twin["screen_iteration_time_s"] * (1 + NEAR_DUPLICATE_MARGIN)
-        assert twin["plan"]["tp"] == p["plan"]["tp"] and twin["plan"]["mbs"] == p["plan"]["mbs"]
-    assert len(picked) >= 3
-    assert "top 3: the screen's 3 fastest distinct plans" in text and f"{doc['near_duplicates']} skipped" in text
-    assert main(["search", str(sc), *space, "--top-k", "3", "--workers", "1", "--near-duplicate-margin", "0",
+    assert doc["picked"] == 4 and doc["shapes_picked"] == 2
+    rounds = {p["label"]: p["picked_as"] for p in doc["plans"] if "picked_as" in p}
+    assert sorted(rounds.values()) == ["shape", "shape", "variant", "variant"]
+    shape_of = {p["label"]: (p["plan"]["mbs"], p["plan"]["recompute"]) for p in doc["plans"]}
+    firsts = {shape_of[lbl] for lbl, why in rounds.items() if why == "shape"}
+    assert len(firsts) == 2  # two different shapes in round 1
+    assert "top 4: the screen's fastest plan of each of its 2 fastest shapes" in text and "then 2 variants" in text
+    assert main(["search", str(sc), *space, "--top-k", "4", "--workers", "1", "--top-k-rule", "screen",
                  "--json", str(out)]) == 0
-    assert "top 3: the screen's 3 fastest plans" in capsys.readouterr().out
-    assert json.loads(out.read_text())["near_duplicates"] == 0
-
-
-@pytest.mark.parametrize("bad", ["-0.1", "nan"])
-def test_cli_bad_margin_exits_2(bad, capsys):
-    assert main(["search", "llama3-8b-tp2-dgx-h100", "--near-duplicate-margin", bad]) == 2
-    assert "--near-duplicate-margin" in capsys.readouterr().err
+    assert "top 4: the screen's 4 fastest plans" in capsys.readouterr().out
+    assert {p.get("picked_as") for p in json.loads(out.read_text())["plans"]} == {None, "screen"}
 
 
 GPT3 = {"name": "gpt3", "system": {"name": "dgx-a100", "nodes": 128}, "model": {"name": "gpt3-175b"}, "parallel": {},
