@@ -11,8 +11,9 @@ divide the layers), DP with ZeRO 0-3 (3 = FSDP, also with PP), micro-batch size,
 gradient-reduce and parameter-gather overlap, TP communication overlap (tp_comm_overlap or async_tp),
 rank order -- is checked (invalid plans are
 reported by reason) and estimated by an analytic screen (memory model, kernel cost model, NCCL's tuner,
-the pipeline-bubble closed form); the fastest ``--top-k`` that fit, the baseline (plain DP or FSDP if it
-fits, else Megatron-LM's recipe) and the scenario's plan are then co-simulated in parallel, and ranked.
+the pipeline-bubble closed form); ``--top-k`` plans that fit (the best of the screen's K/2 fastest shapes,
+then K/2 variants of the shapes that simulated fastest), the baseline (plain DP or FSDP if it fits, else
+Megatron-LM's recipe) and the scenario's plan are then co-simulated in parallel, and ranked.
 
 ``--fix section.key=value`` pins a knob, ``--space section.key=v1,v2`` restricts one (keys:
 parallel.tensor_model_parallel_size, parallel.sequence_parallel, parallel.context_parallel_size,
