@@ -6,7 +6,7 @@ default space is enumerated and screened (the screen's rate is printed, traces e
 Target (2 cores): >= 1,000 plans screened and the top 20 simulated in <= 5 minutes.
 
 Run: ``python bench/bench_search.py [--case gpt3-175b|llama3-405b] [--top-k K] [--workers N]
-[--top-k-rule shapes|screen] [--nodes N] [--scenario NAME] [--set K=V]``.
+[--top-k-rule shapes|screen] [--max-tasks N] [--nodes N] [--scenario NAME] [--set K=V]``.
 
 ``--case llama3-405b``: Llama 3 405B on 16,384 H100 (2,048 DGX H100, global batch 2048; target <= 10
 minutes), the same as::
@@ -45,6 +45,7 @@ def main() -> None:
     ap.add_argument("--top-k", type=int, default=20)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--top-k-rule", choices=("shapes", "screen"), default="shapes")
+    ap.add_argument("--max-tasks", type=float, default=None, help="per simulation (default: trainsim run's)")
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     ap.add_argument("--cache", default=None)
     args = ap.parse_args()
@@ -60,7 +61,8 @@ def main() -> None:
     t0 = time.perf_counter()
     sc = load_scenario(scenario_path(name), [f"system.nodes={args.nodes or nodes}", *overrides, *args.overrides])
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
-        res = run_search(sc, top_k=args.top_k, executor=pool, cache=args.cache, top_k_rule=args.top_k_rule)
+        res = run_search(sc, top_k=args.top_k, executor=pool, cache=args.cache, top_k_rule=args.top_k_rule,
+                         **({} if args.max_tasks is None else {"max_tasks": args.max_tasks}))
     wall = time.perf_counter() - t0
     own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu_main, cpu_workers = own.ru_utime + own.ru_stime, kids.ru_utime + kids.ru_stime  # workers: reaped at exit

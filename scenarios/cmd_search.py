@@ -56,6 +56,9 @@ def register(subparsers) -> None:
                    help="shapes (default): the best plan of the screen's K/2 fastest shapes (TP, CP, EP, PP, VPP, DP, "
                         "micro-batch, recompute), then K/2 variants of the shapes that simulated fastest; "
                         "screen: the screen's K fastest as ranked")
+    p.add_argument("--max-tasks", type=float, default=None, metavar="N",
+                   help="skip a plan whose simulation would run more tasks, as trainsim run refuses it "
+                        "(default: run's, 2,000,000)")
     p.add_argument("--workers", type=int, default=2, metavar="N", help="local worker processes (default 2)")
     p.add_argument("--executor", default=None, metavar="SPEC",
                    help="'process' (default: a local pool of --workers) or dask://HOST:PORT (needs trainsim[dask])")
@@ -71,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
     # deferred: the search imports the runner, hence torch
     from scenarios.cmd_run import load
     from scenarios.report import write_json
+    from scenarios.runner import DEFAULT_MAX_TASKS
     from scenarios.search.driver import NoFeasiblePlan, run_search
     from scenarios.search.report import emit_scenario, format_search, plot_pareto, search_json
     from scenarios.search.simulate import make_executor
@@ -78,6 +82,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.top_k < 1:
         raise UserError(f"--top-k must be >= 1, got {args.top_k}")
+    max_tasks = DEFAULT_MAX_TASKS if args.max_tasks is None else args.max_tasks
+    if not max_tasks > 0:
+        raise UserError(f"--max-tasks must be a positive number, got {args.max_tasks:g}")
     if args.workers < 1:
         raise UserError(f"--workers must be >= 1, got {args.workers}")
     parse_knobs(args.fix, args.space)  # bad keys and values fail before any tracing
@@ -87,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         res = run_search(scenario, fix=args.fix, space=args.space, top_k=args.top_k, executor=executor,
                          cache=args.cache, progress=sys.stderr.isatty(),
-                         top_k_rule=args.top_k_rule)
+                         top_k_rule=args.top_k_rule, max_tasks=max_tasks)
     except NoFeasiblePlan as exc:
         print(f"trainsim search: no feasible plan: {exc}", file=sys.stderr)
         return EXIT_NO_PLAN

@@ -20,6 +20,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from scenarios.runner import DEFAULT_MAX_TASKS
 from scenarios.scenario import Scenario, parallel_kwargs
 from scenarios.search.screen import Estimate, ScreenContext
 from scenarios.search.simulate import simulate_plans
@@ -232,25 +233,28 @@ def pick_variants(fit: Sequence[Estimate], simulated: Mapping[Candidate, Mapping
 
 def simulate_top_k(scenario: Scenario, fit: Sequence[Estimate], k: int, extras: Sequence[Candidate], *,
                    rule: str = "shapes", executor: Executor | None = None, cache: str | Path | None = None,
-                   progress: bool = False) -> tuple[dict[Candidate, dict[str, Any]], dict[Candidate, str]]:
+                   progress: bool = False, max_tasks: float | None = None
+                   ) -> tuple[dict[Candidate, dict[str, Any]], dict[Candidate, str]]:
     """Tier 2: simulate ``k`` plans of ``fit`` (fitting estimates, fastest first) and ``extras`` (the
     baseline and the scenario's plan). Returns the results by plan and the ``k`` picks with their round.
 
     ``rule`` ``screen``: the screen's ``k`` fastest. ``shapes``: round 1 simulates the fastest plan of
     each of the screen's ``ceil(k / 2)`` fastest shapes (:func:`pick_shapes`) with the extras, so that
     ``k`` slots are not spent on one plan in variants the screen cannot tell apart; round 2 the other
-    ``floor(k / 2)``: variants of the shapes that simulated fastest (:func:`pick_variants`)."""
+    ``floor(k / 2)``: variants of the shapes that simulated fastest (:func:`pick_variants`). A plan above
+    ``max_tasks`` estimated tasks is not simulated (its result says so), as ``trainsim run`` refuses it."""
+    kw: dict[str, Any] = {"executor": executor, "cache": cache, "progress": progress, "max_tasks": max_tasks}
     if rule == "screen":
         picks = {e.candidate: "screen" for e in fit[:k]}
         chosen = list(picks) + [c for c in extras if c not in picks]
-        return simulate_plans(scenario, chosen, executor=executor, cache=cache, progress=progress), picks
+        return simulate_plans(scenario, chosen, **kw), picks
     picks = dict.fromkeys(pick_shapes(fit, -(-k // 2)), "shape")
     first = list(picks) + [c for c in extras if c not in picks]
-    out = simulate_plans(scenario, first, executor=executor, cache=cache, progress=progress)
+    out = simulate_plans(scenario, first, **kw)
     more = pick_variants(fit, {c: r for c, r in out.items() if c in picks}, k - len(picks), set(first))
     picks.update(dict.fromkeys(more, "variant"))
     if more:
-        out.update(simulate_plans(scenario, more, executor=executor, cache=cache, progress=progress))
+        out.update(simulate_plans(scenario, more, **kw))
     return out, picks
 
 
@@ -283,11 +287,13 @@ def screen_all(ctx: ScreenContext, cands: Sequence[Candidate], progress: bool) -
 
 def run_search(scenario: Scenario, *, fix: Sequence[str] = (), space: Sequence[str] = (), top_k: int = DEFAULT_TOP_K,
                executor: Executor | None = None, cache: str | Path | None = None, progress: bool = False,
-               context: ScreenContext | None = None, top_k_rule: str = "shapes") -> SearchResult:
+               context: ScreenContext | None = None, top_k_rule: str = "shapes",
+               max_tasks: float | None = DEFAULT_MAX_TASKS) -> SearchResult:
     """Search the parallel plans of ``scenario`` (its ``[parallel]`` is the plan to beat, not a constraint).
 
     The ``top_k`` plans simulated beside the baseline and the scenario's own plan are picked by
-    ``top_k_rule`` (:func:`simulate_top_k`).
+    ``top_k_rule`` (:func:`simulate_top_k`); each simulation is bounded by ``max_tasks`` estimated tasks
+    (``trainsim run``'s default; ``None``: unbounded).
 
     Raises:
         ValueError: bad ``fix``/``space`` (one line naming the key or value; also a space without a valid
@@ -324,7 +330,7 @@ def run_search(scenario: Scenario, *, fix: Sequence[str] = (), space: Sequence[s
     t1 = time.perf_counter()
     compare = [c for c in (base, given) if c is not None and ctx.estimate(c).fits]
     simulated, picks = simulate_top_k(scenario, fit, top_k, compare, rule=top_k_rule, executor=executor, cache=cache,
-                                      progress=progress)
+                                      progress=progress, max_tasks=max_tasks)
     sim_s = time.perf_counter() - t1
     known = set(cands)
     extras = [ctx.estimate(c) for c in dict.fromkeys((base, given)) if c is not None and c not in known]
@@ -333,7 +339,7 @@ def run_search(scenario: Scenario, *, fix: Sequence[str] = (), space: Sequence[s
     return SearchResult(scenario, ordered, rejections, simulated, base, kind, given, rate, screen_s,
                         ctx.traces, trace_s, sim_s, usable_hbm_bytes(ctx.gpu), ctx.world,
                         info={"candidates": len(cands), "fitting": len(fit), "top_k": top_k,
-                              "top_k_rule": top_k_rule, "picked": len(picks),
+                              "top_k_rule": top_k_rule, "picked": len(picks), "max_tasks": max_tasks,
                               "shapes_picked": sum(1 for v in picks.values() if v == "shape"),
                               "enumerate_s": enumerate_s, "usable_hbm_bytes": usable_hbm_bytes(ctx.gpu)},
                         picks=picks,

@@ -126,7 +126,7 @@ def format_picks(res: SearchResult) -> str:
     """One line: how the top K were picked (:func:`scenarios.search.driver.simulate_top_k`)."""
     k = res.info.get("picked", len(res.picks))
     if res.info.get("top_k_rule") == "screen":
-        return f"top {k}: the screen's {k} fastest plans"
+        return f"top {k}: the screen's {k} fastest plans" + _over_budget(res)
     shapes = res.info.get("shapes_picked", 0)
     variants = [c for c, why in res.picks.items() if why == "variant"]
     line = (f"top {k}: the screen's fastest plan of each of its {shapes} fastest shapes (TP, CP, EP, PP, VPP, DP, "
@@ -137,7 +137,15 @@ def format_picks(res: SearchResult) -> str:
         per.setdefault(plan_shape(c), []).append(c)
     if per:
         line += ": " + ", ".join(f"{len(cs)} of {_shape_label(cs[0])}" for cs in per.values())
-    return line
+    return line + _over_budget(res)
+
+
+def _over_budget(res: SearchResult) -> str:
+    over = [c for c in res.picks if res.simulated.get(c, {}).get("over_budget")]
+    if not over:
+        return ""
+    return (f"; {len(over)} not simulated, above --max-tasks {res.info.get('max_tasks') or 0:,.0f} estimated tasks "
+            f"(the screen's fastest of them: {over[0].short()}; raise --max-tasks to simulate them)")
 
 
 def _shape_label(c) -> str:

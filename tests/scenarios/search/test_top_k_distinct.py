@@ -131,7 +131,7 @@ def test_the_longest_simulations_are_submitted_first(monkeypatch):
     submitted = []
 
     class Recorder:
-        def submit(self, fn, data, source):
+        def submit(self, fn, data, *_args):
             submitted.append(data["parallel"]["pipeline_model_parallel_size"])
             fut: Future = Future()
             fut.set_result({"iteration_time_s": 1.0})
@@ -141,3 +141,31 @@ def test_the_longest_simulations_are_submitted_first(monkeypatch):
              Candidate(tp=8, sp=True, pp=4, dp=32, mbs=4)]  # 48, 80 and 12 micro-batches simulated
     out = sim_mod.simulate_plans(parse_scenario(GPT3), plans, executor=Recorder())
     assert submitted == [16, 8, 4] and set(out) == set(plans)
+
+
+def test_a_plan_above_max_tasks_is_refused_not_cached_and_reported(tmp_path):
+    """A simulation is bounded as ``trainsim run --max-tasks`` bounds it: refused before it is built, with
+    run's one line, kept out of the cache (a larger budget runs it) and named by the report."""
+    from scenarios.search.report import format_picks
+    from scenarios.search.simulate import candidate_data, simulate_plan, simulate_plans
+
+    small = parse_scenario({"name": "small", "system": {"name": "dgx-h100", "nodes": 1},
+                            "model": {"name": "llama3-8b", "num_layers": 2}, "parallel": {},
+                            "training": {"global_batch_size": 8, "micro_batch_size": 1, "seq_length": 512}})
+    plan = Candidate(tp=2, dp=4)
+    r = simulate_plan(candidate_data(small, plan), max_tasks=10)
+    assert r["over_budget"] and r["error"].startswith("not simulated: this run would simulate about")
+    assert "above --max-tasks 10" in r["error"]
+    cache = tmp_path / "c.jsonl"
+    assert simulate_plans(small, [plan], cache=cache, max_tasks=10)[plan]["over_budget"]
+    assert not cache.exists() or cache.read_text() == ""
+    ran = simulate_plans(small, [plan], cache=cache)[plan]
+    assert ran["iteration_time_s"] > 0 and len(cache.read_text().splitlines()) == 1
+
+    class Res:  # what format_picks reads of a SearchResult
+        picks = {plan: "screen"}
+        simulated = {plan: r}
+        info = {"picked": 1, "top_k_rule": "screen", "max_tasks": 10}
+
+    assert format_picks(Res()).endswith("1 not simulated, above --max-tasks 10 estimated tasks (the screen's fastest "
+                                        f"of them: {plan.short()}; raise --max-tasks to simulate them)")
