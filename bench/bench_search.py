@@ -15,7 +15,9 @@ minutes), the same as::
         --set model.name=llama3-405b --set training.global_batch_size=2048
 
 On a shared machine the wall time depends on the load: the CPU time of the search process and of its
-pool workers (``RUSAGE_CHILDREN``, counted once the pool has been joined) is printed beside it.
+pool workers (``RUSAGE_CHILDREN``, counted once the pool has been joined) is printed beside it, and
+the wall time of an idle 2-core machine estimated from them. Measured figures: docs/DESIGN.md, "Search:
+a top K that covers the space".
 """
 
 from __future__ import annotations
@@ -71,8 +73,8 @@ def main() -> None:
     print()
     print(f"plans screened: {len(res.estimates):,} ({res.info['fitting']:,} fit), enumerated in "
           f"{res.info.get('enumerate_s', float('nan')):.1f} s; screen rate "
-          f"{res.screen_rate_per_s:,.0f} plans/s (one core, traces excluded); {res.traces} shard traces in "
-          f"{res.trace_wall_s:.1f} s; {len(res.simulated)} plans simulated in {res.simulate_wall_s:.1f} s "
+          f"{res.screen_rate_per_s:,.0f} plans per CPU second (one core, traces excluded); {res.traces} shard traces "
+          f"in {res.trace_wall_s:.1f} s; {len(res.simulated)} plans simulated in {res.simulate_wall_s:.1f} s "
           f"({args.workers} workers)")
     tau = ag.get("kendall_tau", float("nan"))
     print(f"wall time: {wall:.1f} s, CPU {cpu_main + cpu_workers:.1f} s (target <= {target_s:.0f} s on 2 cores); "
