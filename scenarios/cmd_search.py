@@ -11,8 +11,9 @@ divide the layers), DP with ZeRO 0-3 (3 = FSDP, also with PP), micro-batch size,
 gradient-reduce and parameter-gather overlap, TP communication overlap (tp_comm_overlap or async_tp),
 rank order -- is checked (invalid plans are
 reported by reason) and estimated by an analytic screen (memory model, kernel cost model, NCCL's tuner,
-the pipeline-bubble closed form); the fastest ``--top-k`` that fit, the baseline (plain DP or FSDP if it
-fits, else Megatron-LM's recipe) and the scenario's plan are then co-simulated in parallel, and ranked.
+the pipeline-bubble closed form); ``--top-k`` plans that fit (the best of the screen's K/2 fastest shapes,
+then K/2 variants of the shapes that simulated fastest), the baseline (plain DP or FSDP if it fits, else
+Megatron-LM's recipe) and the scenario's plan are then co-simulated in parallel, and ranked.
 
 ``--fix section.key=value`` pins a knob, ``--space section.key=v1,v2`` restricts one (keys:
 parallel.tensor_model_parallel_size, parallel.sequence_parallel, parallel.context_parallel_size,
@@ -51,6 +52,13 @@ def register(subparsers) -> None:
     p.add_argument("--space", action="append", default=[], metavar="SECTION.KEY=V1,V2",
                    help="restrict one knob to these values (repeatable)")
     p.add_argument("--top-k", type=int, default=20, metavar="K", help="plans to co-simulate (default 20)")
+    p.add_argument("--top-k-rule", choices=("shapes", "screen"), default="shapes",
+                   help="shapes (default): the best plan of the screen's K/2 fastest shapes (TP, CP, EP, PP, VPP, DP, "
+                        "micro-batch, recompute), then K/2 variants of the shapes that simulated fastest; "
+                        "screen: the screen's K fastest as ranked")
+    p.add_argument("--max-tasks", type=float, default=None, metavar="N",
+                   help="skip a plan whose simulation would run more tasks, as trainsim run refuses it "
+                        "(default: run's, 2,000,000)")
     p.add_argument("--workers", type=int, default=2, metavar="N", help="local worker processes (default 2)")
     p.add_argument("--executor", default=None, metavar="SPEC",
                    help="'process' (default: a local pool of --workers) or dask://HOST:PORT (needs trainsim[dask])")
@@ -66,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
     # deferred: the search imports the runner, hence torch
     from scenarios.cmd_run import load
     from scenarios.report import write_json
+    from scenarios.runner import DEFAULT_MAX_TASKS
     from scenarios.search.driver import NoFeasiblePlan, run_search
     from scenarios.search.report import emit_scenario, format_search, plot_pareto, search_json
     from scenarios.search.simulate import make_executor
@@ -73,6 +82,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.top_k < 1:
         raise UserError(f"--top-k must be >= 1, got {args.top_k}")
+    max_tasks = DEFAULT_MAX_TASKS if args.max_tasks is None else args.max_tasks
+    if not max_tasks > 0:
+        raise UserError(f"--max-tasks must be a positive number, got {args.max_tasks:g}")
     if args.workers < 1:
         raise UserError(f"--workers must be >= 1, got {args.workers}")
     parse_knobs(args.fix, args.space)  # bad keys and values fail before any tracing
@@ -81,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
         args.executor, args.workers)
     try:
         res = run_search(scenario, fix=args.fix, space=args.space, top_k=args.top_k, executor=executor,
-                         cache=args.cache, progress=sys.stderr.isatty())
+                         cache=args.cache, progress=sys.stderr.isatty(),
+                         top_k_rule=args.top_k_rule, max_tasks=max_tasks)
     except NoFeasiblePlan as exc:
         print(f"trainsim search: no feasible plan: {exc}", file=sys.stderr)
         return EXIT_NO_PLAN

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -20,12 +20,14 @@ from typing import Any
 
 from tqdm import tqdm
 
+from scenarios.runner import DEFAULT_MAX_TASKS
 from scenarios.scenario import Scenario, parallel_kwargs
 from scenarios.search.screen import Estimate, ScreenContext
 from scenarios.search.simulate import simulate_plans
 from scenarios.search.space import (
     Candidate,
     Rejection,
+    balanced_ends,
     check_plan,
     empty_space_reason,
     enumerate_space,
@@ -38,6 +40,11 @@ from workload.fp8 import DEFAULT_RECIPE
 from workload.parallel.config import ParallelConfig
 
 DEFAULT_TOP_K = 20
+TOP_K_RULES = ("shapes", "screen")
+"""How the top K are picked (:func:`pick_top_k`): ``shapes`` (default) half by plan shape, half by
+variants of the shapes that simulated fastest; ``screen``: the screen's K fastest as they come."""
+VARIANTS_PER_SHAPE = 4
+"""Round 2 of the ``shapes`` rule simulates at most this many more variants of one shape."""
 
 
 class NoFeasiblePlan(Exception):
@@ -66,6 +73,9 @@ class SearchResult:
     """The GPU's usable HBM, the memory limit of the screen's verdict and ``run``'s (one function)."""
     world_size: int
     info: dict[str, Any] = field(default_factory=dict)
+    picks: dict[Candidate, str] = field(default_factory=dict)
+    """The top K, each with why it was simulated: ``shape`` (round 1), ``variant`` (round 2) or ``screen``
+    (:func:`simulate_top_k`)."""
     outside: frozenset[Candidate] = frozenset()
     """Plans simulated for comparison only (the baseline or the scenario's plan outside ``--fix``/``--space``):
     never the recommendation."""
@@ -141,7 +151,10 @@ def baseline_plans(ctx: ScreenContext) -> list[tuple[str, Candidate]]:
     recomputation, then Megatron-LM's documented recipe (Narayanan et al. SC'21 §3.3, takeaway #1:
     tensor parallelism up to the GPUs of a node, pipeline parallelism across nodes; with sequence
     parallelism, selective recomputation and the distributed optimizer, Korthikanti et al. 2022) with
-    the fewest pipeline stages."""
+    the fewest pipeline stages. Where PP does not divide the layers the recipe's end stages take fewer
+    (:func:`~scenarios.search.space.balanced_ends`, Megatron-LM's ``--num-layers-in-first-pipeline-stage``
+    / ``--num-layers-in-last-pipeline-stage``; Llama 3 405B's 126 layers on 16 stages, Dubey et al. 2024
+    §3.3.2, are balanced so), so that the recipe exists at every PP the space has."""
     f = ctx.facts
     dp = f.world_size
     out = [("plain DP (DDP)", Candidate(dp=dp, overlap_grad_reduce=dp > 1)),
@@ -151,9 +164,11 @@ def baseline_plans(ctx: ScreenContext) -> list[tuple[str, Candidate]]:
     pp = 1
     while pp <= min(f.num_layers, f.world_size // tp):
         d = f.world_size // (tp * pp)
+        first, last = balanced_ends(f.num_layers, pp)
         out.append((f"Megatron-LM recipe (TP {tp} in the node, PP {pp})",
                     Candidate(tp=tp, sp=tp > 1, pp=pp, dp=d, zero=1 if d > 1 else 0, recompute="selective",
-                              overlap_grad_reduce=d > 1, overlap_param_gather=d > 1)))
+                              overlap_grad_reduce=d > 1, overlap_param_gather=d > 1, first_layers=first,
+                              last_layers=last)))
         pp *= 2
     tr = ctx.scenario.training  # the scenario's FP8 recipe and ZeRO-3 implementation, as the enumerated plans
     recipe = tr.get("fp8_recipe", DEFAULT_RECIPE) if tr.get("dtype") == "fp8" else ""
@@ -173,6 +188,76 @@ def pick_baseline(ctx: ScreenContext) -> tuple[str, Candidate | None, Estimate |
     return "", None, None
 
 
+def plan_shape(c: Candidate) -> tuple[Any, ...]:
+    """The plan's shape: how the model and the batch are cut (TP, CP, EP, PP, VPP, DP, micro-batch size,
+    recomputation with its method and layers). Plans of one shape differ only in ZeRO stage, overlaps,
+    SP, TP comm overlap / async TP, rank order, uneven ends and FP8 recipe."""
+    return (c.tp, c.cp, c.ep, c.pp, c.vpp, c.dp, c.mbs, c.recompute, c.recompute_method, c.recompute_num_layers)
+
+
+def pick_shapes(fit: Sequence[Estimate], n: int) -> list[Candidate]:
+    """Round 1 of the ``shapes`` rule: the screen's fastest plan of each of its ``n`` fastest shapes
+    (``fit``: fitting estimates, fastest first), in the screen's order."""
+    seen: set[tuple[Any, ...]] = set()
+    out: list[Candidate] = []
+    for e in fit:
+        if len(out) >= n:
+            break
+        shape = plan_shape(e.candidate)
+        if shape not in seen:
+            seen.add(shape)
+            out.append(e.candidate)
+    return out
+
+
+def pick_variants(fit: Sequence[Estimate], simulated: Mapping[Candidate, Mapping[str, Any]], n: int,
+                  taken: Collection[Candidate]) -> list[Candidate]:
+    """Round 2 of the ``shapes`` rule: ``n`` more plans. The shapes of the ``simulated`` plans, fastest
+    simulated first, each give up to :data:`VARIANTS_PER_SHAPE` of their other plans in the screen's order
+    (ZeRO stage, overlaps, SP, TP comm overlap, rank order, uneven ends, FP8 recipe: knobs the screen
+    prices alike or not at all -- it prices both rank orders the same -- and the simulation tells apart);
+    what that leaves of ``n`` goes to the screen's fastest plans not yet taken."""
+    ok = sorted(((r["iteration_time_s"], c) for c, r in simulated.items()
+                 if not r.get("error") and not r.get("oom")), key=lambda tc: tc[0])
+    order = list(dict.fromkeys(plan_shape(c) for _, c in ok))
+    by_shape: dict[tuple[Any, ...], list[Candidate]] = {s: [] for s in order}
+    for e in fit:
+        lst = by_shape.get(plan_shape(e.candidate))
+        if lst is not None and len(lst) < VARIANTS_PER_SHAPE and e.candidate not in taken:
+            lst.append(e.candidate)
+    out = [c for s in order for c in by_shape[s]][:n]
+    have = set(taken) | set(out)
+    out += [e.candidate for e in fit if e.candidate not in have][:n - len(out)]
+    return out
+
+
+def simulate_top_k(scenario: Scenario, fit: Sequence[Estimate], k: int, extras: Sequence[Candidate], *,
+                   rule: str = "shapes", executor: Executor | None = None, cache: str | Path | None = None,
+                   progress: bool = False, max_tasks: float | None = None
+                   ) -> tuple[dict[Candidate, dict[str, Any]], dict[Candidate, str]]:
+    """Tier 2: simulate ``k`` plans of ``fit`` (fitting estimates, fastest first) and ``extras`` (the
+    baseline and the scenario's plan). Returns the results by plan and the ``k`` picks with their round.
+
+    ``rule`` ``screen``: the screen's ``k`` fastest. ``shapes``: round 1 simulates the fastest plan of
+    each of the screen's ``ceil(k / 2)`` fastest shapes (:func:`pick_shapes`) with the extras, so that
+    ``k`` slots are not spent on one plan in variants the screen cannot tell apart; round 2 the other
+    ``floor(k / 2)``: variants of the shapes that simulated fastest (:func:`pick_variants`). A plan above
+    ``max_tasks`` estimated tasks is not simulated (its result says so), as ``trainsim run`` refuses it."""
+    kw: dict[str, Any] = {"executor": executor, "cache": cache, "progress": progress, "max_tasks": max_tasks}
+    if rule == "screen":
+        picks = {e.candidate: "screen" for e in fit[:k]}
+        chosen = list(picks) + [c for c in extras if c not in picks]
+        return simulate_plans(scenario, chosen, **kw), picks
+    picks = dict.fromkeys(pick_shapes(fit, -(-k // 2)), "shape")
+    first = list(picks) + [c for c in extras if c not in picks]
+    out = simulate_plans(scenario, first, **kw)
+    more = pick_variants(fit, {c: r for c, r in out.items() if c in picks}, k - len(picks), set(first))
+    picks.update(dict.fromkeys(more, "variant"))
+    if more:
+        out.update(simulate_plans(scenario, more, **kw))
+    return out, picks
+
+
 def _bar(progress: bool, total: int, desc: str, unit: str):
     return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, disable=not progress, leave=False,
                 dynamic_ncols=True, mininterval=0.2)
@@ -180,7 +265,7 @@ def _bar(progress: bool, total: int, desc: str, unit: str):
 
 def screen_all(ctx: ScreenContext, cands: Sequence[Candidate], progress: bool) -> tuple[list[Estimate], float, float]:
     """Estimates of ``cands`` (memory first; the fitting plans' shards traced before the timed pass),
-    the screen's rate (plans/s, traces excluded) and the tracing wall time."""
+    the screen's rate (plans per CPU second of this process, traces excluded) and the tracing wall time."""
     t0 = time.perf_counter()
     fitting = {ctx.shard_key(c): c for c in cands if not ctx.oom_reason(ctx.memory(c))}
     with _bar(progress, len(fitting), "tracing shards", "shard") as bar:
@@ -188,7 +273,7 @@ def screen_all(ctx: ScreenContext, cands: Sequence[Candidate], progress: bool) -
             ctx.shard(c)
             bar.update()
     trace_s = time.perf_counter() - t0
-    t1 = time.perf_counter()
+    t1 = time.process_time()  # the rate in CPU time: one core's, whatever else the machine runs
     with _bar(progress, len(cands), "screening plans", "plan") as bar:
         out = []
         for i, c in enumerate(cands):
@@ -196,20 +281,27 @@ def screen_all(ctx: ScreenContext, cands: Sequence[Candidate], progress: bool) -
             if i % 256 == 255:
                 bar.update(256)
         bar.update(len(cands) - bar.n)
-    dt = time.perf_counter() - t1
+    dt = time.process_time() - t1
     return out, (len(cands) / dt if dt > 0 else math.inf), trace_s
 
 
 def run_search(scenario: Scenario, *, fix: Sequence[str] = (), space: Sequence[str] = (), top_k: int = DEFAULT_TOP_K,
                executor: Executor | None = None, cache: str | Path | None = None, progress: bool = False,
-               context: ScreenContext | None = None) -> SearchResult:
+               context: ScreenContext | None = None, top_k_rule: str = "shapes",
+               max_tasks: float | None = DEFAULT_MAX_TASKS) -> SearchResult:
     """Search the parallel plans of ``scenario`` (its ``[parallel]`` is the plan to beat, not a constraint).
+
+    The ``top_k`` plans simulated beside the baseline and the scenario's own plan are picked by
+    ``top_k_rule`` (:func:`simulate_top_k`); each simulation is bounded by ``max_tasks`` estimated tasks
+    (``trainsim run``'s default; ``None``: unbounded).
 
     Raises:
         ValueError: bad ``fix``/``space`` (one line naming the key or value; also a space without a valid
-            plan), or a scenario field at fault.
+            plan), an unknown ``top_k_rule``, or a scenario field at fault.
         NoFeasiblePlan: no valid plan fits in memory (the message names the closest and what it lacks).
     """
+    if top_k_rule not in TOP_K_RULES:
+        raise ValueError(f"top-k rule {top_k_rule!r}: unknown; allowed: {', '.join(TOP_K_RULES)}")
     knobs = parse_knobs(fix, space)
     ctx = context or ScreenContext(scenario)
     t_enum = time.perf_counter()
@@ -235,12 +327,10 @@ def run_search(scenario: Scenario, *, fix: Sequence[str] = (), space: Sequence[s
     given = given_plan(scenario, ctx.world)
     if given is not None and check_plan(given, ctx.facts, ctx.model_cfg, ctx.base_parallel) is not None:
         given = None  # e.g. the scenario's stages do not divide a model set with --set: no plan to compare
-    chosen = [e.candidate for e in fit[:top_k]]
-    for extra in (base, given):
-        if extra is not None and extra not in chosen and ctx.estimate(extra).fits:
-            chosen.append(extra)
     t1 = time.perf_counter()
-    simulated = simulate_plans(scenario, chosen, executor=executor, cache=cache, progress=progress)
+    compare = [c for c in (base, given) if c is not None and ctx.estimate(c).fits]
+    simulated, picks = simulate_top_k(scenario, fit, top_k, compare, rule=top_k_rule, executor=executor, cache=cache,
+                                      progress=progress, max_tasks=max_tasks)
     sim_s = time.perf_counter() - t1
     known = set(cands)
     extras = [ctx.estimate(c) for c in dict.fromkeys((base, given)) if c is not None and c not in known]
@@ -249,7 +339,10 @@ def run_search(scenario: Scenario, *, fix: Sequence[str] = (), space: Sequence[s
     return SearchResult(scenario, ordered, rejections, simulated, base, kind, given, rate, screen_s,
                         ctx.traces, trace_s, sim_s, usable_hbm_bytes(ctx.gpu), ctx.world,
                         info={"candidates": len(cands), "fitting": len(fit), "top_k": top_k,
+                              "top_k_rule": top_k_rule, "picked": len(picks), "max_tasks": max_tasks,
+                              "shapes_picked": sum(1 for v in picks.values() if v == "shape"),
                               "enumerate_s": enumerate_s, "usable_hbm_bytes": usable_hbm_bytes(ctx.gpu)},
+                        picks=picks,
                         outside=frozenset(c for c in (base, given) if c is not None and not satisfies(c, knobs)))
 
 

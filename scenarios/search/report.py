@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from scenarios.search.driver import SearchResult, kendall_tau
+from scenarios.search.driver import VARIANTS_PER_SHAPE, SearchResult, kendall_tau, plan_shape
 from scenarios.search.simulate import candidate_data
 
 MAX_REJECTION_LINES = 12
@@ -115,9 +115,43 @@ def agreement(res: SearchResult) -> dict[str, Any]:
     if not pairs:
         return {}
     t_best = res.estimate_of(res.best[0]).iteration_time_s
-    screen_rank = 1 + sum(1 for e in res.estimates if e.fits and e.iteration_time_s < t_best)
+    ahead = [e.candidate for e in res.estimates if e.fits and e.iteration_time_s < t_best]
+    shapes_ahead = {plan_shape(c) for c in ahead} - {plan_shape(res.best[0])}
     return {"kendall_tau": kendall_tau([p[0] for p in pairs], [p[1] for p in pairs]), "simulated_plans": len(pairs),
-            "best_screen_rank": screen_rank, "best_in_screen_top10": screen_rank <= 10}
+            "best_screen_rank": 1 + len(ahead), "best_in_screen_top10": len(ahead) < 10,
+            "best_shape_screen_rank": 1 + len(shapes_ahead)}
+
+
+def format_picks(res: SearchResult) -> str:
+    """One line: how the top K were picked (:func:`scenarios.search.driver.simulate_top_k`)."""
+    k = res.info.get("picked", len(res.picks))
+    if res.info.get("top_k_rule") == "screen":
+        return f"top {k}: the screen's {k} fastest plans" + _over_budget(res)
+    shapes = res.info.get("shapes_picked", 0)
+    variants = [c for c, why in res.picks.items() if why == "variant"]
+    line = (f"top {k}: the screen's fastest plan of each of its {shapes} fastest shapes (TP, CP, EP, PP, VPP, DP, "
+            f"micro-batch, recomputation), then {len(variants)} variants (ZeRO, overlaps, TP comm overlap, rank "
+            f"order...) of the shapes that simulated fastest, up to {VARIANTS_PER_SHAPE} each, in the screen's order")
+    per: dict[tuple, list] = {}
+    for c in variants:
+        per.setdefault(plan_shape(c), []).append(c)
+    if per:
+        line += ": " + ", ".join(f"{len(cs)} of {_shape_label(cs[0])}" for cs in per.values())
+    return line + _over_budget(res)
+
+
+def _over_budget(res: SearchResult) -> str:
+    over = [c for c in res.picks if res.simulated.get(c, {}).get("over_budget")]
+    if not over:
+        return ""
+    return (f"; {len(over)} not simulated, above --max-tasks {res.info.get('max_tasks') or 0:,.0f} estimated tasks "
+            f"(the screen's fastest of them: {over[0].short()}; raise --max-tasks to simulate them)")
+
+
+def _shape_label(c) -> str:
+    label = f"TP{c.tp}" + (f" CP{c.cp}" if c.cp > 1 else "") + (f" EP{c.ep}" if c.ep > 1 else "")
+    label += f" PP{c.pp}" + (f"x{c.vpp}" if c.vpp > 1 else "") + f" DP{c.dp} mbs{c.mbs} {c.recompute}"
+    return label + (f"-{c.recompute_method}{c.recompute_num_layers}" if c.recompute_method else "")
 
 
 def format_search(res: SearchResult) -> str:
@@ -130,6 +164,7 @@ def format_search(res: SearchResult) -> str:
              f"screen: {res.screen_rate_per_s:,.0f} plans/s after {res.traces} shard traces "
              f"({res.trace_wall_s:.1f} s); simulated {len(res.simulated)} plans in {res.simulate_wall_s:.1f} s", ""]
     lines.append(format_table(res))
+    lines.append(format_picks(res))
     if any(c.async_tp for c in res.simulated) and not sc.training.get("compile", False):
         lines.append("note: async TP plans set [training] compile = true (torchtitan runs async TP only compiled)")
     sp = speedups(res)
@@ -149,7 +184,9 @@ def format_search(res: SearchResult) -> str:
     ag = agreement(res)
     if ag:
         lines.append(f"screen vs simulation: Kendall tau {ag['kendall_tau']:.2f} over {ag['simulated_plans']} plans; "
-                     f"the simulated best is #{ag['best_screen_rank']} by the screen")
+                     f"the simulated best is #{ag['best_screen_rank']} by the screen"
+                     + (f" (its shape #{ag['best_shape_screen_rank']} of the screen's shapes)"
+                        if ag["best_shape_screen_rank"] != ag["best_screen_rank"] else ""))
     lines += ["", "rejected:", format_rejections(res)]
     return "\n".join(lines)
 
@@ -162,6 +199,9 @@ def search_json(res: SearchResult) -> dict[str, Any]:
         r = res.simulated.get(e.candidate)
         if r is not None:
             d["simulated"] = r
+        why = res.picks.get(e.candidate)
+        if why is not None:
+            d["picked_as"] = why
         plans.append(d)
     return {"scenario": res.scenario.name, "gpus": res.world_size, "hbm_bytes": res.hbm_bytes,
             "screen_rate_per_s": res.screen_rate_per_s, "screen_wall_s": res.screen_wall_s, "traces": res.traces,

@@ -49,18 +49,23 @@ def scenario_key(data: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def simulate_plan(data: Mapping[str, Any], source: str = "") -> dict[str, Any]:
+def simulate_plan(data: Mapping[str, Any], source: str = "", max_tasks: float | None = None) -> dict[str, Any]:
     """Simulate one scenario dict; the metrics the search reports, or ``{"error": ...}`` (never raises
-    for a bad plan). Module level so that worker processes can run it."""
+    for a bad plan; ``"over_budget": True`` beside it for a run above ``max_tasks`` estimated tasks,
+    refused before it is built, as ``trainsim run --max-tasks`` refuses it). Module level so that worker
+    processes can run it."""
     import time
 
-    from scenarios.runner import run_scenario
+    from scenarios.runner import TaskBudgetError, memory_for, prepare, run_prepared
 
     data = copy.deepcopy(dict(data))
     data.setdefault("simulation", {}).setdefault("record_links", False)  # no link timelines: faster
     t0, c0 = time.perf_counter(), time.process_time()  # CPU beside wall: a shared machine stretches the wall
     try:
-        rep = run_scenario(parse_scenario(data, source))
+        prep = prepare(parse_scenario(data, source))  # run_scenario's steps, with run's task budget
+        rep = run_prepared(prep, memory_for(prep), started_s=t0, max_tasks=max_tasks)
+    except TaskBudgetError as exc:
+        return {"error": f"not simulated: {exc}", "over_budget": True}
     except (ValueError, KeyError) as exc:
         return {"error": str(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc)}
     m = rep.metrics
@@ -109,22 +114,40 @@ def make_executor(spec: str | None, workers: int) -> tuple[Executor, Callable[[]
     raise ValueError(f"--executor {spec!r}: unknown; allowed: process, dask://HOST:PORT")
 
 
+def simulated_microbatches(base: Scenario, c: Candidate) -> int:
+    """Micro-batches the run of plan ``c`` simulates (both short runs where the steady period is
+    extrapolated, :func:`scenarios.steady_state.plan_for`): its cost in simulated work, since every plan
+    of one model simulates all its layers once per micro-batch. ``0`` for a plan ``run`` would refuse."""
+    from scenarios.steady_state import plan_for
+
+    try:
+        cfg = c.config(int(base.training["global_batch_size"]), base.parallel)
+    except (ValueError, KeyError, TypeError):
+        return 0
+    steady = plan_for(cfg, dict(base.simulation))
+    return sum(steady.simulated) if steady is not None else cfg.num_microbatches
+
+
 def simulate_plans(base: Scenario, cands: Iterable[Candidate], *, executor: Executor | None = None,
-                   cache: str | Path | None = None, progress: bool = False) -> dict[Candidate, dict[str, Any]]:
+                   cache: str | Path | None = None, progress: bool = False,
+                   max_tasks: float | None = None) -> dict[Candidate, dict[str, Any]]:
     """Simulate every plan of ``cands`` (those in ``cache`` are read back, not re-run); results by plan.
 
-    ``executor`` None runs them here, one after the other (tests, one worker)."""
+    ``executor`` None runs them here, one after the other (tests, one worker). A plan above
+    ``max_tasks`` is refused (:func:`simulate_plan`) and not cached: a larger budget runs it."""
     cands = list(dict.fromkeys(cands))
     done = load_cache(cache)
     keyed = {c: scenario_key(candidate_data(base, c)) for c in cands}
     out = {c: done[k] for c, k in keyed.items() if k in done}
     todo = [c for c in cands if c not in out]
+    if executor is not None:  # the longest first, so that the last to finish is a short one (LPT)
+        todo.sort(key=lambda c: -simulated_microbatches(base, c))
     bar = tqdm(total=len(cands), initial=len(out), desc="simulating plans", unit="plan", file=sys.stderr,
                disable=not progress, leave=False, dynamic_ncols=True)
 
     def record(c: Candidate, result: dict[str, Any]) -> None:
         out[c] = result
-        if cache is not None:  # one line per result, written as it arrives: an interruption loses none
+        if cache is not None and not result.get("over_budget"):  # written as it arrives: an interruption loses none
             with Path(cache).open("a", encoding="utf-8") as fh:
                 fh.write(json.dumps({"key": keyed[c], "plan": c.to_dict(), "result": result}, sort_keys=True) + "\n")
         bar.update()
@@ -132,9 +155,10 @@ def simulate_plans(base: Scenario, cands: Iterable[Candidate], *, executor: Exec
     try:
         if executor is None:
             for c in todo:
-                record(c, simulate_plan(candidate_data(base, c), base.source))
+                record(c, simulate_plan(candidate_data(base, c), base.source, max_tasks))
         else:
-            futures = {executor.submit(simulate_plan, candidate_data(base, c), base.source): c for c in todo}
+            futures = {executor.submit(simulate_plan, candidate_data(base, c), base.source, max_tasks): c
+                       for c in todo}
             for fut in as_completed(futures):
                 record(futures[fut], fut.result())
     finally:

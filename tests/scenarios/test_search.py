@@ -175,7 +175,7 @@ def test_cache_resumes(small, tmp_path, monkeypatch):
         fh.write('{"key": "torn')  # an interrupted write
     calls = []
     real = sim_mod.simulate_plan
-    monkeypatch.setattr(sim_mod, "simulate_plan", lambda d, s="": calls.append(d) or real(d, s))
+    monkeypatch.setattr(sim_mod, "simulate_plan", lambda d, s="", *a: calls.append(d) or real(d, s, *a))
     again = simulate_plans(small, plans, cache=cache)
     assert len(calls) == 1 and calls[0]["parallel"]["tensor_model_parallel_size"] == 8  # only the new plan
     assert again[plans[0]] == first[plans[0]]
