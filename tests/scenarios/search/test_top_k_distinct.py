@@ -109,7 +109,7 @@ GPT3 = {"name": "gpt3", "system": {"name": "dgx-a100", "nodes": 128}, "model": {
 
 
 @pytest.mark.parametrize("plan, simulated", [
-    (Candidate(tp=8, sp=True, pp=16, dp=8), 32 + 48),  # m 192, p 16: m1 = 2p, m2 = m1 + p (steady period)
+    (Candidate(tp=8, sp=True, pp=16, dp=8), 16 + 32),  # m 192, p 16, 1F1B: m1 = max(p, 16), m2 = m1 + p
     (Candidate(tp=8, sp=True, pp=8, dp=16, mbs=2), 48),  # m 48: 16 + 24 is over 3/4 of it, so all 48 run
     (Candidate(tp=8, sp=True, pp=16, dp=8, mbs=5), 0),  # 1536 / (8 x 5) is no whole number: run refuses it
 ])
@@ -137,10 +137,10 @@ def test_the_longest_simulations_are_submitted_first(monkeypatch):
             fut.set_result({"iteration_time_s": 1.0})
             return fut
 
-    plans = [Candidate(tp=8, sp=True, pp=8, dp=16, mbs=2), Candidate(tp=8, sp=True, pp=16, dp=8),
-             Candidate(tp=8, sp=True, pp=4, dp=32, mbs=4)]  # 48, 80 and 12 micro-batches simulated
+    plans = [Candidate(tp=8, sp=True, pp=8, dp=16, mbs=2), Candidate(tp=8, sp=True, pp=32, dp=4),
+             Candidate(tp=8, sp=True, pp=4, dp=32, mbs=4)]  # 48, 32 + 64 and 12 micro-batches simulated
     out = sim_mod.simulate_plans(parse_scenario(GPT3), plans, executor=Recorder())
-    assert submitted == [16, 8, 4] and set(out) == set(plans)
+    assert submitted == [32, 8, 4] and set(out) == set(plans)
 
 
 def test_a_plan_above_max_tasks_is_refused_not_cached_and_reported(tmp_path):
