@@ -140,6 +140,29 @@ class ClosRoutes:
         t = self.spine_to_pod[(c, self.pod_of[lb])]
         return [(a, la), (la, s), (s, c), (c, t), (t, lb), (lb, b)]
 
+    def route_between(self, a: str, b: str, src: str, dst: str) -> tuple[Edge, ...] | None:
+        """:meth:`route` with ``hkey = f"{src}|{dst}"`` (the route from device ``src`` to ``dst``), as a
+        tuple; None also when ``a == b``. One string is hashed per ECMP choice, nothing else is built:
+        a merge asks it once per mirror."""
+        if a == b:
+            return None
+        la, lb = self.leaf_of.get(a), self.leaf_of.get(b)
+        if la is None or lb is None:
+            return None
+        if la == lb:
+            return ((a, la), (la, b))
+        spines = self.spines if isinstance(self.spines, tuple) else self.spines[la]
+        n = len(spines)
+        if n == 0:
+            return None
+        s = spines[0] if n == 1 else spines[zlib.crc32(f"{src}|{dst}|{la}".encode()) % n]
+        if self.cores is None or self.pod_of[la] == self.pod_of[lb]:
+            return ((a, la), (la, s), (s, lb), (lb, b))
+        cores = self.cores[s]
+        c = cores[0] if len(cores) == 1 else cores[zlib.crc32(f"{src}|{dst}|{s}".encode()) % len(cores)]
+        t = self.spine_to_pod[(c, self.pod_of[lb])]
+        return ((a, la), (la, s), (s, c), (c, t), (t, lb), (lb, b))
+
 
 def _leaf_of(kinds: dict[str, str], succ_cost: dict[str, dict[str, float]],
              pred_cost: dict[str, dict[str, float]], costs: set[float]) -> dict[str, str] | None:
