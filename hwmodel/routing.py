@@ -221,13 +221,19 @@ class NodeClasses:
         kinds: device -> kind.
         nodes: device -> node index (None for fabric devices).
         succ_cost: device -> {successor: routing cost}.
+        adj: networkx's successor dicts (device -> {successor: link attributes}), when the routing cost
+            is the one of :mod:`hwmodel.topology` (a function of the links' ``route_cost`` and ``kind``):
+            nodes are then alike when their devices, in the graph's order, have the same local names and
+            kinds and their links the same attributes in the same order (nothing sorted: stricter, so a
+            class never holds unlike nodes; a node built in another order is a class of its own).
     """
 
     def __init__(self, kinds: dict[str, str], nodes: dict[str, Any],
-                 succ_cost: dict[str, dict[str, float]]) -> None:
+                 succ_cost: dict[str, dict[str, float]], adj: dict[str, dict[str, dict]] | None = None) -> None:
         self._kinds = kinds
         self._nodes = nodes
         self._succ = succ_cost
+        self._adj = adj
         self._members: dict[Any, list[str]] | None = None
         self._class_of: dict[Any, tuple[int, Any] | None] = {}
         self._classes: dict[tuple, tuple[int, Any]] = {}
@@ -246,11 +252,15 @@ class NodeClasses:
         devices = self._members.get(node, [])
         if not devices or any(not n.startswith(prefix) for n in devices):
             return None
-        cut = len(prefix)
+        cut, nodes, kinds, adj = len(prefix), self._nodes, self._kinds, self._adj
+        if adj is not None:  # the links' own attributes, in the graph's order: alike nodes built alike
+            return tuple([(n[cut:], kinds[n], tuple([(v[cut:], d.get("route_cost"), d.get("kind"))
+                                                     for v, d in adj[n].items() if nodes[v] == node]))
+                          for n in devices])
         sig = []
         for n in sorted(devices):
-            links = tuple(sorted((v[cut:], c) for v, c in self._succ[n].items() if self._nodes[v] == node))
-            sig.append((n[cut:], self._kinds[n], links))
+            links = tuple(sorted((v[cut:], c) for v, c in self._succ[n].items() if nodes[v] == node))
+            sig.append((n[cut:], kinds[n], links))
         return tuple(sig)
 
     def class_of(self, node: Any) -> tuple[int, Any] | None:

@@ -395,7 +395,7 @@ class Topology:
     def _classes(self) -> NodeClasses:
         if self._node_classes is None:
             kinds, nodes, _ = self._tables()
-            self._node_classes = NodeClasses(kinds, nodes, self._succ_cost())
+            self._node_classes = NodeClasses(kinds, nodes, self._succ_cost(), self.graph._succ)
         return self._node_classes
 
     def constructed_fabric(self) -> ClosRoutes | None:
@@ -478,13 +478,9 @@ class Topology:
         return self._path(a, b, ("fabric",), hkey)
 
     def _succ_cost(self) -> dict[str, dict[str, float]]:
-        """device -> {successor: routing cost}, from the predecessor table (built once; read-only)."""
+        """device -> {successor: routing cost} (built once, each device's on first use; read-only)."""
         if self._succ_costs is None:
-            succ: dict[str, dict[str, float]] = {n: {} for n in self.graph._node}
-            for v, preds in self._tables()[2].items():
-                for u, c in preds.items():
-                    succ[u][v] = c
-            self._succ_costs = succ
+            self._succ_costs = _CostRows(self.graph._succ)
         return self._succ_costs
 
     def _exit_nic(self, n: str) -> str:
@@ -504,16 +500,13 @@ class Topology:
 
     def _tables(self) -> tuple[dict[str, str], dict[str, Any], dict[str, dict[str, float]]]:
         """(device -> kind, device -> node index, device -> {predecessor: routing cost}), built once:
-        plain dicts keep the Dijkstra loops off networkx's views."""
+        plain dicts keep the Dijkstra loops off networkx's views. A device's routing costs are read from
+        the graph when first asked (:class:`_CostRows`): constructed routes ask few devices."""
         if self._route_tables is None:
             node_data = self.graph._node  # (networkx's plain dicts, in its order: off its views)
             kinds = {n: d["kind"] for n, d in node_data.items()}
             nodes = {n: d.get("node") for n, d in node_data.items()}
-            pred_cost: dict[str, dict[str, float]] = {n: {} for n in node_data}
-            for u, nbrs in self.graph._adj.items():
-                for v, data in nbrs.items():
-                    pred_cost[v][u] = float(data.get("route_cost", ROUTE_COST.get(data.get("kind", ""), 1.0)))
-            self._route_tables = (kinds, nodes, pred_cost)
+            self._route_tables = (kinds, nodes, _CostRows(self.graph._pred))
         return self._route_tables
 
     def _allowed(self, scope: tuple[Any, ...]) -> Callable[[str], bool]:
@@ -650,6 +643,20 @@ class Topology:
 
 class _NoPath(Exception):
     pass
+
+
+class _CostRows(dict):
+    """device -> {neighbour: routing cost of the link between them} over networkx's plain successor or
+    predecessor dicts (``nbrs``), each device's row made on first use (an unknown device: KeyError)."""
+
+    def __init__(self, nbrs: dict[str, dict[str, dict[str, Any]]]) -> None:
+        super().__init__()
+        self._nbrs = nbrs
+
+    def __missing__(self, n: str) -> dict[str, float]:
+        row = self[n] = {m: float(data.get("route_cost", ROUTE_COST.get(data.get("kind", ""), 1.0)))
+                         for m, data in self._nbrs[n].items()}
+        return row
 
 
 def iter_links(topo: Topology, kind: str | None = None) -> Iterable[tuple[str, str, dict[str, Any]]]:
