@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import Counter
 from itertools import chain
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any, cast
 
 from hwmodel.fluid import Resource
@@ -119,43 +120,21 @@ def _routes(topo: Any, pairs: list[tuple[str, str]], own: dict[Edge, float],
     (:meth:`hwmodel.topology.Topology.private_ends`: each GPU's segment to and from its NIC fixed, and
     all of them disjoint) a route is its source's segment, the fabric's hops and its destination's
     segment, and a segment is left out when its GPU is not one of ``ends``, ends no other route of the
-    merge the same way (leaving or arriving), shares no edge with ``own`` (only the edges of ``own`` off
-    its GPUs' segments are looked at: the other GPUs' segments are disjoint from those), and no route
-    of the merge is inside its node or starts or ends at a device there that is not a GPU. Each of its edges is then
-    crossed by this route alone, in all the merge: the merge drops it (kept: the first member's edges,
-    edges several members share, edges between fabric switches and those touching ``ends``), and leaving
-    it out changes neither a weight nor the order of the edges kept. So a mirrored send or ring costs
-    the fabric's hashes, not every GPU's segments."""
+    merge the same way (leaving or arriving), shares no edge with ``own``, and no route of the merge is
+    inside its node or starts or ends at a device there that is not a GPU (:func:`_nodes_in_full`).
+    Each of its edges is then crossed by this route alone, in all the merge: the merge drops it (kept:
+    the first member's edges, edges several members share, edges between fabric switches and those
+    touching ``ends``), and leaving it out changes neither a weight nor the order of the edges kept. So
+    a mirrored send or ring costs the fabric's hashes, not every GPU's segments."""
     route = topo.route_edges  # (EdgeContext.path: the uncached route)
     clos = topo.constructed_fabric()
     if clos is None:
         return [route(a, b) for a, b in pairs]
     gpu_nodes, node_data = topo.gpu_nodes(), topo.graph._node
-    busy: set[Any] = set()  # nodes with a route that is not between GPUs of two nodes
-    ups: Counter[str] = Counter()
-    downs: Counter[str] = Counter()
-    for a, b in pairs:
-        na, nb = gpu_nodes.get(a), gpu_nodes.get(b)
-        if na is None or nb is None or na == nb:
-            busy.add(node_data.get(a, {}).get("node") if na is None else na)
-            busy.add(node_data.get(b, {}).get("node") if nb is None else nb)
-        else:
-            ups[a] += 1
-            downs[b] += 1
+    busy, own_nodes = _nodes_in_full(topo, pairs, own, ends)
+    # routes leaving / reaching each device (those of devices in busy nodes are not looked at)
+    ups, downs = Counter(map(itemgetter(0), pairs)), Counter(map(itemgetter(1), pairs))
     private, segment = topo.private_ends, topo.end_segment
-    # own's edges that may lie on a left-out segment: not those of its GPUs' own segments, which the
-    # segments of the other GPUs of their (private) nodes do not cross
-    own_rest = set(own)
-    for g in ends:
-        n = gpu_nodes.get(g)
-        if n is not None and n not in busy and private(n):
-            own_rest.difference_update(segment(g, True))
-            own_rest.difference_update(segment(g, False))
-    own_nodes = set()  # (a segment's edges join devices of its node: a NIC's link to its leaf is not one)
-    for u, v in own_rest:
-        n = node_data[u].get("node")
-        if n is not None and node_data[v].get("node") == n:
-            own_nodes.add(n)
 
     def end(g: str, n: Any, leaving: bool) -> tuple[Edge, ...]:
         if n in busy or g in ends or (ups if leaving else downs)[g] != 1:
@@ -165,16 +144,49 @@ def _routes(topo: Any, pairs: list[tuple[str, str]], own: dict[Edge, float],
             return seg if any(e in own for e in seg) else ()
         return ()
 
+    full = busy | own_nodes  # (end's first test, inlined: most ends are left out)
+    between = clos.route_between
     out: list[tuple[Edge, ...]] = []
     for a, b in pairs:
         na, nb = gpu_nodes.get(a), gpu_nodes.get(b)
         if na is not None and nb is not None and na != nb and private(na) and private(nb):
-            fabric = clos.route_between(node_data[a]["nic"], node_data[b]["nic"], a, b)
+            fabric = between(node_data[a]["nic"], node_data[b]["nic"], a, b)
             if fabric is not None:
-                out.append(end(a, na, True) + fabric + end(b, nb, False))
+                if na in full or a in ends or ups[a] != 1:
+                    fabric = end(a, na, True) + fabric
+                if nb in full or b in ends or downs[b] != 1:
+                    fabric = fabric + end(b, nb, False)
+                out.append(fabric)
                 continue
         out.append(route(a, b))
     return out
+
+
+def _nodes_in_full(topo: Any, pairs: list[tuple[str, str]], own: dict[Edge, float],
+                   ends: set[str]) -> tuple[set[Any], set[Any]]:
+    """For :func:`_routes`: the nodes where some route is not between GPUs of two nodes (every segment
+    there in full), and those where an edge of ``own`` may lie on another GPU's segment (each segment
+    there compared with ``own``): not the edges of its GPUs' own segments, which the segments of the
+    other GPUs of their (private) nodes do not cross."""
+    gpu_nodes, node_data = topo.gpu_nodes(), topo.graph._node
+    busy: set[Any] = set()
+    for a, b in pairs:
+        na, nb = gpu_nodes.get(a), gpu_nodes.get(b)
+        if na is None or nb is None or na == nb:
+            busy.add(node_data.get(a, {}).get("node") if na is None else na)
+            busy.add(node_data.get(b, {}).get("node") if nb is None else nb)
+    own_rest = set(own)
+    for g in ends:
+        n = gpu_nodes.get(g)
+        if n is not None and n not in busy and topo.private_ends(n):
+            own_rest.difference_update(topo.end_segment(g, True))
+            own_rest.difference_update(topo.end_segment(g, False))
+    own_nodes = set()  # (a segment's edges join devices of its node: a NIC's link to its leaf is not one)
+    for u, v in own_rest:
+        n = node_data[u].get("node")
+        if n is not None and node_data[v].get("node") == n:
+            own_nodes.add(n)
+    return busy, own_nodes
 
 
 def _sends_kept(engine: NcclEngine, mirrors: list[Plan], own: dict[Edge, float],
