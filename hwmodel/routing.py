@@ -164,25 +164,39 @@ class ClosRoutes:
         return ((a, la), (la, s), (s, c), (c, t), (t, lb), (lb, b))
 
 
+def _neighbours(table: dict[str, dict[str, float]]):
+    """``device -> its neighbours`` of a cost table, without making a lazy table's rows (``neighbours``)."""
+    return getattr(table, "neighbours", table.__getitem__)
+
+
+def _link_cost(table: dict[str, dict[str, float]]):
+    """``(device, neighbour) -> routing cost`` of a cost table, without making a lazy table's rows."""
+    cost = getattr(table, "cost", None)
+    return cost if cost is not None else (lambda n, m: table[n][m])
+
+
 def _leaf_of(kinds: dict[str, str], succ_cost: dict[str, dict[str, float]],
              pred_cost: dict[str, dict[str, float]], costs: set[float]) -> dict[str, str] | None:
     """NIC -> its one leaf (joined both ways, and the leaf's NIC links exactly its own NICs'), the link
     costs added to ``costs``; None when a NIC has no single leaf or joins another NIC."""
+    succ, pred, succ_c, pred_c = _neighbours(succ_cost), _neighbours(pred_cost), _link_cost(succ_cost), \
+        _link_cost(pred_cost)
     leaf_of: dict[str, str] = {}
     for n, k in kinds.items():
         if k != "nic":
             continue
-        up = [v for v in succ_cost[n] if kinds[v] == "ib_switch"]
-        down = [u for u in pred_cost[n] if kinds[u] == "ib_switch"]
-        if any(kinds[v] == "nic" for v in succ_cost[n]) or len(up) != 1 or down != up:
+        out = succ(n)
+        up = [v for v in out if kinds[v] == "ib_switch"]
+        down = [u for u in pred(n) if kinds[u] == "ib_switch"]
+        if any(kinds[v] == "nic" for v in out) or len(up) != 1 or down != up:
             return None
         leaf_of[n] = up[0]
-        costs.update((succ_cost[n][up[0]], pred_cost[n][up[0]]))
+        costs.update((succ_c(n, up[0]), pred_c(n, up[0])))
     for n, leaf in leaf_of.items():
-        if succ_cost[leaf].get(n) is None:
+        if n not in succ(leaf):
             return None
     for leaf in set(leaf_of.values()):
-        if any(leaf_of.get(v) != leaf for v in succ_cost[leaf] if kinds[v] == "nic"):
+        if any(leaf_of.get(v) != leaf for v in succ(leaf) if kinds[v] == "nic"):
             return None
     return leaf_of
 
@@ -192,17 +206,19 @@ def _switch_neighbours(switches: list[str], leaves: set[str], kinds: dict[str, s
                        costs: set[float]) -> dict[str, set[str]] | None:
     """Switch -> its switch neighbours (the same both ways), the link costs added to ``costs``; None when
     a switch joins anything but switches and NICs, or a non-leaf joins a NIC."""
+    succ, pred, succ_c = _neighbours(succ_cost), _neighbours(pred_cost), _link_cost(succ_cost)
     nbrs: dict[str, set[str]] = {}
     for sw in switches:
-        out = {v for v in succ_cost[sw] if kinds[v] == "ib_switch"}
-        if out != {u for u in pred_cost[sw] if kinds[u] == "ib_switch"}:
+        after, before = succ(sw), pred(sw)
+        out = {v for v in after if kinds[v] == "ib_switch"}
+        if out != {u for u in before if kinds[u] == "ib_switch"}:
             return None
-        if any(kinds[v] not in ("ib_switch", "nic") for t in (succ_cost[sw], pred_cost[sw]) for v in t):
+        if any(kinds[v] not in ("ib_switch", "nic") for t in (after, before) for v in t):
             return None
-        if sw not in leaves and any(kinds[v] == "nic" for v in succ_cost[sw]):
+        if sw not in leaves and any(kinds[v] == "nic" for v in after):
             return None
         nbrs[sw] = out
-        costs.update(c for v, c in succ_cost[sw].items() if kinds[v] == "ib_switch")
+        costs.update(succ_c(sw, v) for v in out)
     return nbrs
 
 

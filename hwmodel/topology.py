@@ -654,9 +654,23 @@ class _CostRows(dict):
         self._nbrs = nbrs
 
     def __missing__(self, n: str) -> dict[str, float]:
-        row = self[n] = {m: float(data.get("route_cost", ROUTE_COST.get(data.get("kind", ""), 1.0)))
-                         for m, data in self._nbrs[n].items()}
+        row = self[n] = {m: _route_cost(data) for m, data in self._nbrs[n].items()}
         return row
+
+    def neighbours(self, n: str) -> dict[str, Any]:
+        """``n``'s neighbours (as keys), its row not made: a fabric's shape is read off every NIC."""
+        row = self.get(n)
+        return row if row is not None else self._nbrs[n]
+
+    def cost(self, n: str, m: str) -> float:
+        """The routing cost of the link between ``n`` and neighbour ``m``, the row not made."""
+        row = self.get(n)
+        return row[m] if row is not None else _route_cost(self._nbrs[n][m])
+
+
+def _route_cost(data: dict[str, Any]) -> float:
+    """A link's routing cost: its ``route_cost``, else :data:`ROUTE_COST` of its kind, else 1."""
+    return float(data.get("route_cost", ROUTE_COST.get(data.get("kind", ""), 1.0)))
 
 
 def iter_links(topo: Topology, kind: str | None = None) -> Iterable[tuple[str, str, dict[str, Any]]]:
