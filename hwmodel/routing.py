@@ -140,26 +140,63 @@ class ClosRoutes:
         t = self.spine_to_pod[(c, self.pod_of[lb])]
         return [(a, la), (la, s), (s, c), (c, t), (t, lb), (lb, b)]
 
+    def route_between(self, a: str, b: str, src: str, dst: str) -> tuple[Edge, ...] | None:
+        """:meth:`route` with ``hkey = f"{src}|{dst}"`` (the route from device ``src`` to ``dst``), as a
+        tuple; None also when ``a == b``. One string is hashed per ECMP choice, nothing else is built:
+        a merge asks it once per mirror."""
+        if a == b:
+            return None
+        la, lb = self.leaf_of.get(a), self.leaf_of.get(b)
+        if la is None or lb is None:
+            return None
+        if la == lb:
+            return ((a, la), (la, b))
+        spines = self.spines if isinstance(self.spines, tuple) else self.spines[la]
+        n = len(spines)
+        if n == 0:
+            return None
+        s = spines[0] if n == 1 else spines[zlib.crc32(f"{src}|{dst}|{la}".encode()) % n]
+        if self.cores is None or self.pod_of[la] == self.pod_of[lb]:
+            return ((a, la), (la, s), (s, lb), (lb, b))
+        cores = self.cores[s]
+        c = cores[0] if len(cores) == 1 else cores[zlib.crc32(f"{src}|{dst}|{s}".encode()) % len(cores)]
+        t = self.spine_to_pod[(c, self.pod_of[lb])]
+        return ((a, la), (la, s), (s, c), (c, t), (t, lb), (lb, b))
+
+
+def _neighbours(table: dict[str, dict[str, float]]):
+    """``device -> its neighbours`` of a cost table, without making a lazy table's rows (``neighbours``)."""
+    return getattr(table, "neighbours", table.__getitem__)
+
+
+def _link_cost(table: dict[str, dict[str, float]]):
+    """``(device, neighbour) -> routing cost`` of a cost table, without making a lazy table's rows."""
+    cost = getattr(table, "cost", None)
+    return cost if cost is not None else (lambda n, m: table[n][m])
+
 
 def _leaf_of(kinds: dict[str, str], succ_cost: dict[str, dict[str, float]],
              pred_cost: dict[str, dict[str, float]], costs: set[float]) -> dict[str, str] | None:
     """NIC -> its one leaf (joined both ways, and the leaf's NIC links exactly its own NICs'), the link
     costs added to ``costs``; None when a NIC has no single leaf or joins another NIC."""
+    succ, pred, succ_c, pred_c = _neighbours(succ_cost), _neighbours(pred_cost), _link_cost(succ_cost), \
+        _link_cost(pred_cost)
     leaf_of: dict[str, str] = {}
     for n, k in kinds.items():
         if k != "nic":
             continue
-        up = [v for v in succ_cost[n] if kinds[v] == "ib_switch"]
-        down = [u for u in pred_cost[n] if kinds[u] == "ib_switch"]
-        if any(kinds[v] == "nic" for v in succ_cost[n]) or len(up) != 1 or down != up:
+        out = succ(n)
+        up = [v for v in out if kinds[v] == "ib_switch"]
+        down = [u for u in pred(n) if kinds[u] == "ib_switch"]
+        if any(kinds[v] == "nic" for v in out) or len(up) != 1 or down != up:
             return None
         leaf_of[n] = up[0]
-        costs.update((succ_cost[n][up[0]], pred_cost[n][up[0]]))
+        costs.update((succ_c(n, up[0]), pred_c(n, up[0])))
     for n, leaf in leaf_of.items():
-        if succ_cost[leaf].get(n) is None:
+        if n not in succ(leaf):
             return None
     for leaf in set(leaf_of.values()):
-        if any(leaf_of.get(v) != leaf for v in succ_cost[leaf] if kinds[v] == "nic"):
+        if any(leaf_of.get(v) != leaf for v in succ(leaf) if kinds[v] == "nic"):
             return None
     return leaf_of
 
@@ -169,17 +206,19 @@ def _switch_neighbours(switches: list[str], leaves: set[str], kinds: dict[str, s
                        costs: set[float]) -> dict[str, set[str]] | None:
     """Switch -> its switch neighbours (the same both ways), the link costs added to ``costs``; None when
     a switch joins anything but switches and NICs, or a non-leaf joins a NIC."""
+    succ, pred, succ_c = _neighbours(succ_cost), _neighbours(pred_cost), _link_cost(succ_cost)
     nbrs: dict[str, set[str]] = {}
     for sw in switches:
-        out = {v for v in succ_cost[sw] if kinds[v] == "ib_switch"}
-        if out != {u for u in pred_cost[sw] if kinds[u] == "ib_switch"}:
+        after, before = succ(sw), pred(sw)
+        out = {v for v in after if kinds[v] == "ib_switch"}
+        if out != {u for u in before if kinds[u] == "ib_switch"}:
             return None
-        if any(kinds[v] not in ("ib_switch", "nic") for t in (succ_cost[sw], pred_cost[sw]) for v in t):
+        if any(kinds[v] not in ("ib_switch", "nic") for t in (after, before) for v in t):
             return None
-        if sw not in leaves and any(kinds[v] == "nic" for v in succ_cost[sw]):
+        if sw not in leaves and any(kinds[v] == "nic" for v in after):
             return None
         nbrs[sw] = out
-        costs.update(c for v, c in succ_cost[sw].items() if kinds[v] == "ib_switch")
+        costs.update(succ_c(sw, v) for v in out)
     return nbrs
 
 
@@ -198,13 +237,19 @@ class NodeClasses:
         kinds: device -> kind.
         nodes: device -> node index (None for fabric devices).
         succ_cost: device -> {successor: routing cost}.
+        adj: networkx's successor dicts (device -> {successor: link attributes}), when the routing cost
+            is the one of :mod:`hwmodel.topology` (a function of the links' ``route_cost`` and ``kind``):
+            nodes are then alike when their devices, in the graph's order, have the same local names and
+            kinds and their links the same attributes in the same order (nothing sorted: stricter, so a
+            class never holds unlike nodes; a node built in another order is a class of its own).
     """
 
     def __init__(self, kinds: dict[str, str], nodes: dict[str, Any],
-                 succ_cost: dict[str, dict[str, float]]) -> None:
+                 succ_cost: dict[str, dict[str, float]], adj: dict[str, dict[str, dict]] | None = None) -> None:
         self._kinds = kinds
         self._nodes = nodes
         self._succ = succ_cost
+        self._adj = adj
         self._members: dict[Any, list[str]] | None = None
         self._class_of: dict[Any, tuple[int, Any] | None] = {}
         self._classes: dict[tuple, tuple[int, Any]] = {}
@@ -223,11 +268,15 @@ class NodeClasses:
         devices = self._members.get(node, [])
         if not devices or any(not n.startswith(prefix) for n in devices):
             return None
-        cut = len(prefix)
+        cut, nodes, kinds, adj = len(prefix), self._nodes, self._kinds, self._adj
+        if adj is not None:  # the links' own attributes, in the graph's order: alike nodes built alike
+            return tuple([(n[cut:], kinds[n], tuple([(v[cut:], d.get("route_cost"), d.get("kind"))
+                                                     for v, d in adj[n].items() if nodes[v] == node]))
+                          for n in devices])
         sig = []
         for n in sorted(devices):
-            links = tuple(sorted((v[cut:], c) for v, c in self._succ[n].items() if self._nodes[v] == node))
-            sig.append((n[cut:], self._kinds[n], links))
+            links = tuple(sorted((v[cut:], c) for v, c in self._succ[n].items() if nodes[v] == node))
+            sig.append((n[cut:], kinds[n], links))
         return tuple(sig)
 
     def class_of(self, node: Any) -> tuple[int, Any] | None:

@@ -115,8 +115,12 @@ class Topology:
         self._dist: dict[tuple[str, Any], tuple[dict[str, float], dict[str, tuple[str, ...]]]] = {}
         self._clos: ClosRoutes | None | bool = False  # False: not detected yet
         self._node_classes: NodeClasses | None = None
-        self._ends: dict[tuple[str, bool], tuple[Any, str, tuple[Edge, ...]]] = {}
-        """(device, leaving) -> (its node, its exit NIC, the segment to / from it): see _remember_end."""
+        self._ends_up: dict[str, tuple[Any, str, tuple[Edge, ...]]] = {}
+        """Device -> (its node, its exit NIC, the segment to it): see _remember_end."""
+        self._ends_down: dict[str, tuple[Any, str, tuple[Edge, ...]]] = {}
+        """Device -> (its node, its exit NIC, the segment from it to the device)."""
+        self._private: dict[Any, bool] = {}
+        self._private_nics: dict[int, tuple[tuple[str, str], ...] | None] = {}
         self._edge_offsets: dict[str, int] | None = None
         self._num_links = 0
         self._gpu_nodes: dict[str, int] | None = None
@@ -318,12 +322,15 @@ class Topology:
         return self.graph.nodes[n]
 
     def _compute_route(self, src: str, dst: str) -> list[Edge] | tuple[Edge, ...]:
-        ends = self._ends
-        up, down = ends.get((src, True)), ends.get((dst, False))
-        if up is not None and down is not None and up[0] != down[0]:  # two nodes' known end segments
-            fabric = self._clos_route(up[1], down[1], f"{src}|{dst}")
-            if fabric is not None:
-                return up[2] + fabric + down[2]
+        up = self._ends_up.get(src)
+        if up is not None:  # two nodes' known end segments and the fabric's constructed hops
+            down = self._ends_down.get(dst)
+            clos = self._clos
+            if down is not None and up[0] != down[0] and self.route_by_construction \
+                    and isinstance(clos, ClosRoutes):
+                fabric = clos.route_between(up[1], down[1], src, dst)
+                if fabric is not None:
+                    return up[2] + fabric + down[2]
         sd, dd = self._check_node(src), self._check_node(dst)
         if src == dst:
             return []
@@ -354,11 +361,12 @@ class Topology:
         depend on the route's hash (constructed without an ECMP choice: :meth:`NodeClasses.named`),
         with its node: the route between two nodes' known ends is then these segments and the fabric's.
         O(devices) entries, as the named segments."""
-        if (device, leaving) in self._ends or self._node_classes is None:
+        ends = self._ends_up if leaving else self._ends_down
+        if device in ends or self._node_classes is None:
             return
         seg = () if nic == device else self._node_classes.named(*((device, nic) if leaving else (nic, device)))
         if seg is not None:
-            self._ends[(device, leaving)] = (node, nic, seg)
+            ends[device] = (node, nic, seg)
 
     def _clos_route(self, a: str, b: str, hkey: str) -> tuple[Edge, ...] | None:
         """The constructed fabric segment between NICs ``a`` and ``b`` (None: not a constructed fabric,
@@ -382,35 +390,97 @@ class Topology:
         nodes = self._tables()[1]
         if not self.route_by_construction or nodes.get(src) != node or nodes.get(dst) != node:
             return self._path(src, dst, ("node", node), hkey)
+        return self._classes().segment(src, dst, node, lambda s, d, n: self._search(s, d, ("node", n), hkey))
+
+    def _classes(self) -> NodeClasses:
         if self._node_classes is None:
             kinds, nodes, _ = self._tables()
-            self._node_classes = NodeClasses(kinds, nodes, self._succ_cost())
-        return self._node_classes.segment(src, dst, node,
-                                          lambda s, d, n: self._search(s, d, ("node", n), hkey))
+            self._node_classes = NodeClasses(kinds, nodes, self._succ_cost(), self.graph._succ)
+        return self._node_classes
+
+    def constructed_fabric(self) -> ClosRoutes | None:
+        """The fabric's router by construction (:class:`ClosRoutes`: its :meth:`ClosRoutes.route_between`
+        is the fabric part of :meth:`route` between two nodes' NICs), or None where the fabric is
+        searched (another shape, or :attr:`route_by_construction` off)."""
+        if not self.route_by_construction:
+            return None
+        if self._clos is False:
+            kinds, _, pred_cost = self._tables()
+            self._clos = ClosRoutes.detect(kinds, self._succ_cost(), pred_cost)
+        return None if isinstance(self._clos, bool) else self._clos
+
+    def private_ends(self, node: Any) -> bool:
+        """Whether the node-local ends of ``node``'s routes to other nodes are *private*: every GPU of
+        ``node`` reaches its NIC (``nic_of``), and is reached from it, over a segment without an ECMP
+        choice, and all these segments together cross each link at most once. Then the routes between
+        nodes that end at distinct GPUs of ``node`` share no link inside it, whatever their number. Decided
+        once per class of alike nodes (:class:`NodeClasses`: the class's first node is searched) and, per
+        node, that its GPUs use the same NICs as there; False where routes are not constructed."""
+        hit = self._private.get(node)
+        if hit is None:
+            hit = self._private[node] = self.route_by_construction and self._private_ends(node)
+        return hit
+
+    def end_segment(self, gpu: str, leaving: bool) -> tuple[Edge, ...]:
+        """The segment of :meth:`route` from ``gpu`` to its NIC (``leaving``) or from its NIC to it, for a
+        GPU of a node whose ends are private (:meth:`private_ends`): a route between GPUs of two such
+        nodes is the source's segment, the fabric's (:meth:`constructed_fabric`) and the destination's."""
+        ends = self._ends_up if leaving else self._ends_down
+        hit = ends.get(gpu)
+        if hit is not None:
+            return hit[2]
+        node, nic = self._tables()[1][gpu], self._exit_nic(gpu)
+        seg = tuple(self._local(gpu, nic, node, "") if leaving else self._local(nic, gpu, node, ""))
+        self._remember_end(gpu, nic, node, leaving)
+        return seg
+
+    def _private_ends(self, node: Any) -> bool:
+        cls = self._classes().class_of(node)
+        if cls is None:
+            return False
+        cid, rep = cls
+        if cid not in self._private_nics:  # the class's first node: its GPUs' NICs, if its ends are private
+            self._private_nics[cid] = self._private_nics_of(rep)
+        nics = self._private_nics[cid]
+        if nics is None:
+            return False
+        p, node_data = f"n{node}.", self.graph._node
+        return all(node_data[p + g].get("nic") == p + nic for g, nic in nics)
+
+    def _private_nics_of(self, node: Any) -> tuple[tuple[str, str], ...] | None:
+        """(GPU, its NIC) of ``node`` by local name when its ends are private (:meth:`private_ends`)."""
+        p, node_data, nodes = f"n{node}.", self.graph._node, self._tables()[1]
+        out, edges = [], []
+        for g in self.gpus_of_node(node):
+            nic = node_data[g].get("nic")
+            if nic is None or not g.startswith(p) or not str(nic).startswith(p) or nodes.get(nic) != node:
+                return None
+            try:
+                up, up_unique = self._search(g, nic, ("node", node), "")
+                down, down_unique = self._search(nic, g, ("node", node), "")
+            except _NoPath:
+                return None
+            if not (up_unique and down_unique):
+                return None
+            edges += up + down
+            out.append((g[len(p):], str(nic)[len(p):]))
+        return tuple(out) if out and len(set(edges)) == len(edges) else None
 
     def _fabric(self, a: str, b: str, hkey: str) -> list[Edge]:
         """Segment between two fabric endpoints: constructed on a two-level Clos, else searched."""
         if a == b:
             return []
-        if self.route_by_construction:
-            if self._clos is False:
-                kinds, _, pred_cost = self._tables()
-                self._clos = ClosRoutes.detect(kinds, self._succ_cost(), pred_cost)
-            if self._clos is not None:
-                assert not isinstance(self._clos, bool)
-                edges = self._clos.route(a, b, hkey)
-                if edges is not None:
-                    return edges
+        clos = self.constructed_fabric()
+        if clos is not None:
+            edges = clos.route(a, b, hkey)
+            if edges is not None:
+                return edges
         return self._path(a, b, ("fabric",), hkey)
 
     def _succ_cost(self) -> dict[str, dict[str, float]]:
-        """device -> {successor: routing cost}, from the predecessor table (built once; read-only)."""
+        """device -> {successor: routing cost} (built once, each device's on first use; read-only)."""
         if self._succ_costs is None:
-            succ: dict[str, dict[str, float]] = {n: {} for n in self.graph._node}
-            for v, preds in self._tables()[2].items():
-                for u, c in preds.items():
-                    succ[u][v] = c
-            self._succ_costs = succ
+            self._succ_costs = _CostRows(self.graph._succ)
         return self._succ_costs
 
     def _exit_nic(self, n: str) -> str:
@@ -430,16 +500,13 @@ class Topology:
 
     def _tables(self) -> tuple[dict[str, str], dict[str, Any], dict[str, dict[str, float]]]:
         """(device -> kind, device -> node index, device -> {predecessor: routing cost}), built once:
-        plain dicts keep the Dijkstra loops off networkx's views."""
+        plain dicts keep the Dijkstra loops off networkx's views. A device's routing costs are read from
+        the graph when first asked (:class:`_CostRows`): constructed routes ask few devices."""
         if self._route_tables is None:
             node_data = self.graph._node  # (networkx's plain dicts, in its order: off its views)
             kinds = {n: d["kind"] for n, d in node_data.items()}
             nodes = {n: d.get("node") for n, d in node_data.items()}
-            pred_cost: dict[str, dict[str, float]] = {n: {} for n in node_data}
-            for u, nbrs in self.graph._adj.items():
-                for v, data in nbrs.items():
-                    pred_cost[v][u] = float(data.get("route_cost", ROUTE_COST.get(data.get("kind", ""), 1.0)))
-            self._route_tables = (kinds, nodes, pred_cost)
+            self._route_tables = (kinds, nodes, _CostRows(self.graph._pred))
         return self._route_tables
 
     def _allowed(self, scope: tuple[Any, ...]) -> Callable[[str], bool]:
@@ -525,7 +592,10 @@ class Topology:
         self._succ_costs = None
         self._clos = False
         self._node_classes = None
-        self._ends.clear()
+        self._private.clear()
+        self._private_nics.clear()
+        self._ends_up.clear()
+        self._ends_down.clear()
         self._edge_offsets = None
         self._gpu_nodes = None
         self._by_kind = None
@@ -573,6 +643,34 @@ class Topology:
 
 class _NoPath(Exception):
     pass
+
+
+class _CostRows(dict):
+    """device -> {neighbour: routing cost of the link between them} over networkx's plain successor or
+    predecessor dicts (``nbrs``), each device's row made on first use (an unknown device: KeyError)."""
+
+    def __init__(self, nbrs: dict[str, dict[str, dict[str, Any]]]) -> None:
+        super().__init__()
+        self._nbrs = nbrs
+
+    def __missing__(self, n: str) -> dict[str, float]:
+        row = self[n] = {m: _route_cost(data) for m, data in self._nbrs[n].items()}
+        return row
+
+    def neighbours(self, n: str) -> dict[str, Any]:
+        """``n``'s neighbours (as keys), its row not made: a fabric's shape is read off every NIC."""
+        row = self.get(n)
+        return row if row is not None else self._nbrs[n]
+
+    def cost(self, n: str, m: str) -> float:
+        """The routing cost of the link between ``n`` and neighbour ``m``, the row not made."""
+        row = self.get(n)
+        return row[m] if row is not None else _route_cost(self._nbrs[n][m])
+
+
+def _route_cost(data: dict[str, Any]) -> float:
+    """A link's routing cost: its ``route_cost``, else :data:`ROUTE_COST` of its kind, else 1."""
+    return float(data.get("route_cost", ROUTE_COST.get(data.get("kind", ""), 1.0)))
 
 
 def iter_links(topo: Topology, kind: str | None = None) -> Iterable[tuple[str, str, dict[str, Any]]]:

@@ -11,6 +11,9 @@ uses are most of the cluster's links.
 
 from __future__ import annotations
 
+from collections import Counter
+from itertools import chain
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any, cast
 
 from hwmodel.fluid import Resource
@@ -54,25 +57,30 @@ def edge_weights(engine: NcclEngine, ctx: EdgeContext, plan: Plan,
     as ``engine._link_weights(plan)`` gives per link resource. ``efficiency``: a cache, edge kind -> NCCL's
     link efficiency (:meth:`NcclEngine.link_efficiency_of_kind`)."""
     out: dict[Edge, float] = {}
-    _add_edge_weights(engine, ctx, plan, efficiency, out, None)
+    flows = _algorithms.get(plan.algorithm).flows(ctx, plan.op, plan.gpus, plan.root)  # type: ignore[arg-type]
+    _add_edge_weights(engine, plan, [(f.frac, cast(tuple[Edge, ...], f.path)) for f in flows], efficiency, out,
+                      None)
     return out
 
 
-def _add_edge_weights(engine: NcclEngine, ctx: EdgeContext, plan: Plan, efficiency: dict[str, float],
+Laid = list[tuple[float, tuple[Edge, ...]]]
+"""A plan's flows as (fraction, edges of its path)."""
+
+
+def _add_edge_weights(engine: NcclEngine, plan: Plan, flows: Laid, efficiency: dict[str, float],
                       into: dict[Edge, float], shared: set[Edge] | None) -> None:
-    """:func:`edge_weights` of ``plan`` added into ``into`` edge by edge (each new edge appended, as a
-    dict update would), without the intermediate dict: a merge adds thousands of mirrors' weights.
-    ``shared``: where given, the edges ``into`` already had (used by an earlier member) are added to it."""
+    """:func:`edge_weights` of ``plan`` (laid out as ``flows``) added into ``into`` edge by edge (each new
+    edge appended, as a dict update would), without the intermediate dict: a merge adds thousands of
+    mirrors' weights. ``shared``: where given, the edges ``into`` already had (used by an earlier member)
+    are added to it."""
     proto_w = engine.proto_weight(plan)
-    flows = _algorithms.get(plan.algorithm).flows(ctx, plan.op, plan.gpus, plan.root)  # type: ignore[arg-type]
-    path = cast(tuple[Edge, ...], flows[0].path) if len(flows) == 1 else ()
-    if flows and path and flows[0].frac == 1.0 and len(set(path)) == len(path):
+    path = flows[0][1] if len(flows) == 1 else ()
+    if flows and path and flows[0][0] == 1.0 and len(set(path)) == len(path):
         per_byte: dict[Edge, float] | tuple[Edge, ...] = path  # (a send: each edge once, 0.0 + 1.0 == 1.0)
     else:
         per_byte = {}
-        for f in flows:
-            frac = f.frac
-            for e in cast(tuple[Edge, ...], f.path):  # (EdgeContext's paths: edges)
+        for frac, edges in flows:
+            for e in edges:
                 per_byte[e] = per_byte.get(e, 0.0) + frac
     adj = engine.cluster.topology.graph._adj  # (networkx's plain successor dicts: off its views)
     pairs = per_byte.items() if isinstance(per_byte, dict) else ((e, 1.0) for e in per_byte)
@@ -91,7 +99,97 @@ def _add_edge_weights(engine: NcclEngine, ctx: EdgeContext, plan: Plan, efficien
                 shared.add(e)
 
 
-def _sends_kept(engine: NcclEngine, ctx: EdgeContext, mirrors: list[Plan], own: dict[Edge, float],
+class _Recorder(EdgeContext):
+    """An :class:`EdgeContext` whose ``path(a, b)`` is a placeholder, ``(i,)`` for the ``i``-th route
+    asked (``pairs[i] == (a, b)``): the members' flows are laid out first, their routes after, once it is
+    known which routes the merge needs in full (:class:`_Routes`). Algorithms only concatenate paths."""
+
+    def __init__(self, engine: NcclEngine) -> None:
+        super().__init__(engine)
+        self.pairs: list[tuple[str, str]] = []
+
+    def path(self, a: str, b: str) -> tuple[Edge, ...]:
+        self.pairs.append((a, b))
+        return cast(tuple[Edge, ...], (len(self.pairs) - 1,))
+
+
+def _routes(topo: Any, pairs: list[tuple[str, str]], own: dict[Edge, float],
+            ends: set[str]) -> list[tuple[Edge, ...]]:
+    """The route of each of ``pairs`` (a merge's mirrors' routes, in the order their flows ask them),
+    less the node-local segments the merge would drop. Between GPUs of two nodes whose ends are *private*
+    (:meth:`hwmodel.topology.Topology.private_ends`: each GPU's segment to and from its NIC fixed, and
+    all of them disjoint) a route is its source's segment, the fabric's hops and its destination's
+    segment, and a segment is left out when its GPU is not one of ``ends``, ends no other route of the
+    merge the same way (leaving or arriving), shares no edge with ``own``, and no route of the merge is
+    inside its node or starts or ends at a device there that is not a GPU (:func:`_nodes_in_full`).
+    Each of its edges is then crossed by this route alone, in all the merge: the merge drops it (kept:
+    the first member's edges, edges several members share, edges between fabric switches and those
+    touching ``ends``), and leaving it out changes neither a weight nor the order of the edges kept. So
+    a mirrored send or ring costs the fabric's hashes, not every GPU's segments."""
+    route = topo.route_edges  # (EdgeContext.path: the uncached route)
+    clos = topo.constructed_fabric()
+    if clos is None:
+        return [route(a, b) for a, b in pairs]
+    gpu_nodes, node_data = topo.gpu_nodes(), topo.graph._node
+    busy, own_nodes = _nodes_in_full(topo, pairs, own, ends)
+    # routes leaving / reaching each device (those of devices in busy nodes are not looked at)
+    ups, downs = Counter(map(itemgetter(0), pairs)), Counter(map(itemgetter(1), pairs))
+    private, segment = topo.private_ends, topo.end_segment
+
+    def end(g: str, n: Any, leaving: bool) -> tuple[Edge, ...]:
+        if n in busy or g in ends or (ups if leaving else downs)[g] != 1:
+            return segment(g, leaving)
+        if n in own_nodes:
+            seg = segment(g, leaving)
+            return seg if any(e in own for e in seg) else ()
+        return ()
+
+    full = busy | own_nodes  # (end's first test, inlined: most ends are left out)
+    between = clos.route_between
+    out: list[tuple[Edge, ...]] = []
+    for a, b in pairs:
+        na, nb = gpu_nodes.get(a), gpu_nodes.get(b)
+        if na is not None and nb is not None and na != nb and private(na) and private(nb):
+            fabric = between(node_data[a]["nic"], node_data[b]["nic"], a, b)
+            if fabric is not None:
+                if na in full or a in ends or ups[a] != 1:
+                    fabric = end(a, na, True) + fabric
+                if nb in full or b in ends or downs[b] != 1:
+                    fabric = fabric + end(b, nb, False)
+                out.append(fabric)
+                continue
+        out.append(route(a, b))
+    return out
+
+
+def _nodes_in_full(topo: Any, pairs: list[tuple[str, str]], own: dict[Edge, float],
+                   ends: set[str]) -> tuple[set[Any], set[Any]]:
+    """For :func:`_routes`: the nodes where some route is not between GPUs of two nodes (every segment
+    there in full), and those where an edge of ``own`` may lie on another GPU's segment (each segment
+    there compared with ``own``): not the edges of its GPUs' own segments, which the segments of the
+    other GPUs of their (private) nodes do not cross."""
+    gpu_nodes, node_data = topo.gpu_nodes(), topo.graph._node
+    busy: set[Any] = set()
+    for a, b in pairs:
+        na, nb = gpu_nodes.get(a), gpu_nodes.get(b)
+        if na is None or nb is None or na == nb:
+            busy.add(node_data.get(a, {}).get("node") if na is None else na)
+            busy.add(node_data.get(b, {}).get("node") if nb is None else nb)
+    own_rest = set(own)
+    for g in ends:
+        n = gpu_nodes.get(g)
+        if n is not None and n not in busy and topo.private_ends(n):
+            own_rest.difference_update(topo.end_segment(g, True))
+            own_rest.difference_update(topo.end_segment(g, False))
+    own_nodes = set()  # (a segment's edges join devices of its node: a NIC's link to its leaf is not one)
+    for u, v in own_rest:
+        n = node_data[u].get("node")
+        if n is not None and node_data[v].get("node") == n:
+            own_nodes.add(n)
+    return busy, own_nodes
+
+
+def _sends_kept(engine: NcclEngine, mirrors: list[Plan], own: dict[Edge, float],
                 ends: set[str]) -> dict[Edge, float] | None:
     """The kept edge weights of :func:`merged_weights` when every mirror is a send (``PointToPoint.flows``:
     one flow, fraction 1, over the route between its GPUs) of one protocol weight, each route crossing an
@@ -99,17 +197,20 @@ def _sends_kept(engine: NcclEngine, ctx: EdgeContext, mirrors: list[Plan], own: 
     ``x = 1.0 * proto_w / eff`` to every edge of its route, so the per-edge loop only counts the mirrors
     on each edge; the weights -- the same floats, added in the same order as the general merge adds them
     (``own``'s, then ``x`` once per mirror, left to right) -- are summed only for the edges kept."""
-    proto_w = engine.proto_weight(mirrors[0])
-    counts: dict[Edge, int] = {}
-    get = counts.get
+    first = mirrors[0]
+    proto_w = engine.proto_weight(first)
+    protocol, correction = first.protocol, first.busbw_correction
     for p in mirrors:
-        if p.op != "p2p" or p.algorithm != "p2p" or engine.proto_weight(p) != proto_w:
+        if p.op != "p2p" or p.algorithm != "p2p" or (
+                (p.protocol != protocol or p.busbw_correction != correction)
+                and engine.proto_weight(p) != proto_w):
             return None
-        path = ctx.path(p.gpus[0], p.gpus[1])
+    routes = _routes(engine.cluster.topology, [(p.gpus[0], p.gpus[1]) for p in mirrors], own, ends)
+    for path in routes:
         if not path or len(set(path)) != len(path):
             return None
-        for e in path:
-            counts[e] = get(e, 0) + 1
+    counts: Counter[Edge] = Counter()  # (first use order, as the edge-by-edge loop: a dict)
+    counts.update(chain.from_iterable(routes))
     adj = engine.cluster.topology.graph._adj
     kinds = engine.cluster.topology.device_kinds()
     x_of_kind: dict[str, float] = {}
@@ -154,17 +255,21 @@ def merged_weights(engine: NcclEngine, members: list[Plan], own: dict[Edge, floa
     representative's GPUs: a ring's send into it from the previous rank). A link only one mirror uses is,
     by symmetry, loaded exactly like its counterpart on the first member's path: it adds no constraint.
     Only kept links get a resource: one per class of links the merges load alike
-    (:meth:`hwmodel.link_classes.LinkClasses.resolve`), or the link's own where anything else uses it."""
-    ctx = EdgeContext(engine)
+    (:meth:`hwmodel.link_classes.LinkClasses.resolve`), or the link's own where anything else uses it.
+    The mirrors' routes are laid out only as far as the merge needs them (:func:`_routes`)."""
     if len(members) > 1:
-        sends = _sends_kept(engine, ctx, members[1:], own, ends)
+        sends = _sends_kept(engine, members[1:], own, ends)
         if sends is not None:
             return engine.cluster.link_classes.resolve(sends)
+    rec = _Recorder(engine)
+    laid = [(p, _algorithms.get(p.algorithm).flows(rec, p.op, p.gpus, p.root)) for p in members[1:]]  # type: ignore[arg-type]
+    routes = _routes(engine.cluster.topology, rec.pairs, own, ends)
     efficiency: dict[str, float] = {}
     weights: dict[Edge, float] = dict(own)
     shared: set[Edge] = set()  # edges several members use
-    for p in members[1:]:
-        _add_edge_weights(engine, ctx, p, efficiency, weights, shared)
+    for p, flows in laid:
+        paths = [(f.frac, _resolved(cast(tuple[int, ...], f.path), routes)) for f in flows]
+        _add_edge_weights(engine, p, paths, efficiency, weights, shared)
     kinds = engine.cluster.topology.device_kinds()
     kept: dict[Edge, float] = {}
     for e, x in weights.items():
@@ -172,3 +277,10 @@ def merged_weights(engine: NcclEngine, members: list[Plan], own: dict[Edge, floa
         if e in own or e in shared or kinds[u] == kinds[v] == "ib_switch" or u in ends or v in ends:
             kept[e] = x
     return engine.cluster.link_classes.resolve(kept)
+
+
+def _resolved(path: tuple[int, ...], routes: list[tuple[Edge, ...]]) -> tuple[Edge, ...]:
+    """A :class:`_Recorder` path (placeholders, concatenated) as the edges of its routes."""
+    if len(path) == 1:
+        return routes[path[0]]
+    return tuple(chain.from_iterable(routes[i] for i in path))
