@@ -174,6 +174,10 @@ def _memory_lines(mem: Mapping[str, Any] | None, oom: bool) -> list[str]:
              + (f", fp8 weight copies {_gb(fp8)}" if fp8 else "")
              + (f", workspace {_gb(mem['workspace_bytes'])}" if mem["workspace_bytes"] else "")
              + _gather_part(mem, gather)]
+    step_grads = mem.get("optimizer_step_grads_bytes", 0.0)
+    if step_grads:  # fp16: the optimizer step is a second moment, without activations (workload.memory)
+        lines.append(f"  at the optimizer step (no activations): + fp32 gradient copies {_gb(step_grads)}; "
+                     f"the peak is the larger of the two moments")
     if "reserved_bytes" in mem:  # the framework's memory (workload.allocator)
         lines += [f"  allocated {_gb(mem['allocated_bytes'])} (tensors and cuBLAS workspace), reserved "
                   f"{_gb(mem['reserved_bytes'])} (+ fragmentation {_gb(mem['fragmentation_bytes'])}); CUDA context "

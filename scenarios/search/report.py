@@ -129,8 +129,9 @@ def format_picks(res: SearchResult) -> str:
         return f"top {k}: the screen's {k} fastest plans" + _over_budget(res)
     shapes = res.info.get("shapes_picked", 0)
     variants = [c for c, why in res.picks.items() if why == "variant"]
+    plural = "" if len(variants) == 1 else "s"
     line = (f"top {k}: the screen's fastest plan of each of its {shapes} fastest shapes (TP, CP, EP, PP, VPP, DP, "
-            f"micro-batch, recomputation), then {len(variants)} variants (ZeRO, overlaps, TP comm overlap, rank "
+            f"micro-batch, recomputation), then {len(variants)} variant{plural} (ZeRO, overlaps, TP comm overlap, rank "
             f"order...) of the shapes that simulated fastest, up to {VARIANTS_PER_SHAPE} each, in the screen's order")
     per: dict[tuple, list] = {}
     for c in variants:

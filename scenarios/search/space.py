@@ -388,9 +388,11 @@ def parse_knobs(fix: Sequence[str] = (), space: Sequence[str] = ()) -> dict[str,
     """``--fix section.key=value`` and ``--space section.key=v1,v2`` as ``{field: [values]}``.
 
     Raises:
-        ValueError: one line naming an unknown key (with the allowed ones) or a bad value.
+        ValueError: one line naming an unknown key (with the allowed ones), a bad value, or a key given
+            twice (by two ``--fix``, two ``--space``, or one of each).
     """
     out: dict[str, list[Any]] = {}
+    given: dict[str, str] = {}  # knob field -> the flag that gave it
     for flag, items in (("--fix", fix), ("--space", space)):
         for item in items:
             if "=" not in item:
@@ -399,6 +401,9 @@ def parse_knobs(fix: Sequence[str] = (), space: Sequence[str] = ()) -> dict[str,
             if key not in KNOBS:
                 raise ValueError(f"{flag} {key}: unknown key; allowed: {', '.join(KNOBS)}")
             field = KNOBS[key]
+            if field in given:  # one knob, one set of values: a second one would silently replace the first
+                raise ValueError(f"{flag} {key}: already given by {given[field]}; give each key once")
+            given[field] = flag
             parts = [raw] if flag == "--fix" else [p for p in raw.split(",") if p.strip()]
             if not parts:
                 raise ValueError(f"{flag} {key}: no values given")

@@ -146,6 +146,14 @@ def test_parse_knobs_errors():
     assert parse_knobs(space=["parallel.sequence_parallel=true,false"]) == {"sp": [True, False]}
 
 
+def test_parse_knobs_refuses_a_key_given_twice():
+    """A second value set for one knob would silently replace the first (the pinned value lost)."""
+    with pytest.raises(ValueError, match=r"^--space parallel.tensor_model_parallel_size: already given by --fix;"):
+        parse_knobs(fix=["parallel.tensor_model_parallel_size=8"], space=["parallel.tensor_model_parallel_size=1,2"])
+    with pytest.raises(ValueError, match="already given by --fix"):
+        parse_knobs(fix=["parallel.tensor_model_parallel_size=2", "parallel.tensor_model_parallel_size=4"])
+
+
 def test_parse_knobs_takes_toml_strings_as_run_set_does():
     """``--fix parallel.recompute_granularity='"none"'`` (a TOML string, as ``run --set`` needs) equals the bare
     word; a quoted non-string value is still checked."""

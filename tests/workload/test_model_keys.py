@@ -216,6 +216,16 @@ def test_window_on_bidirectional_model_and_with_cp_are_refused():
         par.validate_model(cfg)
 
 
+def test_context_parallelism_with_unfused_attention_is_refused():
+    """Megatron-Core's local DotProductAttention asserts context_parallel_size == 1 (CP is TE's only)."""
+    par = ParallelConfig(context_parallel_size=2).resolve(2)
+    unfused = with_overrides(get_model_config("llama2-7b"), **TINY, attention_backend="unfused")
+    with pytest.raises(ValueError, match='context_parallel_size=2 with attention_backend = "unfused"'):
+        par.validate_model(unfused)
+    par.validate_model(with_overrides(get_model_config("llama2-7b"), **TINY, attention_backend="flash"))
+    ParallelConfig().resolve(1).validate_model(unfused)
+
+
 def test_window_no_shorter_than_the_sequence_is_a_noop_warning():
     cfg = with_overrides(get_model_config("llama2-7b"), **TINY, sliding_window=1024)
     assert model_notes(cfg) == ["[model] sliding_window = 1024 >= seq_length = 1024: every query already sees "

@@ -298,7 +298,9 @@ class ParallelConfig:
         key/value heads (``num_query_groups``) and the MLP width. ``hidden_size`` is never split (the
         attention width is heads x ``head_dim``, which need not be ``hidden_size``: Qwen3), so TP need
         not divide it. A sliding window with context parallelism is refused: ring attention's
-        windowed schedule is not modelled.
+        windowed schedule is not modelled; so is context parallelism with the unfused attention backend
+        (Megatron-Core's local ``DotProductAttention`` asserts ``context_parallel_size == 1``: CP runs in
+        Transformer Engine's fused attention only).
 
         Raises:
             ValueError: naming the model field, its value and the parallel size that does not divide it.
@@ -308,6 +310,11 @@ class ParallelConfig:
             v = getattr(model, fname, None)
             if v and v % tp:
                 raise ValueError(f"tensor_model_parallel_size={tp} does not divide {fname}={v}")
+        if self.cp > 1 and getattr(model, "attention_backend", None) == "unfused":
+            # Megatron-Core's local DotProductAttention asserts context_parallel_size == 1: CP is TE's only
+            raise ValueError(f"context_parallel_size={self.cp} with attention_backend = \"unfused\": context "
+                             f"parallelism runs only in a fused attention kernel; use another backend or "
+                             f"context_parallel_size = 1")
         if self.cp > 1 and getattr(model, "sliding_window", None) is not None:
             raise ValueError(f"context_parallel_size={self.cp} with sliding_window: ring attention over a "
                              f"sliding window is not modelled; use context_parallel_size = 1")
