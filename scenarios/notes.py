@@ -140,6 +140,17 @@ def parallel_notes(config: Any) -> list[str]:
     return notes + _rank_order_notes(config)
 
 
+def training_notes(training: Any, config: Any) -> list[str]:
+    """``[training] compile = true`` outside torchtitan's per-op SAC: the kernels fuse (time changes) but the
+    memory model keeps eager's saved activations -- what AOTAutograd's partitioner saves is modelled under
+    ``recompute_granularity = "selective_op"`` only (:func:`workload.parallel.sac.op_sac_bytes`)."""
+    if training.get("compile", False) and getattr(config, "recompute_granularity", "none") != "selective_op":
+        return ["[training] compile = true changes time (fused kernels) but not memory here: the memory model "
+                "keeps eager's saved activations; torch.compile's saved set is modelled under "
+                "recompute_granularity = \"selective_op\" only"]
+    return []
+
+
 def _rank_order_notes(config: Any) -> list[str]:
     order = getattr(config, "rank_order", None)
     default = type(config).rank_order if hasattr(type(config), "rank_order") else None

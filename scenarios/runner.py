@@ -40,7 +40,7 @@ from scenarios.catalog import scenario_path as scenario_path  # re-exported: run
 from scenarios.hierarchical import macro_programs
 from scenarios.metrics import peak_dtype_for as peak_dtype_for  # re-exported, as scenario_path
 from scenarios.metrics import run_metrics
-from scenarios.notes import model_notes, parallel_notes, what_if_notes
+from scenarios.notes import model_notes, parallel_notes, training_notes, what_if_notes
 from scenarios.scenario import MAX_GPUS, MAX_NODES, Scenario, parallel_kwargs
 from scenarios.steady_state import extrapolated, plan_for
 from scenarios.user_code import check_trusted, load_factory
@@ -520,7 +520,7 @@ def _run_prepared(prep: Prepared, memory: Any, *, progress: bool, max_tasks: flo
     report = RunReport(prep.scenario, prep, result, build, mode, per_rank, memory)
     report.metrics = run_metrics(report, model_flops(prep, trace))
     notes = (what_if_notes(prep.scenario.system, topo, scenario_dir(prep.scenario)) + model_notes(prep.model_cfg)
-             + parallel_notes(prep.config) + mode_note)
+             + parallel_notes(prep.config) + training_notes(prep.scenario.training, prep.config) + mode_note)
     if notes:  # only then: the JSON of a scenario without notes keeps its bytes
         report.metrics["warnings"] = notes
     return report

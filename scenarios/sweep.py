@@ -284,6 +284,8 @@ def run_sweep(sweep: Sweep, *, workers: int = 1, simulate_oom: bool = False, pro
 
 
 def _fmt_value(v: Any) -> str:
+    if isinstance(v, bool):  # as the scenario file and --vary spell it (TOML)
+        return "true" if v else "false"
     if isinstance(v, float):
         return f"{v:g}"
     return str(v)

@@ -73,3 +73,17 @@ def test_batched_pipeline_exchanges_without_a_pipeline_say_so():
     (note,) = parallel_notes(ParallelConfig(tensor_model_parallel_size=2, overlap_p2p_comm=False).resolve(16))
     assert "overlap_p2p_comm = false changes nothing" in note
     assert parallel_notes(ParallelConfig(pipeline_model_parallel_size=2, overlap_p2p_comm=False).resolve(16)) == []
+
+
+def test_compile_without_op_sac_says_memory_is_unchanged():
+    """torch.compile's saved set is modelled under per-op SAC only; elsewhere the note says memory is eager's."""
+    from scenarios.notes import training_notes
+
+    def cfg(g):
+        return SimpleNamespace(recompute_granularity=g)
+
+    assert training_notes({"compile": True}, cfg("none")) == [
+        "[training] compile = true changes time (fused kernels) but not memory here: the memory model keeps eager's "
+        "saved activations; torch.compile's saved set is modelled under recompute_granularity = \"selective_op\" only"]
+    assert training_notes({"compile": True}, cfg("selective_op")) == []
+    assert training_notes({"compile": False}, cfg("none")) == training_notes({}, cfg("full")) == []

@@ -121,3 +121,10 @@ def test_a_point_that_does_not_parse_carries_its_error_and_the_others_run(tmp_pa
     rows = json.loads((tmp_path / "rows.json").read_text())["rows"]
     assert "applies to dtype = 'fp8'" in rows[0]["error"]
     assert rows[1]["error"] is None and rows[1]["metrics"]["iteration_time_s"] > 0
+
+
+def test_table_values_are_spelled_as_toml():
+    """A boolean knob prints as the scenario file and ``--vary`` spell it (true/false), numbers by %g."""
+    from scenarios.sweep import _fmt_value
+
+    assert [_fmt_value(v) for v in (True, False, 0.5, 8, "flash")] == ["true", "false", "0.5", "8", "flash"]
