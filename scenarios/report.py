@@ -389,7 +389,8 @@ def write_plots(rep: Any, directory: str | Path) -> list[Path]:
     res, m = getattr(rep, "simulated", None) or rep.result, rep.metrics
     p = m["parallel"]
     what = (f"{rep.scenario.name}: {m['model']} on {m['system']['gpus']} x {m['system']['gpu']}, "
-            f"TP {p['tp']} PP {p['pp']} DP {p['dp']}")
+            f"TP {p['tp']} PP {p['pp']}" + (f" x {p['vpp']} (interleaved)" if (p.get("vpp") or 1) > 1 else "")
+            + f" DP {p['dp']}")
     steady = m["simulation"].get("steady_state")
     shown = f" (the simulated {steady['simulated_microbatches'][1]} of {steady['of']} micro-batches)" if steady else ""
     out = [d / "gantt.png", d / "links.png", d / "breakdown.png"]

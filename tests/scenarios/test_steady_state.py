@@ -214,3 +214,6 @@ def test_plot_titles_say_what_each_plot_shows(tmp_path, monkeypatch):
     assert titles["bars"].endswith(f"(extrapolated from the simulated {m1} and {m2} of 56 micro-batches)")
     write_plots(_report("1f1b", "off"), tmp_path)
     assert not any("simulated" in t for t in titles.values())
+    assert "PP 4 DP" in titles["gantt"] and "interleaved" not in titles["gantt"]
+    write_plots(_report("interleaved", "off"), tmp_path)
+    assert "x 2 (interleaved) DP" in titles["gantt"]
