@@ -212,7 +212,9 @@ def run_metrics(rep: Any, flops: tuple[float, float, str]) -> dict[str, Any]:
         "model": getattr(mc, "name", "model"),
         "simulation": {"mode": rep.mode, "simulated_ranks": len(rep.build.programs),
                        "tasks": sum(len(p.tasks) for p in rep.build.programs.values()),
-                       "fluid_solves": res.stats.get("fluid_solves", 0)},
+                       "fluid_solves": res.stats.get("fluid_solves", 0),
+                       # null: every micro-batch simulated; scenarios.steady_state fills it when extrapolated
+                       "steady_state": None},
     }
 
 

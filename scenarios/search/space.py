@@ -343,10 +343,21 @@ def balanced_ends(num_layers: int, pp: int) -> tuple[int, int]:
     return (first, last) if first >= 1 else (0, 0)
 
 
-def _parse_value(field: str, raw: str, key: str) -> Any:
+def _unquoted(field: str, raw: str, key: str) -> str:
+    """``raw`` without the quotes of a TOML string, as ``run --set`` takes it; as there, a quoted number or
+    boolean is a string, not the value it spells (ValueError naming ``key``)."""
     raw = raw.strip()
-    if len(raw) >= 2 and raw[0] == raw[-1] and raw[0] in "\"'":  # a TOML string, as ``run --set`` takes it
-        raw = raw[1:-1].strip()
+    if not (len(raw) >= 2 and raw[0] == raw[-1] and raw[0] in "\"'"):
+        return raw
+    raw = raw[1:-1].strip()
+    if field in BOOL_KNOBS or field in INT_KNOBS or field in STAGE_KNOBS and raw.lower() != "none":
+        kind = "a boolean" if field in BOOL_KNOBS else "an integer"
+        raise ValueError(f"{key}: {raw!r} is quoted, a TOML string, not {kind}; write it without quotes")
+    return raw
+
+
+def _parse_value(field: str, raw: str, key: str) -> Any:
+    raw = _unquoted(field, raw, key)
     if field in BOOL_KNOBS:
         if raw.lower() not in ("true", "false"):
             raise ValueError(f"{key}: {raw!r} is not a boolean; allowed: true, false")

@@ -162,6 +162,12 @@ def test_parse_knobs_takes_toml_strings_as_run_set_does():
     assert parse_knobs(space=["parallel.recompute_granularity='none', \"full\""]) == {"recompute": ["none", "full"]}
     with pytest.raises(ValueError, match="not an integer"):
         parse_knobs(fix=['training.micro_batch_size="two"'])
+    # as ``run --set parallel.tensor_model_parallel_size='"2"'`` refuses a string, so does the search
+    with pytest.raises(ValueError, match=r"tensor_model_parallel_size: '2' is quoted, a TOML string, not an integer"):
+        parse_knobs(fix=['parallel.tensor_model_parallel_size="2"'])
+    with pytest.raises(ValueError, match="not a boolean"):
+        parse_knobs(space=["parallel.sequence_parallel='true'"])
+    assert parse_knobs(fix=['parallel.num_layers_in_first_pipeline_stage="none"']) == {"first_layers": [0]}
 
 
 def test_cache_key_is_canonical(small):
