@@ -320,7 +320,7 @@ def run_search(scenario: Scenario, *, fix: Sequence[str] = (), space: Sequence[s
     if not fit:
         close = min(estimates, key=lambda e: (e.memory_bytes, e.candidate))
         raise NoFeasiblePlan(f"no plan fits in {close.hbm_bytes / 1e9:.1f} GB per GPU; closest: "
-                             f"{close.candidate.megatron_flags()} -- {close.oom_reason}; it lacks "
+                             f"{close.candidate.flags()} -- {close.oom_reason}; it lacks "
                              f"{-close.headroom_bytes / 1e9:.1f} GB of HBM per GPU")
     unfit = sorted((e for e in estimates if not e.fits), key=lambda e: (e.memory_bytes, e.candidate))
     kind, base, _ = pick_baseline(ctx)

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from scenarios.search.flags import framework
 from scenarios.search.space import Candidate
 from workload.memory import MemoryBreakdown
 
@@ -37,7 +38,7 @@ class Estimate:
 
     def to_dict(self) -> dict[str, Any]:
         c = self.candidate
-        return {"plan": c.to_dict(), "megatron_flags": c.megatron_flags(), "label": c.short(),
+        return {"plan": c.to_dict(), "flags": c.flags(), "framework": framework(c), "label": c.short(),
                 "screen_iteration_time_s": _num(self.iteration_time_s), "screen_compute_s": _num(self.compute_s),
                 "screen_bubble_s": _num(self.bubble_s), "screen_exposed_comm_s": _num(self.exposed_comm_s),
                 "memory_bytes": self.memory_bytes, "headroom_bytes": self.headroom_bytes,

@@ -42,7 +42,7 @@ def _mark(res: SearchResult, c) -> str:
 def format_table(res: SearchResult) -> str:
     """The simulated plans, fastest first, one line each."""
     head = (f"{'#':>3} {'iter ms':>9} {'screen ms':>9} {'tok/s/GPU':>10} {'MFU':>5} {'mem GB':>7} {'free GB':>7} "
-            f"{'bubble':>6} {'comm':>5}  plan (Megatron-LM flags)")
+            f"{'bubble':>6} {'comm':>5}  plan (Megatron-LM flags; torchtitan's where it says so)")
     lines = [head]
     for i, (c, r) in enumerate(res.ranked, 1):
         e = res.estimate_of(c)
@@ -52,10 +52,10 @@ def format_table(res: SearchResult) -> str:
         lines.append(f"{i:>3} {_ms(T):>9} {_ms(e.iteration_time_s if e else None):>9} {tok:>10,.0f} "
                      f"{_pct(r['mfu']):>5} {mem / 1e9:>7.1f} {(res.hbm_bytes - mem) / 1e9:>7.1f} "
                      f"{_pct(r['bubble_s'] / T if T else None):>6} {_pct(r['exposed_comm_s'] / T if T else None):>5}  "
-                     f"{c.megatron_flags()}{_mark(res, c)}")
+                     f"{c.flags()}{_mark(res, c)}")
     failed = [(c, r) for c, r in res.simulated.items() if r.get("error") or r.get("oom")]
     for c, r in failed:
-        lines.append(f"  - {c.megatron_flags()}: {r.get('error') or 'OOM in the simulation'}")
+        lines.append(f"  - {c.flags()}: {r.get('error') or 'OOM in the simulation'}")
     return "\n".join(lines)
 
 
@@ -94,7 +94,7 @@ def speedups(res: SearchResult) -> dict[str, Any]:
     fitting = [e for e in res.estimates if e.fits]
     if fitting:
         worst = max(fitting, key=lambda e: e.iteration_time_s)
-        out["worst_screened_plan"] = worst.candidate.megatron_flags()
+        out["worst_screened_plan"] = worst.candidate.flags()
         out["speedup_over_worst_screened"] = worst.iteration_time_s / (res.estimate_of(best[0]).iteration_time_s)
     b = res.simulated.get(res.baseline) if res.baseline is not None else None
     if b and not b.get("error"):
@@ -172,7 +172,7 @@ def format_search(res: SearchResult) -> str:
     if sp:
         lines.append("")
         best = res.best[0]
-        lines.append(f"best: {best.megatron_flags()}")
+        lines.append(f"best: {best.flags()}")
         lines.append(f"  {sp['speedup_over_worst_simulated']:.2f}x over the slowest simulated plan, "
                      f"{sp.get('speedup_over_worst_screened', float('nan')):.2f}x over the slowest plan that fits "
                      f"(screen estimate)")

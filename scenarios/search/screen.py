@@ -44,6 +44,7 @@ from scenarios.runner import build_model_config, build_topology, check_dtype, me
 from scenarios.scenario import Scenario
 from scenarios.search.estimate import Estimate
 from scenarios.search.screen_deepspeed import deepspeed_passes_s, hook_segments
+from scenarios.search.screen_fsdp import foreach_adamw_s, fsdp_copies_s
 from scenarios.search.space import Candidate, ModelFacts
 from workload.custom import CustomModel
 from workload.fp8 import DEFAULT_RECIPE
@@ -172,10 +173,13 @@ class ScreenContext:
     # -- shards ------------------------------------------------------------------------------------
     def shard_key(self, c: Candidate) -> tuple:
         """What a shard's trace depends on: the sizes, torch.compile (async TP compiles), the FP8 recipe and,
-        for FP8 (sequence-parallel all-gathers in FP8 under overlap), the TP overlap."""
+        for FP8 (sequence-parallel all-gathers in FP8 under overlap), the TP overlap; and whether the plan
+        runs PyTorch's FSDP2 (``fsdp = true``: torchtitan's model, :func:`workload.parallel.rank_trace.
+        trace_rank`), with async TP then (DTensor's dim-0 layout copies stay unless the async pass fuses)."""
         recipe = c.fp8_recipe or self.fp8_recipe
         overlap = (c.tp_comm_overlap, c.async_tp) if recipe else ()
-        return (c.tp, c.sp, c.cp, c.ep, c.mbs, self.compile or c.async_tp, recipe, overlap)
+        fsdp = (c.async_tp,) if c.zero == 3 and c.zero_impl != "deepspeed" else None
+        return (c.tp, c.sp, c.cp, c.ep, c.mbs, self.compile or c.async_tp, recipe, overlap, fsdp)
 
     def shard(self, c: Candidate) -> ShardCosts:
         """The traced costs of ``c``'s shard (traced on first use)."""
@@ -192,7 +196,8 @@ class ScreenContext:
         cfg = ParallelConfig(tensor_model_parallel_size=c.tp, sequence_parallel=c.sp, context_parallel_size=c.cp,
                              expert_model_parallel_size=c.ep, micro_batch_size=c.mbs,
                              tp_comm_overlap=c.tp_comm_overlap and bool(key[6]),
-                             async_tp=c.async_tp and bool(key[6])).resolve(c.tp * c.cp * c.ep)
+                             async_tp=c.async_tp and (bool(key[6]) or key[8] is not None),
+                             fsdp=key[8] is not None).resolve(c.tp * c.cp * c.ep)
         trace = trace_rank(one_layer, cfg, dtype=self.dtype, compile=key[5], fp8_recipe=recipe,
                            fp8_param_gather=bool(self.training.get("fp8_param_gather", False)))
         self.traces += 1
@@ -436,6 +441,7 @@ class _StageTimes:
         self.blk_f = self.blk_cf + ctx._colls_s(co[("block", "fwd")], g) - self._tp_overlap_saved("fwd")
         self.blk_b = self.blk_cb + ctx._colls_s(co[("block", "bwd")], g) - self._tp_overlap_saved("bwd")
         self.deepspeed = c.zero == 3 and c.zero_impl == "deepspeed"
+        self.fsdp2 = c.zero == 3 and not self.deepspeed  # the search's ZeRO-3 plans run PyTorch's FSDP2
         rc = {"none": 0.0, "selective": sc.selective_s * self.slow, "full": self.blk_f,
               "selective_op": sc.sac_s * self.slow}[c.recompute]
         self.rc_compute = {"none": 0.0, "selective": sc.selective_s * self.slow, "full": self.blk_cf,
@@ -565,9 +571,14 @@ class _StageTimes:
             f += pf + ctx._colls_s(sc.colls[(part, "fwd")], g)
             b += pb + ctx._colls_s(sc.colls[(part, "bwd")], g)
             cf, cb = cf + pf, cb + pb
-        if self.c.zero == 3 and self.c.pp == 1 and not self.deepspeed:  # under PP: once per step (tail)
-            f += self._fsdp_pass(Ls, "fwd")
-            b += self._fsdp_pass(Ls, "bwd")
+        if self.fsdp2 and self.c.pp == 1:  # under PP: once per step (tail)
+            pr = sc.params
+            root, blk = pr["pre"] + pr["post"], pr["block"]  # FSDP2's root unit: gathered once, kept
+            cpf = fsdp_copies_s(ctx, [(root, 0)] + [(blk, 0)] * Ls, "fwd")
+            cpb = fsdp_copies_s(ctx, [(0, root), (0, blk)] + [(blk, blk)] * (Ls - 1), "bwd")  # last block kept
+            f += self._fsdp_pass(Ls, "fwd") + cpf
+            b += self._fsdp_pass(Ls, "bwd") + cpb
+            cf, cb = cf + cpf, cb + cpb
         if not (first and last):
             f += self.recv_ag * (0 if first else 1)
             b += self.recv_ag * (0 if last else 1)
@@ -593,13 +604,17 @@ class _StageTimes:
         """(exposed data-parallel communication + optimizer, optimizer) after the last backward."""
         ctx, c, g = self.ctx, self.c, self.g
         scale = 1.0 / c.dp if c.zero >= 1 else 1.0
-        opt = Ls * ctx._optimizer_s(self.sc.params["block"] * scale)
+        step = (lambda n: foreach_adamw_s(ctx, n)) if self.fsdp2 else ctx._optimizer_s
+        opt = Ls * step(self.sc.params["block"] * scale)
         if first:
-            opt += ctx._optimizer_s(self.sc.params["pre"] * scale)
+            opt += step(self.sc.params["pre"] * scale)
         if last:
-            opt += ctx._optimizer_s(self.part_params("post") * scale)
+            opt += step(self.part_params("post") * scale)
         if c.zero == 3 and c.pp > 1 and g["dp"].n > 1:
-            return opt + self._fsdp_once(Ls, first, last, t_bwd), opt
+            units = ([self.sc.params["pre"]] if first else []) + [self.sc.params["block"]] * Ls + (
+                [self.part_params("post")] if last else [])
+            copies = fsdp_copies_s(ctx, [(n, n) for n in units], "bwd") if self.fsdp2 else 0.0  # once a step
+            return opt + copies + self._fsdp_once(Ls, first, last, t_bwd), opt + copies
         if c.zero == 3 or g["dp"].n == 1:
             return opt, opt
         red_total, red_last, ag_total, ag_last, red_ch, ag_ch = self._dp_comm(Ls, first, last)

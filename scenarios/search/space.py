@@ -56,6 +56,7 @@ from dataclasses import asdict, dataclass, replace
 from dataclasses import field as dc_field
 from typing import Any
 
+from scenarios.search.flags import plan_flags
 from workload.fp8 import DEFAULT_RECIPE, RECIPES
 from workload.parallel.config import AXES, RECOMPUTE_ALL, ZERO_IMPLS, ParallelConfig
 from workload.parallel.recompute import RECOMPUTE_METHODS
@@ -193,51 +194,10 @@ class Candidate:
                               recompute_num_layers=self.recompute_num_layers if self.recompute_method else None
                               ).resolve(self.tp * self.cp * self.pp * self.dp)
 
-    def megatron_flags(self) -> str:
-        """The plan as Megatron-LM command-line flags (``--use-torch-fsdp2`` for ZeRO-3; async TP, which
-        Megatron-LM does not have, as torchtitan's ``--parallelism.enable_async_tensor_parallel`` with
-        ``--compile.enable``, which it requires; DeepSpeed's ZeRO-3 as ``--zero-stage 3 [DeepSpeed]``; an FP8
-        recipe as Megatron-Core's ``--fp8-recipe``)."""
-        f = [f"--tensor-model-parallel-size {self.tp}", f"--pipeline-model-parallel-size {self.pp}"]
-        if self.first_layers:
-            f.append(f"--num-layers-in-first-pipeline-stage {self.first_layers}")
-        if self.last_layers:
-            f.append(f"--num-layers-in-last-pipeline-stage {self.last_layers}")
-        if self.vpp > 1:
-            f.append(f"--virtual-pipeline-model-parallel-size {self.vpp}")
-        if self.cp > 1:
-            f.append(f"--context-parallel-size {self.cp}")
-        if self.ep > 1:
-            f.append(f"--expert-model-parallel-size {self.ep}")
-        if self.sp:
-            f.append("--sequence-parallel")
-        f.append(f"--micro-batch-size {self.mbs}")
-        if self.zero == 1:
-            f.append("--use-distributed-optimizer")
-        elif self.zero == 2:
-            f.append("--zero-stage 2")
-        elif self.zero == 3 and self.zero_impl == "deepspeed":
-            f.append("--zero-stage 3 [DeepSpeed]")
-        elif self.zero == 3:
-            f.append("--use-torch-fsdp2")
-        if self.fp8_recipe:
-            f.append(f"--fp8-recipe {self.fp8_recipe}")
-        if self.recompute != "none":
-            # Megatron-Core refuses full granularity without a method; every layer checkpointed is uniform 1.
-            method, layers = ((self.recompute_method, self.recompute_num_layers) if self.recompute_method
-                              else ("uniform", 1) if self.recompute == "full" else (None, None))
-            f.append(f"--recompute-granularity {self.recompute}" + (
-                f" --recompute-method {method} --recompute-num-layers {layers}" if method else ""))
-        f += [flag for on, flag in ((self.overlap_grad_reduce, "--overlap-grad-reduce"),
-                                    (self.overlap_param_gather, "--overlap-param-gather"),
-                                    (self.tp_comm_overlap, "--tp-comm-overlap"),
-                                    (self.async_tp, "--parallelism.enable_async_tensor_parallel --compile.enable"))
-                  if on]
-        if self.rank_order == "tp-cp-ep-pp-dp":
-            f.append("--use-tp-pp-dp-mapping")
-        elif self.rank_order != DEFAULT_RANK_ORDER:
-            f.append(f"[rank order {self.rank_order}]")
-        return " ".join(f)
+    def flags(self) -> str:
+        """The plan as the command line of the framework that runs it (:func:`scenarios.search.flags.plan_flags`:
+        Megatron-LM's flags, or torchtitan's for an async-TP plan)."""
+        return plan_flags(self)
 
     def short(self) -> str:
         """Compact label, e.g. ``TP8 SP PP4x2 DP2 Z1 mbs1 sel ogr``."""
@@ -491,6 +451,23 @@ def _effective_order(c: Candidate, order: str) -> list[str]:
     return [a for a in order.split("-") if sizes[a] > 1]
 
 
+def _shape_options(shape: Mapping[str, Any], dp: int, values: Mapping[str, list[Any]],
+                   asked: Any) -> dict[str, list[Any]]:
+    """The inner knobs' values for one shape: knobs without effect in it (normalise would fold them), or
+    plans no framework runs, are not expanded unless ``--fix``/``--space`` asks for them."""
+    options = dict(values)
+    if not shape["sp"] and not (asked("tp_comm_overlap") or asked("async_tp")):
+        options["tp_comm_overlap"] = options["async_tp"] = [False]
+    if (shape["zero"] in (1, 2) or shape["zero"] == 3 and shape["zero_impl"] == "deepspeed") and not asked(
+            "async_tp"):  # torchtitan's async TP beside Megatron's or DeepSpeed's ZeRO: no stack runs it
+        options["async_tp"] = [False]
+    if (shape["pp"] == 1 or dp * shape["cp"] == 1) and not asked("rank_order"):
+        options["rank_order"] = [DEFAULT_RANK_ORDER]
+    if (shape["zero"] == 3 or dp * shape["cp"] == 1) and False in values["overlap_grad_reduce"]:
+        options["overlap_grad_reduce"] = [False]
+    return options
+
+
 def enumerate_space(facts: ModelFacts, model_cfg: Any, knobs: Mapping[str, list[Any]] | None = None,
                     base_parallel: Mapping[str, Any] | None = None,
                     ) -> tuple[list[Candidate], list[Rejection]]:
@@ -528,14 +505,7 @@ def enumerate_space(facts: ModelFacts, model_cfg: Any, knobs: Mapping[str, list[
             continue
         if not (asked("first_layers") or asked("last_layers")) and shape["vpp"] == 1:
             shape["first_layers"], shape["last_layers"] = balanced_ends(facts.num_layers, shape["pp"])
-        # knobs without effect in this shape (normalise would fold them) are not expanded
-        options = dict(values)
-        if not shape["sp"] and not (asked("tp_comm_overlap") or asked("async_tp")):
-            options["tp_comm_overlap"] = options["async_tp"] = [False]
-        if (shape["pp"] == 1 or dp * shape["cp"] == 1) and not asked("rank_order"):
-            options["rank_order"] = [DEFAULT_RANK_ORDER]
-        if (shape["zero"] == 3 or dp * shape["cp"] == 1) and False in values["overlap_grad_reduce"]:
-            options["overlap_grad_reduce"] = [False]
+        options = _shape_options(shape, dp, values, asked)
         for rest in itertools.product(*(options[k] for k in inner)):
             kw = {**shape, **dict(zip(inner, rest, strict=True))}
             if _not_a_plan_of_its_own(kw, asked):
@@ -622,12 +592,15 @@ def check_knobs(facts: ModelFacts, knobs: Mapping[str, list[Any]]) -> None:
 
 def _not_a_plan_of_its_own(kw: Mapping[str, Any], asked) -> bool:
     """A knob of an axis the plan does not use (SP without TP, interleaving without PP, TP overlap
-    without SP, both TP overlaps at once): not a plan of its own unless asked for with ``--space``."""
+    without SP, both TP overlaps at once, async TP in a rank order torchtitan has not): not a plan of its
+    own unless asked for with ``--space``."""
     if not asked("sp") and kw["tp"] == 1 and kw["sp"] or not asked("vpp") and kw["pp"] == 1 and kw["vpp"] > 1:
         return True
     overlap = kw["tp_comm_overlap"] or kw["async_tp"]
     if overlap and not kw["sp"] and not (asked("tp_comm_overlap") or asked("async_tp")):
         return True
+    if kw["async_tp"] and kw["rank_order"] != DEFAULT_RANK_ORDER and not (asked("async_tp") and asked("rank_order")):
+        return True  # torchtitan's device mesh has one order; the plan in the default order is enumerated too
     return bool(kw["tp_comm_overlap"] and kw["async_tp"] and not (asked("tp_comm_overlap") and asked("async_tp")))
 
 

@@ -12,6 +12,8 @@ from typing import Any
 
 from workload.parallel.recompute import check_chunks, check_recompute_keys, recomputed_layers
 
+DEFAULT_RANK_ORDER = "tp-cp-ep-dp-pp"
+"""Megatron-LM's rank order (innermost first); torchtitan's device mesh lays ranks out the same way."""
 RECOMPUTE = ("none", "selective", "full")
 """Megatron-LM's ``--recompute-granularity`` (and none); the strategy search explores these."""
 RECOMPUTE_ALL = (*RECOMPUTE, "selective_op")
@@ -82,7 +84,7 @@ class ParallelConfig:
     2023-05 for the interleaved schedule, its default since 2023-10). False: Megatron's batched,
     synchronised exchanges, the only mode before (:mod:`workload.parallel.p2p_batched`); 1f1b and
     interleaved_1f1b schedules only."""
-    rank_order: str = "tp-cp-ep-dp-pp"
+    rank_order: str = DEFAULT_RANK_ORDER
     """Axis order from innermost (fastest-varying rank) to outermost, Megatron's RankGenerator."""
     num_layers_in_first_pipeline_stage: int | None = None
     """Uneven pipeline: layers on the first stage (the rest split evenly)."""
@@ -233,6 +235,18 @@ class ParallelConfig:
         if self.async_tp and self.tp_comm_overlap:
             raise ValueError("async_tp=true (torchtitan) conflicts with tp_comm_overlap=true (Megatron-Core); "
                              "choose one")
+        if self.async_tp and (self.zero_stage in (1, 2) or self.use_distributed_optimizer
+                              or self.zero_impl == "deepspeed"):
+            # torchtitan's data parallelism is FSDP2 (dp_shard) or DDP/HSDP (dp_replicate); ZeRO-1/2 are
+            # Megatron-LM's and DeepSpeed's, and neither has async TP: no stack runs the combination
+            raise ValueError("async_tp=true (torchtitan) runs with fsdp=true (FSDP2) or plain data parallelism; "
+                             "it conflicts with " + ("zero_impl='deepspeed'" if self.zero_impl == "deepspeed" else
+                                                     "use_distributed_optimizer / zero_stage 1-2 (Megatron-LM, "
+                                                     "whose TP overlap is tp_comm_overlap=true)"))
+        if self.async_tp and self.rank_order != DEFAULT_RANK_ORDER:
+            # torchtitan's device mesh is ["pp", "dp_replicate", "dp_shard", "cp", "tp"], outermost first
+            raise ValueError(f"async_tp=true (torchtitan) conflicts with rank_order={self.rank_order!r}: torchtitan's "
+                             f"device mesh orders ranks {DEFAULT_RANK_ORDER} (TP innermost, PP outermost)")
         if self.vpp > 1 and self.pp == 1:
             raise ValueError("virtual_pipeline_model_parallel_size > 1 needs pipeline_model_parallel_size > 1")
         if self.schedule == "interleaved_1f1b" and self.vpp == 1:

@@ -45,7 +45,7 @@ def test_scenario_plan_outside_the_fix_is_never_the_recommendation(searched, tmp
     assert res.best[0].pp == 2 and satisfies(res.best[0], knobs)
     text = format_search(res)
     assert "[scenario's plan, outside --fix/--space: for comparison only]" in text
-    assert f"best: {res.best[0].megatron_flags()}" in text
+    assert f"best: {res.best[0].flags()}" in text
     emitted = tomllib.loads(emit_scenario(res, tmp_path / "w.toml").read_text())
     assert emitted["parallel"]["pipeline_model_parallel_size"] == 2
 
@@ -67,7 +67,7 @@ def test_pinned_rank_order_is_emitted_and_shown():
     assert len(valid) == 1  # TP 2, PP 1, DP 4: lays ranks out as the default order does, kept as pinned
     (c,) = valid
     assert c.parallel_section()["rank_order"] == "tp-cp-ep-pp-dp"
-    assert "--use-tp-pp-dp-mapping" in c.megatron_flags()
+    assert "--use-tp-pp-dp-mapping" in c.flags()
 
 
 def test_empty_space_is_bad_input_naming_the_value(capsys):
@@ -105,7 +105,7 @@ def test_fixed_deepspeed_zero_impl_keeps_only_zero3_deepspeed_plans():
     assert valid and all(c.zero == 3 and c.zero_impl == "deepspeed" and c.pp == 1 for c in valid)
     assert {c.tp for c in valid} == {1, 2, 4}  # TP 8 leaves no data-parallel group to shard over
     assert all("DSZ3" in c.short().split() for c in valid)
-    assert all("--zero-stage 3 [DeepSpeed]" in c.megatron_flags() for c in valid)
+    assert all("--zero-stage 3 [DeepSpeed]" in c.flags() for c in valid)
     assert any("needs pipeline_model_parallel_size = 1" in r.reason for r in rejected)
     # the scenario's zero_impl is only the default of ZeRO-3 plans: the other stages stay in the space
     ds_facts = ModelFacts(**{**FACTS.__dict__, "zero_impl": "deepspeed"})

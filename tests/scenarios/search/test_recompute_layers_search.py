@@ -93,12 +93,12 @@ def test_space_of_layer_counts_is_enumerated_as_given(ctx):
 
 def test_flags_and_training_keys():
     c = replace(PLAN, recompute_method="block", recompute_num_layers=3)
-    assert "--recompute-granularity full --recompute-method block --recompute-num-layers 3" in c.megatron_flags()
+    assert "--recompute-granularity full --recompute-method block --recompute-num-layers 3" in c.flags()
     assert "full-block3" in c.short()
     # Megatron-Core's TransformerConfig refuses full granularity with no method: every layer is uniform 1.
     assert "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1" in replace(
-        PLAN, recompute="full").megatron_flags()
-    assert "--recompute-method" not in replace(PLAN, recompute="selective").megatron_flags()
+        PLAN, recompute="full").flags()
+    assert "--recompute-method" not in replace(PLAN, recompute="selective").flags()
     tr = c.training_section({"global_batch_size": 32})
     assert tr["recompute_method"] == "block" and tr["recompute_num_layers"] == 3
     sc = parse_scenario({**SCENARIO, "parallel": c.parallel_section(), "training": tr})

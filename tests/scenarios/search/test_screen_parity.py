@@ -95,7 +95,7 @@ def test_search_compiles_async_tp_plans():
     ctx = ScreenContext(parse_scenario(SMALL))
     c = Candidate(tp=2, sp=True, dp=4, async_tp=True)
     assert candidate_data(ctx.scenario, c)["training"]["compile"] is True
-    assert "--compile.enable" in c.megatron_flags()
+    assert "--compile.enable" in c.flags()
     assert ctx.shard_key(c)[5] is True and ctx.shard_key(Candidate(tp=2, sp=True, dp=4))[5] is False
     assert main(["search", "llama3-8b-tp2-dgx-h100", "--set", "model.num_layers=2", "--set",
                  "training.seq_length=512", "--set", "training.global_batch_size=8", "--top-k", "1", "--fix",
@@ -127,3 +127,18 @@ def test_plans_keep_the_scenarios_framework_keys():
     sec = Candidate(tp=2, pp=4, dp=2).parallel_section(base)
     assert sec["overlap_p2p_comm"] is False and sec["grad_bucket_size_bytes"] == 1 << 26
     assert sec["tensor_model_parallel_size"] == 2
+
+
+@pytest.mark.parametrize("plan", [Candidate(dp=8, zero=3), Candidate(tp=2, sp=True, dp=4, zero=3),
+                                  Candidate(dp=8, zero=1)])
+def test_fsdp_compute_equals_the_builders_compute_stream_kernels(plan):
+    """The search's ZeRO-3 plans run PyTorch's FSDP2 (``fsdp = true``): the screen traces torchtitan's model
+    (separate projections, eager RMSNorm and complex RoPE, DTensor layout copies) and prices FSDP2's copy-out
+    and reduce-scatter copy-in and its foreach AdamW, so its compute is the solo-time sum of every kernel
+    the builder puts on rank 0's compute stream (ZeRO-1: Megatron's fused Adam, as before)."""
+    ctx = ScreenContext(parse_scenario(SMALL))
+    cfg = plan.config(ctx.global_batch_size)
+    prog = build_programs(trace_rank(ctx.model_cfg, cfg), cfg).programs[0]
+    kernels = [t.op for t in prog.tasks if type(t.op).__name__ == "Compute" and t.stream == "compute"]
+    assert ctx.estimate(plan).compute_s == pytest.approx(
+        sum(ctx.cost_model.cost(k).solo_time_s for k in kernels), rel=1e-9)

@@ -1,0 +1,66 @@
+"""A plan is printed as the command line of the framework that runs it, and no plan mixes two stacks:
+torchtitan's async TP never sits beside Megatron-LM's distributed optimizer or DeepSpeed's ZeRO-3."""
+
+import pytest
+
+from scenarios.search import Candidate, enumerate_space, parse_knobs
+from scenarios.search.flags import framework, megatron_flags, torchtitan_flags
+from scenarios.search.space import ModelFacts
+from workload.parallel.config import ParallelConfig
+from workload.zoo import get_model_config, with_overrides
+
+
+def test_async_tp_plan_prints_torchtitan_flags():
+    c = Candidate(tp=8, sp=True, pp=4, vpp=2, dp=4, zero=3, mbs=2, recompute="selective_op", async_tp=True)
+    assert framework(c) == "torchtitan"
+    flags = c.flags()
+    assert flags.startswith("torchtitan: --parallelism.tensor_parallel_degree 8 "
+                            "--parallelism.enable_async_tensor_parallel --compile.enable")
+    for part in ("--parallelism.pipeline_parallel_degree 4", "--parallelism.pipeline_parallel_schedule Interleaved1F1B",
+                 "--parallelism.pipeline_parallel_microbatch_size 2", "--parallelism.data_parallel_shard_degree 4",
+                 "--activation_checkpoint.mode selective --activation_checkpoint.selective_ac_option op"):
+        assert part in flags
+    assert "--use-distributed-optimizer" not in flags and "--tensor-model-parallel-size" not in flags
+    ddp = torchtitan_flags(Candidate(tp=2, sp=True, dp=4, mbs=1, async_tp=True))
+    assert "--parallelism.data_parallel_replicate_degree 4 --parallelism.data_parallel_shard_degree 1" in ddp
+    assert "--training.local_batch_size 1" in ddp and "pipeline_parallel" not in ddp
+
+
+def test_other_plans_print_megatron_flags():
+    c = Candidate(tp=2, sp=True, dp=4, zero=1, overlap_param_gather=True, tp_comm_overlap=True)
+    assert framework(c) == "Megatron-LM" and c.flags() == megatron_flags(c)
+    assert c.flags().startswith("--tensor-model-parallel-size 2 --pipeline-model-parallel-size 1")
+    assert "--use-distributed-optimizer" in c.flags() and "--tp-comm-overlap" in c.flags()
+
+
+@pytest.mark.parametrize("kw, named", [({"use_distributed_optimizer": True}, "use_distributed_optimizer"),
+                                       ({"zero_stage": 2}, "zero_stage 1-2"),
+                                       ({"zero_stage": 3, "zero_impl": "deepspeed"}, "zero_impl='deepspeed'")])
+def test_async_tp_beside_another_stacks_zero_is_refused(kw, named):
+    with pytest.raises(ValueError, match=r"async_tp=true \(torchtitan\) runs with fsdp=true .* conflicts with .*"
+                                         + named):
+        ParallelConfig(tensor_model_parallel_size=2, sequence_parallel=True, async_tp=True, **kw)
+    ParallelConfig(tensor_model_parallel_size=2, sequence_parallel=True, async_tp=True, fsdp=True)  # FSDP2: fine
+
+
+def test_async_tp_in_an_order_torchtitans_mesh_has_not_is_refused():
+    with pytest.raises(ValueError, match=r"async_tp=true \(torchtitan\) conflicts with rank_order='tp-cp-ep-pp-dp'"):
+        ParallelConfig(tensor_model_parallel_size=2, sequence_parallel=True, async_tp=True, fsdp=True,
+                       rank_order="tp-cp-ep-pp-dp")
+
+
+def test_search_space_has_no_mixed_stack_plan():
+    facts = ModelFacts(num_layers=4, num_attention_heads=32, seq_length=1024, num_experts=0, world_size=16,
+                       gpus_per_node=8, global_batch_size=16)
+    model = with_overrides(get_model_config("llama3-8b"), num_layers=4, seq_length=1024)
+    knobs = parse_knobs(fix=["parallel.context_parallel_size=1", "parallel.recompute_granularity=none",
+                             "training.micro_batch_size=1", "parallel.virtual_pipeline_model_parallel_size=1"],
+                        space=["parallel.tensor_model_parallel_size=2", "parallel.pipeline_model_parallel_size=1,2"])
+    valid, rejected = enumerate_space(facts, model, knobs)
+    atp = [c for c in valid if c.async_tp]
+    # TP 2 with SP, PP 1 or 2: async TP under DDP and under FSDP2, in torchtitan's one rank order
+    assert atp and {c.zero for c in atp} == {0, 3} and all(c.zero_impl == "megatron" for c in atp)
+    assert {c.rank_order for c in atp} == {"tp-cp-ep-dp-pp"}
+    assert {c.rank_order for c in valid if c.pp == 2 and not c.async_tp} == {"tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp"}
+    assert {c.zero for c in valid if not c.async_tp} >= {0, 1, 2, 3}
+    assert not any("async_tp" in r.reason for r in rejected)  # not expanded, so not a rejected family either
