@@ -1,9 +1,10 @@
 """A search plan as the command line of the framework that runs it.
 
-Megatron-LM runs every plan but async TP, which is torchtitan's (an Inductor pass over the compiled model);
-the configuration refuses async TP beside Megatron's distributed optimizer or DeepSpeed's ZeRO-3
-(``ParallelConfig``), so an async-TP plan is one that torchtitan runs: FSDP2 or plain data parallelism, TP
-with sequence parallelism, pipeline and context parallelism.
+Megatron-LM runs every plan but those with async TP (an Inductor pass over the compiled model) or per-op
+selective activation checkpointing, which are torchtitan's; the configuration refuses those beside Megatron's
+distributed optimizer, TP comm overlap, core-attention recompute, another rank order or DeepSpeed's ZeRO-3
+(``ParallelConfig._check_one_stack``), so such a plan is one that torchtitan runs: FSDP2 or plain data
+parallelism, TP with sequence parallelism, pipeline and context parallelism.
 
 Flag names: Megatron-LM ``megatron/training/arguments.py``; torchtitan ``torchtitan/config/job_config.py``
 (``--parallelism.*``, ``--activation_checkpoint.*``, ``--compile.enable``, ``--float8.recipe_name``). What a
@@ -20,14 +21,15 @@ __all__ = ["framework", "megatron_flags", "plan_flags", "torchtitan_flags"]
 
 
 def framework(c: Any) -> str:
-    """``"torchtitan"`` for an async-TP plan, else ``"Megatron-LM"`` (``c``: a search ``Candidate``)."""
-    return "torchtitan" if c.async_tp else "Megatron-LM"
+    """``"torchtitan"`` for a plan with torchtitan's async TP or per-op SAC, else ``"Megatron-LM"`` (``c``: a
+    search ``Candidate``)."""
+    return "torchtitan" if c.async_tp or c.recompute == "selective_op" else "Megatron-LM"
 
 
 def plan_flags(c: Any) -> str:
     """The plan as its framework's flags, prefixed with the framework's name for a torchtitan plan
     (``"torchtitan: --parallelism.tensor_parallel_degree 8 ..."``)."""
-    return f"torchtitan: {torchtitan_flags(c)}" if c.async_tp else megatron_flags(c)
+    return f"torchtitan: {torchtitan_flags(c)}" if framework(c) == "torchtitan" else megatron_flags(c)
 
 
 def _recompute_megatron(c: Any) -> str:
@@ -88,12 +90,13 @@ _TITAN_FP8 = {"tensorwise": "--model.converters float8 --float8.recipe_name tens
 
 
 def torchtitan_flags(c: Any) -> str:
-    """The plan as torchtitan flags: TP always shards the sequence there, async TP needs
-    ``--compile.enable``, data parallelism is FSDP2 (``data_parallel_shard_degree``) for ZeRO-3 and DDP
+    """The plan as torchtitan flags: TP always shards the sequence there (``c.tp`` 1 prints degree 1),
+    async TP needs ``--compile.enable``, data parallelism is FSDP2 (``data_parallel_shard_degree``) for ZeRO-3 and DDP
     (``data_parallel_replicate_degree``) otherwise; the micro-batch is ``local_batch_size`` without a
     pipeline and ``pipeline_parallel_microbatch_size`` with one."""
-    f = [f"--parallelism.tensor_parallel_degree {c.tp}", "--parallelism.enable_async_tensor_parallel",
-         "--compile.enable"]
+    f = [f"--parallelism.tensor_parallel_degree {c.tp}"]
+    if c.async_tp:
+        f += ["--parallelism.enable_async_tensor_parallel", "--compile.enable"]
     if c.cp > 1:
         f.append(f"--parallelism.context_parallel_degree {c.cp}")
     if c.ep > 1:

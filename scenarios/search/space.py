@@ -514,10 +514,12 @@ def enumerate_space(facts: ModelFacts, model_cfg: Any, knobs: Mapping[str, list[
             if c in seen or asked("zero_impl") and c.zero_impl not in values["zero_impl"]:
                 continue
             seen.add(c)
-            # what validity depends on (a rank order, checked when parsed, never makes a plan invalid)
+            # what validity depends on (a rank order, checked when parsed, makes only a torchtitan plan invalid)
             key = (c.tp, c.sp, c.cp, c.ep, c.pp, c.vpp, c.dp, c.zero, c.mbs, c.overlap_param_gather,
                    c.tp_comm_overlap, c.async_tp, c.first_layers, c.last_layers, c.zero_impl, c.fp8_recipe,
-                   c.recompute_method, c.recompute_num_layers)
+                   c.recompute_method, c.recompute_num_layers,
+                   # torchtitan's knobs (ParallelConfig._check_one_stack): the rank order and recompute count too
+                   (c.rank_order, c.recompute) if c.async_tp or c.recompute == "selective_op" else None)
             if key not in check_cache:
                 check_cache[key] = check_plan(c, facts, model_cfg, base_parallel)
             why = check_cache[key]
@@ -592,16 +594,34 @@ def check_knobs(facts: ModelFacts, knobs: Mapping[str, list[Any]]) -> None:
 
 def _not_a_plan_of_its_own(kw: Mapping[str, Any], asked) -> bool:
     """A knob of an axis the plan does not use (SP without TP, interleaving without PP, TP overlap
-    without SP, both TP overlaps at once, async TP in a rank order torchtitan has not): not a plan of its
-    own unless asked for with ``--space``."""
+    without SP, both TP overlaps at once, torchtitan's knobs beside another stack's): not a plan of its own
+    unless asked for with ``--space``."""
     if not asked("sp") and kw["tp"] == 1 and kw["sp"] or not asked("vpp") and kw["pp"] == 1 and kw["vpp"] > 1:
         return True
     overlap = kw["tp_comm_overlap"] or kw["async_tp"]
     if overlap and not kw["sp"] and not (asked("tp_comm_overlap") or asked("async_tp")):
         return True
-    if kw["async_tp"] and kw["rank_order"] != DEFAULT_RANK_ORDER and not (asked("async_tp") and asked("rank_order")):
-        return True  # torchtitan's device mesh has one order; the plan in the default order is enumerated too
+    titan, other = _mixed_stacks(kw)
+    if titan and other and not all(asked(f) for f in (*titan, *other)):
+        return True  # left for ParallelConfig's reason only where --fix/--space asks for both stacks' knobs
     return bool(kw["tp_comm_overlap"] and kw["async_tp"] and not (asked("tp_comm_overlap") and asked("async_tp")))
+
+
+def _mixed_stacks(kw: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+    """(torchtitan's knobs the plan uses: async TP, per-op SAC; the Megatron-LM or DeepSpeed knobs beside them:
+    the distributed optimizer, DeepSpeed's ZeRO-3, TP comm overlap, another rank order, Megatron's selective
+    recompute, TP without sequence parallelism): both non-empty is a plan no stack runs
+    (``ParallelConfig._check_one_stack``)."""
+    titan = [f for f, on in (("async_tp", kw["async_tp"]), ("recompute", kw["recompute"] == "selective_op")) if on]
+    if not titan:
+        return [], []
+    other = [f for f, on in (("zero", kw["zero"] in (1, 2)),
+                             ("zero_impl", kw["zero"] == 3 and kw["zero_impl"] == "deepspeed"),
+                             ("tp_comm_overlap", kw["tp_comm_overlap"]),
+                             ("rank_order", kw["rank_order"] != DEFAULT_RANK_ORDER),
+                             ("recompute", kw["recompute"] == "selective"), ("sp", kw["tp"] > 1 and not kw["sp"]))
+             if on]
+    return titan, other
 
 
 def check_plan(c: Candidate, facts: ModelFacts, model_cfg: Any, base_parallel: Mapping[str, Any] | None) -> str | None:

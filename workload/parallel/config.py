@@ -235,18 +235,7 @@ class ParallelConfig:
         if self.async_tp and self.tp_comm_overlap:
             raise ValueError("async_tp=true (torchtitan) conflicts with tp_comm_overlap=true (Megatron-Core); "
                              "choose one")
-        if self.async_tp and (self.zero_stage in (1, 2) or self.use_distributed_optimizer
-                              or self.zero_impl == "deepspeed"):
-            # torchtitan's data parallelism is FSDP2 (dp_shard) or DDP/HSDP (dp_replicate); ZeRO-1/2 are
-            # Megatron-LM's and DeepSpeed's, and neither has async TP: no stack runs the combination
-            raise ValueError("async_tp=true (torchtitan) runs with fsdp=true (FSDP2) or plain data parallelism; "
-                             "it conflicts with " + ("zero_impl='deepspeed'" if self.zero_impl == "deepspeed" else
-                                                     "use_distributed_optimizer / zero_stage 1-2 (Megatron-LM, "
-                                                     "whose TP overlap is tp_comm_overlap=true)"))
-        if self.async_tp and self.rank_order != DEFAULT_RANK_ORDER:
-            # torchtitan's device mesh is ["pp", "dp_replicate", "dp_shard", "cp", "tp"], outermost first
-            raise ValueError(f"async_tp=true (torchtitan) conflicts with rank_order={self.rank_order!r}: torchtitan's "
-                             f"device mesh orders ranks {DEFAULT_RANK_ORDER} (TP innermost, PP outermost)")
+        self._check_one_stack()
         if self.vpp > 1 and self.pp == 1:
             raise ValueError("virtual_pipeline_model_parallel_size > 1 needs pipeline_model_parallel_size > 1")
         if self.schedule == "interleaved_1f1b" and self.vpp == 1:
@@ -254,6 +243,32 @@ class ParallelConfig:
         if self.vpp > 1 and self.schedule != "interleaved_1f1b":
             raise ValueError(f"virtual_pipeline_model_parallel_size={self.vpp} needs pipeline_schedule="
                              f"'interleaved_1f1b', got {self.schedule!r}")
+
+    def _check_one_stack(self) -> None:
+        """torchtitan's features (async TP, per-op SAC) beside Megatron-LM's or DeepSpeed's: no stack runs
+        the plan. torchtitan's data parallelism is FSDP2 (``dp_shard``) or DDP/HSDP (``dp_replicate``), its
+        device mesh ``["pp", "dp_replicate", "dp_shard", "cp", "tp"]`` (Megatron's default order), its TP
+        overlap async TP and its activation checkpointing per layer or per op (``torchtitan/config/
+        job_config.py``, ``torchtitan/distributed/parallel_dims.py``)."""
+        titan = [k for k, on in (("async_tp=true", self.async_tp),
+                                 ("recompute_granularity='selective_op'", self.recompute_granularity == "selective_op"))
+                 if on]
+        if not titan:
+            return
+        other = [k for k, on in (
+            ("use_distributed_optimizer / zero_stage 1-2 (Megatron-LM)",
+             self.zero_stage in (1, 2) or self.use_distributed_optimizer),
+            ("zero_impl='deepspeed'", self.zero_impl == "deepspeed"),
+            ("tp_comm_overlap=true (Megatron-Core)", self.tp_comm_overlap),
+            (f"rank_order={self.rank_order!r} (torchtitan's device mesh orders ranks {DEFAULT_RANK_ORDER})",
+             self.rank_order != DEFAULT_RANK_ORDER),
+            ("recompute_granularity='selective' (Megatron-LM's core-attention recompute)",
+             self.recompute_granularity == "selective"),
+            ("sequence_parallel=false with tensor_model_parallel_size > 1 (torchtitan's TP shards the sequence)",
+             self.tp > 1 and not self.sequence_parallel)) if on]
+        if other:
+            raise ValueError(f"{titan[0]} is torchtitan's, which runs FSDP2 (fsdp=true) or plain data parallelism; "
+                             f"it conflicts with {other[0]}")
 
     def _check_deepspeed(self) -> None:
         if self.fsdp:

@@ -33,28 +33,41 @@ def test_other_plans_print_megatron_flags():
     assert "--use-distributed-optimizer" in c.flags() and "--tp-comm-overlap" in c.flags()
 
 
+TITAN = {"async_tp": {"tensor_model_parallel_size": 2, "sequence_parallel": True, "async_tp": True},
+         "selective_op": {"recompute_granularity": "selective_op"}}
+
+
+@pytest.mark.parametrize("feature", ["async_tp", "selective_op"])
 @pytest.mark.parametrize("kw, named", [({"use_distributed_optimizer": True}, "use_distributed_optimizer"),
                                        ({"zero_stage": 2}, "zero_stage 1-2"),
-                                       ({"zero_stage": 3, "zero_impl": "deepspeed"}, "zero_impl='deepspeed'")])
-def test_async_tp_beside_another_stacks_zero_is_refused(kw, named):
-    with pytest.raises(ValueError, match=r"async_tp=true \(torchtitan\) runs with fsdp=true .* conflicts with .*"
-                                         + named):
-        ParallelConfig(tensor_model_parallel_size=2, sequence_parallel=True, async_tp=True, **kw)
-    ParallelConfig(tensor_model_parallel_size=2, sequence_parallel=True, async_tp=True, fsdp=True)  # FSDP2: fine
+                                       ({"zero_stage": 3, "zero_impl": "deepspeed"}, "zero_impl='deepspeed'"),
+                                       ({"rank_order": "tp-cp-ep-pp-dp"}, "rank_order='tp-cp-ep-pp-dp'")])
+def test_torchtitans_features_beside_another_stacks_are_refused(feature, kw, named):
+    """Async TP and per-op SAC are torchtitan's; the distributed optimizer, DeepSpeed's ZeRO-3 and another
+    rank order are not in torchtitan: one line names both keys."""
+    with pytest.raises(ValueError, match=r"is torchtitan's, which runs FSDP2 \(fsdp=true\) or plain data "
+                                         r"parallelism; it conflicts with .*" + named):
+        ParallelConfig(**TITAN[feature], **kw)
+    ParallelConfig(**TITAN[feature], fsdp=True)  # FSDP2: torchtitan's own
 
 
-def test_async_tp_in_an_order_torchtitans_mesh_has_not_is_refused():
-    with pytest.raises(ValueError, match=r"async_tp=true \(torchtitan\) conflicts with rank_order='tp-cp-ep-pp-dp'"):
-        ParallelConfig(tensor_model_parallel_size=2, sequence_parallel=True, async_tp=True, fsdp=True,
-                       rank_order="tp-cp-ep-pp-dp")
+def test_per_op_sac_with_tp_but_no_sequence_parallelism_is_refused():
+    with pytest.raises(ValueError, match=r"selective_op' is torchtitan's.* sequence_parallel=false"):
+        ParallelConfig(recompute_granularity="selective_op", tensor_model_parallel_size=2, fsdp=True)
+    ParallelConfig(recompute_granularity="selective_op", tensor_model_parallel_size=2, sequence_parallel=True)
+
+
+def test_async_tp_with_megatrons_selective_recompute_is_refused():
+    with pytest.raises(ValueError, match=r"async_tp=true is torchtitan's.* recompute_granularity='selective'"):
+        ParallelConfig(**TITAN["async_tp"], fsdp=True, recompute_granularity="selective")
 
 
 def test_search_space_has_no_mixed_stack_plan():
     facts = ModelFacts(num_layers=4, num_attention_heads=32, seq_length=1024, num_experts=0, world_size=16,
                        gpus_per_node=8, global_batch_size=16)
     model = with_overrides(get_model_config("llama3-8b"), num_layers=4, seq_length=1024)
-    knobs = parse_knobs(fix=["parallel.context_parallel_size=1", "parallel.recompute_granularity=none",
-                             "training.micro_batch_size=1", "parallel.virtual_pipeline_model_parallel_size=1"],
+    knobs = parse_knobs(fix=["parallel.context_parallel_size=1", "training.micro_batch_size=1",
+                             "parallel.virtual_pipeline_model_parallel_size=1"],
                         space=["parallel.tensor_model_parallel_size=2", "parallel.pipeline_model_parallel_size=1,2"])
     valid, rejected = enumerate_space(facts, model, knobs)
     atp = [c for c in valid if c.async_tp]
@@ -63,4 +76,9 @@ def test_search_space_has_no_mixed_stack_plan():
     assert {c.rank_order for c in atp} == {"tp-cp-ep-dp-pp"}
     assert {c.rank_order for c in valid if c.pp == 2 and not c.async_tp} == {"tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp"}
     assert {c.zero for c in valid if not c.async_tp} >= {0, 1, 2, 3}
-    assert not any("async_tp" in r.reason for r in rejected)  # not expanded, so not a rejected family either
+    assert {c.recompute for c in atp} == {"none", "full", "selective_op"}  # not Megatron's selective
+    sac = [c for c in valid if c.recompute == "selective_op"]
+    assert sac and all(c.zero in (0, 3) and not c.tp_comm_overlap and c.rank_order == "tp-cp-ep-dp-pp" and c.sp
+                       for c in sac)
+    assert all(framework(c) == "torchtitan" and c.flags().startswith("torchtitan: ") for c in sac + atp)
+    assert not any("torchtitan" in r.reason for r in rejected)  # not expanded, so not a rejected family either
