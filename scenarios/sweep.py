@@ -213,6 +213,10 @@ class PointResult:
     oom: bool = False
     peak_memory_bytes: float | None = None
     memory_verdict: str = ""
+    memory_need_bytes: float | None = None
+    """What the verdict compares (``MemoryBreakdown.need_and_capacity``): device use, as ``run`` reports it."""
+    memory_capacity_bytes: float | None = None
+    """What it is compared with: the usable HBM."""
     error: str = ""
     metrics: dict[str, Any] = field(default_factory=dict)
 
@@ -220,6 +224,7 @@ class PointResult:
         return {"values": self.values, "iteration_time_s": self.iteration_time_s, "tokens_per_s": self.tokens_per_s,
                 "tflops_per_gpu": self.tflops_per_gpu, "mfu": self.mfu, "oom": self.oom,
                 "peak_memory_bytes": self.peak_memory_bytes, "memory_verdict": self.memory_verdict,
+                "memory_need_bytes": self.memory_need_bytes, "memory_capacity_bytes": self.memory_capacity_bytes,
                 "error": self.error or None, "metrics": self.metrics or None}
 
 
@@ -237,6 +242,7 @@ def run_point(base: Mapping[str, Any], values: Mapping[str, Any], source: str = 
         gpu = prep.topology.gpu_spec
         if mem is not None:
             row.oom, row.peak_memory_bytes, row.memory_verdict = not mem.fits(gpu), mem.total, mem.verdict(gpu)
+            row.memory_need_bytes, row.memory_capacity_bytes = mem.need_and_capacity(gpu)
         if row.oom and not simulate_oom:
             return row
         rep = run_prepared(prep, mem, progress=progress, started_s=t0, max_tasks=DEFAULT_MAX_TASKS)
@@ -304,8 +310,9 @@ def format_rows(sweep: Sweep, rows: Sequence[PointResult]) -> str:
         if r.error:
             lines.append(f"{vals}  error: {r.error}")
             continue
-        mem = "-" if r.peak_memory_bytes is None else \
-            f"{'OOM' if r.oom else 'fits'} ({r.peak_memory_bytes / 1e9:.1f} GB)"
+        # the verdict's own comparison (device use of usable HBM), as run's and search's memory columns
+        mem = "-" if r.memory_need_bytes is None or r.memory_capacity_bytes is None else \
+            f"{'OOM' if r.oom else 'fits'} ({r.memory_need_bytes / 1e9:.1f} of {r.memory_capacity_bytes / 1e9:.1f} GB)"
         if r.iteration_time_s is None:
             lines.append(f"{vals}  {'-':>11} {'-':>12} {'-':>7}  {mem}, not simulated")
         else:

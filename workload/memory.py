@@ -463,6 +463,12 @@ class MemoryBreakdown:
         cap = float(getattr(gpu_hbm_bytes, "hbm_capacity_bytes", gpu_hbm_bytes))
         return self.total + headroom_bytes, cap, "HBM"
 
+    def need_and_capacity(self, gpu_hbm_bytes: float | Any, headroom_bytes: float = 0.0) -> tuple[float, float]:
+        """(bytes, bytes): what :meth:`fits` compares -- the device use (+ ``headroom_bytes``) against the usable
+        HBM once the framework's figures are set, else the tensors against ``gpu_hbm_bytes``."""
+        need, cap, _ = self._need_and_cap(gpu_hbm_bytes, headroom_bytes)
+        return need, cap
+
     def fits(self, gpu_hbm_bytes: float | Any, headroom_bytes: float = 0.0) -> bool:
         """Whether the memory + ``headroom_bytes`` fits: for a GPUSpec once the framework's figures are set,
         :attr:`device_used` against :attr:`usable_hbm`; else :attr:`total` against ``gpu_hbm_bytes`` (or a GPUSpec)."""

@@ -128,3 +128,17 @@ def test_table_values_are_spelled_as_toml():
     from scenarios.sweep import _fmt_value
 
     assert [_fmt_value(v) for v in (True, False, 0.5, 8, "flash")] == ["true", "false", "0.5", "8", "flash"]
+
+
+def test_memory_column_is_the_verdicts_comparison(tiny_rows):
+    """The sweep prints what run's verdict compares -- device use (reserved + CUDA context + NCCL buffers)
+    of the usable HBM -- not the tensors alone, so run, sweep and search show one figure."""
+    from scenarios.runner import memory_for, prepare
+    from scenarios.sweep import format_rows, point_scenario
+
+    sw, rows = tiny_rows
+    mem = memory_for(prepare(point_scenario(sw.base, rows[0].values, sw.source)))
+    assert rows[0].memory_need_bytes == mem.device_used > mem.total == rows[0].peak_memory_bytes
+    assert rows[0].memory_capacity_bytes == mem.usable_hbm
+    line = format_rows(sw, rows).splitlines()[3]
+    assert line.endswith(f"fits ({mem.device_used / 1e9:.1f} of {mem.usable_hbm / 1e9:.1f} GB)")
