@@ -50,6 +50,7 @@ import math
 from dataclasses import dataclass
 
 from hwmodel.nccl.algorithms.base import log2i
+from hwmodel.nccl.algorithms.ring import Ring
 from hwmodel.nccl.comm import NCCL_LL128_MAX_NTHREADS, NCCL_LL_MAX_NTHREADS, CommTopology
 
 __all__ = [
@@ -58,7 +59,9 @@ __all__ = [
     "NVLS_CHUNK_SIZE_BYTES",
     "Pipeline",
     "PipelineTime",
+    "NVLS_STEP_SYNC_S",
     "chunk_size_bytes",
+    "item_time_s",
     "pipeline_for",
     "pipeline_time",
 ]
@@ -88,6 +91,14 @@ RING_SLICE_STEPS = NCCL_STEPS // 4
 
 NVLS_CHUNK_SIZE_BYTES = 128 * 1024
 """``comm->nvlsChunkSize`` default (``NCCL_NVLS_CHUNKSIZE`` 128 KiB, ``src/transport/nvls.cc``)."""
+
+NVLS_STEP_SYNC_S = Ring.hw_latency_us["nvlink"][2] * 1e-6
+"""Per-step synchronisation of an NVLS channel's warp groups (seconds): NCCL's own price of one Simple
+step over NVLink, ``hwLat[NVLINK][RING][SIMPLE]`` = 3.4 us (``src/graph/tuning.cc``, the same from 2.18
+to 2.30.7). Each NVLS warp group (scatter, multimem reduce, multicast, gather; ``all_reduce.h``) runs
+``ProtoSimple`` steps -- wait for the peers' flags, copy one chunk per head, barrier, fence, post
+(``prims_simple.h``) -- so the wait and post are in series with that group's copy, not hidden by the
+FIFO. Not fitted: docs/DESIGN.md ("NVLS per-step cost") compares it with the Azure sweeps."""
 
 PROTO_GRAIN_BYTES: dict[str, int] = {"simple": 512, "ll": 16, "ll128": 1920}
 """``ncclProtoGrainSize`` (enqueue.cc): the unit a chunk is aligned to -- Simple 512 B, LL one 16-byte
@@ -120,6 +131,12 @@ class Pipeline:
     """Data bytes per second one channel moves over one hop."""
     min_slice_bytes: float = 0.0
     """A two-slice chunk's first slice is at least this (``sliceSize/32``), the second the rest."""
+    step_sync_s: float = 0.0
+    """Per-item synchronisation the sending warps pay in series with their copy (seconds), beyond what
+    ``channel_rate_Bps`` already holds for an item of ``sync_free_bytes``: an item of ``b`` bytes takes
+    ``b / rate + step_sync_s x max(0, 1 - b / sync_free_bytes)`` on its link (:func:`item_time_s`)."""
+    sync_free_bytes: float = math.inf
+    """The item size at which ``channel_rate_Bps`` (NCCL's per-channel figure) was taken (bytes)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +149,19 @@ class PipelineTime:
     bytes_per_channel: float
     """Data bytes one channel sends over one hop (all items)."""
     channel_rate_Bps: float
+
+
+def item_time_s(p: Pipeline, b: float) -> float:
+    """Seconds an item of ``b`` bytes occupies its link: ``b / rate``, plus the share of the per-step
+    synchronisation ``channel_rate_Bps`` does not already contain (:attr:`Pipeline.step_sync_s`).
+
+    The channel rate is NCCL's per-channel figure, reached with full items of ``sync_free_bytes``, where
+    one step costs ``b / r0 + sync`` with ``1 / r0 = 1 / rate - sync / sync_free_bytes``; a smaller item pays
+    the same ``sync`` over fewer bytes: ``b / r0 + sync = b / rate + sync (1 - b / sync_free_bytes)``."""
+    s = b / p.channel_rate_Bps
+    if p.step_sync_s > 0.0 and b < p.sync_free_bytes:
+        s += p.step_sync_s * (1.0 - b / p.sync_free_bytes)
+    return s
 
 
 def chunk_size_bytes(op: str, algo: str, proto: str, n_bytes: int, n_channels: int, topo: CommTopology) -> int:
@@ -252,10 +282,13 @@ def pipeline_for(op: str, algo: str, proto: str, n_bytes: int, n_channels: int, 
     slice_min = BUFFSIZE_BYTES["simple"] // NCCL_STEPS * RING_SLICE_STEPS / 32
     slices = tuple((2 if b > slice_min else 1) if ring_simple else 1 for b in items)
     slots = NCCL_STEPS // (RING_SLICE_STEPS if ring_simple else 1)
+    # NVLS: the per-step cost its full chunk (nvlsChunkSize per head) already carries in NCCL's figure.
+    sync, sync_free = (NVLS_STEP_SYNC_S, per_loop_chunks * NVLS_CHUNK_SIZE_BYTES * progress_per_byte) \
+        if algo == "nvls" else (0.0, math.inf)
     return Pipeline(ring=ring, hops=hops, loop_bytes=tuple(items), slices_per_item=slices, fifo_slots=slots,
                     store_and_forward=proto == "simple", step_latency_s=max(0.0, step_latency_total_s) / hops,
                     base_latency_s=base_latency_s, channel_rate_Bps=channel_rate_Bps,
-                    min_slice_bytes=slice_min if ring_simple else 0.0)
+                    min_slice_bytes=slice_min if ring_simple else 0.0, step_sync_s=sync, sync_free_bytes=sync_free)
 
 
 def pipeline_time(p: Pipeline) -> PipelineTime:
@@ -322,14 +355,13 @@ def _chain_run(p: Pipeline, loop_bytes: tuple[float, ...], slices: tuple[int, ..
     ``>= C[h][i-D] + lat`` with ``C`` the receiver's forward of that item (``E[h+1][i-D]``) or, at the
     last hop, its arrival."""
     lat = p.step_latency_s
-    rate = p.channel_rate_Bps
     saf = p.store_and_forward
     D = p.fifo_slots
     H = p.hops
     S = [[0.0] * len(loop_bytes) for _ in range(H)]
     E = [[0.0] * len(loop_bytes) for _ in range(H)]
     for i, b in enumerate(loop_bytes):
-        s = b / rate
+        s = item_time_s(p, b)
         for h in range(H):
             t = E[h][i - 1] if i else 0.0
             if h:

@@ -71,7 +71,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from hwmodel.nccl.chunked import Pipeline, PipelineTime
+from hwmodel.nccl.chunked import Pipeline, PipelineTime, item_time_s
 
 __all__ = ["closed_form_time"]
 
@@ -138,21 +138,20 @@ def _ring_time(p: Pipeline) -> float:
 
 def _chain_time(p: Pipeline) -> float:
     lat = p.step_latency_s
-    rate = p.channel_rate_Bps
     d = p.fifo_slots
     hops = p.hops
     saf = p.store_and_forward
     k = len(p.loop_bytes)
-    s_last = p.loop_bytes[-1] / rate
+    s_last = item_time_s(p, p.loop_bytes[-1])  # (an item's time on its link, per-step sync included)
     if hops == 1:
-        return _one_hop([b / rate for b in p.loop_bytes[-2:]], p.loop_bytes[0] / rate, k, d, lat)
+        return _one_hop([item_time_s(p, b) for b in p.loop_bytes[-2:]], item_time_s(p, p.loop_bytes[0]), k, d, lat)
 
     def fill(x: float) -> float:  # first transfer to arrival at the last hop
         return (hops - 1) * ((x + lat) if saf else lat) + x + lat
 
     if k == 1:
         return fill(s_last)
-    s = p.loop_bytes[0] / rate
+    s = item_time_s(p, p.loop_bytes[0])
     cycle = 2 * (s + lat) if saf else s + 2 * lat
     start = _first_hop_starts(s, cycle, d)
     t = max(start(k - 1) + fill(s_last), start(k - 2) + fill(s) + s_last)
