@@ -59,7 +59,7 @@ __all__ = [
     "NVLS_CHUNK_SIZE_BYTES",
     "Pipeline",
     "PipelineTime",
-    "NVLS_STEP_SYNC_S",
+    "STEP_SYNC_S",
     "chunk_size_bytes",
     "item_time_s",
     "pipeline_for",
@@ -92,13 +92,17 @@ RING_SLICE_STEPS = NCCL_STEPS // 4
 NVLS_CHUNK_SIZE_BYTES = 128 * 1024
 """``comm->nvlsChunkSize`` default (``NCCL_NVLS_CHUNKSIZE`` 128 KiB, ``src/transport/nvls.cc``)."""
 
-NVLS_STEP_SYNC_S = Ring.hw_latency_us["nvlink"][2] * 1e-6
-"""Per-step synchronisation of an NVLS channel's warp groups (seconds): NCCL's own price of one Simple
-step over NVLink, ``hwLat[NVLINK][RING][SIMPLE]`` = 3.4 us (``src/graph/tuning.cc``, the same from 2.18
-to 2.30.7). Each NVLS warp group (scatter, multimem reduce, multicast, gather; ``all_reduce.h``) runs
-``ProtoSimple`` steps -- wait for the peers' flags, copy one chunk per head, barrier, fence, post
-(``prims_simple.h``) -- so the wait and post are in series with that group's copy, not hidden by the
-FIFO. Not fitted: docs/DESIGN.md ("NVLS per-step cost") compares it with the Azure sweeps."""
+STEP_SYNC_S: dict[str, float] = {
+    proto: Ring.hw_latency_us["nvlink"][k] * 1e-6 for k, proto in enumerate(("ll", "ll128", "simple"))}
+"""Per-step synchronisation a channel pays in series with its copy, per protocol (seconds): NCCL's own
+price of one step over NVLink, ``hwLat[NVLINK][RING]`` = LL 0.6, LL128 1.9, Simple 3.4 us
+(``src/graph/tuning.cc``, the same in 2.18.5, 2.20.5 and 2.30.7). A step of ``prims_simple.h`` is: wait
+for the peer's flag (data) and credit, copy, barrier, fence, post -- done by the warps that copy, so not
+hidden by the FIFO; LL/LL128 poll flags inside the data and post a credit per step. NCCL's per-channel
+bandwidth figure holds this cost for a full step (:func:`item_time_s`); a smaller chunk (small buffers, the
+shrink rules of NVLS and Tree LL128) pays it over fewer bytes. Applied on one NVLink node, where NCCL's
+per-channel figure binds. Not fitted: docs/DESIGN.md ("Per-step cost of small chunks") compares it with the
+public sweeps."""
 
 PROTO_GRAIN_BYTES: dict[str, int] = {"simple": 512, "ll": 16, "ll128": 1920}
 """``ncclProtoGrainSize`` (enqueue.cc): the unit a chunk is aligned to -- Simple 512 B, LL one 16-byte
@@ -282,9 +286,11 @@ def pipeline_for(op: str, algo: str, proto: str, n_bytes: int, n_channels: int, 
     slice_min = BUFFSIZE_BYTES["simple"] // NCCL_STEPS * RING_SLICE_STEPS / 32
     slices = tuple((2 if b > slice_min else 1) if ring_simple else 1 for b in items)
     slots = NCCL_STEPS // (RING_SLICE_STEPS if ring_simple else 1)
-    # NVLS: the per-step cost its full chunk (nvlsChunkSize per head) already carries in NCCL's figure.
-    sync, sync_free = (NVLS_STEP_SYNC_S, per_loop_chunks * NVLS_CHUNK_SIZE_BYTES * progress_per_byte) \
-        if algo == "nvls" else (0.0, math.inf)
+    sync, sync_free = 0.0, math.inf
+    if topo.n_nodes == 1 and topo.intra_link == "nvlink":  # the per-step cost below a full item
+        sync = STEP_SYNC_S[proto]
+        chunk0 = chunk_size_bytes(op, algo, proto, 1 << 62, nc, topo)  # before the small-buffer rules
+        sync_free = chunk0 / 2 if ring_simple else chunk0 if ring else per_loop_chunks * chunk0 * progress_per_byte
     return Pipeline(ring=ring, hops=hops, loop_bytes=tuple(items), slices_per_item=slices, fifo_slots=slots,
                     store_and_forward=proto == "simple", step_latency_s=max(0.0, step_latency_total_s) / hops,
                     base_latency_s=base_latency_s, channel_rate_Bps=channel_rate_Bps,
@@ -317,7 +323,6 @@ def _ring_run(p: Pipeline, loop_bytes: tuple[float, ...], slices: tuple[int, ...
     chunk's last step, its arrival. ``E[i] = S[i] + bytes/rate``; arrival ``A = E + lat``. LL/LL128
     forward line by line: the dependency is ``S[i-m] + lat`` and ``E[i] >= E[i-m] + lat``."""
     lat = p.step_latency_s
-    rate = p.channel_rate_Bps
     saf = p.store_and_forward
     D = p.fifo_slots
     H = p.hops
@@ -326,7 +331,7 @@ def _ring_run(p: Pipeline, loop_bytes: tuple[float, ...], slices: tuple[int, ...
     fwd: list[int] = []  # index of the item that forwards item k (-1: consumed on arrival)
     for b, m in zip(loop_bytes, slices, strict=True):
         first = b if m == 1 else min(b, max(b / m, p.min_slice_bytes))
-        times = [first / rate] + ([(b - first) / (m - 1) / rate] * (m - 1) if m > 1 else [])
+        times = [item_time_s(p, first)] + ([item_time_s(p, (b - first) / (m - 1))] * (m - 1) if m > 1 else [])
         base = len(S)
         for h in range(H):
             for j in range(m):

@@ -87,13 +87,14 @@ def closed_form_time(p: Pipeline) -> PipelineTime:
 def _ring_step(p: Pipeline, b: float, m: int) -> tuple[float, float, float]:
     """(period per ring step, gap before the next loop, first slice's time) for a chunk of ``b`` bytes
     in ``m`` slices."""
-    s = b / p.channel_rate_Bps
+    times = _slice_times(p, b, m)
+    s = sum(times)
     lat = p.step_latency_s
     if not p.store_and_forward:
         return max(s, lat), s, s
     if m == 1:
         return s + lat, s, s
-    s0 = min(b, max(b / m, p.min_slice_bytes)) / p.channel_rate_Bps
+    s0 = times[0]
     period = max(s, s0 + lat)
     return period, period, s0
 
@@ -106,19 +107,24 @@ def _slices(p: Pipeline, b: float, m: int) -> list[float]:
     return [first] + [(b - first) / (m - 1)] * (m - 1)
 
 
+def _slice_times(p: Pipeline, b: float, m: int) -> list[float]:
+    """Seconds each slice of a ring chunk of ``b`` bytes in ``m`` slices takes on its link, per-step sync
+    included (:func:`hwmodel.nccl.chunked.item_time_s`)."""
+    return [item_time_s(p, x) for x in _slices(p, b, m)]
+
+
 def _ring_time(p: Pipeline) -> float:
     h = p.hops
     lat = p.step_latency_s
-    rate = p.channel_rate_Bps
     loops = len(p.loop_bytes)
     last_b, last_m = p.loop_bytes[-1], p.slices_per_item[-1]
     if h == 1:  # every slice is its chunk's first and last step
-        tail = _slices(p, last_b, last_m)
-        full = _slices(p, p.loop_bytes[0], p.slices_per_item[0])
+        tail = _slice_times(p, last_b, last_m)
+        full = _slice_times(p, p.loop_bytes[0], p.slices_per_item[0])
         n = (loops - 1) * len(full) + len(tail)
-        return _one_hop([x / rate for x in tail], full[0] / rate, n, p.fifo_slots, lat)
+        return _one_hop(tail, full[0], n, p.fifo_slots, lat)
     period, s0 = _ring_step(p, last_b, last_m)[::2]
-    s_last = last_b / rate
+    s_last = sum(_slice_times(p, last_b, last_m))
     if loops == 1:
         return (h - 1) * period + s_last + lat
     full_period, gap, _ = _ring_step(p, p.loop_bytes[0], p.slices_per_item[0])
@@ -130,7 +136,7 @@ def _ring_time(p: Pipeline) -> float:
     # of s1 + lat per step, or it follows the first slice (period per step).
     s1 = s_last - s0
     last_step = t0 - gap  # the previous loop's last step started
-    u0 = max(t0 + s0, last_step + p.loop_bytes[0] / rate + lat)
+    u0 = max(t0 + s0, last_step + sum(_slice_times(p, p.loop_bytes[0], p.slices_per_item[0])) + lat)
     t_end = max(t0 + (h - 1) * period, u0 + s1 + (h - 2) * period)
     u_end = max(t_end + s0, u0 + (h - 1) * (s1 + lat))
     return u_end + s1 + lat

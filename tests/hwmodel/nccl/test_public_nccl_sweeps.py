@@ -90,7 +90,7 @@ def test_nvls_gpu_bound_mid_band_within_15_percent(sweep):
 def test_nvls_rate_steps_where_the_chunk_grows(sweep):
     # The measured NVLS time per byte drops where NCCL 2.18/2.20 grows the chunk (64 KiB below 1 GiB, 128 KiB
     # from it; concurrentOps 16 x 8): 512 MiB -> 1 GiB busbw rises 5-6 %; the model rises by the per-step cost
-    errs = dict((s, e) for s, _, e in _errors(sweep, 512 * MiB, 2 << 30))
+    errs = {s: e for s, _, e in _errors(sweep, 512 * MiB, 2 << 30)}
     assert abs(errs[512 * MiB]) <= 0.02 and abs(errs[1 << 30]) <= 0.02, errs
 
 
