@@ -59,7 +59,7 @@ __all__ = [
     "NVLS_CHUNK_SIZE_BYTES",
     "Pipeline",
     "PipelineTime",
-    "STEP_SYNC_S",
+    "NVLS_STEP_SYNC_S",
     "chunk_size_bytes",
     "item_time_s",
     "pipeline_for",
@@ -92,17 +92,16 @@ RING_SLICE_STEPS = NCCL_STEPS // 4
 NVLS_CHUNK_SIZE_BYTES = 128 * 1024
 """``comm->nvlsChunkSize`` default (``NCCL_NVLS_CHUNKSIZE`` 128 KiB, ``src/transport/nvls.cc``)."""
 
-STEP_SYNC_S: dict[str, float] = {
-    proto: Ring.hw_latency_us["nvlink"][k] * 1e-6 for k, proto in enumerate(("ll", "ll128", "simple"))}
-"""Per-step synchronisation a channel pays in series with its copy, per protocol (seconds): NCCL's own
-price of one step over NVLink, ``hwLat[NVLINK][RING]`` = LL 0.6, LL128 1.9, Simple 3.4 us
-(``src/graph/tuning.cc``, the same in 2.18.5, 2.20.5 and 2.30.7). A step of ``prims_simple.h`` is: wait
-for the peer's flag (data) and credit, copy, barrier, fence, post -- done by the warps that copy, so not
-hidden by the FIFO; LL/LL128 poll flags inside the data and post a credit per step. NCCL's per-channel
-bandwidth figure holds this cost for a full step (:func:`item_time_s`); a smaller chunk (small buffers, the
-shrink rules of NVLS and Tree LL128) pays it over fewer bytes. Applied on one NVLink node, where NCCL's
-per-channel figure binds. Not fitted: docs/DESIGN.md ("Per-step cost of small chunks") compares it with the
-public sweeps."""
+NVLS_STEP_SYNC_S = Ring.hw_latency_us["nvlink"][2] * 1e-6
+"""Per-step synchronisation an NVLS channel pays in series with its copy (seconds): NCCL's own price of
+one Simple step over NVLink, ``hwLat[NVLINK][RING][SIMPLE]`` = 3.4 us (``src/graph/tuning.cc``, the same
+in 2.18.5, 2.20.5 and 2.30.7). NVLS all-reduce splits each CTA into warp groups (scatter, multimem
+reduce, gather; ``all_reduce.h``) that run ``ProtoSimple`` steps: wait for the peers' flags, copy one
+chunk per head, barrier, fence, post (``prims_simple.h``), all by the warps that copy, so the wait and
+post are not hidden by the FIFO. NCCL's NVLS bandwidth figure holds this cost for a full ``nvlsChunkSize``
+step (:func:`item_time_s`); the smaller chunks of its shrink rules pay it over fewer bytes. Not fitted:
+docs/DESIGN.md ("NVLS: the per-step cost of small chunks") compares it with the public sweeps and says
+why rings do not get it."""
 
 PROTO_GRAIN_BYTES: dict[str, int] = {"simple": 512, "ll": 16, "ll128": 1920}
 """``ncclProtoGrainSize`` (enqueue.cc): the unit a chunk is aligned to -- Simple 512 B, LL one 16-byte
@@ -287,10 +286,9 @@ def pipeline_for(op: str, algo: str, proto: str, n_bytes: int, n_channels: int, 
     slices = tuple((2 if b > slice_min else 1) if ring_simple else 1 for b in items)
     slots = NCCL_STEPS // (RING_SLICE_STEPS if ring_simple else 1)
     sync, sync_free = 0.0, math.inf
-    if topo.n_nodes == 1 and topo.intra_link == "nvlink":  # the per-step cost below a full item
-        sync = STEP_SYNC_S[proto]
-        chunk0 = chunk_size_bytes(op, algo, proto, 1 << 62, nc, topo)  # before the small-buffer rules
-        sync_free = chunk0 / 2 if ring_simple else chunk0 if ring else per_loop_chunks * chunk0 * progress_per_byte
+    if algo == "nvls":  # the per-step cost NCCL's figure holds for a full chunk, paid by smaller ones
+        sync = NVLS_STEP_SYNC_S
+        sync_free = per_loop_chunks * chunk_size_bytes(op, algo, proto, 1 << 62, nc, topo) * progress_per_byte
     return Pipeline(ring=ring, hops=hops, loop_bytes=tuple(items), slices_per_item=slices, fifo_slots=slots,
                     store_and_forward=proto == "simple", step_latency_s=max(0.0, step_latency_total_s) / hops,
                     base_latency_s=base_latency_s, channel_rate_Bps=channel_rate_Bps,
