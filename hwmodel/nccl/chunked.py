@@ -35,6 +35,8 @@ What comes from where (nothing here is fitted):
   capped by what one channel (one CTA, one SM) moves in NCCL's model (``bwIntra``/``bwInter`` per
   channel, ``perChMaxRingLL128Bw``, ``llMaxBw``...). At large sizes the pipeline therefore runs at the
   flow model's bandwidth; what differs is how latency and granularity shape the ramp.
+* NVLS per-step cost: an NVLS item smaller than its full ``nvlsChunkSize`` step also pays NCCL's price of
+  one Simple step over NVLink in series with its copy (:data:`NVLS_STEP_SYNC_S`, :func:`item_time_s`).
 
 Not modelled: the Ring "plateau" x1.4 and Tree correction factors of ``ncclTopoGetAlgoTime`` (fitted
 terms of NCCL's *model*, replaced here by the mechanism), and per-hop differences within a multi-node

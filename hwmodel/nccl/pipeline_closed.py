@@ -5,7 +5,9 @@ item by item (the ``chunked`` fidelity, the reference). This module gives the sa
 of terms, so the default fidelity keeps NCCL's pipeline (fill, per-step latency overlapped with the
 transfer, FIFO credits, the last loop's smaller chunks) at O(1) cost. Notation (one channel, every
 channel alike): ``H`` hops (ring steps per chunk, or chain hops), ``D`` FIFO slots, ``lat`` the per-step
-latency, ``r`` the channel rate; an item of ``b`` bytes takes ``s = b / r`` on its link.
+latency, ``r`` the channel rate; an item of ``b`` bytes takes ``s = b / r`` on its link (plus, for NVLS
+items below a full chunk, the per-step cost of :func:`hwmodel.nccl.chunked.item_time_s`; every formula
+below takes each item's or slice's ``s`` from it).
 
 **Ring** (symmetric, one link's sequence is every link's). A chunk crosses ``H`` ring steps; step
 ``h + 1`` of a slice can start once step ``h`` of the same slice has arrived (``+ lat``) and the link
