@@ -35,6 +35,8 @@ What comes from where (nothing here is fitted):
   capped by what one channel (one CTA, one SM) moves in NCCL's model (``bwIntra``/``bwInter`` per
   channel, ``perChMaxRingLL128Bw``, ``llMaxBw``...). At large sizes the pipeline therefore runs at the
   flow model's bandwidth; what differs is how latency and granularity shape the ramp.
+* NVLS per-step cost: an NVLS item smaller than its full ``nvlsChunkSize`` step also pays NCCL's price of
+  one Simple step over NVLink in series with its copy (:data:`NVLS_STEP_SYNC_S`, :func:`item_time_s`).
 
 Not modelled: the Ring "plateau" x1.4 and Tree correction factors of ``ncclTopoGetAlgoTime`` (fitted
 terms of NCCL's *model*, replaced here by the mechanism), and per-hop differences within a multi-node
@@ -50,6 +52,7 @@ import math
 from dataclasses import dataclass
 
 from hwmodel.nccl.algorithms.base import log2i
+from hwmodel.nccl.algorithms.ring import Ring
 from hwmodel.nccl.comm import NCCL_LL128_MAX_NTHREADS, NCCL_LL_MAX_NTHREADS, CommTopology
 
 __all__ = [
@@ -58,7 +61,9 @@ __all__ = [
     "NVLS_CHUNK_SIZE_BYTES",
     "Pipeline",
     "PipelineTime",
+    "NVLS_STEP_SYNC_S",
     "chunk_size_bytes",
+    "item_time_s",
     "pipeline_for",
     "pipeline_time",
 ]
@@ -88,6 +93,17 @@ RING_SLICE_STEPS = NCCL_STEPS // 4
 
 NVLS_CHUNK_SIZE_BYTES = 128 * 1024
 """``comm->nvlsChunkSize`` default (``NCCL_NVLS_CHUNKSIZE`` 128 KiB, ``src/transport/nvls.cc``)."""
+
+NVLS_STEP_SYNC_S = Ring.hw_latency_us["nvlink"][2] * 1e-6
+"""Per-step synchronisation an NVLS channel pays in series with its copy (seconds): NCCL's own price of
+one Simple step over NVLink, ``hwLat[NVLINK][RING][SIMPLE]`` = 3.4 us (``src/graph/tuning.cc``, the same
+in 2.18.5, 2.20.5 and 2.30.7). NVLS all-reduce splits each CTA into warp groups (scatter, multimem
+reduce, gather; ``all_reduce.h``) that run ``ProtoSimple`` steps: wait for the peers' flags, copy one
+chunk per head, barrier, fence, post (``prims_simple.h``), all by the warps that copy, so the wait and
+post are not hidden by the FIFO. NCCL's NVLS bandwidth figure holds this cost for a full ``nvlsChunkSize``
+step (:func:`item_time_s`); the smaller chunks of its shrink rules pay it over fewer bytes. Not fitted:
+docs/DESIGN.md ("NVLS: the per-step cost of small chunks") compares it with the public sweeps and says
+why rings do not get it."""
 
 PROTO_GRAIN_BYTES: dict[str, int] = {"simple": 512, "ll": 16, "ll128": 1920}
 """``ncclProtoGrainSize`` (enqueue.cc): the unit a chunk is aligned to -- Simple 512 B, LL one 16-byte
@@ -120,6 +136,12 @@ class Pipeline:
     """Data bytes per second one channel moves over one hop."""
     min_slice_bytes: float = 0.0
     """A two-slice chunk's first slice is at least this (``sliceSize/32``), the second the rest."""
+    step_sync_s: float = 0.0
+    """Per-item synchronisation the sending warps pay in series with their copy (seconds), beyond what
+    ``channel_rate_Bps`` already holds for an item of ``sync_free_bytes``: an item of ``b`` bytes takes
+    ``b / rate + step_sync_s x max(0, 1 - b / sync_free_bytes)`` on its link (:func:`item_time_s`)."""
+    sync_free_bytes: float = math.inf
+    """The item size at which ``channel_rate_Bps`` (NCCL's per-channel figure) was taken (bytes)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +154,19 @@ class PipelineTime:
     bytes_per_channel: float
     """Data bytes one channel sends over one hop (all items)."""
     channel_rate_Bps: float
+
+
+def item_time_s(p: Pipeline, b: float) -> float:
+    """Seconds an item of ``b`` bytes occupies its link: ``b / rate``, plus the share of the per-step
+    synchronisation ``channel_rate_Bps`` does not already contain (:attr:`Pipeline.step_sync_s`).
+
+    The channel rate is NCCL's per-channel figure, reached with full items of ``sync_free_bytes``, where
+    one step costs ``b / r0 + sync`` with ``1 / r0 = 1 / rate - sync / sync_free_bytes``; a smaller item pays
+    the same ``sync`` over fewer bytes: ``b / r0 + sync = b / rate + sync (1 - b / sync_free_bytes)``."""
+    s = b / p.channel_rate_Bps
+    if p.step_sync_s > 0.0 and b < p.sync_free_bytes:
+        s += p.step_sync_s * (1.0 - b / p.sync_free_bytes)
+    return s
 
 
 def chunk_size_bytes(op: str, algo: str, proto: str, n_bytes: int, n_channels: int, topo: CommTopology) -> int:
@@ -252,10 +287,14 @@ def pipeline_for(op: str, algo: str, proto: str, n_bytes: int, n_channels: int, 
     slice_min = BUFFSIZE_BYTES["simple"] // NCCL_STEPS * RING_SLICE_STEPS / 32
     slices = tuple((2 if b > slice_min else 1) if ring_simple else 1 for b in items)
     slots = NCCL_STEPS // (RING_SLICE_STEPS if ring_simple else 1)
+    sync, sync_free = 0.0, math.inf
+    if algo == "nvls":  # the per-step cost NCCL's figure holds for a full chunk, paid by smaller ones
+        sync = NVLS_STEP_SYNC_S
+        sync_free = per_loop_chunks * chunk_size_bytes(op, algo, proto, 1 << 62, nc, topo) * progress_per_byte
     return Pipeline(ring=ring, hops=hops, loop_bytes=tuple(items), slices_per_item=slices, fifo_slots=slots,
                     store_and_forward=proto == "simple", step_latency_s=max(0.0, step_latency_total_s) / hops,
                     base_latency_s=base_latency_s, channel_rate_Bps=channel_rate_Bps,
-                    min_slice_bytes=slice_min if ring_simple else 0.0)
+                    min_slice_bytes=slice_min if ring_simple else 0.0, step_sync_s=sync, sync_free_bytes=sync_free)
 
 
 def pipeline_time(p: Pipeline) -> PipelineTime:
@@ -284,7 +323,6 @@ def _ring_run(p: Pipeline, loop_bytes: tuple[float, ...], slices: tuple[int, ...
     chunk's last step, its arrival. ``E[i] = S[i] + bytes/rate``; arrival ``A = E + lat``. LL/LL128
     forward line by line: the dependency is ``S[i-m] + lat`` and ``E[i] >= E[i-m] + lat``."""
     lat = p.step_latency_s
-    rate = p.channel_rate_Bps
     saf = p.store_and_forward
     D = p.fifo_slots
     H = p.hops
@@ -293,7 +331,7 @@ def _ring_run(p: Pipeline, loop_bytes: tuple[float, ...], slices: tuple[int, ...
     fwd: list[int] = []  # index of the item that forwards item k (-1: consumed on arrival)
     for b, m in zip(loop_bytes, slices, strict=True):
         first = b if m == 1 else min(b, max(b / m, p.min_slice_bytes))
-        times = [first / rate] + ([(b - first) / (m - 1) / rate] * (m - 1) if m > 1 else [])
+        times = [item_time_s(p, first)] + ([item_time_s(p, (b - first) / (m - 1))] * (m - 1) if m > 1 else [])
         base = len(S)
         for h in range(H):
             for j in range(m):
@@ -322,14 +360,13 @@ def _chain_run(p: Pipeline, loop_bytes: tuple[float, ...], slices: tuple[int, ..
     ``>= C[h][i-D] + lat`` with ``C`` the receiver's forward of that item (``E[h+1][i-D]``) or, at the
     last hop, its arrival."""
     lat = p.step_latency_s
-    rate = p.channel_rate_Bps
     saf = p.store_and_forward
     D = p.fifo_slots
     H = p.hops
     S = [[0.0] * len(loop_bytes) for _ in range(H)]
     E = [[0.0] * len(loop_bytes) for _ in range(H)]
     for i, b in enumerate(loop_bytes):
-        s = b / rate
+        s = item_time_s(p, b)
         for h in range(H):
             t = E[h][i - 1] if i else 0.0
             if h:

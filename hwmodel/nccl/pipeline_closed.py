@@ -5,7 +5,9 @@ item by item (the ``chunked`` fidelity, the reference). This module gives the sa
 of terms, so the default fidelity keeps NCCL's pipeline (fill, per-step latency overlapped with the
 transfer, FIFO credits, the last loop's smaller chunks) at O(1) cost. Notation (one channel, every
 channel alike): ``H`` hops (ring steps per chunk, or chain hops), ``D`` FIFO slots, ``lat`` the per-step
-latency, ``r`` the channel rate; an item of ``b`` bytes takes ``s = b / r`` on its link.
+latency, ``r`` the channel rate; an item of ``b`` bytes takes ``s = b / r`` on its link (plus, for NVLS
+items below a full chunk, the per-step cost of :func:`hwmodel.nccl.chunked.item_time_s`; every formula
+below takes each item's or slice's ``s`` from it).
 
 **Ring** (symmetric, one link's sequence is every link's). A chunk crosses ``H`` ring steps; step
 ``h + 1`` of a slice can start once step ``h`` of the same slice has arrived (``+ lat``) and the link
@@ -71,7 +73,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from hwmodel.nccl.chunked import Pipeline, PipelineTime
+from hwmodel.nccl.chunked import Pipeline, PipelineTime, item_time_s
 
 __all__ = ["closed_form_time"]
 
@@ -87,13 +89,14 @@ def closed_form_time(p: Pipeline) -> PipelineTime:
 def _ring_step(p: Pipeline, b: float, m: int) -> tuple[float, float, float]:
     """(period per ring step, gap before the next loop, first slice's time) for a chunk of ``b`` bytes
     in ``m`` slices."""
-    s = b / p.channel_rate_Bps
+    times = _slice_times(p, b, m)
+    s = sum(times)
     lat = p.step_latency_s
     if not p.store_and_forward:
         return max(s, lat), s, s
     if m == 1:
         return s + lat, s, s
-    s0 = min(b, max(b / m, p.min_slice_bytes)) / p.channel_rate_Bps
+    s0 = times[0]
     period = max(s, s0 + lat)
     return period, period, s0
 
@@ -106,19 +109,24 @@ def _slices(p: Pipeline, b: float, m: int) -> list[float]:
     return [first] + [(b - first) / (m - 1)] * (m - 1)
 
 
+def _slice_times(p: Pipeline, b: float, m: int) -> list[float]:
+    """Seconds each slice of a ring chunk of ``b`` bytes in ``m`` slices takes on its link, per-step sync
+    included (:func:`hwmodel.nccl.chunked.item_time_s`)."""
+    return [item_time_s(p, x) for x in _slices(p, b, m)]
+
+
 def _ring_time(p: Pipeline) -> float:
     h = p.hops
     lat = p.step_latency_s
-    rate = p.channel_rate_Bps
     loops = len(p.loop_bytes)
     last_b, last_m = p.loop_bytes[-1], p.slices_per_item[-1]
     if h == 1:  # every slice is its chunk's first and last step
-        tail = _slices(p, last_b, last_m)
-        full = _slices(p, p.loop_bytes[0], p.slices_per_item[0])
+        tail = _slice_times(p, last_b, last_m)
+        full = _slice_times(p, p.loop_bytes[0], p.slices_per_item[0])
         n = (loops - 1) * len(full) + len(tail)
-        return _one_hop([x / rate for x in tail], full[0] / rate, n, p.fifo_slots, lat)
+        return _one_hop(tail, full[0], n, p.fifo_slots, lat)
     period, s0 = _ring_step(p, last_b, last_m)[::2]
-    s_last = last_b / rate
+    s_last = sum(_slice_times(p, last_b, last_m))
     if loops == 1:
         return (h - 1) * period + s_last + lat
     full_period, gap, _ = _ring_step(p, p.loop_bytes[0], p.slices_per_item[0])
@@ -130,7 +138,7 @@ def _ring_time(p: Pipeline) -> float:
     # of s1 + lat per step, or it follows the first slice (period per step).
     s1 = s_last - s0
     last_step = t0 - gap  # the previous loop's last step started
-    u0 = max(t0 + s0, last_step + p.loop_bytes[0] / rate + lat)
+    u0 = max(t0 + s0, last_step + sum(_slice_times(p, p.loop_bytes[0], p.slices_per_item[0])) + lat)
     t_end = max(t0 + (h - 1) * period, u0 + s1 + (h - 2) * period)
     u_end = max(t_end + s0, u0 + (h - 1) * (s1 + lat))
     return u_end + s1 + lat
@@ -138,21 +146,20 @@ def _ring_time(p: Pipeline) -> float:
 
 def _chain_time(p: Pipeline) -> float:
     lat = p.step_latency_s
-    rate = p.channel_rate_Bps
     d = p.fifo_slots
     hops = p.hops
     saf = p.store_and_forward
     k = len(p.loop_bytes)
-    s_last = p.loop_bytes[-1] / rate
+    s_last = item_time_s(p, p.loop_bytes[-1])  # (an item's time on its link, per-step sync included)
     if hops == 1:
-        return _one_hop([b / rate for b in p.loop_bytes[-2:]], p.loop_bytes[0] / rate, k, d, lat)
+        return _one_hop([item_time_s(p, b) for b in p.loop_bytes[-2:]], item_time_s(p, p.loop_bytes[0]), k, d, lat)
 
     def fill(x: float) -> float:  # first transfer to arrival at the last hop
         return (hops - 1) * ((x + lat) if saf else lat) + x + lat
 
     if k == 1:
         return fill(s_last)
-    s = p.loop_bytes[0] / rate
+    s = item_time_s(p, p.loop_bytes[0])
     cycle = 2 * (s + lat) if saf else s + 2 * lat
     start = _first_hop_starts(s, cycle, d)
     t = max(start(k - 1) + fill(s_last), start(k - 2) + fill(s) + s_last)

@@ -5,13 +5,14 @@ shape NCCL's chunking produces, and, the acceptance of the flow fidelity, on ncc
 8 GiB of every collective on 8x A100 (1, 2 and 4 DGX A100 nodes), 8x H100 (NVLS; 2 nodes: NVLSTree),
 and 2- and 4-GPU groups: flow within 2 % of chunked at every size."""
 
+import math
 import random
 
 import pytest
 
 from hwmodel.cluster import Cluster
 from hwmodel.ir import Collective
-from hwmodel.nccl.chunked import Pipeline, pipeline_time
+from hwmodel.nccl.chunked import Pipeline, item_time_s, pipeline_time
 from hwmodel.nccl.engine import NcclEngine, simulate_nccl_tests
 from hwmodel.nccl.nccltests import size_sweep
 from hwmodel.nccl.pipeline_closed import closed_form_time
@@ -21,12 +22,13 @@ KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 SLICE_MIN = 4 * MiB // 8 * 2 / 32  # sliceSize / 32 of a Ring Simple slice (prims_simple.h)
 
 
-def _pipe(*, ring, saf, hops, items, lat, rate=1e9):
+def _pipe(*, ring, saf, hops, items, lat, rate=1e9, sync=0.0, sync_free=math.inf):
     ring_simple = ring and saf
     slices = tuple((2 if b > SLICE_MIN else 1) if ring_simple else 1 for b in items)
     return Pipeline(ring=ring, hops=hops, loop_bytes=tuple(items), slices_per_item=slices,
                     fifo_slots=4 if ring_simple else 8, store_and_forward=saf, step_latency_s=lat,
-                    base_latency_s=3e-6, channel_rate_Bps=rate, min_slice_bytes=SLICE_MIN if ring_simple else 0.0)
+                    base_latency_s=3e-6, channel_rate_Bps=rate, min_slice_bytes=SLICE_MIN if ring_simple else 0.0,
+                    step_sync_s=sync, sync_free_bytes=sync_free)
 
 
 def _random_pipelines(n, seed):
@@ -49,6 +51,30 @@ def test_closed_form_is_the_recurrence_on_random_pipelines(seed):
     for p in _random_pipelines(500, seed):
         exact, closed = pipeline_time(p).time_s, closed_form_time(p).time_s
         assert closed == pytest.approx(exact, rel=1e-9), p
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_closed_form_is_the_recurrence_with_a_per_step_sync(seed):
+    # rings and chains whose items (slices, chunks) pay a per-step sync in series with the copy, below a
+    # full item of 1-4 x theirs: the same longest paths
+    rng = random.Random(100 + seed)
+    for p in _random_pipelines(400, seed):
+        b = p.loop_bytes[0]
+        q = _pipe(ring=p.ring, saf=p.store_and_forward, hops=p.hops, items=p.loop_bytes, lat=p.step_latency_s,
+                  sync=b / 1e9 * rng.choice([0.05, 0.5, 3]), sync_free=b * rng.choice([1, 2, 4]))
+        assert closed_form_time(q).time_s == pytest.approx(pipeline_time(q).time_s, rel=1e-9), q
+
+
+def test_per_step_sync_is_paid_only_below_the_full_item():
+    # items of the full size run at the channel rate (NCCL's figure already holds their sync); a half
+    # item pays half the sync on top of its bytes: b / r + sync (1 - b / full)
+    full, sync = 1e6, 3.4e-6
+    assert item_time_s(_pipe(ring=False, saf=True, hops=2, items=[full], lat=0.0, sync=sync, sync_free=full),
+                       full) == pytest.approx(1e-3, rel=1e-12)
+    half = _pipe(ring=False, saf=True, hops=2, items=[full / 2] * 40, lat=0.0, sync=sync, sync_free=full)
+    assert item_time_s(half, full / 2) == pytest.approx(0.5e-3 + sync / 2, rel=1e-12)
+    # 40 items through 2 hops, no latency: 39 items on the first link, then the last one's 2 hops
+    assert closed_form_time(half).time_s == pytest.approx(3e-6 + 41 * (0.5e-3 + sync / 2), rel=1e-12)
 
 
 def test_ring_streams_the_step_latency_under_the_transfer():
