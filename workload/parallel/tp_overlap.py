@@ -201,8 +201,12 @@ def emit_pipelined(rb, item: Pipelined, deps: list, *, mode: str) -> list:
                                    layer=gemm.layer, phase=gemm.phase), "compute", [out])]
         return []
     sent = []
-    for j in range(n):
-        rb.add(gemm_piece(gemm, n, j), "compute", list(deps) if j == 0 else [])
+    # async TP produces the partial sums of the remote shards first and its own shard last
+    # (_pipelined_produce_and_all2all: the loop over steps 1 .. tp - 1, then chunk_producer(rank, ...)), so
+    # the last remote partial moves beside the local piece; userbuffers' chunks go in order
+    order = [*range(1, n), 0] if mode == "async" else list(range(n))
+    for k, j in enumerate(order):
+        rb.add(gemm_piece(gemm, n, j), "compute", list(deps) if k == 0 else [])
         piece = rb.last_compute
         if mode == "async":  # push the partial sum of shard j to its owner
             if j:
@@ -213,7 +217,7 @@ def emit_pipelined(rb, item: Pipelined, deps: list, *, mode: str) -> list:
                                           name=f"tp_reduce_scatter[{j}/{n}]"), OVERLAP_STREAM, (piece,)))
     if mode != "async":
         return sent[-1:]
-    # the owner sums its n partial sums (read n shards, write one)
+    # the owner sums its n partial sums (read n shards, write one) once the last one has arrived
     rb.add(Compute("tp_async_reduce", "elementwise", 0.0, float(chunk_bytes * (n + 1)), dtype=coll.dtype,
                    layer=gemm.layer, phase=gemm.phase), "compute", sent)
     return []
