@@ -26,12 +26,14 @@ HBM and NVLink in the simulation like any other kernel and flow:
   it as ``movedim(0, gather_dim)`` of its gather-dim-major buffer, a micro-batch above 1 makes the
   weight-gradient mm's reshape copy it whole (``tp_ag_out_layout_copy``: torchtitan gathers dim 1 of
   ``[batch, seq, hidden]``). Peer copies move at the copy engines' measured NVLink rate
-  (``[nccl.copy_engine_nvlink_efficiency]``, :mod:`hwmodel.runtime`). The reduce-scatter
+  (``[nccl.copy_engine_nvlink_efficiency]``, :mod:`hwmodel.runtime`) and load the HBM of both GPUs
+  (the read and the write) without being limited by it. The reduce-scatter
   pairs only with a matmul that produces its input directly (``_find_producer_matmul``: ``mm`` or
   reshape-``mm``-reshape), so a reduce-scatter of a *sum* of GEMM outputs (the input gradient of
   torchtitan's separate wq/wk/wv or w1/w3) stays a plain NCCL collective; a paired one's partial sums
   are pushed to their owners and summed by one memory-bound reduction kernel (read ``tp`` partials,
-  write one).
+  write one). The remote shards' pieces come first and the local one last
+  (``_pipelined_produce_and_all2all``), so the last partial moves beside the local piece.
 
 A pipelined pair is a :class:`Pipelined` item in the builder's op list (:func:`pair_collectives` finds
 them); :func:`emit_pipelined` adds its tasks. With ``g`` and ``c`` the times of one GEMM piece and one
