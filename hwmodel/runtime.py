@@ -401,18 +401,26 @@ class Runtime:
         mirrors = self._mirrors((rank, peer), directed=True)
         links, lat = self.cluster.path(src, dst)
         weights = {r: weight(r) for r in links}
+        # the copy engine reads the payload from the source's HBM and writes it into the destination's:
+        # a side load on both (as NCCL's p2p, HBM_BYTES_PER_BYTE), with the mirrors' reads and writes
+        # of the same two GPUs (in a ring each GPU is the source of one copy and the destination of another)
+        gpus = self.cluster.gpus
+        side = {gpus[src].hbm: 1.0, gpus[dst].hbm: 1.0}
         if not mirrors:
-            return self.cluster.fs.start(size_bytes, weights, latency_s=lat, name=f"{src}->{dst}")
+            return self.cluster.fs.start(size_bytes, weights, latency_s=lat, name=f"{src}->{dst}", side_loads=side)
         users: dict[Resource, int] = {}
+        ends = {src, dst}
         for a, b in mirrors:
             for r in self.cluster.path(a, b)[0]:
                 weights[r] = weights.get(r, 0.0) + weight(r)
                 users[r] = users.get(r, 0) + 1
-        ends = {src, dst}
+            for g in (a, b):
+                if g in ends:
+                    side[gpus[g].hbm] += 1.0
         own = set(links)
         keep = {r: w for r, w in weights.items() if r in own or users.get(r, 0) > 1
                 or (isinstance(r.meta, tuple) and (r.meta[1] in ends or r.meta[2] in ends))}
-        return self.cluster.fs.start(size_bytes, keep, latency_s=lat, name=f"{src}->{dst}")
+        return self.cluster.fs.start(size_bytes, keep, latency_s=lat, name=f"{src}->{dst}", side_loads=side)
 
     def _deadlock_report(self, stuck: list[tuple[int, str]]) -> str:
         lines = [f"deadlock: {len(stuck)} stream(s) can never finish"]

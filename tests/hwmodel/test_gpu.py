@@ -188,3 +188,33 @@ def test_placement_errors_name_the_gpu():
         Runtime(c, [Program(0)], placement={0: "n9.gpu0"})
     with pytest.raises(ValueError, match="same GPU"):
         Runtime(c, [Program(0), Program(1)], placement={0: "n0.gpu0", 1: "n0.gpu0"})
+
+
+def test_peer_copy_reads_the_source_hbm_and_writes_the_destination_hbm():
+    """A copy-engine peer copy moves at its NVLink rate r (not limited by HBM) and loads the source GPU's
+    HBM with its read and the destination's with its write, r each. A memory-bound kernel on the source
+    that alone draws d of the HBM's capacity C runs at (C - r) / d of its speed while the copy moves
+    data. Closed form: beside a copy moving for t_m = S / r (after its path latency), a kernel of solo
+    time t_k > t_m that starts with it ends at t_k + t_m (1 - (C - r) / d); the destination's HBM
+    carries the copy's S bytes as the source's does."""
+    c = Cluster(build_system("dgx-h100", 1))
+    src, dst = c.topology.gpus()[:2]
+    size = 2e9
+    p0, p1 = Program(0), Program(1)
+    p0.add(Memcpy("peer", size, 1, name="push"), "copy")
+    kernel = Compute("copy", "copy", 0.0, 20e9)
+    p0.add(kernel, "compute")
+    res = Runtime(c, [p0, p1], placement={0: src, 1: dst}, host_launch_overhead_s=0.0).run()
+    push = next(e for e in res.events if e.name == "push")
+    k = next(e for e in res.events if e.name == "copy")
+    gpu = c.gpus[src]
+    hbm = gpu.hbm.capacity
+    t_c = push.end_s - push.start_s
+    latency = c.path(src, dst)[1]
+    r = size / (t_c - latency)  # the copy's own rate: its NVLink path alone sets it
+    cost = gpu.cost(kernel)
+    t_k, d = cost.solo_time_s, cost.hbm_bytes / cost.solo_time_s
+    t_m = t_c - latency
+    assert t_c < t_k and hbm - r < d <= hbm
+    assert k.end_s == pytest.approx(t_k + t_m * (1 - (hbm - r) / d), rel=1e-6)
+    assert c.gpus[dst].hbm.carried == pytest.approx(size, rel=1e-9)

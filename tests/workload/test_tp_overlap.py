@@ -142,6 +142,26 @@ def test_async_tp_reduce_scatter_pushes_partials_and_sums_them():
     assert not any(isinstance(tk.op, Collective) for tk in prog.tasks)
 
 
+@pytest.mark.parametrize("gemm_s", [0.2e-3, 4e-3])
+def test_async_tp_reduce_scatter_produces_its_own_shard_last(gemm_s):
+    """PyTorch's ``_pipelined_produce_and_all2all`` computes the partial sums of the remote shards first
+    (steps 1 .. tp - 1) and the local one last, so the last push moves beside the local piece. With g one
+    GEMM piece and c one push (copy engines hold no SMs; the pushes run one at a time on their stream):
+    the pieces end at tp g, the pushes at g + (tp - 1) c when copies are the bottleneck, else at
+    (tp - 1) g + c; the reduction follows the later of the two."""
+    prog, events, t = _simulate("reduce_scatter", gemm_s, async_tp=True)
+    pieces = sorted((e for e in events if e.name.startswith("fc2[")), key=lambda e: e.start_s)
+    assert [e.name for e in pieces] == [f"fc2[{j}/{TP}]" for j in [*range(1, TP), 0]]
+    pushes = sorted((e for e in events if e.name == "tp_rs_partial"), key=lambda e: e.start_s)
+    g, c = gemm_s / TP, pushes[0].end_s - pushes[0].start_s
+    red = next(e for e in events if e.name == "tp_async_reduce")
+    assert pieces[-1].end_s == pytest.approx(TP * g, rel=1e-9)
+    last_push = max(g + (TP - 1) * c, (TP - 1) * g + c)
+    assert pushes[-1].end_s == pytest.approx(last_push, rel=1e-6)
+    assert red.start_s == pytest.approx(max(TP * g, last_push), rel=1e-6)
+    assert t == pytest.approx(red.end_s, rel=1e-12)
+
+
 @pytest.mark.parametrize("flag", ["tp_comm_overlap", "async_tp"])
 def test_real_layer_keeps_flops_and_pairs_every_sequence_parallel_collective(flag):
     """On a traced Llama layer (TP 2 + SP) the pipelining moves work, it does not change it: the same

@@ -26,12 +26,14 @@ HBM and NVLink in the simulation like any other kernel and flow:
   it as ``movedim(0, gather_dim)`` of its gather-dim-major buffer, a micro-batch above 1 makes the
   weight-gradient mm's reshape copy it whole (``tp_ag_out_layout_copy``: torchtitan gathers dim 1 of
   ``[batch, seq, hidden]``). Peer copies move at the copy engines' measured NVLink rate
-  (``[nccl.copy_engine_nvlink_efficiency]``, :mod:`hwmodel.runtime`). The reduce-scatter
+  (``[nccl.copy_engine_nvlink_efficiency]``, :mod:`hwmodel.runtime`) and load the HBM of both GPUs
+  (the read and the write) without being limited by it. The reduce-scatter
   pairs only with a matmul that produces its input directly (``_find_producer_matmul``: ``mm`` or
   reshape-``mm``-reshape), so a reduce-scatter of a *sum* of GEMM outputs (the input gradient of
   torchtitan's separate wq/wk/wv or w1/w3) stays a plain NCCL collective; a paired one's partial sums
   are pushed to their owners and summed by one memory-bound reduction kernel (read ``tp`` partials,
-  write one).
+  write one). The remote shards' pieces come first and the local one last
+  (``_pipelined_produce_and_all2all``), so the last partial moves beside the local piece.
 
 A pipelined pair is a :class:`Pipelined` item in the builder's op list (:func:`pair_collectives` finds
 them); :func:`emit_pipelined` adds its tasks. With ``g`` and ``c`` the times of one GEMM piece and one
@@ -201,8 +203,12 @@ def emit_pipelined(rb, item: Pipelined, deps: list, *, mode: str) -> list:
                                    layer=gemm.layer, phase=gemm.phase), "compute", [out])]
         return []
     sent = []
-    for j in range(n):
-        rb.add(gemm_piece(gemm, n, j), "compute", list(deps) if j == 0 else [])
+    # async TP produces the partial sums of the remote shards first and its own shard last
+    # (_pipelined_produce_and_all2all: the loop over steps 1 .. tp - 1, then chunk_producer(rank, ...)), so
+    # the last remote partial moves beside the local piece; userbuffers' chunks go in order
+    order = [*range(1, n), 0] if mode == "async" else list(range(n))
+    for k, j in enumerate(order):
+        rb.add(gemm_piece(gemm, n, j), "compute", list(deps) if k == 0 else [])
         piece = rb.last_compute
         if mode == "async":  # push the partial sum of shard j to its owner
             if j:
@@ -213,7 +219,7 @@ def emit_pipelined(rb, item: Pipelined, deps: list, *, mode: str) -> list:
                                           name=f"tp_reduce_scatter[{j}/{n}]"), OVERLAP_STREAM, (piece,)))
     if mode != "async":
         return sent[-1:]
-    # the owner sums its n partial sums (read n shards, write one)
+    # the owner sums its n partial sums (read n shards, write one) once the last one has arrived
     rb.add(Compute("tp_async_reduce", "elementwise", 0.0, float(chunk_bytes * (n + 1)), dtype=coll.dtype,
                    layer=gemm.layer, phase=gemm.phase), "compute", sent)
     return []
