@@ -37,6 +37,7 @@ from hwmodel.events import (  # re-exported: the trace's record types belong to 
 )
 from hwmodel.fluid import Activity, Resource
 from hwmodel.ir import Collective, Compute, Memcpy, Program, SendRecv, Task
+from hwmodel.nccl.algorithms.p2p import P2P_FIFO_STEPS
 from hwmodel.nccl.calibration import copy_engine_nvlink_efficiency
 
 if TYPE_CHECKING:
@@ -150,6 +151,7 @@ class Runtime:
         self._rdv: dict[tuple[tuple[int, ...], int], _Rendezvous] = {}
         self._sends: dict[tuple[int, int, str], deque] = defaultdict(deque)
         self._recvs: dict[tuple[int, int, str], deque] = defaultdict(deque)
+        self._fifo_steps: dict[tuple[int, int], int] = defaultdict(int)  # (src, dst) -> slots filled per channel
         self._procs: list[tuple[int, str, simpy.Process]] = []
         self._rank_end: dict[int, float] = dict.fromkeys(self.programs, 0.0)
         self._copy_engines: dict[str, simpy.Resource] = {}
@@ -308,6 +310,7 @@ class Runtime:
             pair, mine, theirs = (op.peer, rank, op.tag), self._recvs, self._sends
         self._waiting_on[(rank, stream)] = ("p2p", t.id, op)
         gpu = self.cluster.gpus[self.placement[rank]]
+        plan = self._p2p_plan((pair[:2], op.size_bytes))
         if theirs[pair]:
             other_op, done = theirs[pair].popleft()
             if other_op.size_bytes != op.size_bytes:
@@ -315,7 +318,6 @@ class Runtime:
                     f"send/recv between ranks {pair[0]}->{pair[1]}: sizes differ "
                     f"({other_op.size_bytes} vs {op.size_bytes} bytes)")
             mkey = (pair[:2], op.size_bytes)
-            plan = self._p2p_plan(mkey)
             gpu.hold_sms(plan.n_channels)
             now = self.env.now
             mirrors = self._mirror_plans.get(mkey)
@@ -324,16 +326,50 @@ class Runtime:
                                                       for src, dst in self._mirrors(pair[:2], directed=True)]
             self.mirrored_activities += len(mirrors)
             self.nccl.start_mirrored(plan, mirrors).callbacks.append(lambda _ev: done.succeed(now))
+        elif op.direction == "send" and self._fifo_room(pair, plan):
+            yield from self._eager_send(rank, stream, t, op, start, pair, plan)
+            return
         else:
             done = self.env.event()
             mine[pair].append((op, done))
             # Hold this side's SMs while waiting, with the channel count the transfer will use.
-            plan = self._p2p_plan((pair[:2], op.size_bytes))
             gpu.hold_sms(plan.n_channels)
         xfer_start = yield done
         gpu.release_sms(plan.n_channels)
         self.events.append(TraceEvent(rank, stream, t.id, op.name or op.direction, op.direction, start,
                                       self.env.now, "", "", P2PInfo(op.peer, op.size_bytes), xfer_start))
+
+    def _fifo_room(self, pair: tuple[int, int, str], plan: Plan) -> bool:
+        """Whether a send of ``plan`` finds free slots for all of its steps in the connection's FIFO
+        (``P2P_FIFO_STEPS`` per channel, shared by every message from ``pair[0]`` to ``pair[1]`` not yet
+        received). A send that does not fit waits for its receive, as before NCCL's FIFO existed here:
+        an approximation for a message that only waits for earlier ones to drain."""
+        return self._fifo_steps[pair[:2]] + plan.info.get("fifo_steps", P2P_FIFO_STEPS + 1) <= P2P_FIFO_STEPS
+
+    def _eager_send(self, rank: int, stream: str, t: Task, op: SendRecv, start: float,
+                    pair: tuple[int, int, str], plan: Plan):
+        """A send whose receive is not posted yet and that fits in the FIFO: the kernel holds its
+        channels' SMs while it writes the message into the FIFO (one read and one write of the bytes
+        through this GPU's HBM, after the transfer's latency) and completes; the message is queued for
+        the receive, which moves it across the links when it is posted and frees its FIFO slots then."""
+        gpu = self.cluster.gpus[self.placement[rank]]
+        steps = plan.info["fifo_steps"]
+        link = pair[:2]
+        self._fifo_steps[link] += steps
+        done = self.env.event()
+
+        def free_slots(_ev: simpy.Event) -> None:
+            self._fifo_steps[link] -= steps
+
+        done.callbacks.append(free_slots)
+        self._sends[pair].append((op, done))
+        gpu.hold_sms(plan.n_channels)
+        act = self.cluster.fs.start(op.size_bytes, {gpu.hbm: 2.0}, latency_s=plan.latency_s,
+                                    name=op.name or "send")
+        yield act.done
+        gpu.release_sms(plan.n_channels)
+        self.events.append(TraceEvent(rank, stream, t.id, op.name or op.direction, op.direction, start,
+                                      self.env.now, "", "", P2PInfo(op.peer, op.size_bytes), start))
 
     def _p2p_plan(self, key: tuple[tuple[int, ...], int]) -> Plan:
         """The plan of a transfer ``((src, dst), size_bytes)`` (the engine's, kept: it does not change)."""
