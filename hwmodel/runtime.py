@@ -11,9 +11,12 @@ Collectives are matched across the ranks of their communicator by sequence numbe
 communicator, as NCCL does. An NCCL kernel launches when its stream reaches it and holds its channels'
 SMs while it waits for the other ranks -- so a rank that arrives early loses SMs for compute, as on real
 GPUs. The collective starts when the last rank arrives. Sends are matched to receives FIFO per ordered
-pair. A mismatch (same communicator and sequence, different operation) raises
-:class:`CollectiveMismatchError` at once; programs that wait forever raise :class:`DeadlockError`
-naming the ranks and tasks involved -- never a hang.
+pair. A send whose receive is not posted yet does not wait for it when it fits in the free slots of the
+connection's FIFO (NCCL's ``NCCL_STEPS`` per channel): its kernel writes the message there and ends; the
+receive moves it when posted. A larger send holds its SMs until its receive arrives. A mismatch (same
+communicator and sequence, different operation) raises :class:`CollectiveMismatchError` at once;
+programs that wait forever, or sends never received, raise :class:`DeadlockError` naming the ranks and
+tasks involved -- never a hang.
 """
 
 from __future__ import annotations
@@ -178,7 +181,7 @@ class Runtime:
                 progress bar); it must not touch the simulation.
 
         Raises:
-            DeadlockError: some streams can never proceed.
+            DeadlockError: some streams can never proceed, or a send is never received.
             CollectiveMismatchError: ranks disagree on a collective.
         """
         for rank, prog in self.programs.items():
@@ -197,7 +200,7 @@ class Runtime:
         if progress is not None:
             progress(self._tasks_done, self._tasks_total)
         stuck = [(r, s) for r, s, p in self._procs if p.is_alive]
-        if stuck:
+        if stuck or any(self._sends.values()):  # (a send that fit in the FIFO ended without its receive)
             raise DeadlockError(self._deadlock_report(stuck))
         end = max(self._rank_end.values(), default=0.0)
         return RunResult(end, dict(self._rank_end), self.events, self.cluster, self.placement,
@@ -451,7 +454,8 @@ class Runtime:
         return self.cluster.fs.start(size_bytes, keep, latency_s=lat, name=f"{src}->{dst}")
 
     def _deadlock_report(self, stuck: list[tuple[int, str]]) -> str:
-        lines = [f"deadlock: {len(stuck)} stream(s) can never finish"]
+        lines = [f"deadlock: {len(stuck)} stream(s) can never finish" if stuck else
+                 "unmatched transfers: every stream finished, but sends were never received"]
         for rank, stream in stuck[:20]:
             lines.append(f"  rank {rank} stream {stream!r}: {_waiting_text(self._waiting_on.get((rank, stream), '?'))}")
         for (group, seq), rdv in list(self._rdv.items())[:10]:
