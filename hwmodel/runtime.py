@@ -11,9 +11,12 @@ Collectives are matched across the ranks of their communicator by sequence numbe
 communicator, as NCCL does. An NCCL kernel launches when its stream reaches it and holds its channels'
 SMs while it waits for the other ranks -- so a rank that arrives early loses SMs for compute, as on real
 GPUs. The collective starts when the last rank arrives. Sends are matched to receives FIFO per ordered
-pair. A mismatch (same communicator and sequence, different operation) raises
-:class:`CollectiveMismatchError` at once; programs that wait forever raise :class:`DeadlockError`
-naming the ranks and tasks involved -- never a hang.
+pair. A send whose receive is not posted yet does not wait for it when it fits in the free slots of the
+connection's FIFO (NCCL's ``NCCL_STEPS`` per channel): its kernel writes the message there and ends; the
+receive moves it when posted. A larger send holds its SMs until its receive arrives. A mismatch (same
+communicator and sequence, different operation) raises :class:`CollectiveMismatchError` at once;
+programs that wait forever, or sends never received, raise :class:`DeadlockError` naming the ranks and
+tasks involved -- never a hang.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from hwmodel.events import (  # re-exported: the trace's record types belong to 
 )
 from hwmodel.fluid import Activity, Resource
 from hwmodel.ir import Collective, Compute, Memcpy, Program, SendRecv, Task
+from hwmodel.nccl.algorithms.p2p import P2P_FIFO_STEPS
 from hwmodel.nccl.calibration import copy_engine_nvlink_efficiency
 
 if TYPE_CHECKING:
@@ -150,6 +154,7 @@ class Runtime:
         self._rdv: dict[tuple[tuple[int, ...], int], _Rendezvous] = {}
         self._sends: dict[tuple[int, int, str], deque] = defaultdict(deque)
         self._recvs: dict[tuple[int, int, str], deque] = defaultdict(deque)
+        self._fifo_steps: dict[tuple[int, int], int] = defaultdict(int)  # (src, dst) -> slots filled per channel
         self._procs: list[tuple[int, str, simpy.Process]] = []
         self._rank_end: dict[int, float] = dict.fromkeys(self.programs, 0.0)
         self._copy_engines: dict[str, simpy.Resource] = {}
@@ -176,7 +181,7 @@ class Runtime:
                 progress bar); it must not touch the simulation.
 
         Raises:
-            DeadlockError: some streams can never proceed.
+            DeadlockError: some streams can never proceed, or a send is never received.
             CollectiveMismatchError: ranks disagree on a collective.
         """
         for rank, prog in self.programs.items():
@@ -195,7 +200,7 @@ class Runtime:
         if progress is not None:
             progress(self._tasks_done, self._tasks_total)
         stuck = [(r, s) for r, s, p in self._procs if p.is_alive]
-        if stuck:
+        if stuck or any(self._sends.values()):  # (a send that fit in the FIFO ended without its receive)
             raise DeadlockError(self._deadlock_report(stuck))
         end = max(self._rank_end.values(), default=0.0)
         return RunResult(end, dict(self._rank_end), self.events, self.cluster, self.placement,
@@ -308,6 +313,7 @@ class Runtime:
             pair, mine, theirs = (op.peer, rank, op.tag), self._recvs, self._sends
         self._waiting_on[(rank, stream)] = ("p2p", t.id, op)
         gpu = self.cluster.gpus[self.placement[rank]]
+        plan = self._p2p_plan((pair[:2], op.size_bytes))
         if theirs[pair]:
             other_op, done = theirs[pair].popleft()
             if other_op.size_bytes != op.size_bytes:
@@ -315,7 +321,6 @@ class Runtime:
                     f"send/recv between ranks {pair[0]}->{pair[1]}: sizes differ "
                     f"({other_op.size_bytes} vs {op.size_bytes} bytes)")
             mkey = (pair[:2], op.size_bytes)
-            plan = self._p2p_plan(mkey)
             gpu.hold_sms(plan.n_channels)
             now = self.env.now
             mirrors = self._mirror_plans.get(mkey)
@@ -324,16 +329,50 @@ class Runtime:
                                                       for src, dst in self._mirrors(pair[:2], directed=True)]
             self.mirrored_activities += len(mirrors)
             self.nccl.start_mirrored(plan, mirrors).callbacks.append(lambda _ev: done.succeed(now))
+        elif op.direction == "send" and self._fifo_room(pair, plan):
+            yield from self._eager_send(rank, stream, t, op, start, pair, plan)
+            return
         else:
             done = self.env.event()
             mine[pair].append((op, done))
             # Hold this side's SMs while waiting, with the channel count the transfer will use.
-            plan = self._p2p_plan((pair[:2], op.size_bytes))
             gpu.hold_sms(plan.n_channels)
         xfer_start = yield done
         gpu.release_sms(plan.n_channels)
         self.events.append(TraceEvent(rank, stream, t.id, op.name or op.direction, op.direction, start,
                                       self.env.now, "", "", P2PInfo(op.peer, op.size_bytes), xfer_start))
+
+    def _fifo_room(self, pair: tuple[int, int, str], plan: Plan) -> bool:
+        """Whether a send of ``plan`` finds free slots for all of its steps in the connection's FIFO
+        (``P2P_FIFO_STEPS`` per channel, shared by every message from ``pair[0]`` to ``pair[1]`` not yet
+        received). A send that does not fit waits for its receive, as before NCCL's FIFO existed here:
+        an approximation for a message that only waits for earlier ones to drain."""
+        return self._fifo_steps[pair[:2]] + plan.info.get("fifo_steps", P2P_FIFO_STEPS + 1) <= P2P_FIFO_STEPS
+
+    def _eager_send(self, rank: int, stream: str, t: Task, op: SendRecv, start: float,
+                    pair: tuple[int, int, str], plan: Plan):
+        """A send whose receive is not posted yet and that fits in the FIFO: the kernel holds its
+        channels' SMs while it writes the message into the FIFO (one read and one write of the bytes
+        through this GPU's HBM, after the transfer's latency) and completes; the message is queued for
+        the receive, which moves it across the links when it is posted and frees its FIFO slots then."""
+        gpu = self.cluster.gpus[self.placement[rank]]
+        steps = plan.info["fifo_steps"]
+        link = pair[:2]
+        self._fifo_steps[link] += steps
+        done = self.env.event()
+
+        def free_slots(_ev: simpy.Event) -> None:
+            self._fifo_steps[link] -= steps
+
+        done.callbacks.append(free_slots)
+        self._sends[pair].append((op, done))
+        gpu.hold_sms(plan.n_channels)
+        act = self.cluster.fs.start(op.size_bytes, {gpu.hbm: 2.0}, latency_s=plan.latency_s,
+                                    name=op.name or "send")
+        yield act.done
+        gpu.release_sms(plan.n_channels)
+        self.events.append(TraceEvent(rank, stream, t.id, op.name or op.direction, op.direction, start,
+                                      self.env.now, "", "", P2PInfo(op.peer, op.size_bytes), start))
 
     def _p2p_plan(self, key: tuple[tuple[int, ...], int]) -> Plan:
         """The plan of a transfer ``((src, dst), size_bytes)`` (the engine's, kept: it does not change)."""
@@ -423,7 +462,8 @@ class Runtime:
         return self.cluster.fs.start(size_bytes, keep, latency_s=lat, name=f"{src}->{dst}", side_loads=side)
 
     def _deadlock_report(self, stuck: list[tuple[int, str]]) -> str:
-        lines = [f"deadlock: {len(stuck)} stream(s) can never finish"]
+        lines = [f"deadlock: {len(stuck)} stream(s) can never finish" if stuck else
+                 "unmatched transfers: every stream finished, but sends were never received"]
         for rank, stream in stuck[:20]:
             lines.append(f"  rank {rank} stream {stream!r}: {_waiting_text(self._waiting_on.get((rank, stream), '?'))}")
         for (group, seq), rdv in list(self._rdv.items())[:10]:

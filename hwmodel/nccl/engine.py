@@ -61,6 +61,7 @@ from hwmodel.nccl import nccltests as _nt
 from hwmodel.nccl import pipeline_closed as _pipeline_closed
 from hwmodel.nccl import tuner as _tuner
 from hwmodel.nccl.algorithms.base import Flow
+from hwmodel.nccl.algorithms.p2p import p2p_fifo_steps
 from hwmodel.nccl.channels import P2PPlan, p2p_plan
 from hwmodel.nccl.comm import PROTOCOL_INDEX
 from hwmodel.nccl.tuner_config import TunerConfig
@@ -315,7 +316,8 @@ class NcclEngine:
         return rate
 
     def plan_p2p(self, src: str, dst: str, size_bytes: int) -> Plan:
-        """A send/recv of ``size_bytes`` from GPU ``src`` to GPU ``dst``."""
+        """A send/recv of ``size_bytes`` from GPU ``src`` to GPU ``dst``; ``info["fifo_steps"]``: the
+        FIFO steps per channel the send fills (:func:`~hwmodel.nccl.algorithms.p2p.p2p_fifo_steps`)."""
         same_node = self._node_of[src] == self._node_of[dst]
         key = (same_node, size_bytes)
         pp = self._p2p_cache.get(key)
@@ -323,7 +325,8 @@ class NcclEngine:
             ct = self.comm_topology((src, dst))
             peer = ("nvlink" if ct.intra_link == "nvlink" else "pci") if same_node else "net"
             pp = self._p2p_cache[key] = p2p_plan(size_bytes, ct, peer)
-        return Plan("p2p", size_bytes, (src, dst), "p2p", pp.protocol, pp.n_channels, pp.latency_s, 0.0, None)
+        return Plan("p2p", size_bytes, (src, dst), "p2p", pp.protocol, pp.n_channels, pp.latency_s, 0.0, None,
+                    info={"fifo_steps": p2p_fifo_steps(size_bytes, pp, multi_node=not same_node)})
 
     def _plan_all_to_all(self, coll: Collective, gpus: tuple[str, ...]) -> Plan:
         ct = self.comm_topology(gpus)

@@ -171,3 +171,16 @@ def test_the_next_pass_waits_for_the_exchange_sends_included(v):
                 assert starts[(r, t.id)] >= max(ends[(r, d)] for d in p2p) - 1e-12
                 checked += 1
     assert checked > 0
+
+
+@pytest.mark.parametrize("hidden", [2**17, 2**21])  # 4 MiB and 64 MiB per hop
+def test_overlapped_interleaved_is_between_free_communication_and_the_batched_exchanges(hidden):
+    """Megatron-LM's overlapped interleaved schedule posts each receive one pass early and its sends end
+    once in NCCL's FIFO, so it hides what the batched, synchronised exchanges expose: never slower than
+    them, never faster than the closed form with free communication (the bubble (p-1)/(vm+p-1))."""
+    p, m, v, layers, fwd, bwd = 4, 8, 2, 8, 10e-3, 20e-3
+    trace = _synthetic(layers, fwd, bwd, hidden=hidden)
+    _, batched = _run(trace, _cfg(p, m, v, False))
+    _, overlapped = _run(trace, _cfg(p, m, v, True))
+    free = m * (fwd + bwd) * layers / p / (1 - bubble_fraction(p, m, v))
+    assert free <= overlapped.end_time_s <= batched.end_time_s

@@ -2,7 +2,15 @@
 
 import pytest
 
-from workload.parallel.schedules import bubble_fraction, gpipe, interleaved_1f1b, one_f_one_b, schedule
+from workload.parallel.schedules import (
+    Step,
+    bubble_fraction,
+    gpipe,
+    interleaved_1f1b,
+    one_f_one_b,
+    recv_posts,
+    schedule,
+)
 
 
 @pytest.mark.parametrize("p,m", [(4, 8), (8, 8), (4, 2), (2, 16)])
@@ -63,3 +71,34 @@ def test_bubble_fraction_closed_form():
 def test_unknown_schedule_lists_allowed():
     with pytest.raises(ValueError, match="gpipe, 1f1b, interleaved_1f1b"):
         schedule("zb", 2, 2, 0)
+
+
+@pytest.mark.parametrize("p,m,v", [(4, 8, 2), (4, 4, 2), (2, 6, 3), (8, 16, 2), (3, 9, 4)])
+def test_interleaved_receives_are_posted_one_pass_ahead_as_megatron_does(p, m, v):
+    for s in range(p):
+        steps = interleaved_1f1b(p, m, s, v)
+        posts = recv_posts(steps, p, v, s)
+        posted = sorted(i for idxs in posts.values() for i in idxs)
+        # every pass with an input from another stage, once: forwards but the first virtual stage's (chunk 0
+        # of stage 0), backwards but the last one's (chunk v-1 of stage p-1)
+        expected = m * v - (m if s == 0 else 0) + m * v - (m if s == p - 1 else 0)
+        assert len(posted) == len(set(posted)) == expected
+        warmup = min((p - s - 1) * 2 + (v - 1) * p, m * v)
+        first_b = next(i for i, st in enumerate(steps) if st.kind == "B")
+        for after, idxs in posts.items():
+            for i in idxs:
+                kind = steps[i].kind
+                earlier = [j for j in range(i) if steps[j].kind == kind]
+                if earlier:  # right after the previous pass of its kind
+                    assert after == earlier[-1]
+                elif kind == "B":  # the first backward's: after the last warm-up forward
+                    assert i == first_b and after == warmup - 1
+                else:
+                    assert after == -1
+                # never more than one other pass between the post and the pass (the steady state's)
+                assert 1 <= i - after <= 2
+
+
+def test_recv_posts_rejects_an_unknown_step_kind():
+    with pytest.raises(ValueError, match="step 0: kind must be F or B, got 'W'"):
+        recv_posts([Step("W", 0)], 2, 1, 0)

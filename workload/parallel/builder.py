@@ -49,7 +49,7 @@ from workload.parallel.optimizer import fused_adam, optimizer_kernel
 from workload.parallel.placement import Layout
 from workload.parallel.recompute import rerun_before_backward
 from workload.parallel.sac import op_sac_recomputed
-from workload.parallel.schedules import schedule
+from workload.parallel.schedules import recv_posts, schedule
 from workload.parallel.tp import COLLECTIVE_PREFIX
 
 if TYPE_CHECKING:  # annotation only: the tracer is not needed to build programs
@@ -582,13 +582,14 @@ class RankBuilder:
             p2p_batched.emit(self, p, v, m)
         steps = [] if batched else schedule(cfg.schedule, p, m, s, v)
         last_b = {st.chunk: idx for idx, st in enumerate(steps) if st.kind == "B"}
+        # Megatron's interleaved schedule posts a pass's receive one pass early (recv_posts); else when reached
+        posts = recv_posts(steps, p, v, s) if cfg.schedule == "interleaved_1f1b" and p > 1 else {}
+        pre = {i: self._recv(steps[i].kind) for i in posts.get(-1, ())}  # step index -> its posted receive
         for idx, st in enumerate(steps):
             vs = st.chunk * p + s
             first_v, last_v = vs == 0, vs == p * v - 1
-            if st.kind == "F":
-                self._forward_step(st, first_v, last_v)
-            else:
-                self._backward_step(st, first_v, last_v, last_mb=idx == last_b[st.chunk])
+            self._step(st, first_v, last_v, pre.pop(idx, None), st.kind == "B" and idx == last_b[st.chunk])
+            pre.update({i: self._recv(steps[i].kind) for i in posts.get(idx, ())})
         if self.zero != 3:
             self._reduce_remaining_buckets()
         self.optimizer()
@@ -603,31 +604,28 @@ class RankBuilder:
                 for key in self.buckets[i]:
                     self.param_ag[key] = t
 
-    def _forward_step(self, st, first_v: bool, last_v: bool) -> None:
-        """One forward of the schedule: receive the activations (but on the first virtual stage),
-        the forward pass, send them on (but from the last)."""
-        deps = []
-        if not first_v:  # posted when the program reaches it (Megatron's p2p calls are in order)
-            deps.append(self.add(SendRecv("recv", self.prev_rank, self.act_bytes, name="pp_act", tag="fwd"),
-                                 "pp_fwd_recv", (self.last_compute,)))
-        deps = self.gather_received(deps)
-        done = self.forward(st.microbatch, st.chunk, first_v, last_v, deps)
-        if not last_v:
-            self.add(SendRecv("send", self.next_rank, self.act_bytes, name="pp_act", tag="fwd"),
-                     "pp_fwd_send", (done,))
+    def _recv(self, kind: str) -> int:
+        """Post the receive of a forward's activations (``F``) or a backward's gradients after the last compute."""
+        peer, name, tag = (self.prev_rank, "pp_act", "fwd") if kind == "F" else (self.next_rank, "pp_grad", "bwd")
+        return self.add(SendRecv("recv", peer, self.act_bytes, name=name, tag=tag), f"pp_{tag}_recv",
+                        (self.last_compute,))
 
-    def _backward_step(self, st, first_v: bool, last_v: bool, *, last_mb: bool) -> None:
-        """One backward of the schedule: receive the output gradients (but on the last virtual
-        stage), the backward pass, send the input gradients back (but from the first)."""
-        deps = []
-        if not last_v:
-            deps.append(self.add(SendRecv("recv", self.next_rank, self.act_bytes, name="pp_grad", tag="bwd"),
-                                 "pp_bwd_recv", (self.last_compute,)))
+    def _step(self, st, first_v: bool, last_v: bool, recv: int | None, last_mb: bool) -> None:
+        """One pass of the schedule: receive its input (a forward's activations but on the first virtual
+        stage, a backward's gradients but on the last; ``recv``: the receive if posted earlier, else posted
+        now, as Megatron's p2p calls are in order), the pass, send its output on (but from the last
+        virtual stage, resp. the first)."""
+        fwd = st.kind == "F"
+        deps = [] if (first_v if fwd else last_v) else [self._recv(st.kind) if recv is None else recv]
         deps = self.gather_received(deps)
-        self.backward(st.microbatch, st.chunk, first_v, last_v, deps, last_mb)
-        if not first_v:
-            self.add(SendRecv("send", self.prev_rank, self.act_bytes, name="pp_grad", tag="bwd"),
-                     "pp_bwd_send", (self.last_compute,))
+        if fwd:
+            done = self.forward(st.microbatch, st.chunk, first_v, last_v, deps)
+        else:
+            self.backward(st.microbatch, st.chunk, first_v, last_v, deps, last_mb)
+            done = self.last_compute
+        if not (last_v if fwd else first_v):
+            peer, name, tag = (self.next_rank, "pp_act", "fwd") if fwd else (self.prev_rank, "pp_grad", "bwd")
+            self.add(SendRecv("send", peer, self.act_bytes, name=name, tag=tag), f"pp_{tag}_send", (done,))
 
     def _reduce_remaining_buckets(self) -> None:
         """After the last backward: every bucket without ``overlap_grad_reduce``, else the buckets

@@ -92,6 +92,44 @@ def schedule(name: str, p: int, m: int, stage: int, v: int = 1) -> list[Step]:
     raise ValueError(f"pipeline_schedule: unknown {name!r}; allowed: gpipe, 1f1b, interleaved_1f1b")
 
 
+def recv_posts(steps: list[Step], p: int, v: int, stage: int) -> dict[int, list[int]]:
+    """Where Megatron-LM's interleaved schedule with ``overlap_p2p_comm`` posts each receive of a stage:
+    ``{after: [step, ...]}``, the indices of the steps whose input (``F``: activations from the
+    previous virtual stage; ``B``: their gradients from the next one) is received by an ``irecv``
+    posted right after step ``after`` (-1: before the first step). Steps without a receive (the
+    first virtual stage's forwards, the last one's backwards) are not listed.
+
+    Rule (``megatron/core/pipeline_parallel/schedules.py``, ``forward_backward_pipelining_with_interleaving``,
+    2026-08): a forward's activations are received by the call that follows the previous forward
+    (``send_forward_recv_forward`` / ``pp_post_forward``: one pass ahead in the steady state, where a
+    backward runs between them; in the warm-up the call is synchronous, which is the same instant); a
+    backward's gradients by the call that follows the previous backward (``pp_post_backward``), the
+    first backward's by the call after the last warm-up forward (or, when every forward is in the
+    warm-up, by ``recv_backward`` after it). Each is waited for just before its step (``pp_pre_forward``
+    / ``pp_pre_backward``). So: after the latest earlier step of the same kind; the first forward at the
+    start; the first backward after the last warm-up forward (two steps before it when a steady phase
+    puts a forward between them).
+
+    Raises:
+        ValueError: a step of a kind other than ``F`` and ``B``.
+    """
+    posts: dict[int, list[int]] = {}
+    last = {"F": -1, "B": -1}
+    last_f = max((i for i, st in enumerate(steps) if st.kind == "F"), default=-1)
+    for idx, st in enumerate(steps):
+        if st.kind not in last:
+            raise ValueError(f"step {idx}: kind must be F or B, got {st.kind!r}")
+        vs = st.chunk * p + stage
+        if (vs != 0) if st.kind == "F" else (vs != p * v - 1):
+            if last[st.kind] >= 0 or st.kind == "F":
+                after = last[st.kind]
+            else:  # the first backward: after the warm-up, which a steady forward may follow
+                after = idx - 1 if idx > last_f else idx - 2
+            posts.setdefault(after, []).append(idx)
+        last[st.kind] = idx
+    return posts
+
+
 def bubble_fraction(p: int, m: int, v: int = 1) -> float:
     """Ideal bubble time over ideal compute time, (p - 1) / (v m) (SC'21 §2.2), as a share of the
     iteration: (p - 1) / (v m + p - 1)."""

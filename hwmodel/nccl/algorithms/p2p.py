@@ -32,6 +32,12 @@ P2P_PCI_CHUNK_BYTES = 1 << 17
 MAX_DEV_WORK_P2P_PER_BATCH = 8
 """``NCCL_MAX_DEV_WORK_P2P_PER_BATCH`` (device.h, 2.30.7)."""
 
+P2P_FIFO_STEPS = 8
+"""``NCCL_STEPS`` (``src/include/device.h``): slots of a connection's FIFO, per channel. A send kernel
+writes a step into a free slot without waiting for its receiver (``prims_simple.h`` ``waitPeer``: a sender
+waits only while ``head + NCCL_STEPS < step + 1``), so a send that fits in the free slots completes before
+its receive is posted; the receive copies the slots out later."""
+
 P2P_PEER_KINDS: tuple[str, ...] = ("nvlink", "pci", "net")
 
 
@@ -137,6 +143,27 @@ def p2p_plan(n_bytes: int, topo: CommTopology, peer: str = "nvlink", n_peers: in
     if peer == "net":
         lat_s += topo.latency_inter_s * (2 if proto == "simple" else 1)
     return P2PPlan(n_ch, proto, chunk, lat_s)
+
+
+def p2p_fifo_steps(n_bytes: int, plan: P2PPlan, multi_node: bool) -> int:
+    """FIFO steps per channel that a send of ``n_bytes`` planned as ``plan`` fills (of
+    :data:`P2P_FIFO_STEPS`), NCCL 2.30.7 ``addP2pToPlan`` (enqueue.cc l.~898-945).
+
+    The message is cut into ``n_channels`` parts of ``ceil(n_bytes / n_channels)`` bytes; a part moves in
+    steps of ``chunkSize`` bytes: LL carries at most ``NCCL_P2P_LL_THRESHOLD`` bytes per channel, one
+    step; Simple's chunk is ``p2pChunkSize`` (``plan.chunk_bytes``), over the network a quarter of it for a
+    message below one step and half of it below eight steps. 0 bytes is one (empty) step.
+    """
+    if n_bytes <= 0 or plan.protocol == "ll":
+        return 1
+    chunk = plan.chunk_bytes
+    if multi_node:
+        if n_bytes < plan.chunk_bytes:
+            chunk //= 4
+        elif n_bytes < P2P_FIFO_STEPS * plan.chunk_bytes:
+            chunk //= 2
+    part = -(-n_bytes // plan.n_channels)
+    return -(-part // chunk)
 
 
 class PointToPoint(Algorithm):
