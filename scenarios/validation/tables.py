@@ -93,12 +93,17 @@ def interleave_depth(layers_per_stage: int) -> int | None:
 def _megatron_scenario(name: str, *, nodes: int, model: dict, tp: int, pp: int, dp: int, gbs: int, mbs: int,
                        recompute: str, sequence_parallel: bool = False, layers: int,
                        system: dict | None = None) -> dict[str, Any]:
+    """A Megatron-LM run of 2020-2023 on DGX A100 (fp16, 2021 Megatron's model settings): interleaved where
+    the stage's layers allow, and pipeline exchanges batched and synchronised (``overlap_p2p_comm = false``:
+    Megatron-LM added the overlapped exchanges in May 2023, after every run built here)."""
     par: dict[str, Any] = {"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp,
                            "data_parallel_size": dp, "recompute_granularity": recompute}
     if sequence_parallel:
         par["sequence_parallel"] = True
     if pp > 1 and (vp := interleave_depth(layers // pp)) is not None:
         par["virtual_pipeline_model_parallel_size"] = vp
+    if pp > 1:  # Megatron-LM before 2023-05 (every table built here): exchanges batched and synchronised
+        par["overlap_p2p_comm"] = False
     return {"name": name, "system": {"name": "dgx-a100", "nodes": nodes, **(system or {})},
             "model": {**MEGATRON_2021_MODEL, **model}, "parallel": par,
             "training": {"dtype": "fp16", "global_batch_size": gbs, "micro_batch_size": mbs},
@@ -159,7 +164,6 @@ def megascale_table2() -> list[Row]:
             system={"name": "megascale-ampere"})
         sc["parallel"]["virtual_pipeline_model_parallel_size"] = int(r["VP"])
         sc["parallel"]["use_distributed_optimizer"] = True
-        sc["parallel"]["overlap_p2p_comm"] = False
         out.append(Row("MegaScale Table 2", name, "iteration time", "s", float(r["iteration_time_s"]),
                        key="megascale", scenario=sc, group=f"GPT 175B, TP 8 x PP 8, global batch {r['global_batch']}",
                        gpus=gpus))
