@@ -34,7 +34,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from scenarios.cli import UserError
+from scenarios.cli import UserError, add_trust_code, output_file
 
 EXIT_NO_PLAN = 3
 """Exit status when no valid plan of the space fits (a space without a valid plan is bad input: 2)."""
@@ -67,6 +67,7 @@ def register(subparsers) -> None:
     p.add_argument("--json", metavar="PATH", default=None, help="write every plan's estimate (and simulation)")
     p.add_argument("--plot", metavar="PATH", default=None, help="PNG: time vs memory of the plans, Pareto front")
     p.add_argument("--emit-scenario", metavar="PATH", default=None, help="write the best plan as a scenario file")
+    add_trust_code(p)
     p.set_defaults(func=run)
 
 
@@ -88,7 +89,10 @@ def run(args: argparse.Namespace) -> int:
     if args.workers < 1:
         raise UserError(f"--workers must be >= 1, got {args.workers}")
     parse_knobs(args.fix, args.space)  # bad keys and values fail before any tracing
-    scenario = load(args.scenario, args.overrides)
+    # output paths too, before minutes of search (a typo must not become a new tree of folders)
+    outputs = {opt: output_file(opt, v) for opt, v in (("--json", args.json), ("--plot", args.plot),
+                                                        ("--emit-scenario", args.emit_scenario)) if v}
+    scenario = load(args.scenario, args.overrides, args.trust_code)
     executor, close = (None, None) if args.executor is None and args.workers == 1 else make_executor(
         args.executor, args.workers)
     try:
@@ -103,12 +107,12 @@ def run(args: argparse.Namespace) -> int:
             close()
     print(format_search(res))
     written = []
-    if args.json:
-        written.append(write_json(args.json, search_json(res)))
-    if args.plot:
-        written.append(plot_pareto(res, args.plot))
-    if args.emit_scenario:
-        written.append(emit_scenario(res, args.emit_scenario))
+    if "--json" in outputs:
+        written.append(write_json(outputs["--json"], search_json(res)))
+    if "--plot" in outputs:
+        written.append(plot_pareto(res, outputs["--plot"]))
+    if "--emit-scenario" in outputs:
+        written.append(emit_scenario(res, outputs["--emit-scenario"]))
     if written:
         print("\nWrote " + ", ".join(str(p) for p in written))
     if res.best is None:

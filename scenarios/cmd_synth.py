@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-from scenarios.cli import UserError
+from scenarios.cli import UserError, output_file
 
 
 def register(subparsers) -> None:
@@ -69,15 +69,17 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--reduce {args.reduce!r}: unknown axis {', '.join(unknown) or '(none)'}; "
                         f"axes: {', '.join(axes)}")
     size = parse_size(args.size)
+    json_path = output_file("--json", args.json) if args.json else None  # before the work, as run checks
+    plot_path = output_file("--plot", args.plot) if args.plot else None
     report = run_synth(args.system, args.nodes, axes, reduce, size, top_k=args.top, simulate=not args.analytical,
                        fidelity=args.fidelity)
     print(report.to_text())
     written = []
-    if args.json:
-        written.append(write_json(args.json, report.to_json()))
-    if args.plot:
+    if json_path:
+        written.append(write_json(json_path, report.to_json()))
+    if plot_path:
         try:
-            written.append(plot_spread(report, args.plot))
+            written.append(plot_spread(report, plot_path))
         except OSError as exc:
             raise UserError(f"cannot write {args.plot}: {exc.strerror}") from None
     if written:

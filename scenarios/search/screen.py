@@ -126,7 +126,7 @@ class ScreenContext:
         self.gpu = self.topology.gpu_spec
         self.dtype = tr.get("dtype", "bf16")
         check_dtype(self.dtype, self.gpu)
-        self.model_cfg = build_model_config(scenario.model, tr, base_dir)
+        self.model_cfg = build_model_config(scenario.model, tr, base_dir, trust_code=scenario.trust_code)
         if isinstance(self.model_cfg, CustomModel) or not hasattr(self.model_cfg, "num_attention_heads"):
             raise ValueError(f"[model] trainsim search plans transformer models of the zoo (their layers, heads and "
                              f"shapes bound the plans); {getattr(self.model_cfg, 'name', 'this model')} is not one")

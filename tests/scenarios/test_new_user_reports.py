@@ -77,6 +77,20 @@ def test_factory_from_a_file_does_not_run_without_trust(tmp_path, capsys):
     assert "would run function system of module os" in err  # --set on a shipped (trusted) file: not trusted
     err = one_line_error(capsys, ["sweep", str(path), "--vary", "training.global_batch_size=2,4"])
     assert "would run function system of module os" in err and not marker.exists()
+    err = one_line_error(capsys, ["search", str(path)])  # the screen builds the model: refused before it
+    assert "would run function system of module os" in err and not marker.exists()
+    err = one_line_error(capsys, ["search", "custom-vit-b16-dp", "--set", 'model.factory="os:system"'])
+    assert "would run function system of module os" in err and not marker.exists()
+
+
+def test_search_checks_its_output_paths_before_searching(tmp_path, capsys):
+    """A missing folder is refused in one line before the search, not created (search and synth, as run)."""
+    for opt in ("--json", "--plot", "--emit-scenario"):
+        err = one_line_error(capsys, ["search", "llama3-8b-tp2-dgx-h100", opt, str(tmp_path / "typo" / "x")])
+        assert f"{opt} " in err and "does not exist (create it first)" in err
+    err = one_line_error(capsys, ["synth", "--system", "dgx-a100", "--nodes", "2", "--axes", "dp=16",
+                                  "--reduce", "dp", "--size", "1M", "--json", str(tmp_path / "typo" / "x.json")])
+    assert "does not exist (create it first)" in err and not (tmp_path / "typo").exists()
 
 
 COUNTER = """
