@@ -176,8 +176,8 @@ def node_shape(system: SystemSpec, gpus_per_node: int | None = None, nics_per_no
 
     Raises:
         ValueError: one line naming the key: ``gpus_per_node`` outside 1..the system's GPUs per node,
-            ``nics_per_node`` outside 0..the system's NICs, not dividing ``gpus_per_node``, or 0 on a
-            multi-node cluster (it would have no fabric).
+            ``nics_per_node`` outside 0..the system's NICs, not dividing ``gpus_per_node``, leaving a CPU
+            socket's GPUs without a NIC on that socket, or 0 on a multi-node cluster (it would have no fabric).
     """
     full = system.gpus_per_node
     g = full if gpus_per_node is None else _count(
@@ -187,16 +187,32 @@ def node_shape(system: SystemSpec, gpus_per_node: int | None = None, nics_per_no
     else:
         nics = _count(where, "nics_per_node", nics_per_node, 0, min(g, system.nics_per_node),
                       f"a {system.name} node has {system.nics_per_node} compute NICs; at most one per GPU")
+    pcie = max(1, system.pcie_switches * g // full)
+    cpus = min(system.cpus, pcie)
+    ok = [d for d in range(1, min(g, system.nics_per_node) + 1)
+          if g % d == 0 and _nics_on_every_socket(g, d, pcie, cpus)]
     if nics and g % nics:
-        divisors = [d for d in range(1, min(g, system.nics_per_node) + 1) if g % d == 0]
         raise ValueError(f"{where}nics_per_node = {nics} does not divide gpus_per_node = {g}: GPUs share NICs "
-                         f"in equal groups; allowed: {', '.join(map(str, divisors))}")
+                         f"in equal groups; allowed: {', '.join(map(str, ok))}")
     if nics == 0 and num_nodes > 1:
         raise ValueError(f"{where}nics_per_node = 0 leaves {num_nodes} nodes without a fabric; "
                          f"give 1..{min(g, system.nics_per_node)}")
-    pcie = max(1, system.pcie_switches * g // full)
-    return NodeShape(gpus_per_node=g, nics_per_node=nics, pcie_switches=pcie, cpus=min(system.cpus, pcie),
+    if nics and not _nics_on_every_socket(g, nics, pcie, cpus):
+        raise ValueError(f"{where}nics_per_node = {nics} leaves GPUs of the node's {cpus} CPU sockets without a NIC "
+                         f"on their own socket (the model has no link between sockets, nor NCCL's PXN relay through "
+                         f"an NVLink peer); allowed: {', '.join(map(str, ok))}")
+    return NodeShape(gpus_per_node=g, nics_per_node=nics, pcie_switches=pcie, cpus=cpus,
                      nvswitch_count=system.nvswitch_count if g > 1 else 0)
+
+
+def _nics_on_every_socket(gpus: int, nics: int, pcie: int, cpus: int) -> bool:
+    """Whether every GPU's NIC (``j * nics // gpus``) hangs off a PCIe switch of the GPU's own CPU socket,
+    with devices spread over switches and switches over sockets in order, as :func:`hwmodel.node.add_node`
+    lays them out."""
+    def socket(index: int, count: int) -> int:
+        return (index * pcie // count) * cpus // pcie
+
+    return all(socket(j, gpus) == socket(j * nics // gpus, nics) for j in range(gpus))
 
 
 def build_system(name: str, num_nodes: int = 1, fabric: str | None = None, oversubscription: float | None = None,

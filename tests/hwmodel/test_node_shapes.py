@@ -73,7 +73,9 @@ def test_eight_gpus_share_four_nics_in_pairs_under_their_pcie_switch():
     ({"gpus_per_node": 0}, r"gpus_per_node must be an integer in 1\.\.8 .*got 0"),
     ({"gpus_per_node": True}, r"gpus_per_node must be an integer .*got True"),
     ({"gpus_per_node": 2.0}, r"gpus_per_node must be an integer .*got 2\.0"),
-    ({"nics_per_node": 3}, r"nics_per_node = 3 does not divide gpus_per_node = 8: .*allowed: 1, 2, 4, 8"),
+    ({"nics_per_node": 3}, r"nics_per_node = 3 does not divide gpus_per_node = 8: .*allowed: 2, 4, 8"),
+    # one NIC on socket 0 of a two-socket DGX: socket 1's GPUs have no PCIe path to it (no inter-socket link)
+    ({"nics_per_node": 1}, r"nics_per_node = 1 leaves GPUs of the node's 2 CPU sockets without a NIC .*: 2, 4, 8"),
     ({"gpus_per_node": 4, "nics_per_node": 8}, r"nics_per_node must be an integer in 0\.\.4 .*got 8"),
     ({"nics_per_node": -1}, r"nics_per_node must be an integer in 0\.\.8 .*got -1"),
     ({"nics_per_node": 0}, r"nics_per_node = 0 leaves 2 nodes without a fabric"),

@@ -34,7 +34,7 @@ def test_single_gpu_runs_with_no_collectives_and_takes_compute_plus_optimizer():
 
 @pytest.mark.parametrize("system, match", [
     ({"gpus_per_node": 16}, r"^\[system\] gpus_per_node must be an integer in 1\.\.8 \(a dgx-h100 node holds 8 GPUs"),
-    ({"nics_per_node": 3}, r"^\[system\] nics_per_node = 3 does not divide gpus_per_node = 8: .*allowed: 1, 2, 4, 8$"),
+    ({"nics_per_node": 3}, r"^\[system\] nics_per_node = 3 does not divide gpus_per_node = 8: .*allowed: 2, 4, 8$"),
     ({"gpus_per_node": 2, "nics_per_node": 4}, r"^\[system\] nics_per_node must be an integer in 0\.\.2 "),
     ({"nodes": 2, "nics_per_node": 0}, r"^\[system\] nics_per_node = 0 leaves 2 nodes without a fabric"),
 ])
