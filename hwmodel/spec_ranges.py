@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from hwmodel.specs import GPUSpec
+from hwmodel.specs import GPUSpec, get_gpu, known_gpus
 
 __all__ = ["GPU_RANGES", "check_gpu_ranges"]
 
@@ -55,8 +55,12 @@ def check_gpu_ranges(base: GPUSpec, new: GPUSpec) -> None:
 
     Raises:
         ValueError: one line naming the field, its value, its unit, the range and, where a factor of
-            10^3..10^12 would fit, the likely intended value.
+            10^3..10^12 would fit, the likely intended value; an architecture no shipped GPU has.
     """
+    if new.architecture != base.architecture:  # the generation keys per-architecture figures (exact case)
+        archs = sorted({get_gpu(n).architecture for n in known_gpus()})
+        if new.architecture not in archs:
+            raise ValueError(f"architecture: unknown {new.architecture!r}; allowed: {', '.join(archs)}")
     for f in dataclasses.fields(GPUSpec):
         if f.name not in GPU_RANGES:
             continue

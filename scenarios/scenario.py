@@ -165,9 +165,10 @@ def _check_ranges(system: dict, simulation: dict) -> None:
     if not 0 <= simulation.get("gpu_speed_spread", 0) < 0.5:
         raise ValueError(f"[simulation] gpu_speed_spread must be in [0, 0.5) (coefficient of variation of "
                          f"per-GPU compute time), got {simulation['gpu_speed_spread']}")
-    if simulation.get("host_launch_overhead_s", 0) < 0:
-        raise ValueError(f"[simulation] host_launch_overhead_s must be >= 0 seconds, "
-                         f"got {simulation['host_launch_overhead_s']}")
+    if not 0 <= simulation.get("host_launch_overhead_s", 0) <= 1e-3:
+        # a kernel launch costs microseconds (CUDA's launch latency, ~2-10 us): 1 ms and above is a unit slip
+        raise ValueError(f"[simulation] host_launch_overhead_s must be in [0, 1e-3] seconds (a launch takes "
+                         f"microseconds, e.g. 4e-6), got {simulation['host_launch_overhead_s']}")
 
 
 def parse_scenario(data: dict[str, Any], source: str = "") -> Scenario:

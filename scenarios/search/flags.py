@@ -21,9 +21,12 @@ __all__ = ["framework", "megatron_flags", "plan_flags", "torchtitan_flags"]
 
 
 def framework(c: Any) -> str:
-    """``"torchtitan"`` for a plan with torchtitan's async TP or per-op SAC, else ``"Megatron-LM"`` (``c``: a
-    search ``Candidate``)."""
-    return "torchtitan" if c.async_tp or c.recompute == "selective_op" else "Megatron-LM"
+    """``"torchtitan"`` for a plan with torchtitan's async TP, per-op SAC, FSDP with PP (Megatron-LM's
+    ``--use-torch-fsdp2`` refuses PP) or torchao's rowwise FP8 (not a Megatron-Core recipe), else
+    ``"Megatron-LM"`` (``c``: a search ``Candidate``)."""
+    fsdp_pp = c.zero == 3 and c.zero_impl != "deepspeed" and c.pp > 1  # Megatron's FSDP2 refuses PP
+    return "torchtitan" if c.async_tp or c.recompute == "selective_op" or fsdp_pp or c.fp8_recipe == "rowwise" \
+        else "Megatron-LM"
 
 
 def plan_flags(c: Any) -> str:
@@ -59,14 +62,14 @@ def megatron_flags(c: Any) -> str:
     f.append(f"--micro-batch-size {c.mbs}")
     if c.zero == 1:
         f.append("--use-distributed-optimizer")
-    elif c.zero == 2:
-        f.append("--zero-stage 2")
+    elif c.zero == 2:  # sharded gradients: not Megatron-LM's distributed optimizer, DeepSpeed's stage 2
+        f.append("--zero-stage 2 [Megatron-DeepSpeed]")
     elif c.zero == 3 and c.zero_impl == "deepspeed":
         f.append("--zero-stage 3 [DeepSpeed]")
     elif c.zero == 3:
         f.append("--use-torch-fsdp2")
-    if c.fp8_recipe:
-        f.append(f"--fp8-recipe {c.fp8_recipe}")
+    if c.fp8_recipe:  # --fp8-format turns FP8 on; the recipe only chooses the scaling
+        f.append(f"--fp8-format hybrid --fp8-recipe {c.fp8_recipe}")
     if c.recompute != "none":
         f.append(_recompute_megatron(c))
     f += [flag for on, flag in ((c.overlap_grad_reduce, "--overlap-grad-reduce"),

@@ -23,7 +23,7 @@ Knobs, named as scenario keys (``section.key``):
                                                the scenario's
 ``parallel.recompute_granularity``             none, selective, full, selective_op (torchtitan's per-op SAC)
 ``parallel.overlap_grad_reduce``               true, false
-``parallel.overlap_param_gather``              true, false (ZeRO 1/2 only)
+``parallel.overlap_param_gather``              true, false (ZeRO 1 with overlap_grad_reduce only)
 ``parallel.tp_comm_overlap``                   true, false (SP only; Megatron-Core ``--tp-comm-overlap``)
 ``parallel.async_tp``                          true, false (SP only; torchtitan's async TP, which torchtitan
                                                runs only compiled: a plan with it sets ``training.compile``)
@@ -424,7 +424,7 @@ def normalise(c: Candidate, keep_rank_order: bool = False) -> Candidate:
         return c  # left for the config's reason (sequence_parallel needs TP > 1)
     if c.dp * c.cp == 1 and (c.overlap_grad_reduce or c.zero):  # no data-parallel group to reduce over
         c = replace(c, overlap_grad_reduce=False, zero=0)
-    if c.zero not in (1, 2) and c.overlap_param_gather:
+    if c.overlap_param_gather and (c.zero != 1 or not c.overlap_grad_reduce):  # Megatron-LM's rule (ParallelConfig)
         c = replace(c, overlap_param_gather=False)
     if c.zero == 3 and c.overlap_grad_reduce:  # FSDP reduce-scatters each unit as its backward ends
         c = replace(c, overlap_grad_reduce=False)
@@ -562,7 +562,7 @@ def _folded_shape(shape: Mapping[str, Any], dp: int, values: Mapping[str, list[A
         return True
     if shape["zero_impl"] != "megatron" and shape["zero"] != 3 and ("megatron" in values["zero_impl"] or impl_asked):
         return True
-    return bool(shape["overlap_param_gather"] and shape["zero"] not in (1, 2)
+    return bool(shape["overlap_param_gather"] and shape["zero"] != 1
                 and False in values["overlap_param_gather"])
 
 
@@ -612,7 +612,8 @@ def _mixed_stacks(kw: Mapping[str, Any]) -> tuple[list[str], list[str]]:
     the distributed optimizer, DeepSpeed's ZeRO-3, TP comm overlap, another rank order, Megatron's selective
     recompute, TP without sequence parallelism): both non-empty is a plan no stack runs
     (``ParallelConfig._check_one_stack``)."""
-    titan = [f for f, on in (("async_tp", kw["async_tp"]), ("recompute", kw["recompute"] == "selective_op")) if on]
+    titan = [f for f, on in (("async_tp", kw["async_tp"]), ("recompute", kw["recompute"] == "selective_op"),
+                             ("pp", kw["zero"] == 3 and kw["zero_impl"] != "deepspeed" and kw["pp"] > 1)) if on]
     if not titan:
         return [], []
     other = [f for f, on in (("zero", kw["zero"] in (1, 2)),
@@ -626,8 +627,8 @@ def _mixed_stacks(kw: Mapping[str, Any]) -> tuple[list[str], list[str]]:
 
 def check_plan(c: Candidate, facts: ModelFacts, model_cfg: Any, base_parallel: Mapping[str, Any] | None) -> str | None:
     """``None`` if the plan is valid, else the one-line reason (the parallel config's own words)."""
-    if c.overlap_param_gather and c.zero not in (1, 2):
-        return "overlap_param_gather needs the distributed optimizer (zero_stage 1 or 2)"
+    if c.overlap_param_gather and (c.zero != 1 or not c.overlap_grad_reduce):
+        return "overlap_param_gather needs the distributed optimizer (zero_stage 1) and overlap_grad_reduce"
     try:
         cfg = c.config(facts.global_batch_size, base_parallel)
         cfg.validate_model(model_cfg)

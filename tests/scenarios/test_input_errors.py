@@ -46,6 +46,9 @@ def one_line_error(capsys, argv) -> str:
      "num_layers=8 with num_layers_in_first_pipeline_stage=8: leaves 0 layers for the last stage "
      "(pipeline_model_parallel_size=2), which needs at least one layer"),
     ("model.hf_config=x.json", "[model] give one of name, factory, hf_config; got name and hf_config"),
+    ('system.gpu_overrides.architecture="volta"', "[system] gpu_overrides: architecture: unknown 'volta'; allowed: "
+                                                  "Ampere, Blackwell, Hopper, Volta"),
+    ("simulation.host_launch_overhead_s=1", "[simulation] host_launch_overhead_s must be in [0, 1e-3] seconds"),
 ])
 def test_bad_values_name_the_field(capsys, setting, message):
     err = one_line_error(capsys, ["run", "--set", setting])
@@ -182,3 +185,17 @@ def test_fp32_uses_the_cuda_core_peak_and_json_links_are_groups(tmp_path, capsys
     for r in links[:6]:  # the text shows the first 6 groups, "(+k)" for k more links of the same load
         label = r["link"] if r["links"] == 1 else f"{r['link']} (+{r['links'] - 1})"
         assert re.search(rf"^\s+{re.escape(label)}\s+{r['links']}\s", text, re.M), label
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["parallel.use_distributed_optimizer=true", "parallel.zero_stage=3"],
+     "use_distributed_optimizer=true is ZeRO stage 1 (Megatron-LM's distributed optimizer); it conflicts with "
+     "zero_stage=3"),
+    (["parallel.overlap_param_gather=true"], "overlap_param_gather=true needs the distributed optimizer"),
+    (["parallel.overlap_param_gather=true", "parallel.zero_stage=2"], "overlap_param_gather=true needs the "
+                                                                      "distributed optimizer"),
+])
+def test_combinations_megatron_refuses_are_refused(capsys, overrides, message):
+    """Megatron-LM's arguments.py asserts these; a plan it refuses is not simulated as if it ran."""
+    err = one_line_error(capsys, ["run", *[a for o in overrides for a in ("--set", o)]])
+    assert message in err

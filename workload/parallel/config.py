@@ -218,6 +218,9 @@ class ParallelConfig:
                              zero_impl=self.zero_impl)
         if self.fsdp and self.zero_stage not in (0, 3):
             raise ValueError(f"fsdp=true is ZeRO stage 3; it conflicts with zero_stage={self.zero_stage}")
+        if self.use_distributed_optimizer and self.zero_stage in (2, 3):
+            raise ValueError(f"use_distributed_optimizer=true is ZeRO stage 1 (Megatron-LM's distributed optimizer); "
+                             f"it conflicts with zero_stage={self.zero_stage}; choose one")
         if self.fsdp and self.use_distributed_optimizer:
             raise ValueError("fsdp=true conflicts with use_distributed_optimizer=true (ZeRO-1); choose one")
         if not self.overlap_p2p_comm and self.pp > 1 and self.schedule == "gpipe":
@@ -235,6 +238,10 @@ class ParallelConfig:
         if self.async_tp and self.tp_comm_overlap:
             raise ValueError("async_tp=true (torchtitan) conflicts with tp_comm_overlap=true (Megatron-Core); "
                              "choose one")
+        if self.overlap_param_gather and not (self.effective_zero_stage == 1 and self.overlap_grad_reduce):
+            # Megatron-LM's arguments.py asserts both: the gathers are the distributed optimizer's buckets
+            raise ValueError("overlap_param_gather=true needs the distributed optimizer (use_distributed_optimizer="
+                             "true) and overlap_grad_reduce=true, as Megatron-LM's --overlap-param-gather does")
         self._check_one_stack()
         if self.vpp > 1 and self.pp == 1:
             raise ValueError("virtual_pipeline_model_parallel_size > 1 needs pipeline_model_parallel_size > 1")
@@ -245,13 +252,15 @@ class ParallelConfig:
                              f"'interleaved_1f1b', got {self.schedule!r}")
 
     def _check_one_stack(self) -> None:
-        """torchtitan's features (async TP, per-op SAC) beside Megatron-LM's or DeepSpeed's: no stack runs
-        the plan. torchtitan's data parallelism is FSDP2 (``dp_shard``) or DDP/HSDP (``dp_replicate``), its
+        """torchtitan's features (async TP, per-op SAC, FSDP with PP) beside Megatron-LM's or DeepSpeed's: no
+        stack runs the plan. torchtitan's data parallelism is FSDP2 (``dp_shard``) or DDP/HSDP (``dp_replicate``), its
         device mesh ``["pp", "dp_replicate", "dp_shard", "cp", "tp"]`` (Megatron's default order), its TP
         overlap async TP and its activation checkpointing per layer or per op (``torchtitan/config/
         job_config.py``, ``torchtitan/distributed/parallel_dims.py``)."""
         titan = [k for k, on in (("async_tp=true", self.async_tp),
-                                 ("recompute_granularity='selective_op'", self.recompute_granularity == "selective_op"))
+                                 ("recompute_granularity='selective_op'", self.recompute_granularity == "selective_op"),
+                                 # Megatron-LM asserts --use-torch-fsdp2 "not supported with pipeline parallelism"
+                                 ("fsdp=true with pipeline_model_parallel_size > 1", self.fsdp and self.pp > 1))
                  if on]
         if not titan:
             return
