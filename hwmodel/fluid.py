@@ -228,8 +228,10 @@ class FluidSystem:
             raise ValueError(f"activity {name!r}: latency_s must be >= 0, got {latency_s!r}")
         if rate_bound is not None and not rate_bound > 0:
             raise ValueError(f"activity {name!r}: rate_bound must be > 0, got {rate_bound!r}")
-        merged = _merge(weights.items() if isinstance(weights, Mapping) else weights, name)
-        side = tuple(_merge(side_loads.items(), name).items()) if side_loads else ()
+        merged = weights if type(weights) is dict and _positive(weights) else \
+            _merge(weights.items() if isinstance(weights, Mapping) else weights, name)
+        side = () if not side_loads else tuple(side_loads.items()) if type(side_loads) is dict and \
+            _positive(side_loads) else tuple(_merge(side_loads.items(), name).items())
         if not merged and rate_bound is None:
             raise ValueError(f"activity {name!r}: needs at least one resource or a rate_bound")
         act = Activity(self.env, name, float(work), tuple(merged.items()), side, rate_bound, merged)
@@ -677,6 +679,16 @@ def _record_total(r: Resource, now: float, total: float) -> None:
         timeline[-1] = (now, total)
     else:
         timeline.append((now, total))
+
+
+def _positive(weights: dict[Resource, float]) -> bool:
+    """Whether every weight of a dict (no resource twice: already merged) is > 0 -- NaN is not -- in C
+    loops (``min``, ``sum``) rather than :func:`_merge`'s Python one (an activity per task)."""
+    values = weights.values()
+    if not values:
+        return True
+    total = sum(values)
+    return min(values) > 0 and total == total
 
 
 def _merge(items: Iterable[tuple[Resource, float]], name: str) -> dict[Resource, float]:

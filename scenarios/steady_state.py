@@ -19,6 +19,11 @@ the compute slowdown from contention -- are the ``m2`` run's. Memory (analytic, 
 GPipe's depends on it) and FLOPs come from the real configuration, as for any run
 (:func:`scenarios.metrics.run_metrics`).
 
+With the interleaved schedule the increment ``X(m2) - X(m1)`` is measured inside the ``m2`` run instead
+(:func:`steady_window`: at ``m2 >= 3p`` every stage has more than a period of steady phase), and ``m1``
+is simulated only where that run's steady phase does not repeat to :data:`PERIOD_RTOL` (a pipeline still
+settling; the hierarchical engine's deep pipelines repeat to float rounding). One run instead of two.
+
 ``[simulation] steady_state = "auto"`` (default) extrapolates where :func:`plan_for` applies,
 ``"off"`` simulates every micro-batch. The ``m2`` run is what ``--trace`` and ``--plots`` draw
 (``RunReport.simulated``). Measured against the full simulation in ``docs/DESIGN.md``; tested in
