@@ -33,7 +33,8 @@ settling; the hierarchical engine's deep pipelines repeat to float rounding). On
 from __future__ import annotations
 
 import dataclasses
-from bisect import bisect_right
+import math
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
@@ -273,21 +274,26 @@ def steady_window(result: RunResult, microbatches: int, count: int, *, pipeline:
         return None
     a = lo + (hi - lo - period) / 2
     per_rank = window_breakdown(result.events, {r: (x[1][0], x[1][0] + period) for r, x in pairs.items()})
-    links = {lk.name: _integral(lk.timeline, a, a + period) for lk in result.cluster.link_resources()}
+    integrals: dict[int, tuple[Sequence[tuple[float, float]], float]] = {}  # by timeline: a link class's is shared
+    links = {}
+    for lk in result.cluster.link_resources():
+        timeline = lk.timeline
+        hit = integrals.get(id(timeline))
+        if hit is None:  # (the value keeps the timeline, so its id is not reused meanwhile)
+            hit = integrals[id(timeline)] = (timeline, _integral(timeline, a, a + period))
+        links[lk.name] = hit[1]
     return SteadyWindow(period, per_rank, links, sum(b[1] - x[1] for _, x, b in pairs.values()))
 
 
 def _integral(timeline: Sequence[tuple[float, float]], a: float, b: float) -> float:
-    """The step function ``timeline`` (``[(t_s, value)]``, each value holding until the next point, 0
-    before the first) integrated over ``[a, b]``."""
+    """The step function ``timeline`` (``[(t_s, value)]`` in time order, each value holding until the next
+    point, 0 before the first) integrated over ``[a, b]``."""
+    points = timeline[max(bisect_right(timeline, (a, math.inf)) - 1, 0):bisect_left(timeline, (b, -math.inf))]
+    if not points:
+        return 0.0
     total = 0.0
-    i = max(bisect_right(timeline, (a, float("inf"))) - 1, 0)
-    for j in range(i, len(timeline)):
-        t, value = timeline[j]
-        if t >= b:
-            break
-        t_next = timeline[j + 1][0] if j + 1 < len(timeline) else b
-        total += value * max(min(t_next, b) - max(t, a), 0.0)
+    for (t, value), (t_next, _) in zip(points, [*points[1:], (b, 0.0)], strict=True):
+        total += value * max(t_next - max(t, a), 0.0)
     return total
 
 
