@@ -647,8 +647,12 @@ def _account_load(r: Resource, load_delta: float, side_load: float, now: float) 
         load = 0.0
     r.load = load
     r.side_load = side_load
-    if r.records and load + side_load != total_old:
-        _record_total(r, now, load + side_load)
+    if r.records and load + side_load != total_old:  # a point at ``now`` is replaced
+        timeline = r.timeline
+        if timeline and timeline[-1][0] == now:
+            timeline[-1] = (now, load + side_load)
+        else:
+            timeline.append((now, load + side_load))
 
 
 def _add_loads(weights: Iterable[tuple[Resource, float]], rate: float, now: float) -> None:
@@ -664,7 +668,7 @@ def _add_loads(weights: Iterable[tuple[Resource, float]], rate: float, now: floa
         if load <= 0 or not r.users:
             load = 0.0
         r.load = load
-        if r.records and load + side != total_old:  # (_record_total, inlined: millions of calls)
+        if r.records and load + side != total_old:  # (as _account_load records, inlined: millions of calls)
             timeline = r.timeline
             if timeline and timeline[-1][0] == now:
                 timeline[-1] = (now, load + side)
@@ -672,23 +676,10 @@ def _add_loads(weights: Iterable[tuple[Resource, float]], rate: float, now: floa
                 timeline.append((now, load + side))
 
 
-def _record_total(r: Resource, now: float, total: float) -> None:
-    """Append ``(now, total)`` to ``r.timeline``, replacing a point already at ``now``."""
-    timeline = r.timeline
-    if timeline and timeline[-1][0] == now:
-        timeline[-1] = (now, total)
-    else:
-        timeline.append((now, total))
-
-
 def _positive(weights: dict[Resource, float]) -> bool:
-    """Whether every weight of a dict (no resource twice: already merged) is > 0 -- NaN is not -- in C
-    loops (``min``, ``sum``) rather than :func:`_merge`'s Python one (an activity per task)."""
+    """Whether every weight of a merged dict is > 0 (NaN is not), in C loops, not :func:`_merge`'s."""
     values = weights.values()
-    if not values:
-        return True
-    total = sum(values)
-    return min(values) > 0 and total == total
+    return not values or (min(values) > 0 and (total := sum(values)) == total)
 
 
 def _merge(items: Iterable[tuple[Resource, float]], name: str) -> dict[Resource, float]:
