@@ -79,10 +79,12 @@ class SteadyPlan:
     of: int
     period: str
     """What repeats, for the report: "1F1B", "interleaved 1F1B", "GPipe" or "gradient accumulation"."""
-    window: bool = False
-    """Measure the ``m2 - m1`` micro-batches' increment inside the ``m2`` run (:func:`steady_window`) instead
-    of simulating ``m1``: the interleaved schedule, whose first stage at ``m2 = m1 + p >= 3p`` has more than
-    a period of steady phase. The ``m1`` run is simulated where the window does not fit or repeat."""
+    window: int = 0
+    """Micro-batches whose increment is measured inside the ``m2`` run (:func:`steady_window`) instead of
+    simulating ``m1`` (0: none). The interleaved schedule: ``m2 - m1`` (its first stage has 1.5 periods of
+    steady phase at ``m2 = 3p``); 1F1B, which repeats every micro-batch: half a period (its first stage has
+    ``m2 - p + 1 >= p + 1`` forwards in its steady phase). The ``m1`` run is simulated where the window does
+    not fit or repeat."""
 
     @property
     def cost_microbatches(self) -> int:
@@ -120,7 +122,9 @@ def plan_for(cfg: Any, simulation: dict[str, Any]) -> SteadyPlan | None:
         what = "gradient accumulation"
     else:
         what = {"interleaved_1f1b": "interleaved 1F1B", "gpipe": "GPipe"}.get(cfg.schedule, "1F1B")
-    return SteadyPlan((m1, m2), m, what, window=cfg.schedule == "interleaved_1f1b" and p > 1)
+    window = 0 if p == 1 or cfg.schedule == "gpipe" else period if cfg.schedule == "interleaved_1f1b" else \
+        period // 2 if period % 2 == 0 else 0
+    return SteadyPlan((m1, m2), m, what, window)
 
 
 def extrapolated(prep: Any, plan: SteadyPlan, flops: tuple[float, float, str],
@@ -158,13 +162,15 @@ def extrapolated(prep: Any, plan: SteadyPlan, flops: tuple[float, float, str],
     records = bool(scenario.simulation.get("record_links", True))
     last = sub_run(m2, True if plan.window and not records else None)
     r2 = last.result
-    window = steady_window(r2, m2, m2 - m1, pipeline=cfg.pp > 1) if plan.window else None
+    window = steady_window(r2, m2, plan.window, pipeline=cfg.pp > 1) if plan.window else None
     if not records and plan.window:
         for lk in r2.cluster.link_resources():  # (recorded for the window only)
             lk.timeline.clear()
 
-    def grow(x2: float, dx: float) -> float:  # X(m) from X(m2) and the increment over m2 - m1
-        return x2 + (m - m2) * dx / (m2 - m1)
+    span = plan.window if window is not None else m2 - m1
+
+    def grow(x2: float, dx: float) -> float:  # X(m) from X(m2) and the increment over ``span`` micro-batches
+        return x2 + (m - m2) * dx / span
 
     if window is not None:
         d_end = window.period_s
@@ -198,7 +204,7 @@ def extrapolated(prep: Any, plan: SteadyPlan, flops: tuple[float, float, str],
     sim["fluid_solves"] = solves
     sim["steady_state"] = {"simulated_microbatches": simulated, "of": m, "period": plan.period}
     if window is not None:
-        sim["steady_state"]["window_microbatches"] = m2 - m1
+        sim["steady_state"]["window_microbatches"] = plan.window
     if "warnings" in last.metrics:
         report.metrics["warnings"] = list(last.metrics["warnings"])
     return report

@@ -74,9 +74,9 @@ def test_extrapolated_equals_full(case):
     full_rep, fast_rep = _report(case, "off"), _report(case, "auto")
     full, fast = full_rep.metrics, fast_rep.metrics
     assert "steady_state" not in full["simulation"]
-    m1, m2 = fast["simulation"]["steady_state"]["simulated_microbatches"]
+    counts = fast["simulation"]["steady_state"]["simulated_microbatches"]  # one where the window served
     m = full["parallel"]["num_microbatches"]
-    assert fast["simulation"]["steady_state"]["of"] == m and 4 * (m1 + m2) < 3 * m
+    assert fast["simulation"]["steady_state"]["of"] == m and 4 * sum(counts) < 3 * m
     T = full["iteration_time_s"]
     assert fast["iteration_time_s"] == pytest.approx(T, rel=TOL)
     assert fast["per_rank"].keys() == full["per_rank"].keys()
@@ -98,7 +98,9 @@ def test_extrapolated_equals_full(case):
 def test_report_says_what_was_simulated():
     rep = _report("1f1b", "auto")
     text = format_report(rep)
-    assert "simulated 16 and 20 of 56 micro-batches; the steady 1F1B period extrapolated" in text
+    assert "simulated 20 of 56 micro-batches; the steady 1F1B period measured over 2 of them" in text
+    assert "simulated 16 and 20 of 56 micro-batches; the steady interleaved 1F1B period extrapolated" in \
+        format_report(_report("interleaved", "auto"))  # (no window there: both runs)
     assert rep.simulated is not None and rep.simulated.end_time_s < rep.result.end_time_s
     assert "simulated" not in format_report(_report("1f1b", "off")).split("Simulation", 1)[1]
 
@@ -120,7 +122,9 @@ def test_plan_rule():
     assert plan_for(cfg(1, 32), {}).simulated == (4, 8)
     # the interleaved schedule measures the period inside the m2 run: one run's cost where it repeats
     assert plan_for(cfg(64, 512, 2), {}).window and plan_for(cfg(64, 512, 2), {}).cost_microbatches == 192
-    assert not plan_for(cfg(64, 512), {}).window and plan_for(cfg(64, 512), {}).cost_microbatches == 192
+    assert plan_for(cfg(64, 512, 2), {}).window == 64
+    assert plan_for(cfg(64, 512), {}).window == 32 and plan_for(cfg(64, 512), {}).cost_microbatches == 128
+    assert plan_for(cfg(1, 32), {}).window == 0 and plan_for(cfg(1, 32), {}).cost_microbatches == 12
     assert plan_for(cfg(8, 768, 3), {"steady_state": "off"}) is None
     assert plan_for(cfg(1, 16), {}) is None  # below MIN_MICROBATCHES
     assert plan_for(cfg(8, 48), {}) is None  # 16 + 24 micro-batches would save too little
@@ -210,11 +214,13 @@ def test_plot_titles_say_what_each_plot_shows(tmp_path, monkeypatch):
                         lambda *a, title="", **k: titles.__setitem__("links", title))
     monkeypatch.setattr(plots.bars, "plot_breakdown", lambda *a, title="", **k: titles.__setitem__("bars", title))
     rep = _report("1f1b", "auto")
-    m1, m2 = rep.metrics["simulation"]["steady_state"]["simulated_microbatches"]
+    assert rep.metrics["simulation"]["steady_state"]["simulated_microbatches"] == [20]  # the period inside it
     write_plots(rep, tmp_path)
-    assert titles["gantt"].endswith(f"(the simulated {m2} of 56 micro-batches)")
-    assert titles["links"].endswith(f"(the simulated {m2} of 56 micro-batches)")
-    assert titles["bars"].endswith(f"(extrapolated from the simulated {m1} and {m2} of 56 micro-batches)")
+    assert titles["gantt"].endswith("(the simulated 20 of 56 micro-batches)")
+    assert titles["links"].endswith("(the simulated 20 of 56 micro-batches)")
+    assert titles["bars"].endswith("(extrapolated from the simulated 20 of 56 micro-batches)")
+    write_plots(_report("interleaved", "auto"), tmp_path)  # two runs
+    assert titles["bars"].endswith("(extrapolated from the simulated 16 and 20 of 56 micro-batches)")
     write_plots(_report("1f1b", "off"), tmp_path)
     assert not any("simulated" in t for t in titles.values())
     assert "PP 4 DP" in titles["gantt"] and "interleaved" not in titles["gantt"]
