@@ -19,10 +19,12 @@ the compute slowdown from contention -- are the ``m2`` run's. Memory (analytic, 
 GPipe's depends on it) and FLOPs come from the real configuration, as for any run
 (:func:`scenarios.metrics.run_metrics`).
 
-With the interleaved schedule the increment ``X(m2) - X(m1)`` is measured inside the ``m2`` run instead
-(:func:`steady_window`: at ``m2 >= 3p`` every stage has more than a period of steady phase), and ``m1``
-is simulated only where that run's steady phase does not repeat to :data:`PERIOD_RTOL` (a pipeline still
-settling; the hierarchical engine's deep pipelines repeat to float rounding). One run instead of two.
+With a pipeline (1F1B, interleaved) the increment over ``SteadyPlan.window`` micro-batches is measured
+inside the ``m2`` run instead (:func:`steady_window`: the interleaved schedule's first stage has 1.5
+periods of steady phase at ``m2 >= 3p``, 1F1B's ``p + 1`` forwards at ``m2 >= 2p``, room for half a
+period), and ``m1`` is simulated only where that run's steady phase does not repeat to
+:data:`PERIOD_RTOL` (a pipeline still settling; the hierarchical engine's deep pipelines repeat to float
+rounding). One run instead of two.
 
 ``[simulation] steady_state = "auto"`` (default) extrapolates where :func:`plan_for` applies,
 ``"off"`` simulates every micro-batch. The ``m2`` run is what ``--trace`` and ``--plots`` draw
