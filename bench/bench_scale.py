@@ -36,7 +36,8 @@ m = rep.metrics
 cpu = ru.ru_utime + ru.ru_stime - ru0.ru_utime - ru0.ru_stime  # the run's, as the wall time (imports before)
 print(json.dumps({"wall_s": wall, "cpu_s": cpu, "rss_GB": ru.ru_maxrss / 1e6,
                   "iteration_s": m["iteration_time_s"], "mode": m["simulation"]["mode"],
-                  "tasks": m["simulation"]["tasks"], "ranks": m["simulation"]["simulated_ranks"]}))
+                  "tasks": m["simulation"]["tasks"], "ranks": m["simulation"]["simulated_ranks"],
+                  "simulated": (m["simulation"].get("steady_state") or {}).get("simulated_microbatches")}))
 """
 
 LLAMA3_405B = ['system.name="dgx-h100"', 'model.name="llama3-405b"', "model.num_layers=126",
@@ -59,8 +60,9 @@ def show(label: str, r: dict) -> None:
         print(f"  {label:44s} error: {r['error']}")
         return
     print(f"  {label:44s} {r['wall_s']:7.1f} s wall {r['cpu_s']:7.1f} s CPU  {r['rss_GB']:5.2f} GB RSS  "
-          f"iteration {r['iteration_s']:8.3f} s  ({r['mode']}, {r['ranks']} ranks, {r['tasks']:,} tasks)",
-          flush=True)
+          f"iteration {r['iteration_s']:8.3f} s  ({r['mode']}, {r['ranks']} ranks, {r['tasks']:,} tasks"
+          + (f"; simulated {' + '.join(map(str, r['simulated']))} micro-batches" if r.get("simulated") else "")
+          + ")", flush=True)
 
 
 def acceptance_table(sizes: tuple[int, ...]) -> None:

@@ -189,14 +189,16 @@ class FluidSystem:
         """Sum over solves of the activities re-rated together, for benchmarks."""
 
     # -- building ---------------------------------------------------------------------------
-    def add_resource(self, name: str, capacity: float, meta: object = None) -> Resource:
-        """Create a resource with ``capacity`` units per second.
+    def add_resource(self, name: str, capacity: float, meta: object = None, *, record: bool = True) -> Resource:
+        """Create a resource with ``capacity`` units per second; ``record``: keep its load timeline when the
+        system records (False for a resource whose timeline nothing reads: each change costs a point).
 
         Raises:
             ValueError: a negative, NaN or infinite capacity.
         """
         r = Resource(name, capacity, meta)
         r._accounted_at_s = self.env.now
+        r.records = self.record and record
         r.index = len(self.resources)
         self.resources.append(r)
         return r
@@ -226,8 +228,10 @@ class FluidSystem:
             raise ValueError(f"activity {name!r}: latency_s must be >= 0, got {latency_s!r}")
         if rate_bound is not None and not rate_bound > 0:
             raise ValueError(f"activity {name!r}: rate_bound must be > 0, got {rate_bound!r}")
-        merged = _merge(weights.items() if isinstance(weights, Mapping) else weights, name)
-        side = tuple(_merge(side_loads.items(), name).items()) if side_loads else ()
+        merged = weights if type(weights) is dict and _positive(weights) else \
+            _merge(weights.items() if isinstance(weights, Mapping) else weights, name)
+        side = () if not side_loads else tuple(side_loads.items()) if type(side_loads) is dict and \
+            _positive(side_loads) else tuple(_merge(side_loads.items(), name).items())
         if not merged and rate_bound is None:
             raise ValueError(f"activity {name!r}: needs at least one resource or a rate_bound")
         act = Activity(self.env, name, float(work), tuple(merged.items()), side, rate_bound, merged)
@@ -319,7 +323,7 @@ class FluidSystem:
         x = act.rate = c.rate
         act._finish_at_s = _INF
         if x > 0:
-            _add_loads(act.weights, x, now, self.record)  # it drains at the class's rate until the solve says otherwise
+            _add_loads(act.weights, x, now)  # it drains at the class's rate until the solve says otherwise
             for r, _ in act.side:
                 self._refresh_side_load(r, now)
             left = act.remaining
@@ -430,7 +434,7 @@ class FluidSystem:
         a.rate_class = None
         for r, _ in a.weights:
             del r.users[a]
-        _add_loads(a.weights, -x, now, self.record)
+        _add_loads(a.weights, -x, now)
         for r, _ in a.side:
             del r.side_users[a]
         if c.members:
@@ -558,7 +562,7 @@ class FluidSystem:
             else:
                 t = _INF
             m._finish_at_s = t
-        _add_loads(c.weights.items(), new - old, now, self.record)  # (the hottest loop of the engine)
+        _add_loads(c.weights.items(), new - old, now)  # (the hottest loop of the engine)
         for r in c.side_weights:
             self._refresh_side_load(r, now)
         self._schedule_class(c, first_finish_s)
@@ -570,7 +574,7 @@ class FluidSystem:
             side += w * c.rate
         if side != r.side_load:
             rose = side < r.side_load
-            _account_load(r, 0.0, side, now, self.record)
+            _account_load(r, 0.0, side, now)
             self._available_changed(r, rose)
 
     # -- internals: completions -----------------------------------------------------------------
@@ -630,7 +634,7 @@ class FluidSystem:
             self.env.timeout(max(t - now, 0.0)).callbacks.append(lambda _ev: self._wake(gen))
 
 
-def _account_load(r: Resource, load_delta: float, side_load: float, now: float, record: bool) -> None:
+def _account_load(r: Resource, load_delta: float, side_load: float, now: float) -> None:
     """The one load-accounting step: bring ``r.carried`` up to ``now`` at the old total load, then
     ``r.load += load_delta`` (exactly 0 once no activity uses ``r``) and ``r.side_load = side_load``
     (units/s), and record the new total in the timeline if it changed."""
@@ -643,11 +647,15 @@ def _account_load(r: Resource, load_delta: float, side_load: float, now: float, 
         load = 0.0
     r.load = load
     r.side_load = side_load
-    if record and load + side_load != total_old:
-        _record_total(r, now, load + side_load)
+    if r.records and load + side_load != total_old:  # a point at ``now`` is replaced
+        timeline = r.timeline
+        if timeline and timeline[-1][0] == now:
+            timeline[-1] = (now, load + side_load)
+        else:
+            timeline.append((now, load + side_load))
 
 
-def _add_loads(weights: Iterable[tuple[Resource, float]], rate: float, now: float, record: bool) -> None:
+def _add_loads(weights: Iterable[tuple[Resource, float]], rate: float, now: float) -> None:
     """:func:`_account_load` of ``w * rate`` on every ``(r, w)`` of ``weights``, side loads unchanged
     (inlined: an activity merged with its mirrors loads hundreds of links)."""
     for r, w in weights:
@@ -660,7 +668,7 @@ def _add_loads(weights: Iterable[tuple[Resource, float]], rate: float, now: floa
         if load <= 0 or not r.users:
             load = 0.0
         r.load = load
-        if record and load + side != total_old:  # (_record_total, inlined: millions of calls)
+        if r.records and load + side != total_old:  # (as _account_load records, inlined: millions of calls)
             timeline = r.timeline
             if timeline and timeline[-1][0] == now:
                 timeline[-1] = (now, load + side)
@@ -668,13 +676,10 @@ def _add_loads(weights: Iterable[tuple[Resource, float]], rate: float, now: floa
                 timeline.append((now, load + side))
 
 
-def _record_total(r: Resource, now: float, total: float) -> None:
-    """Append ``(now, total)`` to ``r.timeline``, replacing a point already at ``now``."""
-    timeline = r.timeline
-    if timeline and timeline[-1][0] == now:
-        timeline[-1] = (now, total)
-    else:
-        timeline.append((now, total))
+def _positive(weights: dict[Resource, float]) -> bool:
+    """Whether every weight of a merged dict is > 0 (NaN is not), in C loops, not :func:`_merge`'s."""
+    values = weights.values()
+    return not values or (min(values) > 0 and (total := sum(values)) == total)
 
 
 def _merge(items: Iterable[tuple[Resource, float]], name: str) -> dict[Resource, float]:

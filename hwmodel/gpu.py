@@ -65,10 +65,12 @@ class GPU:
         self.name = name
         self.spec = spec
         self.cost_model = cost_model or KernelCostModel(spec)
-        self.sm: Resource = fs.add_resource(f"{name}.sm", float(spec.sm_count), meta=("sm", name))
+        # no load timelines: only links' are read (reports, plots); a GPU's change with every kernel
+        self.sm: Resource = fs.add_resource(f"{name}.sm", float(spec.sm_count), meta=("sm", name), record=False)
         """SMs available to kernels (capacity in SMs)."""
         self.hbm: Resource = fs.add_resource(
-            f"{name}.hbm", spec.hbm_bandwidth_Bps * self.cost_model.hbm_efficiency, meta=("hbm", name))
+            f"{name}.hbm", spec.hbm_bandwidth_Bps * self.cost_model.hbm_efficiency, meta=("hbm", name),
+            record=False)
         """Achievable HBM bandwidth in bytes/s."""
         self.held_sms = 0
         """SMs currently held by communication kernels."""

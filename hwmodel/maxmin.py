@@ -63,7 +63,7 @@ class Resource:
     """
 
     __slots__ = ("name", "capacity", "nominal_capacity", "users", "side_users", "load", "side_load",
-                 "carried", "_accounted_at_s", "timeline", "meta", "index", "bottleneck", "classes",
+                 "carried", "_accounted_at_s", "timeline", "records", "meta", "index", "bottleneck", "classes",
                  "side_classes")
 
     def __init__(self, name: str, capacity: float, meta: object = None) -> None:
@@ -88,6 +88,8 @@ class Resource:
         self._accounted_at_s = 0.0  # when ``carried`` was last brought up to date (by the engine)
         self.timeline: list[tuple[float, float]] = []
         """``(time_s, units_per_s)`` whenever the total load changes (if the system records)."""
+        self.records = False
+        """Whether the engine keeps :attr:`timeline` (set by :meth:`hwmodel.fluid.FluidSystem.add_resource`)."""
         self.meta = meta
         """Free slot for the owner (e.g. the topology edge)."""
         self.index = -1

@@ -211,24 +211,26 @@ class Runtime:
         env = self.env
         finished = self._finished[rank]
         gpu = self.cluster.gpus[self.placement[rank]]
+        where = (rank, stream)  # (the key of this stream's entry in _waiting_on)
+        waiting_on, task_events, events = self._waiting_on, self._task_events, self.events
         for t in tasks:
             for d in t.deps:
                 if not finished[d]:
-                    self._waiting_on[(rank, stream)] = ("dep", t.id, d)
-                    yield self._task_events[(rank, d)]
+                    waiting_on[where] = ("dep", t.id, d)
+                    yield task_events[(rank, d)]
             issue = (t.id + 1) * self.host_overhead
             if issue > env.now:
                 yield env.timeout(issue - env.now)
             start = env.now
             op = t.op
             if isinstance(op, Compute):
-                self._waiting_on[(rank, stream)] = ("kernel", t.id, op)
+                waiting_on[where] = ("kernel", t.id, op)
                 cost = gpu.cost(op)
                 act = gpu.launch(op, cost)
                 yield act.done
                 info = _kernel_info(op, cost.solo_time_s)
-                self.events.append(TraceEvent(rank, stream, t.id, op.name, op.kind, start, env.now,
-                                              op.phase, op.layer, info))
+                events.append(TraceEvent(rank, stream, t.id, op.name, op.kind, start, env.now,
+                                         op.phase, op.layer, info))
             elif isinstance(op, Collective):
                 yield from self._collective(rank, stream, t, op, start)
             elif isinstance(op, SendRecv):
@@ -238,7 +240,7 @@ class Runtime:
             else:
                 raise TypeError(f"rank {rank} task {t.id}: unknown operation {op!r}")
             finished[t.id] = 1
-            ev = self._task_events.get((rank, t.id))
+            ev = task_events.get((rank, t.id))
             if ev is not None:
                 ev.succeed()
             if env.now > self._rank_end[rank]:

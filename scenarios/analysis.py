@@ -99,8 +99,9 @@ def macro_intervals(ev: TraceEvent) -> tuple[tuple[float, float], tuple[float, f
     return (ev.start_s, c_end), (comm if comm[1] > comm[0] else None)
 
 
-def breakdown(events: Iterable[TraceEvent], iteration_s: float, *, pipeline: bool) -> dict[int, RankBreakdown]:
-    """Per-rank :class:`RankBreakdown` of the iteration ``[0, iteration_s]``."""
+def _rank_intervals(events: Iterable[TraceEvent]) -> tuple[dict[int, list], dict[int, list], dict[int, list[float]]]:
+    """Per rank: compute intervals, communication intervals (from when data moved) and the span of its
+    forward/backward kernels, as :func:`breakdown` counts them."""
     comp: dict[int, list] = defaultdict(list)
     comm: dict[int, list] = defaultdict(list)
     pipe_span: dict[int, list[float]] = {}
@@ -117,6 +118,12 @@ def breakdown(events: Iterable[TraceEvent], iteration_s: float, *, pipeline: boo
                 span = pipe_span.setdefault(ev.rank, [ev.start_s, ev.end_s])
                 span[0] = min(span[0], ev.start_s)
                 span[1] = max(span[1], ev.end_s)
+    return comp, comm, pipe_span
+
+
+def breakdown(events: Iterable[TraceEvent], iteration_s: float, *, pipeline: bool) -> dict[int, RankBreakdown]:
+    """Per-rank :class:`RankBreakdown` of the iteration ``[0, iteration_s]``."""
+    comp, comm, pipe_span = _rank_intervals(events)
     out = {}
     for rank in sorted(set(comp) | set(comm)):
         c = _merge(comp[rank])
@@ -134,6 +141,23 @@ def breakdown(events: Iterable[TraceEvent], iteration_s: float, *, pipeline: boo
             lo = 0.0
             bubble = max((hi - lo) - _length(_intersect(busy, [(lo, hi)])), 0.0)
         out[rank] = RankBreakdown(compute, exposed, bubble, max(gaps_total - bubble, 0.0), comm_total, hidden)
+    return out
+
+
+def window_breakdown(events: Iterable[TraceEvent], windows: dict[int, tuple[float, float]]) -> dict[int, RankBreakdown]:
+    """Per rank, what :func:`breakdown` would count inside ``windows[rank] = (start_s, end_s)``, a window
+    that lies between the rank's first and last forward/backward kernel: a gap there is pipeline bubble,
+    never idle (so ``idle_s`` is 0). Used to measure one steady pipeline period inside a run
+    (:mod:`scenarios.steady_state`); the four parts add up to the window's length."""
+    comp, comm, _ = _rank_intervals(events)
+    out = {}
+    for rank, (a, b) in windows.items():
+        w = [(a, b)]
+        c = _intersect(_merge(comp[rank]), w)
+        m = _intersect(_merge(comm[rank]), w)
+        compute, comm_total, hidden = _length(c), _length(m), _length(_intersect(c, m))
+        bubble = max((b - a) - _length(_merge(c + m)), 0.0)
+        out[rank] = RankBreakdown(compute, comm_total - hidden, bubble, 0.0, comm_total, hidden)
     return out
 
 

@@ -345,9 +345,15 @@ def _steady_lines(sim: Mapping[str, Any]) -> list[str]:
     steady = sim.get("steady_state")
     if not steady:
         return []
-    m1, m2 = steady["simulated_microbatches"]
-    return [f"            simulated {m1} and {m2} of {steady['of']} micro-batches; the steady {steady['period']} "
-            f"period extrapolated (tasks: the iteration's; --trace and --plots show the {m2}-micro-batch run)"]
+    counts = steady["simulated_microbatches"]
+    m2 = counts[-1]
+    if len(counts) == 1:  # the period measured inside the run (steady_state.steady_window)
+        what = (f"simulated {m2} of {steady['of']} micro-batches; the steady {steady['period']} period measured "
+                f"over {steady['window_microbatches']} of them and extrapolated")
+    else:
+        what = f"simulated {counts[0]} and {m2} of {steady['of']} micro-batches; the steady {steady['period']} " \
+               "period extrapolated"
+    return [f"            {what} (tasks: the iteration's; --trace and --plots show the {m2}-micro-batch run)"]
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -392,14 +398,14 @@ def write_plots(rep: Any, directory: str | Path) -> list[Path]:
             f"TP {p['tp']} PP {p['pp']}" + (f" x {p['vpp']} (interleaved)" if (p.get("vpp") or 1) > 1 else "")
             + f" DP {p['dp']}")
     steady = m["simulation"].get("steady_state")
-    shown = f" (the simulated {steady['simulated_microbatches'][1]} of {steady['of']} micro-batches)" if steady else ""
+    shown = f" (the simulated {steady['simulated_microbatches'][-1]} of {steady['of']} micro-batches)" if steady else ""
     out = [d / "gantt.png", d / "links.png", d / "breakdown.png"]
     plot_gantt(res.events, out[0], title=f"Timeline -- {what}{shown}")
     plot_link_utilisation(res.cluster.link_resources(), out[1], end_time_s=res.end_time_s,
                           title=f"Busiest links -- {what}{shown}")
     # the breakdown is the iteration's: extrapolated from both simulated runs where steady_state applied
-    extrapolated = (f" (extrapolated from the simulated {steady['simulated_microbatches'][0]} and "
-                    f"{steady['simulated_microbatches'][1]} of {steady['of']} micro-batches)") if steady else ""
+    extrapolated = (f" (extrapolated from the simulated {' and '.join(map(str, steady['simulated_microbatches']))}"
+                    f" of {steady['of']} micro-batches)") if steady else ""
     plot_breakdown({int(r): v for r, v in m["per_rank"].items()}, out[2],
                    title=f"Time per GPU -- {what}{extrapolated}")
     return out

@@ -115,7 +115,7 @@ def make_executor(spec: str | None, workers: int) -> tuple[Executor, Callable[[]
 
 
 def simulated_microbatches(base: Scenario, c: Candidate) -> int:
-    """Micro-batches the run of plan ``c`` simulates (both short runs where the steady period is
+    """Micro-batches the run of plan ``c`` simulates (the short runs where the steady period is
     extrapolated, :func:`scenarios.steady_state.plan_for`): its cost in simulated work, since every plan
     of one model simulates all its layers once per micro-batch. ``0`` for a plan ``run`` would refuse."""
     from scenarios.steady_state import plan_for
@@ -125,7 +125,7 @@ def simulated_microbatches(base: Scenario, c: Candidate) -> int:
     except (ValueError, KeyError, TypeError):
         return 0
     steady = plan_for(cfg, dict(base.simulation))
-    return sum(steady.simulated) if steady is not None else cfg.num_microbatches
+    return steady.cost_microbatches if steady is not None else cfg.num_microbatches
 
 
 def simulate_plans(base: Scenario, cands: Iterable[Candidate], *, executor: Executor | None = None,
