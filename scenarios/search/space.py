@@ -513,6 +513,9 @@ def enumerate_space(facts: ModelFacts, model_cfg: Any, knobs: Mapping[str, list[
             c = normalise(Candidate(dp=dp, **kw), keep_rank_order=pinned_order)
             if c in seen or asked("zero_impl") and c.zero_impl not in values["zero_impl"]:
                 continue
+            if asked("zero") and c.zero not in values["zero"]:  # ZeRO folded away (no data parallelism):
+                continue  # not the sharding --fix/--space asked for
+
             seen.add(c)
             # what validity depends on (a rank order, checked when parsed, makes only a torchtitan plan invalid)
             key = (c.tp, c.sp, c.cp, c.ep, c.pp, c.vpp, c.dp, c.zero, c.mbs, c.overlap_param_gather,

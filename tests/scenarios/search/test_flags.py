@@ -82,3 +82,15 @@ def test_search_space_has_no_mixed_stack_plan():
                        for c in sac)
     assert all(framework(c) == "torchtitan" and c.flags().startswith("torchtitan: ") for c in sac + atp)
     assert not any("torchtitan" in r.reason for r in rejected)  # not expanded, so not a rejected family either
+
+
+def test_a_pinned_zero_stage_keeps_plans_with_data_parallelism():
+    """``--fix parallel.zero_stage=3`` asks for FSDP: a TP 8 plan with no data parallelism has no ZeRO to
+    run (normalised to stage 0), so it is not among the plans that satisfy the pin."""
+    facts = ModelFacts(num_layers=4, num_attention_heads=32, seq_length=1024, num_experts=0, world_size=8,
+                       gpus_per_node=8, global_batch_size=8)
+    model = with_overrides(get_model_config("llama3-8b"), num_layers=4, seq_length=1024)
+    valid, _ = enumerate_space(facts, model, parse_knobs(fix=["parallel.zero_stage=3",
+                                                              "parallel.pipeline_model_parallel_size=1"]))
+    assert valid and all(c.zero == 3 and c.dp * c.cp > 1 for c in valid)
+    assert {c.tp for c in valid} == {1, 2, 4}  # TP 8 leaves DP 1
