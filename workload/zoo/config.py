@@ -152,6 +152,9 @@ class TransformerConfig:
                              f"allowed: {', '.join(ATTENTION_BACKENDS)}")
         if self.moe_capacity_factor < 1.0:
             raise ValueError(f"{self.name}: moe_capacity_factor={self.moe_capacity_factor} must be >= 1")
+        if self.num_layers > MAX_LAYERS:
+            raise ValueError(f"{self.name}: num_layers={self.num_layers} is above {MAX_LAYERS} (the deepest published "
+                             f"LLMs have ~100-200 layers; tracing builds every layer on the meta device)")
         self._check_attention_keys()
 
     def _check_attention_keys(self) -> None:
@@ -231,6 +234,10 @@ class ResNetConfig:
 
 
 ModelConfig = TransformerConfig | ResNetConfig
+
+MAX_LAYERS = 2048
+"""Upper bound on ``num_layers``: 16x the deepest published transformer (GPT 1T, 128 layers; Llama 3 405B,
+126), so a typo (``100000``) is refused at once instead of tracing for minutes (1,000 layers trace in ~5 s)."""
 
 POSITIVE_FIELDS = frozenset({
     "num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size", "seq_length",
