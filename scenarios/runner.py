@@ -155,7 +155,8 @@ def _is_cluster_file(path: Path) -> bool:
 
 def check_nodes(system: dict) -> int:
     """``[system] nodes``, checked against 1..:data:`MAX_NODES` and the GPUs against :data:`MAX_GPUS`
-    (nodes x the node's GPUs, which differ by system: 8 on a DGX, 72 on a GB200 NVL72 rack)."""
+    (nodes x the node's GPUs, which differ by system: 8 on a DGX, 72 on a GB200 NVL72 rack), and 1 under
+    ``fabric = "none"``."""
     nodes = system.get("nodes", 1)
     try:
         per_node = system.get("gpus_per_node") or get_system(system["name"]).gpus_per_node
@@ -166,6 +167,8 @@ def check_nodes(system: dict) -> int:
         raise ValueError(f"[system] nodes must be in 1..{most}, got {nodes} ({most:,} nodes x {per_node} GPUs; "
                          f"{MAX_GPUS:,} GPUs, as today's largest training clusters, is the most trainsim is "
                          f"built to simulate)")
+    if system.get("fabric") == "none" and nodes > 1:  # no NIC links: the servers could not reach each other
+        raise ValueError(f"[system] fabric = 'none' connects no servers; it needs nodes = 1, got {nodes}")
     return nodes
 
 
