@@ -242,7 +242,7 @@ def run_point(base: Mapping[str, Any], values: Mapping[str, Any], source: str = 
         gpu = prep.topology.gpu_spec
         if mem is not None:
             row.oom, row.peak_memory_bytes, row.memory_verdict = not mem.fits(gpu), mem.total, mem.verdict(gpu)
-            row.memory_need_bytes, row.memory_capacity_bytes = mem.need_and_capacity(gpu)
+            row.memory_need_bytes, row.memory_capacity_bytes, _ = mem.need_and_capacity(gpu)
         if row.oom and not simulate_oom:
             return row
         rep = run_prepared(prep, mem, progress=progress, started_s=t0, max_tasks=DEFAULT_MAX_TASKS)

@@ -457,27 +457,21 @@ class MemoryBreakdown:
         """Bytes used on the device: :attr:`reserved`, the CUDA context and NCCL's buffers."""
         return self.reserved + self.cuda_context + self.nccl_buffers
 
-    def _need_and_cap(self, gpu_hbm_bytes: float | Any, headroom_bytes: float) -> tuple[float, float, str]:
+    def need_and_capacity(self, gpu_hbm_bytes: float | Any, headroom_bytes: float = 0.0) -> tuple[float, float, str]:
+        """(need, capacity, what) in bytes: device use vs usable HBM once set, else tensors vs ``gpu_hbm_bytes``."""
         if self.usable_hbm and hasattr(gpu_hbm_bytes, "hbm_capacity_bytes"):
             return self.device_used + headroom_bytes, self.usable_hbm, "usable HBM"
         cap = float(getattr(gpu_hbm_bytes, "hbm_capacity_bytes", gpu_hbm_bytes))
         return self.total + headroom_bytes, cap, "HBM"
 
-    def need_and_capacity(self, gpu_hbm_bytes: float | Any, headroom_bytes: float = 0.0) -> tuple[float, float]:
-        """(bytes, bytes): what :meth:`fits` compares -- the device use (+ ``headroom_bytes``) against the usable
-        HBM once the framework's figures are set, else the tensors against ``gpu_hbm_bytes``."""
-        need, cap, _ = self._need_and_cap(gpu_hbm_bytes, headroom_bytes)
-        return need, cap
-
     def fits(self, gpu_hbm_bytes: float | Any, headroom_bytes: float = 0.0) -> bool:
-        """Whether the memory + ``headroom_bytes`` fits: for a GPUSpec once the framework's figures are set,
-        :attr:`device_used` against :attr:`usable_hbm`; else :attr:`total` against ``gpu_hbm_bytes`` (or a GPUSpec)."""
-        need, cap, _ = self._need_and_cap(gpu_hbm_bytes, headroom_bytes)
+        """Whether the memory + ``headroom_bytes`` fits: :meth:`need_and_capacity`'s need <= its capacity."""
+        need, cap, _ = self.need_and_capacity(gpu_hbm_bytes, headroom_bytes)
         return need <= cap
 
     def verdict(self, gpu_hbm_bytes: float | Any, headroom_bytes: float = 0.0) -> str:
         """One line: ``fits`` or ``OOM``, the comparison of :meth:`fits`, and the parts that add up to it."""
-        need, cap, what = self._need_and_cap(gpu_hbm_bytes, headroom_bytes)
+        need, cap, what = self.need_and_capacity(gpu_hbm_bytes, headroom_bytes)
         parts = (f"parameters {_fmt(self.parameters)}, gradients {_fmt(self.gradients)}, "
                  f"optimizer {_fmt(self.optimizer_states)}, activations {_fmt(self.activations)}")
         if self.fp8_weights:

@@ -133,7 +133,7 @@ def test_shipped_catalog_is_trusted_unless_its_factory_is_overridden():
 
 @pytest.mark.parametrize("setting, message", [
     ("simulation.host_launch_overhead_s=nan", "[simulation] host_launch_overhead_s must be a finite number, got nan"),
-    ("simulation.host_launch_overhead_s=-1e-6", "[simulation] host_launch_overhead_s must be >= 0 seconds"),
+    ("simulation.host_launch_overhead_s=-1e-6", "[simulation] host_launch_overhead_s must be in [0, 1e-3] seconds"),
     ("system.oversubscription=inf", "[system] oversubscription must be a finite number, got inf"),
     ("system.gpu_overrides.hbm_bandwidth_Bps=nan", "[system] gpu_overrides.hbm_bandwidth_Bps must be a finite"),
     ("model.hidden_dropout=-inf", "[model] hidden_dropout must be a finite number, got -inf"),
