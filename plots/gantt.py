@@ -1,7 +1,9 @@
 """Timeline (Gantt) PNG of a run: one lane per (GPU, stream), GPU 0 on top.
 
 Bars are coloured by what ran: compute kernels in blues (GEMM), greens (attention) and pinks (other
-kinds: a hue far from the GEMM blues), forward light and backward dark; NCCL collectives in oranges
+kinds: a hue far from the GEMM blues), forward light and backward dark; the hierarchical mode's layer
+passes (one bar for a whole layer's kernels and its tensor-parallel collectives, timed once in detail:
+``scenarios.hierarchical``) in browns, so they do not read as "other" kernels; NCCL collectives in oranges
 and reds; send/recv in purples; copies in grey; optimizer kernels olive. Idle time is the pale lane
 background showing through, so pipeline bubbles are gaps, and a collective overlapped with compute
 shows on its comm lane under the compute lane of the same GPU.
@@ -16,6 +18,7 @@ and save in well under a second). Takes plain event objects, no SimPy.
 
 from __future__ import annotations
 
+import textwrap
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -36,7 +39,10 @@ _SHADES = {  # family -> (fwd, bwd, other phase)
     "gemm": ("#9ecae1", "#2171b5", "#6baed6"),
     "attention": ("#a1d99b", "#238b45", "#74c476"),
     "other compute": ("#f1b6da", "#c51b7d", "#de77ae"),  # pinks: teals read as the GEMM blues
+    "layer pass (kernels + TP comm)": ("#dfc27d", "#8c510a", "#bf812d"),  # browns: hierarchical macro tasks
 }
+_FAMILY_OF = {"gemm": "gemm", "attention": "attention", "macro": "layer pass (kernels + TP comm)"}
+"""Kernel kind -> colour family; every other kind is "other compute"."""
 _NCCL = {
     "all_reduce": "#d62728",
     "reduce_scatter": "#e6550d",
@@ -51,6 +57,9 @@ _FIXED = {
     "recv": "#9e9ac8",
     "memcpy": "#969696",
 }
+TITLE_WRAP_CHARS = 95
+"""A title longer than this (characters) wraps onto further lines: the figure is 13 inches wide and a
+longer single line ran off both edges."""
 _WAIT_ALPHA = 0.35
 """Opacity of the waiting part of a communication task."""
 _LEGEND_ORDER = (
@@ -71,7 +80,7 @@ def category_style(category: str, phase: str = "") -> tuple[str, str]:
         return category, _FIXED[category]
     if category == "optimizer" or phase == "opt":
         return "optimizer", _FIXED["optimizer"]
-    family = category if category in ("gemm", "attention") else "other compute"
+    family = _FAMILY_OF.get(category, "other compute")
     fwd, bwd, other = _SHADES[family]
     if phase == "fwd":
         return f"{family} fwd", fwd
@@ -174,7 +183,7 @@ def plot_gantt(events: Iterable[Any], path: str | Path, *, ranks: Iterable[int] 
     full_title = title or "Timeline"
     if len(shown) < len(wanted):
         full_title += f"  (GPUs {_ranges_label(shown)} of {len(wanted)} shown)"
-    ax.set_title(full_title)
+    ax.set_title("\n".join(textwrap.wrap(full_title, TITLE_WRAP_CHARS)) or full_title)
     groups = _legend(ax, bars)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

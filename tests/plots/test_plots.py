@@ -83,6 +83,9 @@ def test_gantt_helpers():
     assert category_style("gemm", "fwd")[1] != category_style("gemm", "bwd")[1]
     assert category_style("nccl:all_reduce")[0] == "nccl all_reduce"
     assert category_style("softmax", "fwd")[0] == "other compute fwd"
+    # the hierarchical mode's macro tasks are whole layer passes, not "other" kernels
+    assert category_style("macro", "bwd")[0] == "layer pass (kernels + TP comm) bwd"
+    assert category_style("macro", "fwd")[1] not in {category_style(k, "fwd")[1] for k in ("gemm", "softmax")}
 
 
 def link(name, cap, timeline, carried=None):
