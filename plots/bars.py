@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -16,6 +17,9 @@ BREAKDOWN_KEYS = {
     "idle_s": ("idle", "#c8c8c8"),
 }
 """Known keys (seconds) -> (legend label, colour), stacked bottom to top in this order."""
+
+SECONDS_AXIS_FROM_S = 10.0
+"""Iterations this long (seconds, the longest bar) are drawn in seconds, shorter ones in milliseconds."""
 
 _EXTRA_COLOURS = ("#6acc64", "#d65f5f", "#8c613c", "#dc7ec0", "#82c6e2", "#d5bb67")
 
@@ -51,23 +55,23 @@ def plot_breakdown(breakdown_per_rank: Mapping[int, Mapping[str, float]], path: 
     ax = fig.add_subplot()
     xs = list(range(len(ranks)))
     bottom = [0.0] * len(ranks)
+    longest_s = max((sum(float(breakdown_per_rank[r].get(k, 0.0)) for k in keys + extra) for r in ranks), default=0.0)
+    unit, scale = ("s", 1.0) if longest_s >= SECONDS_AXIS_FROM_S else ("ms", 1e3)
     for j, key in enumerate(keys + extra):
         default = (key.removesuffix("_s"), _EXTRA_COLOURS[j % len(_EXTRA_COLOURS)])
         label, colour = BREAKDOWN_KEYS.get(key, default)
-        vals = [1e3 * float(breakdown_per_rank[r].get(key, 0.0)) for r in ranks]
+        vals = [scale * float(breakdown_per_rank[r].get(key, 0.0)) for r in ranks]
         ax.bar(xs, vals, bottom=bottom, color=colour, label=label, width=0.8, linewidth=0)
         bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
     step = max(1, len(ranks) // 32)
     ax.set_xticks(xs[::step], [str(r) for r in ranks[::step]], fontsize=8 if len(ranks) > 16 else 9)
     ax.set_xlabel("GPU (global rank)")
-    ax.set_ylabel("time (ms)")
+    ax.set_ylabel(f"time ({unit})")
     ax.grid(axis="y", color="#dddddd", linewidth=0.5)
     ax.set_axisbelow(True)
     full = title or "Time breakdown per GPU"
     if len(ranks) < len(breakdown_per_rank):
         full += f"  ({len(ranks)} of {len(breakdown_per_rank)} GPUs shown)"
-    import textwrap
-
     ax.set_title("\n".join(textwrap.wrap(full, 60)), fontsize=10)
     if keys or extra:
         ax.legend(loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False)
