@@ -257,11 +257,7 @@ class ParallelConfig:
         device mesh ``["pp", "dp_replicate", "dp_shard", "cp", "tp"]`` (Megatron's default order), its TP
         overlap async TP and its activation checkpointing per layer or per op (``torchtitan/config/
         job_config.py``, ``torchtitan/distributed/parallel_dims.py``)."""
-        titan = [k for k, on in (("async_tp=true", self.async_tp),
-                                 ("recompute_granularity='selective_op'", self.recompute_granularity == "selective_op"),
-                                 # Megatron-LM asserts --use-torch-fsdp2 "not supported with pipeline parallelism"
-                                 ("fsdp=true with pipeline_model_parallel_size > 1", self.fsdp and self.pp > 1))
-                 if on]
+        titan = self._torchtitan_keys()
         if not titan:
             return
         other = [k for k, on in (
@@ -278,6 +274,28 @@ class ParallelConfig:
         if other:
             raise ValueError(f"{titan[0]} is torchtitan's, which runs FSDP2 (fsdp=true) or plain data parallelism; "
                              f"it conflicts with {other[0]}")
+
+    def _torchtitan_keys(self) -> list[str]:
+        """The keys that make this plan torchtitan's (empty: any stack may run it)."""
+        return [k for k, on in (("async_tp=true", self.async_tp),
+                                ("recompute_granularity='selective_op'", self.recompute_granularity == "selective_op"),
+                                # Megatron-LM asserts --use-torch-fsdp2 "not supported with pipeline parallelism"
+                                ("fsdp=true with pipeline_model_parallel_size > 1", self.fsdp and self.pp > 1))
+                if on]
+
+    def _check_torchtitan_ep(self) -> None:
+        """torchtitan's expert parallelism borrows its ranks from FSDP's ``dp_shard`` and from ``cp``
+        (``torchtitan/distributed/parallel_dims.py``: ``ep = dp_shard_in_ep x cp``, experts sharded over TP as
+        here), never from ``dp_replicate``: ``ep`` must divide ``dp_shard x cp`` and ``cp`` divide ``ep``."""
+        titan = self._torchtitan_keys()
+        if self.ep == 1 or not titan:
+            return
+        dp_shard = self.dp if self.effective_zero_stage == 3 else 1
+        if (dp_shard * self.cp) % self.ep or self.ep % self.cp:
+            raise ValueError(f"{titan[0]} is torchtitan's, whose expert parallelism borrows FSDP's and CP's ranks "
+                             f"(ep = dp_shard_in_ep x cp): expert_model_parallel_size={self.ep} must divide "
+                             f"dp_shard x context_parallel_size = {dp_shard} x {self.cp} (dp_shard is "
+                             f"data_parallel_size with fsdp/zero_stage 3, else 1) and be a multiple of the latter")
 
     def _check_deepspeed(self) -> None:
         if self.fsdp:
@@ -316,6 +334,7 @@ class ParallelConfig:
                     f"{cfg.world_size}, but the cluster has world_size={world_size} GPUs")
         if cfg.dp % cfg.ep:
             raise ValueError(f"expert_model_parallel_size={cfg.ep} must divide data_parallel_size={cfg.dp}")
+        cfg._check_torchtitan_ep()
         gbs = cfg.global_batch_size or cfg.micro_batch_size * cfg.dp
         if gbs % (cfg.micro_batch_size * cfg.dp):
             raise ValueError(

@@ -94,3 +94,17 @@ def test_a_pinned_zero_stage_keeps_plans_with_data_parallelism():
                                                               "parallel.pipeline_model_parallel_size=1"]))
     assert valid and all(c.zero == 3 and c.dp * c.cp > 1 for c in valid)
     assert {c.tp for c in valid} == {1, 2, 4}  # TP 8 leaves DP 1
+
+
+def test_torchtitan_expert_parallelism_borrows_fsdp_and_cp_ranks_only():
+    """torchtitan's EP mesh is ``dp_shard_in_ep x cp`` (parallel_dims.py): under DDP (dp_replicate) a
+    torchtitan plan has no ranks to lend it, so EP 4 with async TP and plain data parallelism is refused,
+    the same plan with FSDP2 (dp_shard 4) runs, and Megatron-LM (EP from the data-parallel ranks) runs it."""
+    plan = {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2, "expert_model_parallel_size": 4,
+              "sequence_parallel": True, "global_batch_size": 16, "micro_batch_size": 1}
+    with pytest.raises(ValueError, match=r"async_tp=true is torchtitan's, whose expert parallelism .* "
+                                         r"expert_model_parallel_size=4 must divide dp_shard x "
+                                         r"context_parallel_size = 1 x 1"):
+        ParallelConfig(**plan, async_tp=True).resolve(16)
+    assert ParallelConfig(**plan, async_tp=True, fsdp=True).resolve(16).dp == 4
+    assert ParallelConfig(**plan).resolve(16).ep == 4
