@@ -194,8 +194,10 @@ def test_fp32_uses_the_cuda_core_peak_and_json_links_are_groups(tmp_path, capsys
      "use_distributed_optimizer=true is ZeRO stage 1 (Megatron-LM's distributed optimizer); it conflicts with "
      "zero_stage=3"),
     (["parallel.overlap_param_gather=true"], "overlap_param_gather=true needs the distributed optimizer"),
-    (["parallel.overlap_param_gather=true", "parallel.zero_stage=2"], "overlap_param_gather=true needs the "
-                                                                      "distributed optimizer"),
+    (["parallel.overlap_param_gather=true", "parallel.zero_stage=2", "parallel.pipeline_model_parallel_size=1"],
+     "overlap_param_gather=true needs the distributed optimizer"),
+    (["parallel.zero_stage=2"], "zero_stage=2 is DeepSpeed's ZeRO-2 (Megatron-DeepSpeed); it conflicts with "
+                                "pipeline_model_parallel_size > 1"),
 ])
 def test_combinations_megatron_refuses_are_refused(capsys, overrides, message):
     """Megatron-LM's arguments.py asserts these; a plan it refuses is not simulated as if it ran."""

@@ -228,6 +228,8 @@ class ParallelConfig:
                              "(Megatron's batched exchanges); got gpipe")
         if self.zero_impl == "deepspeed":
             self._check_deepspeed()
+        if self.zero_stage == 2 and not self.fsdp:
+            self._check_zero2()
         if self.sequence_parallel and self.tp == 1:
             raise ValueError("sequence_parallel=True needs tensor_model_parallel_size > 1")
         if self.tp_comm_overlap and not self.sequence_parallel:
@@ -261,7 +263,7 @@ class ParallelConfig:
         if not titan:
             return
         other = [k for k, on in (
-            ("use_distributed_optimizer / zero_stage 1-2 (Megatron-LM)",
+            ("use_distributed_optimizer / zero_stage 1-2 (Megatron-LM, DeepSpeed)",
              self.zero_stage in (1, 2) or self.use_distributed_optimizer),
             ("zero_impl='deepspeed'", self.zero_impl == "deepspeed"),
             ("tp_comm_overlap=true (Megatron-Core)", self.tp_comm_overlap),
@@ -296,6 +298,18 @@ class ParallelConfig:
                              f"(ep = dp_shard_in_ep x cp): expert_model_parallel_size={self.ep} must divide "
                              f"dp_shard x context_parallel_size = {dp_shard} x {self.cp} (dp_shard is "
                              f"data_parallel_size with fsdp/zero_stage 3, else 1) and be a multiple of the latter")
+
+    def _check_zero2(self) -> None:
+        """ZeRO stage 2 (sharded gradients) is DeepSpeed's, run through Megatron-DeepSpeed: its pipeline
+        engine asserts "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"
+        (``deepspeed/runtime/pipe/engine.py``), and Megatron-Core's context parallelism and TE userbuffer
+        overlap (``--tp-comm-overlap``) are not in it."""
+        other = [k for k, on in (("pipeline_model_parallel_size > 1 (DeepSpeed's pipeline engine runs ZeRO "
+                                  "stage 0-1 only)", self.pp > 1),
+                                 ("context_parallel_size > 1 (Megatron-Core's)", self.cp > 1),
+                                 ("tp_comm_overlap=true (Megatron-Core's)", self.tp_comm_overlap)) if on]
+        if other:
+            raise ValueError(f"zero_stage=2 is DeepSpeed's ZeRO-2 (Megatron-DeepSpeed); it conflicts with {other[0]}")
 
     def _check_deepspeed(self) -> None:
         if self.fsdp:

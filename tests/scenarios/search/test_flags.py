@@ -108,3 +108,16 @@ def test_torchtitan_expert_parallelism_borrows_fsdp_and_cp_ranks_only():
         ParallelConfig(**plan, async_tp=True).resolve(16)
     assert ParallelConfig(**plan, async_tp=True, fsdp=True).resolve(16).dp == 4
     assert ParallelConfig(**plan).resolve(16).ep == 4
+
+
+@pytest.mark.parametrize("kw, named", [({"pipeline_model_parallel_size": 2}, "pipeline_model_parallel_size > 1"),
+                                       ({"context_parallel_size": 2}, "context_parallel_size > 1"),
+                                       ({"tensor_model_parallel_size": 2, "sequence_parallel": True,
+                                         "tp_comm_overlap": True}, "tp_comm_overlap=true")])
+def test_zero2_is_deepspeeds_and_refuses_what_its_stack_lacks(kw, named):
+    """ZeRO-2 is printed as Megatron-DeepSpeed's; DeepSpeed's pipeline engine asserts ZeRO stage < 2, and CP
+    and TE userbuffer overlap are Megatron-Core's: one line names the conflict."""
+    with pytest.raises(ValueError, match=r"zero_stage=2 is DeepSpeed's ZeRO-2 \(Megatron-DeepSpeed\); it conflicts "
+                                         r"with " + named):
+        ParallelConfig(zero_stage=2, **kw)
+    ParallelConfig(zero_stage=1, **kw)  # Megatron-LM's distributed optimizer runs each of them
