@@ -48,6 +48,7 @@ from hwmodel.dtypes import TRAINING_DTYPES
 from workload.memory import MemoryBreakdown
 from workload.parallel.builder import ELEM_BYTES, ModelTrace
 from workload.parallel.config import ParallelConfig
+from workload.parallel.schedules import interleaved_in_flight
 from workload.trace import OpGraph, TraceError, _repeated_blocks, _submodule, trace_model
 from workload.zoo.family import ModelFamily, state_bytes
 
@@ -391,9 +392,7 @@ class CustomModel:
             params = float(sum(t.block_params(layer) for layer in layers))
             act = sum(saved["block_inputs"][layer] if full else saved["blocks"][layer] for layer in layers)
             in_flight = in_flight_first if cfg.schedule == "gpipe" else max(1, in_flight_first - i)
-            act *= in_flight
-            if i == 0 and v > 1:
-                act *= 1 + (p - 1) / (p * v)
+            act *= interleaved_in_flight(p, i, v, m) if cfg.schedule == "interleaved_1f1b" else in_flight
             extra = 0.0
             if i == 0:
                 params += t.params_pre

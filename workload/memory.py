@@ -89,6 +89,7 @@ from typing import Any
 from workload.fp8 import FP8_WEIGHT_COPY_BYTES
 from workload.parallel.recompute import stage_chunks, stored_activations
 from workload.parallel.sac import op_sac_bytes
+from workload.parallel.schedules import interleaved_in_flight
 
 RECOMPUTE_MODES = ("none", "selective", "full", "selective_op")
 """Activation recomputation: none, selective (attention core), full (whole layer), selective_op (torchtitan's)."""
@@ -550,8 +551,7 @@ def memory_per_gpu(model_cfg: Any, *, tp: int = 1, pp: int = 1, dp: int = 1, cp:
             default ``pp`` (1F1B, Korthikanti §4.2.3), capped by ``num_microbatches``. Stage i holds
             ``max(1, in_flight - i)``.
         num_microbatches: micro-batches per iteration (caps the in-flight count), default unlimited.
-        virtual_pipeline_size: model chunks per stage for the interleaved schedule (1: plain 1F1B); the
-            first stage's activations grow by ``1 + (pp-1)/(pp*v)``.
+        virtual_pipeline_size: model chunks per stage, interleaved (1: 1F1B); :func:`interleaved_in_flight`.
         sequence_parallel: Megatron sequence parallelism (with tp > 1).
         recompute: ``none``, ``selective``, ``full`` or ``selective_op`` (torchtitan's per-op SAC).
         recompute_method, recompute_num_layers: with ``full``, Megatron-LM's ``uniform`` / ``block`` over
@@ -627,17 +627,17 @@ def memory_per_gpu(model_cfg: Any, *, tp: int = 1, pp: int = 1, dp: int = 1, cp:
             params += counts.final_norm
             if pp > 1 or not m.tied_embeddings:  # the last stage keeps its own output matrix
                 params += m.vocab_size * h / tp
-        # activations
         in_flight = max(1, in_flight_first - i)
-        act, stage_workspace = per_layer_act * layers * in_flight, workspace
+        layer_in_flight: float = in_flight
+        if virtual_pipeline_size > 1 and pp > 1 and num_microbatches_in_flight is None:  # the layers' chunks
+            layer_in_flight = interleaved_in_flight(pp, i, virtual_pipeline_size, num_microbatches)
+        act, stage_workspace = per_layer_act * layers * layer_in_flight, workspace
         if k_layers:  # checkpointed groups per model chunk
             chunks = stage_chunks(stage_layers, pp, virtual_pipeline_size, i, layers)
             stored, stage_workspace = stored_activations(recompute_method, recompute_num_layers, chunks,
                                                          full_layer_bytes=layer_activations("none"),
                                                          input_bytes=per_layer_act)
-            act = stored * in_flight
-        if i == 0 and virtual_pipeline_size > 1 and pp > 1:
-            act *= 1 + (pp - 1) / (pp * virtual_pipeline_size)
+            act = stored * layer_in_flight
         extra = 0.0
         if i == 0 and m.hidden_dropout > 0:  # embedding dropout mask, 1 byte per element (§4.3)
             extra += s_local * b * h / (tp if sp else 1) * in_flight
@@ -670,7 +670,7 @@ def memory_per_gpu(model_cfg: Any, *, tp: int = 1, pp: int = 1, dp: int = 1, cp:
             stage=i,
             params_per_gpu=params,
             detail={"activation_bytes_per_layer": per_layer_act, "layers": layers,
-                    "microbatches_in_flight": in_flight, "other_activations": extra},
+                    "microbatches_in_flight": layer_in_flight, "other_activations": extra},
         )
 
     if stage is not None:

@@ -356,3 +356,26 @@ def test_dropout_read_from_the_model_config():
     assert a_on.detail["activation_bytes_per_layer"] == 34 * s * h / t
     assert a_off.detail["activation_bytes_per_layer"] == 32 * s * h / t
     assert a_on.detail["other_activations"] - a_off.detail["other_activations"] == 8 * s * h / t  # 8 in flight
+
+
+def test_interleaved_stages_hold_their_warmup_chunks():
+    """Megatron-LM's interleaved schedule: stage i runs (p-i-1)*2 + (v-1)*p warm-up forward chunks, then
+    one more, before its first backward; each chunk is 1/v of the stage. Stage 0: p (1 + (p-1)/(p v))
+    (Korthikanti sec. 4.2.3); the last stage p - (p-1)/v, not plain 1F1B's one micro-batch."""
+    from workload.parallel.schedules import interleaved_1f1b, interleaved_in_flight
+
+    p, v, m = 8, 3, 16
+    for stage in range(p):
+        alive = peak = 0
+        for step in interleaved_1f1b(p, m, stage, v):  # the schedule itself: forwards alive at most
+            alive += 1 if step.kind == "F" else -1
+            peak = max(peak, alive)
+        assert interleaved_in_flight(p, stage, v, m) == pytest.approx(peak / v)
+    assert interleaved_in_flight(p, 0, v) == pytest.approx(p * (1 + (p - 1) / (p * v)))
+    assert interleaved_in_flight(p, p - 1, v) == pytest.approx(p - (p - 1) / v)
+    c = cfg("175B")
+    plain = memory_per_gpu(c, tp=8, pp=8, sequence_parallel=True, recompute="selective", stage=7)
+    inter = memory_per_gpu(c, tp=8, pp=8, sequence_parallel=True, recompute="selective", stage=7,
+                           virtual_pipeline_size=3)
+    layers = plain.activations - plain.detail["other_activations"]  # one micro-batch of 12 layers
+    assert inter.activations - inter.detail["other_activations"] == pytest.approx(layers * (8 - 7 / 3))

@@ -81,6 +81,19 @@ def interleaved_1f1b(p: int, m: int, stage: int, v: int) -> list[Step]:
     return steps
 
 
+def interleaved_in_flight(p: int, stage: int, v: int, m: int | None = None) -> float:
+    """Micro-batches' worth of forward activations stage ``stage`` holds at its peak under the interleaved
+    schedule (:func:`interleaved_1f1b`), in whole-stage units (a model chunk is 1/v of the stage): its
+    warm-up forwards, ``(p - stage - 1) * 2 + (v - 1) * p`` chunks (Megatron-LM's
+    ``num_warmup_microbatches``), plus the first steady-state forward, capped by the ``m * v`` chunks, over
+    ``v``. Stage 0 holds ``p (1 + (p - 1) / (p v))`` (Korthikanti et al. 2022, sec. 4.2.3); the last stage
+    ``p - (p - 1) / v``, not the one micro-batch of plain 1F1B: its chunks' warm-up spans the other chunks."""
+    chunks = (p - stage - 1) * 2 + (v - 1) * p + 1
+    if m is not None:
+        chunks = min(chunks, m * v)
+    return chunks / v
+
+
 def schedule(name: str, p: int, m: int, stage: int, v: int = 1) -> list[Step]:
     """The named schedule (gpipe, 1f1b, interleaved_1f1b) for one stage."""
     if name == "gpipe":
