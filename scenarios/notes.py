@@ -13,6 +13,7 @@ from typing import Any
 from hwmodel.power import sustained_clock_fraction
 from hwmodel.specs import get_switch
 from hwmodel.topology import Topology, build_system
+from scenarios.scenario import sp_turned_off
 
 __all__ = ["UNUSED_GPU_FIELDS", "model_notes", "parallel_notes", "what_if_notes"]
 
@@ -140,12 +141,18 @@ def model_notes(model: Any) -> list[str]:
     return []
 
 
-def parallel_notes(config: Any) -> list[str]:
+def parallel_notes(config: Any, parallel: dict[str, Any] | None = None) -> list[str]:
     """One line per ``[parallel]`` / recompute key that changes nothing: a ``rank_order`` that orders the axes
     of size > 1 (those that hold more than one rank) as the default does, so every rank keeps its groups;
     ``recompute_method = "block"`` over 0 layers (Megatron checkpoints no layer: no recomputation);
-    ``overlap_p2p_comm = false`` without pipeline parallelism (there are no pipeline exchanges)."""
+    ``overlap_p2p_comm = false`` without pipeline parallelism (there are no pipeline exchanges); with the
+    scenario's ``[parallel]`` table, ``sequence_parallel = true`` at TP 1, turned off
+    (:func:`scenarios.scenario.sp_turned_off`)."""
     notes = []
+    if parallel is not None and sp_turned_off(parallel):
+        notes.append("[parallel] sequence_parallel = true with tensor_model_parallel_size = 1: turned off, as "
+                     "Megatron-LM does (\"Disabling sequence parallelism because tensor model parallelism is "
+                     "disabled\"): there is no tensor-parallel group to split the sequence over")
     if getattr(config, "overlap_p2p_comm", True) is False and getattr(config, "pp", 1) == 1:
         notes.append("[parallel] overlap_p2p_comm = false changes nothing without pipeline parallelism "
                      "(pipeline_model_parallel_size = 1: no pipeline exchanges)")

@@ -523,8 +523,8 @@ def _run_prepared(prep: Prepared, memory: Any, *, progress: bool, max_tasks: flo
     report = RunReport(prep.scenario, prep, result, build, mode, per_rank, memory)
     report.metrics = run_metrics(report, model_flops(prep, trace))
     notes = (what_if_notes(prep.scenario.system, topo, scenario_dir(prep.scenario), runtime.copies_requested_peak)
-             + model_notes(prep.model_cfg)
-             + parallel_notes(prep.config) + training_notes(prep.scenario.training, prep.config) + mode_note)
+             + model_notes(prep.model_cfg) + parallel_notes(prep.config, prep.scenario.parallel)
+             + training_notes(prep.scenario.training, prep.config) + mode_note)
     if notes:  # only then: the JSON of a scenario without notes keeps its bytes
         report.metrics["warnings"] = notes
     return report

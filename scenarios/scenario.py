@@ -124,7 +124,16 @@ def parallel_kwargs(parallel: dict[str, Any], training: dict[str, Any]) -> dict[
     kw = dict(parallel)
     kw["micro_batch_size"] = training.get("micro_batch_size", 1)
     kw.update({k: training[k] for k in TRAINING_PARALLEL_KEYS[1:] if k in training})
+    if sp_turned_off(parallel):  # as Megatron-LM's validate_args, which warns (scenarios.notes.parallel_notes)
+        kw["sequence_parallel"] = False
     return kw
+
+
+def sp_turned_off(parallel: dict[str, Any]) -> bool:
+    """``sequence_parallel = true`` at ``tensor_model_parallel_size = 1``: Megatron-LM's ``validate_args``
+    turns it off with a warning ("Disabling sequence parallelism because tensor model parallelism is
+    disabled"), and so do scenarios -- a sweep over TP 1, 2, 4 with sequence parallelism runs its TP 1 point."""
+    return parallel.get("sequence_parallel") is True and parallel.get("tensor_model_parallel_size", 1) == 1
 
 
 def _check_types(section: str, data: dict, spec: dict) -> None:
