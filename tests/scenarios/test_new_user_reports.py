@@ -61,6 +61,13 @@ def test_max_tasks_names_hierarchical_and_counts_closed_form():
     assert DEFAULT_MAX_TASKS >= 3 * 524_044  # the catalog's largest run (sc21-gpt-1t) passes, with margin
 
 
+def test_a_tiny_max_tasks_says_under_a_second_not_about_0_s(capsys):
+    """The default scenario's 2,368 tasks at TASKS_PER_S = 5,000 tasks/s take under half a second."""
+    err = one_line_error(capsys, ["run", "--max-tasks", "10"])
+    assert "about 2,368 tasks (8 micro-batches, mode symmetric), under a second, above --max-tasks 10" in err
+    assert "about 0 s" not in err
+
+
 def test_max_tasks_option_must_be_positive(capsys):
     assert "--max-tasks must be a positive number" in one_line_error(capsys, ["run", "--max-tasks", "0"])
 
