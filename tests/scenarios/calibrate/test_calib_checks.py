@@ -144,3 +144,16 @@ def test_fractions_of_the_peak_are_clamped_at_one(path):
     value, note = _within_peak(model, model.cal, path, rows, at_peak_s, 1.07, "", BOUNDS["gemm"])
     assert value == 1.0 and note.startswith("clamped to 1 (fitted 1.07): ") and "misread" in note
     assert _within_peak(model, model.cal, path, rows, at_peak_s, 0.93, "", BOUNDS["gemm"]) == (0.93, "")
+
+
+def test_a_fit_the_profile_checks_would_refuse_is_not_written(tmp_path, capsys, monkeypatch):
+    """calibrate checks the profile before writing it: a fitted host time of seconds (a log of another
+    setup) is refused in one line, and no file is left that --calibration would refuse."""
+    import scenarios.cmd_calibrate as cmd
+
+    monkeypatch.setattr(cmd, "_nccl", lambda paths, system, fidelity, doc: {"nccl": {"host_launch_s": 5.0}})
+    out = tmp_path / "p.toml"
+    assert main(["calibrate", "--nccl-log", str(A100_LOG), "--system", "dgx-a100", "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the fit gives [nccl] host_launch_s = 5.0: must be in [0, 0.001]" in err
+    assert f"{out} not written" in err and not out.exists()
