@@ -37,7 +37,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["FORBIDDEN_SECTIONS", "MAX_TIME_S", "WINOGRAD_MAX_EFFICIENCY", "check_profile",
+__all__ = ["FORBIDDEN_SECTIONS", "MAX_TIME_S", "RECORD_SECTIONS", "WINOGRAD_MAX_EFFICIENCY", "check_profile",
            "efficiency_ceiling"]
 
 MAX_TIME_S = 1e-3
@@ -49,6 +49,10 @@ direct convolution the model counts (Lavin & Gray, CVPR 2016)."""
 
 DOC_KEYS = frozenset({"source", "sources", "fitted"})
 """Documentation leaves, allowed in every table (:class:`hwmodel.costmodel.Calibration`)."""
+
+RECORD_SECTIONS = ("profile", "fit", "rows", "unmatched")
+"""Sections of a profile that record what it was fitted to (written by ``trainsim calibrate``; the model
+ignores them)."""
 
 FORBIDDEN_SECTIONS = {
     "memory": "the allocator's fragmentation is read from the shipped calibration only",
@@ -285,7 +289,7 @@ def known_architectures() -> tuple[str, ...]:
 
 def check_profile(data: Mapping[str, Any], model_sections: tuple[str, ...]) -> None:
     """Check every key of a profile's model sections (``default``, ``architecture``, ``gpu``, ``nccl``) and
-    refuse a section a profile cannot change.
+    refuse a section a profile cannot change or does not have (a misspelt ``[defualt]``).
 
     ``data``: the parsed profile; ``model_sections``: the sections merged over the shipped calibration.
 
@@ -297,6 +301,10 @@ def check_profile(data: Mapping[str, Any], model_sections: tuple[str, ...]) -> N
             if section in data:
                 raise _Bad(f"[{section}] cannot be set by a profile ({why}); a profile sets "
                            f"{', '.join(f'[{s}]' for s in model_sections)}")
+        unknown = sorted(set(data) - set(model_sections) - set(RECORD_SECTIONS))
+        if unknown:
+            raise _Bad(f"unknown section [{unknown[0]}]; allowed: "
+                       + ", ".join(f"[{s}]" for s in (*model_sections, *RECORD_SECTIONS)))
         kernel = _kernel_section()
         if "default" in data:
             _table(("default",), data["default"], kernel)

@@ -53,6 +53,9 @@ def test_the_shipped_calibration_passes_its_own_checks():
      "[nccl.nvlink_efficiency.ampere]: needs busbw_Bps and line_rate_Bps (missing line_rate_Bps)"),
     ({"nccl": {"ib_efficiency": 0.9}}, "[nccl]: unknown key 'ib_efficiency'; allowed: busbw_correction, "
                                        "copy_engine_nvlink_efficiency, host_fit_gpus, host_launch_s"),
+    ({"defualt": {"launch_overhead_s": 4e-6}},
+     "unknown section [defualt]; allowed: [default], [architecture], [gpu], [nccl], [profile], [fit], [rows], "
+     "[unmatched]"),
     ({"memory": {"allocator_fragmentation": 0.2}},
      "[memory] cannot be set by a profile (the allocator's fragmentation is read from the shipped calibration "
      "only); a profile sets [default], [architecture], [gpu], [nccl]"),
