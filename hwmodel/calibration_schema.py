@@ -118,10 +118,8 @@ def _positive(what: str, high: float = 1e12, integer: bool = False) -> Callable[
     return check
 
 
-def _table(path: tuple[str, ...], value: Any, allowed: Mapping[str, Callable[[tuple[str, ...], Any], None]],
-           open_key: tuple[str, Callable[[tuple[str, ...], Any], None]] | None = None) -> None:
-    """Check a table whose keys are ``allowed`` (or, with ``open_key``, any key ``open_key[0]`` describes
-    that the checker accepts)."""
+def _table(path: tuple[str, ...], value: Any, allowed: Mapping[str, Callable[[tuple[str, ...], Any], None]]) -> None:
+    """Check a table whose keys are ``allowed`` (each with its checker) or documentation keys."""
     if not isinstance(value, Mapping):
         raise _Bad(f"{_tname(path)} must be a table")
     for key, v in value.items():
@@ -132,11 +130,8 @@ def _table(path: tuple[str, ...], value: Any, allowed: Mapping[str, Callable[[tu
                 raise _Bad(f"{_where(sub)} = {v!r}: a documentation key, must be a string")
         elif key in allowed:
             allowed[key](sub, v)
-        elif open_key is not None:
-            open_key[1](sub, v)
         else:
-            shown = ", ".join(sorted(allowed)) + (f", or {open_key[0]}" if open_key else "")
-            raise _Bad(f"{_tname(path)}: unknown key {key!r}; allowed: {shown}")
+            raise _Bad(f"{_tname(path)}: unknown key {key!r}; allowed: {', '.join(sorted(allowed))}")
 
 
 def _keyed(what: str, names: tuple[str, ...] | None, check: Callable[[tuple[str, ...], Any], None],
