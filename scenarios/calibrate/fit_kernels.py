@@ -20,6 +20,10 @@ the step spends between and beside the modelled kernels -- is fitted to the time
 kernel's: ``(idle + unmatched trace work - modelled time of unmatched tasks) / tasks``. It uses no paired
 row, so holding kernels out (``holdout``) leaves it unchanged and the held-out rows are a true
 out-of-sample check.
+
+No kernel beats the GPU's datasheet peak: a GEMM class whose rows ran faster than it on the direct FLOP
+count (4x for unit-stride 3x3 convolutions, Winograd's saving) is refitted to run at it, and every other
+constant, a fraction of the peak, is clamped at 1 -- each with a note saying why (:func:`_within_peak`).
 """
 
 from __future__ import annotations
