@@ -16,9 +16,12 @@ another). ``--measured iteration_time_s=X``: one end-to-end number; it moves
 only what the other inputs leave free (the GPU's sustained clock fraction, unless a trace fitted the
 kernels, in which case it is compared, not fitted) and says by how much.
 
-The profile (``--output``, default beside the first input: ``<input>.calibration.toml``) holds the
-fitted values in calibration.toml's layout, the rows they were fitted to, the residuals and the
-unmatched kernels; it is written atomically. Apply it with ``--calibration PATH`` on any command or
+No fitted kernel beats the GPU's datasheet peak: a constant whose kernels ran faster (above 4x for
+unit-stride 3x3 convolutions, Winograd's saving) points at misread shapes or dtype, and is fitted to the
+peak, its note saying so. The profile (``--output``, default beside the first input:
+``<input>.calibration.toml``) holds the fitted values in calibration.toml's layout, the rows they were
+fitted to, the residuals and the unmatched kernels; it is checked as ``--calibration`` checks it (keys,
+ranges) and written atomically. Apply it with ``--calibration PATH`` on any command or
 ``[simulation] calibration = "PATH"``. The shipped calibration.toml is never changed.
 """
 
