@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hwmodel.calibration_schema import check_profile
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -86,7 +88,8 @@ def load_overlay(path: str | Path) -> Overlay:
 
     Raises:
         ValueError: one line naming the file and what is wrong (unreadable, not TOML, no ``[profile]``
-            table, a model section that is not a table).
+            table, a model section that is not a table, a key a profile cannot set or a value out of its
+            range: :func:`hwmodel.calibration_schema.check_profile`).
     """
     p = Path(path)
     try:
@@ -107,6 +110,10 @@ def load_overlay(path: str | Path) -> Overlay:
             if not isinstance(data[key], Mapping):
                 raise ValueError(f"calibration profile {p}: [{key}] must be a table")
             sections[key] = data[key]
+    try:  # every key and value, before any of them reaches the model
+        check_profile(data, MODEL_SECTIONS)
+    except ValueError as exc:
+        raise ValueError(f"calibration profile {p}: {exc}") from None
     constants = tuple(leaf for leaf in _leaves(sections, "") if leaf.rsplit(".", 1)[-1] not in METADATA_KEYS)
     return Overlay(str(p), str(meta.get("name", p.stem)), sections, constants)
 

@@ -158,6 +158,9 @@ class Runtime:
         self._procs: list[tuple[int, str, simpy.Process]] = []
         self._rank_end: dict[int, float] = dict.fromkeys(self.programs, 0.0)
         self._copy_engines: dict[str, simpy.Resource] = {}
+        self.copies_requested_peak = 0
+        """Most :class:`~hwmodel.ir.Memcpy` copies one GPU had requested at once (running on its copy
+        engines or waiting for one): a GPU spec's ``copy_engines`` at or above it changes nothing."""
         self.mirror = mirror
         self._mirror_cache: dict[tuple[tuple[int, ...], bool], list[tuple[str, ...]]] = {}
         topo = cluster.topology
@@ -411,6 +414,7 @@ class Runtime:
             ce = self._copy_engines[gname] = simpy.Resource(self.env, self.cluster.gpus[gname].spec.copy_engines)
         self._waiting_on[(rank, stream)] = f"task {t.id} memcpy {op.direction}"
         with ce.request() as req:
+            self.copies_requested_peak = max(self.copies_requested_peak, ce.count + len(ce.queue))
             yield req
             if op.direction in ("h2d", "d2h"):
                 act = self.cluster.fs.start(op.size_bytes, {self.cluster.pcie_link(gname, op.direction): 1.0},

@@ -16,9 +16,12 @@ another). ``--measured iteration_time_s=X``: one end-to-end number; it moves
 only what the other inputs leave free (the GPU's sustained clock fraction, unless a trace fitted the
 kernels, in which case it is compared, not fitted) and says by how much.
 
-The profile (``--output``, default beside the first input: ``<input>.calibration.toml``) holds the
-fitted values in calibration.toml's layout, the rows they were fitted to, the residuals and the
-unmatched kernels; it is written atomically. Apply it with ``--calibration PATH`` on any command or
+No fitted kernel beats the GPU's datasheet peak: a constant whose kernels ran faster (above 4x for
+unit-stride 3x3 convolutions, Winograd's saving) points at misread shapes or dtype, and is fitted to the
+peak, its note saying so. The profile (``--output``, default beside the first input:
+``<input>.calibration.toml``) holds the fitted values in calibration.toml's layout, the rows they were
+fitted to, the residuals and the unmatched kernels; it is checked as ``--calibration`` checks it (keys,
+ranges) and written atomically. Apply it with ``--calibration PATH`` on any command or
 ``[simulation] calibration = "PATH"``. The shipped calibration.toml is never changed.
 """
 
@@ -98,7 +101,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _calibrate(args: argparse.Namespace, measured: float | None, out: Path) -> int:
-    from hwmodel.calibration_overlay import load_overlay, merge
+    from hwmodel.calibration_overlay import MODEL_SECTIONS, load_overlay, merge
+    from hwmodel.calibration_schema import check_profile
     from scenarios.calibrate.profile import write_profile
 
     doc: dict[str, Any] = {"profile": {"name": out.stem, "created_by": "trainsim calibrate",
@@ -128,6 +132,11 @@ def _calibrate(args: argparse.Namespace, measured: float | None, out: Path) -> i
         prep = prep or prepare(scenario)
         sections = merge(sections, _end_to_end(prep, measured, sections, kernels_fitted, doc))
     doc.update(sections)
+    try:  # what --calibration would refuse is not written (a fit out of range: the inputs are at fault)
+        check_profile(doc, MODEL_SECTIONS)
+    except ValueError as exc:
+        raise UserError(f"the fit gives {exc}; {out} not written (check that the inputs are this GPU's "
+                        f"and this model's)") from None
     write_profile(out, doc)
     back = load_overlay(out)  # reads what was written, as --calibration will
     print(f"\nWrote {out} ({len(back.changed)} constant(s): {', '.join(back.changed[:8])}"
@@ -181,6 +190,10 @@ def _kernels(paired: Any) -> tuple[dict[str, Any], dict[str, Any]]:
         print(f"  {'.'.join(c.path):42s} {c.shipped:8.4f} {c.fitted:8.4f} {c.rows:5d} {c.measured_s * 1e3:8.3f} ms "
               f"{c.predicted_before_s * 1e3:8.3f} ms {c.note}")
     print(f"  {'launch_overhead_s':42s} {fit.shipped_launch_overhead_s:8.2e} {fit.launch_overhead_s:8.2e}")
+    clamped = [".".join(c.path) for c in fit.constants if c.note.startswith("clamped")]
+    if clamped:
+        print(f"  {len(clamped)} constant(s) fitted faster than the datasheet peak, clamped to it (see their "
+              f"notes): {', '.join(clamped[:4])}" + (", ..." if len(clamped) > 4 else ""))
     unmatched = m.unmatched_kernels()
     if unmatched:
         print(f"  unmatched trace work: {len(unmatched)} kernel name(s), "

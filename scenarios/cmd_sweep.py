@@ -67,14 +67,20 @@ def run(args: argparse.Namespace) -> int:
                                                        [*args.overrides, *args.vary])
     base_dir = Path(sweep.source).parent if name is not None else None
     # Check that every point may run its code before spending time simulating; a point whose
-    # configuration is invalid is not an error of the sweep: its row carries the error (run_point).
+    # configuration is invalid is not an error of the sweep: its row carries the error (run_point) --
+    # unless every point's scenario is refused alike (an unknown key, a wrong type: no value of the varied
+    # key helps), which is bad input of the sweep, said once.
+    refused: list[str] = []
     for values in sweep.points():
         try:
             sc = point_scenario(sweep.base, values, sweep.source)
-        except ValueError:
+        except ValueError as exc:
+            refused.append(str(exc))
             continue
         if "factory" in sc.model:
             check_trusted(sc.model["factory"], trusted, base_dir)
+    if refused and len(refused) == len(sweep.points()) and len(set(refused)) == 1:
+        raise UserError(f"every point: {refused[0]}")
     rows = run_sweep(sweep, workers=args.workers, simulate_oom=args.simulate_oom, progress=sys.stderr.isatty())
     print(format_rows(sweep, rows))
     written = []

@@ -13,6 +13,7 @@ from typing import Any
 from hwmodel.power import sustained_clock_fraction
 from hwmodel.specs import get_switch
 from hwmodel.topology import Topology, build_system
+from scenarios.scenario import sp_turned_off
 
 __all__ = ["UNUSED_GPU_FIELDS", "model_notes", "parallel_notes", "what_if_notes"]
 
@@ -20,16 +21,23 @@ UNUSED_GPU_FIELDS = {
     "boost_clock_hz": "the cost model takes peaks in FLOP/s (tensor_flops, fp32_flops), not the clock",
     "l2_bytes": "the cost model has no L2 cache",
     "pcie_bandwidth_Bps": "PCIe links run at the node's PCIe generation (the system's), not the GPU's figure",
+    "pcie_generation": "PCIe links run at the node's PCIe generation (the system preset's), not the GPU's",
+    "nvlink_generation": "NVLink runs at nvlink_links x nvlink_bandwidth_per_link_Bps through the system's "
+                         "NVSwitch; set those for a faster NVLink",
 }
-"""GPUSpec fields no part of the simulation reads (``grep`` of hwmodel/, workload/, scenarios/), and why."""
+"""GPUSpec fields no part of a scenario's simulation reads (``grep`` of hwmodel/, workload/, scenarios/; a
+scenario's node is a system's, which names its NVSwitch and PCIe generation), and why."""
 
 
-def what_if_notes(system: dict[str, Any], topology: Topology, base_dir: str | Path | None = None) -> list[str]:
+def what_if_notes(system: dict[str, Any], topology: Topology, base_dir: str | Path | None = None,
+                  copies_requested_peak: int | None = None) -> list[str]:
     """One line per ``[system]`` key of this scenario that has no effect on the simulation (a NIC faster than
-    the switch port, an oversubscription no traffic crosses, a pod holding every leaf, unused GPU fields)."""
+    the switch port, an oversubscription no traffic crosses, a pod holding every leaf, unused GPU fields;
+    with ``copies_requested_peak``, the run's :attr:`hwmodel.runtime.Runtime.copies_requested_peak`, a
+    ``copy_engines`` that no copy waited for)."""
     notes = _nic_note(system, topology) + _oversubscription_note(system, topology) + _pod_note(system, topology)
     if system.get("gpu_overrides"):
-        notes += _unused_gpu_notes(system, topology, base_dir)
+        notes += _unused_gpu_notes(system, topology, base_dir, copies_requested_peak)
     return notes
 
 
@@ -88,7 +96,8 @@ def _pod_note(system: dict, topo: Topology) -> list[str]:
             f"set [system] leaves_per_pod below {leaves} for traffic to cross the core"]
 
 
-def _unused_gpu_notes(system: dict, topo: Topology, base_dir: str | Path | None) -> list[str]:
+def _unused_gpu_notes(system: dict, topo: Topology, base_dir: str | Path | None,
+                      copies_requested_peak: int | None) -> list[str]:
     from scenarios.runner import system_gpu  # deferred: the runner imports this module's caller
 
     base = system_gpu({**system, "gpu_overrides": {}}, base_dir) or build_system(system["name"], 1).gpu_spec
@@ -100,6 +109,13 @@ def _unused_gpu_notes(system: dict, topo: Topology, base_dir: str | Path | None)
         notes.append(f"[system] gpu_overrides tdp_W/power_limit_W: changes nothing, the clock stays at "
                      f"{100 * sustained_clock_fraction(gpu):.3g} % of the rated clock (only a power_limit_W below "
                      f"tdp_W lowers it; the datasheet peaks are quoted at the rated power)")
+    if copies_requested_peak is not None and base.copy_engines != gpu.copy_engines and \
+            copies_requested_peak <= min(base.copy_engines, gpu.copy_engines):
+        why = (f"no copy ever waited for one: at most {copies_requested_peak} "
+               f"cop{'y' if copies_requested_peak == 1 else 'ies'} in flight on a GPU"
+               if copies_requested_peak else "this run has no copy-engine work (peer, host or on-GPU Memcpy "
+                                             "tasks: async TP's shard copies, userbuffers)")
+        notes.append(f"[system] gpu_overrides copy_engines: changes nothing, {why}")
     return notes
 
 
@@ -125,12 +141,18 @@ def model_notes(model: Any) -> list[str]:
     return []
 
 
-def parallel_notes(config: Any) -> list[str]:
+def parallel_notes(config: Any, parallel: dict[str, Any] | None = None) -> list[str]:
     """One line per ``[parallel]`` / recompute key that changes nothing: a ``rank_order`` that orders the axes
     of size > 1 (those that hold more than one rank) as the default does, so every rank keeps its groups;
     ``recompute_method = "block"`` over 0 layers (Megatron checkpoints no layer: no recomputation);
-    ``overlap_p2p_comm = false`` without pipeline parallelism (there are no pipeline exchanges)."""
+    ``overlap_p2p_comm = false`` without pipeline parallelism (there are no pipeline exchanges); with the
+    scenario's ``[parallel]`` table, ``sequence_parallel = true`` at TP 1, turned off
+    (:func:`scenarios.scenario.sp_turned_off`)."""
     notes = []
+    if parallel is not None and sp_turned_off(parallel):
+        notes.append("[parallel] sequence_parallel = true with tensor_model_parallel_size = 1: turned off, as "
+                     "Megatron-LM does (\"Disabling sequence parallelism because tensor model parallelism is "
+                     "disabled\"): there is no tensor-parallel group to split the sequence over")
     if getattr(config, "overlap_p2p_comm", True) is False and getattr(config, "pp", 1) == 1:
         notes.append("[parallel] overlap_p2p_comm = false changes nothing without pipeline parallelism "
                      "(pipeline_model_parallel_size = 1: no pipeline exchanges)")

@@ -522,8 +522,9 @@ def _run_prepared(prep: Prepared, memory: Any, *, progress: bool, max_tasks: flo
     per_rank = breakdown(result.events, result.end_time_s, pipeline=cfg.pp > 1)
     report = RunReport(prep.scenario, prep, result, build, mode, per_rank, memory)
     report.metrics = run_metrics(report, model_flops(prep, trace))
-    notes = (what_if_notes(prep.scenario.system, topo, scenario_dir(prep.scenario)) + model_notes(prep.model_cfg)
-             + parallel_notes(prep.config) + training_notes(prep.scenario.training, prep.config) + mode_note)
+    notes = (what_if_notes(prep.scenario.system, topo, scenario_dir(prep.scenario), runtime.copies_requested_peak)
+             + model_notes(prep.model_cfg) + parallel_notes(prep.config, prep.scenario.parallel)
+             + training_notes(prep.scenario.training, prep.config) + mode_note)
     if notes:  # only then: the JSON of a scenario without notes keeps its bytes
         report.metrics["warnings"] = notes
     return report
@@ -650,15 +651,16 @@ def check_task_budget(prep: Prepared, trace, mode: str, max_tasks: float) -> Non
     hint = "a smaller [training] global_batch_size (fewer micro-batches)" if mode == "hierarchical" else \
         '[simulation] mode = "hierarchical" or a smaller [training] global_batch_size'
     raise TaskBudgetError(f"this run would simulate about {tasks:,.0f} tasks ({cfg.num_microbatches:,} micro-batches, "
-                          f"mode {mode}), about {_duration(tasks / TASKS_PER_S)}, above --max-tasks "
+                          f"mode {mode}), {_duration(tasks / TASKS_PER_S)}, above --max-tasks "
                           f"{max_tasks:,.0f}; try {hint}, or raise --max-tasks")
 
 
 def _duration(seconds: float) -> str:
+    """A rough wall time, as words: ``about 3 hours``, ``about 40 s``, ``under a second`` (not ``about 0 s``)."""
     for unit, size in (("years", 365 * 86400.0), ("days", 86400.0), ("hours", 3600.0), ("minutes", 60.0)):
         if seconds >= 2 * size:
-            return f"{seconds / size:,.0f} {unit}"
-    return f"{seconds:.0f} s"
+            return f"about {seconds / size:,.0f} {unit}"
+    return f"about {seconds:.0f} s" if seconds >= 1 else "under a second"
 
 
 def memory_for(prep: Prepared):

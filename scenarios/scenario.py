@@ -124,7 +124,16 @@ def parallel_kwargs(parallel: dict[str, Any], training: dict[str, Any]) -> dict[
     kw = dict(parallel)
     kw["micro_batch_size"] = training.get("micro_batch_size", 1)
     kw.update({k: training[k] for k in TRAINING_PARALLEL_KEYS[1:] if k in training})
+    if sp_turned_off(parallel):  # as Megatron-LM's validate_args, which warns (scenarios.notes.parallel_notes)
+        kw["sequence_parallel"] = False
     return kw
+
+
+def sp_turned_off(parallel: dict[str, Any]) -> bool:
+    """``sequence_parallel = true`` at ``tensor_model_parallel_size = 1``: Megatron-LM's ``validate_args``
+    turns it off with a warning ("Disabling sequence parallelism because tensor model parallelism is
+    disabled"), and so do scenarios -- a sweep over TP 1, 2, 4 with sequence parallelism runs its TP 1 point."""
+    return parallel.get("sequence_parallel") is True and parallel.get("tensor_model_parallel_size", 1) == 1
 
 
 def _check_types(section: str, data: dict, spec: dict) -> None:
@@ -158,13 +167,17 @@ def _check_finite(section: str, table: dict, prefix: str = "") -> None:
 
 
 def _check_ranges(system: dict, simulation: dict) -> None:
-    """Bounds of the numeric ``[system]`` / ``[simulation]`` keys the fabric and runtime take as is."""
+    """Bounds of the numeric ``[system]`` / ``[simulation]`` keys the fabric and runtime take as is; ``gpu``
+    and ``gpu_file`` together (the GPU file used to win silently)."""
     for key in ("nodes_per_leaf", "spines", "leaves_per_pod"):
         if key in system and system[key] < 1:
             raise ValueError(f"[system] {key} must be >= 1, got {system[key]}")
     if not 0 <= simulation.get("gpu_speed_spread", 0) < 0.5:
         raise ValueError(f"[simulation] gpu_speed_spread must be in [0, 0.5) (coefficient of variation of "
                          f"per-GPU compute time), got {simulation['gpu_speed_spread']}")
+    if "gpu" in system and "gpu_file" in system:  # neither may silently win over the other
+        raise ValueError(f"[system] gpu = {system['gpu']!r} and gpu_file = {system['gpu_file']!r}: give one, not "
+                         f"both (gpu names a known GPU; gpu_file defines one, starting from the GPU its base names)")
     if not 0 <= simulation.get("host_launch_overhead_s", 0) <= 1e-3:
         # a kernel launch costs microseconds (CUDA's launch latency, ~2-10 us): 1 ms and above is a unit slip
         raise ValueError(f"[simulation] host_launch_overhead_s must be in [0, 1e-3] seconds (a launch takes "

@@ -318,7 +318,21 @@ def format_rows(sweep: Sweep, rows: Sequence[PointResult]) -> str:
         else:
             lines.append(f"{vals}  {r.iteration_time_s * 1e3:>8.2f} ms {r.tflops_per_gpu:>12.1f} "
                          f"{100 * r.mfu:>6.1f}%  {mem}")
-    return "\n".join(lines)
+    return "\n".join(lines + _warning_lines(sweep, rows))
+
+
+def _warning_lines(sweep: Sweep, rows: Sequence[PointResult]) -> list[str]:
+    """The points' report warnings (what-ifs that change nothing, settings turned off), each once, with the
+    points it applies to (none: no lines, so a sweep without warnings prints as before)."""
+    where: dict[str, list[str]] = {}
+    for r in rows:
+        point = ", ".join(f"{k}={_fmt_value(r.values[k])}" for k in sweep.keys)
+        for w in (r.metrics or {}).get("warnings", []):
+            where.setdefault(w, []).append(point)
+    if not where:
+        return []
+    return ["", "Warnings"] + [f"  {w} ({'every point' if len(p) == len(rows) else '; '.join(p)})"
+                               for w, p in where.items()]
 
 
 def _is_number(v: Any) -> bool:

@@ -20,6 +20,10 @@ the step spends between and beside the modelled kernels -- is fitted to the time
 kernel's: ``(idle + unmatched trace work - modelled time of unmatched tasks) / tasks``. It uses no paired
 row, so holding kernels out (``holdout``) leaves it unchanged and the held-out rows are a true
 out-of-sample check.
+
+No kernel beats the GPU's datasheet peak: a GEMM class whose rows ran faster than it on the direct FLOP
+count (4x for unit-stride 3x3 convolutions, Winograd's saving) is refitted to run at it, and every other
+constant, a fraction of the peak, is clamped at 1 -- each with a note saying why (:func:`_within_peak`).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from hwmodel.calibration_schema import efficiency_ceiling
 from hwmodel.costmodel import (
     MEMORY_BOUND_KINDS,
     ArchCalibration,
@@ -185,6 +190,44 @@ def above_peak_note(path: tuple[str, ...]) -> str:
     return "above 1"
 
 
+def achieved_peak_fraction(model: KernelCostModel, tasks: list[Compute], measured_s: float) -> float:
+    """How fast GEMM rows ran against the GPU's datasheet peak on the model's (direct) FLOP count: the time
+    the rows' FLOPs take at :meth:`~hwmodel.specs.GPUSpec.peak_flops` over their measured time."""
+    at_peak = sum(t.flops / float(model.gpu.peak_flops(normalise_dtype(t.dtype))) for t in tasks)
+    return at_peak / measured_s if measured_s > 0 else 0.0
+
+
+def _within_peak(model: KernelCostModel, cal: ArchCalibration, path: tuple[str, ...], tasks: list[Compute],
+                 measured_s: float, value: float, note: str, bounds: tuple[float, float]) -> tuple[float, str]:
+    """``value`` (fitted at ``path`` to ``tasks``) and its note, clamped where it would have kernels beat the
+    datasheet peak (:mod:`hwmodel.calibration_schema` bounds what a profile may hold):
+
+    - a GEMM class (``gemm_class_efficiency``) by what its rows achieved: its constant also absorbs the
+      model's tile quantisation (a 64-wide GEMM priced in 128-wide tiles), so it may exceed 1 while the
+      rows stay below the peak; rows faster than the peak (4x for unit-stride 3x3 convolutions, Winograd's
+      saving) are refitted to run at it;
+    - every other constant (the pooled ``gemm_efficiency.<dtype>``, attention, HBM fractions) at 1: a
+      fraction of the datasheet peak, and the pooled GEMM value prices every GEMM no class covers.
+    """
+    if path[0] == "gemm_class_efficiency":
+        ceiling = efficiency_ceiling(path[1])
+        achieved = achieved_peak_fraction(model, tasks, measured_s)
+        if achieved > ceiling:
+            refit, _ = _solve(model, cal, path, tasks, measured_s * achieved / ceiling, bounds)
+            return refit, (f"clamped (fitted {value:.3g}): its rows ran at {achieved:.3g}x the datasheet peak on "
+                           f"the model's FLOP count, above the {ceiling:g}x a GPU can reach"
+                           + (" with Winograd" if ceiling > 1 else "") + "; the trace's shapes or dtype were "
+                           "misread, or the model's FLOP count is too high; fitted to run at the peak")
+        return value, note or (above_peak_note(path) if value > 1 else "")
+    if value > 1.0:
+        what = above_peak_note(path).removeprefix("above peak: ")
+        if path[0] == "gemm_efficiency":
+            what += "; it prices every GEMM no class covers, where no such saving applies"
+        return 1.0, (f"clamped to 1 (fitted {value:.3g}): {what}, or the trace's shapes or dtype were misread; "
+                     f"a fraction of the datasheet peak cannot exceed 1")
+    return value, note
+
+
 def fit_kernels(matching: Matching, model: KernelCostModel, step_time_s: float, busy_s: float,
                 holdout: frozenset[str] = frozenset()) -> KernelFit:
     """Fit the constants of :func:`constant_of` and ``launch_overhead_s`` (see the module docstring).
@@ -229,8 +272,7 @@ def fit_kernels(matching: Matching, model: KernelCostModel, step_time_s: float, 
         value, note = _solve(model, cal, path, tasks, measured, BOUNDS[bounds_key])
         if math.isnan(value):
             value = shipped
-        if value > 1.0 and not note:
-            note = above_peak_note(path)
+        value, note = _within_peak(model, cal, path, tasks, measured, value, note, BOUNDS[bounds_key])
         cal = with_value(cal, path, value)
         after = exec_time(model, cal, tasks)
         fits.append(ConstantFit(path, shipped, value, len(pairs), measured, before, after, note))

@@ -225,6 +225,20 @@ TORCHTITAN_MODELS = {"Llama 3.1 8B": "llama3-8b", "Llama 3 8B": "llama3-8b", "Ll
 TORCHTITAN_RECOMPUTE = {"selective (op)": "selective_op", "per-op SAC": "selective_op", "full": "full"}
 
 
+def torchtitan_dtype(precision: str) -> str:
+    """The training dtype of a torchtitan CSV row's ``precision`` cell: ``BF16``, or torchtitan's Float8
+    setting as its benchmark tables print it, ``None (bfloat16)`` (no Float8: BF16 mixed precision).
+
+    Raises:
+        ValueError: any other cell (a Float8 row would need its recipe), naming the allowed ones.
+    """
+    cell = precision.strip().lower()
+    if cell in ("bf16", "none (bfloat16)"):
+        return "bf16"
+    raise ValueError(f"torchtitan_llama3_h100_bf16.csv: precision {precision!r} not read; allowed: BF16, "
+                     f"None (bfloat16)")
+
+
 def _torchtitan_scenario(name: str, r: dict[str, str], *, compile_: bool, async_tp: bool) -> dict[str, Any]:
     """A torchtitan run (FSDP2, optionally TP) on Grand Teton nodes: 8 H100 SXM5 96 GB at 500 W per node on
     NVLink, one 400 Gb/s NIC per GPU (dgx-h100's node with the 500 W part), BF16, PyTorch SDPA (its flash
@@ -240,7 +254,8 @@ def _torchtitan_scenario(name: str, r: dict[str, str], *, compile_: bool, async_
     return {"name": name, "system": {"name": "dgx-h100", "nodes": gpus // GPUS_PER_DGX, "gpu": "H100-SXM5-96GB-500W"},
             "model": {"name": TORCHTITAN_MODELS[r["model"]], "seq_length": 8192, "attention_backend": "flash2"},
             "parallel": par,
-            "training": {"dtype": "bf16", "global_batch_size": local_batch * dp, "micro_batch_size": local_batch,
+            "training": {"dtype": torchtitan_dtype(r["precision"]), "global_batch_size": local_batch * dp,
+                         "micro_batch_size": local_batch,
                          "compile": compile_},
             "simulation": {"mode": "auto"}}
 
@@ -252,7 +267,8 @@ def torchtitan_h100() -> list[Row]:
     published ('mem 82.4 GiB'), is kept on the row (``measured_memory_gib``) for the memory comparison."""
     out = []
     for r in _csv("torchtitan_llama3_h100_bf16.csv"):
-        run = r["run"].split("torchtitan ")[-1]
+        # the async-TP rows' run names repeat their precision cell, "(None (bfloat16))": said once, by dtype
+        run = r["run"].split("torchtitan ")[-1].removesuffix(f" ({r['precision']})")
         compile_ = "torch.compile" in run or "async-TP" in run
         other = r["other_metric"]
         mem = other.removeprefix("mem ").removesuffix(" GiB") if other.startswith("mem ") else ""

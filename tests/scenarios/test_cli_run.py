@@ -97,6 +97,25 @@ def test_list_prints_known_names(capsys):
     assert "[sweep] What if" in out and "Zoo models" not in out
 
 
+@pytest.mark.parametrize(("table", "header", "footnotes"), [
+    ("zoo_table", "arch", 1), ("systems_table", "GPU", 0), ("gpus_table", "arch", 1), ("nics_table", "Gb/s", 0)])
+def test_list_columns_stay_aligned_under_long_names(table, header, footnotes):
+    """The second column starts where its header does on every row (ends, where right-aligned), even past
+    the longest name (qwen3-235b-a22b, meta-llama3-roce-24k, H100-SXM5-96GB-500W used to push their rows
+    out of line)."""
+    from scenarios import cmd_list
+
+    lines = getattr(cmd_list, table)().splitlines()
+    rows = lines[1:len(lines) - footnotes]
+    first_width = max(len(r.split()[0]) for r in rows)
+    start, end = lines[0].index(header), lines[0].index(header) + len(header)
+    assert len(rows) >= 4 and first_width < start
+    for row in rows:
+        cell = row[first_width:].lstrip()
+        at = len(row) - len(cell)
+        assert row[first_width:at].strip() == "" and (at == start or at + len(cell.split()[0]) == end), row
+
+
 def test_synth_prints_placements(tmp_path, capsys):
     rc = main(["synth", "--system", "dgx-a100", "--nodes", "1", "--axes", "dp=4,tp=2", "--reduce", "dp",
                "--size", "16M", "--top", "2", "--json", str(tmp_path / "s.json")])

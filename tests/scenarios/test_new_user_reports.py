@@ -61,6 +61,13 @@ def test_max_tasks_names_hierarchical_and_counts_closed_form():
     assert DEFAULT_MAX_TASKS >= 3 * 524_044  # the catalog's largest run (sc21-gpt-1t) passes, with margin
 
 
+def test_a_tiny_max_tasks_says_under_a_second_not_about_0_s(capsys):
+    """The default scenario's 2,368 tasks at TASKS_PER_S = 5,000 tasks/s take under half a second."""
+    err = one_line_error(capsys, ["run", "--max-tasks", "10"])
+    assert "about 2,368 tasks (8 micro-batches, mode symmetric), under a second, above --max-tasks 10" in err
+    assert "about 0 s" not in err
+
+
 def test_max_tasks_option_must_be_positive(capsys):
     assert "--max-tasks must be a positive number" in one_line_error(capsys, ["run", "--max-tasks", "0"])
 
@@ -208,6 +215,38 @@ def test_oversubscription_under_one_leaf_is_named_and_nodes_per_leaf_reaches_the
     tiers = [d.get("tier") for _, d in topo.graph.nodes(data=True)]
     assert notes == [] and tiers.count("leaf") == 4 and tiers.count("spine") == 3
     assert notes_for()[0] == []  # the default scenario: no notes, no "warnings" key in its JSON
+
+
+@pytest.mark.parametrize(("field", "reason"), [
+    ("pcie_generation=3", "PCIe links run at the node's PCIe generation (the system preset's), not the GPU's"),
+    ("nvlink_generation=5", "NVLink runs at nvlink_links x nvlink_bandwidth_per_link_Bps through the system's "
+                            "NVSwitch; set those for a faster NVLink"),
+])
+def test_gpu_fields_a_scenario_node_does_not_read_are_named(field, reason):
+    notes, _ = notes_for(f"system.gpu_overrides.{field}")
+    assert notes == [f"[system] gpu_overrides {field.split('=')[0]}: changes nothing, {reason}"]
+
+
+def test_copy_engines_no_copy_waited_for_are_named():
+    """copy_engines bounds the Memcpy tasks a GPU runs at once: a run whose copies never queued (none at all,
+    or at most as many in flight as either engine count) is the same run, and says so."""
+    from scenarios.runner import run_scenario
+
+    def run(*overrides):
+        return run_scenario(load_scenario(catalog_dir() / "llama3-8b-tp2-dgx-h100.toml",
+                                          ["model.num_layers=1", "parallel.tp_comm_overlap=true", *overrides]))
+
+    base, one = run(), run("system.gpu_overrides.copy_engines=1")
+    assert one.metrics["iteration_time_s"] == base.metrics["iteration_time_s"]
+    assert "[system] gpu_overrides copy_engines: changes nothing, no copy ever waited for one: at most 1 copy in " \
+           "flight on a GPU" in one.metrics["warnings"]
+    plain = run_scenario(load_scenario(None, ["model.num_layers=2", "training.global_batch_size=4",
+                                              "system.gpu_overrides.copy_engines=8"]))
+    assert any("copy_engines: changes nothing, this run has no copy-engine work" in w
+               for w in plain.metrics["warnings"])
+    # copies that queued for the engines: the count matters, no note
+    prep = prepare(load_scenario(None, ["system.gpu_overrides.copy_engines=1"]))
+    assert what_if_notes(prep.scenario.system, prep.topology, None, copies_requested_peak=2) == []
 
 
 def test_unused_gpu_field_is_named():

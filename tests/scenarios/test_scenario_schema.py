@@ -45,6 +45,14 @@ def test_unknown_key_is_named_with_the_allowed_keys(tmp_path, capsys):
     assert "fabric" in err and "nodes" in err and "oversubscription" in err
 
 
+def test_gpu_and_gpu_file_together_are_refused(tmp_path, capsys):
+    """The GPU file used to win silently over ``gpu``: the pair is refused, naming both."""
+    (tmp_path / "gpu.toml").write_text('name = "A100-2xNVLink"\nbase = "A100-SXM4-80GB"\nnvlink_links = 24\n')
+    err = _run_error(tmp_path, capsys, GOOD.replace('name = "dgx-a100"', 'name = "dgx-a100"\ngpu = "H100-SXM5"\n'
+                                                                        'gpu_file = "gpu.toml"'))
+    assert "[system] gpu = 'H100-SXM5' and gpu_file = 'gpu.toml': give one, not both" in err
+
+
 def test_batch_size_in_parallel_points_to_training(tmp_path, capsys):
     err = _run_error(tmp_path, capsys, GOOD.replace("tensor_model_parallel_size = 8",
                                                    "tensor_model_parallel_size = 8\nglobal_batch_size = 4"))

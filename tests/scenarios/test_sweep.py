@@ -123,6 +123,34 @@ def test_a_point_that_does_not_parse_carries_its_error_and_the_others_run(tmp_pa
     assert rows[1]["error"] is None and rows[1]["metrics"]["iteration_time_s"] > 0
 
 
+def test_a_key_no_point_accepts_fails_once_up_front(tmp_path, capsys):
+    """An unknown varied key refuses every point alike: one line, exit 2, no table of repeated errors."""
+    p = tmp_path / "tiny.toml"
+    p.write_text(TINY)
+    assert main(["sweep", str(p), "--vary", "system.foo=1,2,3"]) == 2
+    cap = capsys.readouterr()
+    assert cap.out == "" and cap.err.count("\n") == 1
+    assert cap.err.startswith("trainsim sweep: error: every point: [system] unknown key(s) foo; allowed: ")
+
+
+def test_sequence_parallel_at_tp_1_is_turned_off_with_a_warning(tmp_path, capsys):
+    """Megatron-LM's validate_args turns sequence parallelism off at TP 1 and warns; a sweep over TP with
+    sequence_parallel = true runs its TP 1 point (it used to fail), and says so for that point only."""
+    p = tmp_path / "tiny.toml"
+    p.write_text(TINY)
+    assert main(["sweep", str(p), "--vary", "parallel.tensor_model_parallel_size=1,8",
+                 "--set", "model.num_layers=1", "--set", "training.global_batch_size=8", "--json",
+                 str(tmp_path / "rows.json")]) == 0
+    out = capsys.readouterr().out
+    rows = json.loads((tmp_path / "rows.json").read_text())["rows"]
+    assert [r["error"] for r in rows] == [None, None]
+    assert rows[0]["metrics"]["parallel"]["sequence_parallel"] is False
+    assert rows[1]["metrics"]["parallel"]["sequence_parallel"] is True
+    assert "  [parallel] sequence_parallel = true with tensor_model_parallel_size = 1: turned off, as Megatron-LM " \
+           "does (\"Disabling sequence parallelism because tensor model parallelism is disabled\"): there is no " \
+           "tensor-parallel group to split the sequence over (parallel.tensor_model_parallel_size=1)" in out
+
+
 def test_table_values_are_spelled_as_toml():
     """A boolean knob prints as the scenario file and ``--vary`` spell it (true/false), numbers by %g."""
     from scenarios.sweep import _fmt_value

@@ -25,6 +25,20 @@ def test_table_row_counts_and_not_expressible_reasons(key):
         assert (r.not_expressible is None) or len(r.not_expressible) > 20
 
 
+def test_torchtitan_rows_name_their_run_once_and_read_the_precision_column():
+    """The async-TP rows' CSV run names end in their precision cell, "(None (bfloat16))" (torchtitan's
+    Float8 setting: none, so BF16): the row names drop it, the dtype comes from the column."""
+    from scenarios.validation.tables import torchtitan_dtype
+
+    names = [r.name for r in rows(("torchtitan",))]
+    assert "torchtitan-async-TP 70B vanilla TP" in names and "torchtitan-async-TP 8B async TP" in names
+    assert not any("None" in n or "bfloat16" in n for n in names), names
+    assert {r.scenario["training"]["dtype"] for r in rows(("torchtitan",))} == {"bf16"}
+    assert torchtitan_dtype("BF16") == torchtitan_dtype("None (bfloat16)") == "bf16"
+    with pytest.raises(ValueError, match=r"precision 'Float8 \(tensorwise\)' not read; allowed: BF16, None"):
+        torchtitan_dtype("Float8 (tensorwise)")
+
+
 @pytest.mark.parametrize("csv_name", ["megascale_table2_megatron.csv", "megatron_sc21_table2.csv",
                                       "megatron_readme_2020_a100.csv", "torchtitan_llama3_h100_bf16.csv"])
 def test_copied_tables_keep_their_source_columns(csv_name):

@@ -120,10 +120,12 @@ def test_simulated_sweep_matches_the_fit(a100_fit, tmp_path):
     ({"collective": "all_reduce", "ranks": 8, "log2_size_bytes": [20.0], "factor": [1.0]}, "needs collective"),
 ])
 def test_bad_curve_tables(tmp_path, table, message):
-    ov = O.load_overlay(write_profile(tmp_path / "p.toml", {
-        "profile": {"name": "bad"}, "nccl": {"busbw_correction": {"ampere": {"c": table}}}}))
-    with O.applied(ov), pytest.raises(ValueError, match=message):
-        nccl_cal.busbw_correction("ampere", "all_reduce", 8, 1, MiB)
+    """Refused when the profile is loaded, naming the table, before any collective reads it."""
+    path = write_profile(tmp_path / "p.toml", {
+        "profile": {"name": "bad"}, "nccl": {"busbw_correction": {"ampere": {"c": table}}}})
+    with pytest.raises(ValueError, match=message) as err:
+        O.load_overlay(path)
+    assert "[nccl.busbw_correction.ampere.c]" in str(err.value) and "\n" not in str(err.value)
 
 
 def test_a_flow_fitted_curve_under_another_fidelity_is_named(tmp_path, a100_fit):

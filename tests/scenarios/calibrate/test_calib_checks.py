@@ -104,3 +104,56 @@ def test_profile_of_another_gpu_warns(tmp_path, capsys):
 ])
 def test_above_peak_notes(path, word):
     assert word in above_peak_note(path)
+
+
+def _gemm_rows(name: str) -> tuple:
+    from hwmodel.costmodel import KernelCostModel
+    from hwmodel.ir import Compute
+    from hwmodel.specs import get_gpu
+
+    gpu = get_gpu("V100-SXM2")
+    model = KernelCostModel(gpu, sustained=True)
+    task = Compute(name, "gemm", 2.0 * 4096**3, 0, "fp32", (1, 4096, 4096, 4096))
+    return model, [task], task.flops / gpu.peak_flops("fp32")  # seconds at the datasheet peak
+
+
+def test_rows_faster_than_the_peak_are_clamped_to_it():
+    """A matmul class whose rows ran at 2x the datasheet peak (a misread dtype or shape) is refitted so its
+    rows run at the peak, and says why; a unit-stride 3x3 convolution at 2x is Winograd, and kept."""
+    from scenarios.calibrate.fit_kernels import BOUNDS, _within_peak, exec_time, with_value
+
+    model, rows, at_peak_s = _gemm_rows("aten.mm")
+    path = ("gemm_class_efficiency", "matmul_fwd")
+    value, note = _within_peak(model, model.cal, path, rows, at_peak_s / 2, 2.1, "", BOUNDS["gemm"])
+    assert note.startswith("clamped (fitted 2.1): its rows ran at 2x the datasheet peak") and "misread" in note
+    assert exec_time(model, with_value(model.cal, path, value), rows) == pytest.approx(at_peak_s, rel=1e-6)
+    conv = ("gemm_class_efficiency", "conv3x3_fwd")
+    assert _within_peak(model, model.cal, conv, rows, at_peak_s / 2, 2.1, "", BOUNDS["gemm"]) == (
+        2.1, above_peak_note(conv))
+    # a class constant above 1 whose rows stay below the peak absorbs the model's tile pricing: kept
+    value, note = _within_peak(model, model.cal, path, rows, at_peak_s * 1.25, 1.3, "", BOUNDS["gemm"])
+    assert value == 1.3 and note == above_peak_note(path)
+
+
+@pytest.mark.parametrize("path", [("gemm_efficiency", "fp32"), ("hbm_efficiency_by_kind", "optimizer"),
+                                  ("attention", "fwd_efficiency", "128")])
+def test_fractions_of_the_peak_are_clamped_at_one(path):
+    from scenarios.calibrate.fit_kernels import BOUNDS, _within_peak
+
+    model, rows, at_peak_s = _gemm_rows("aten.mm")
+    value, note = _within_peak(model, model.cal, path, rows, at_peak_s, 1.07, "", BOUNDS["gemm"])
+    assert value == 1.0 and note.startswith("clamped to 1 (fitted 1.07): ") and "misread" in note
+    assert _within_peak(model, model.cal, path, rows, at_peak_s, 0.93, "", BOUNDS["gemm"]) == (0.93, "")
+
+
+def test_a_fit_the_profile_checks_would_refuse_is_not_written(tmp_path, capsys, monkeypatch):
+    """calibrate checks the profile before writing it: a fitted host time of seconds (a log of another
+    setup) is refused in one line, and no file is left that --calibration would refuse."""
+    import scenarios.cmd_calibrate as cmd
+
+    monkeypatch.setattr(cmd, "_nccl", lambda paths, system, fidelity, doc: {"nccl": {"host_launch_s": 5.0}})
+    out = tmp_path / "p.toml"
+    assert main(["calibrate", "--nccl-log", str(A100_LOG), "--system", "dgx-a100", "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the fit gives [nccl] host_launch_s = 5.0: must be in [0, 0.001]" in err
+    assert f"{out} not written" in err and not out.exists()
