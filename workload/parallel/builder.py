@@ -360,9 +360,13 @@ class RankBuilder:
         recv_prev = None
         for j in range(cp):
             if j < cp - 1:
-                self.add(SendRecv("send", self.cp_next, block, name="cp_kv", tag=f"cp{task.phase}"), "cp_send",
-                         (recv_prev if j else self.last_compute,))
-                nxt = self.add(SendRecv("recv", self.cp_prev, block, name="cp_kv", tag=f"cp{task.phase}"), "cp_recv")
+                # step j's send and receive are posted together, as the step starts (Megatron-Core's
+                # flash_attn_p2p_communicate): a receive posted earlier would hold its SMs from the
+                # previous layer pass on
+                after = (recv_prev if j else self.last_compute,)
+                self.add(SendRecv("send", self.cp_next, block, name="cp_kv", tag=f"cp{task.phase}"), "cp_send", after)
+                nxt = self.add(SendRecv("recv", self.cp_prev, block, name="cp_kv", tag=f"cp{task.phase}"), "cp_recv",
+                               after)
             self.add(replace(task, name=f"{task.name}[cp{j}]"), "compute",
                      tuple(deps) + ((recv_prev,) if recv_prev is not None else ()))
             deps = ()
