@@ -105,6 +105,12 @@ def pass_profiles(trace: ModelTrace, cfg: ParallelConfig, topology, engine_facto
     return out
 
 
+def step2_mirror(layout: Layout) -> Callable[..., list[tuple[int, ...]]]:
+    """Step 2's mirror: its programs (:func:`macro_programs`) simulate one rank per stage, so the
+    context-parallel coordinate is shifted too (no ring-attention send needs its receiver simulated)."""
+    return partial(layout.mirror, shift_cp=True)
+
+
 class _MacroOps:
     """Stands in for the traced ops: one macro task per (part, phase, block)."""
 
@@ -132,9 +138,12 @@ class _MacroOps:
 
 def macro_programs(trace: ModelTrace, cfg: ParallelConfig, topology, engine_factory: Callable, *,
                    host_launch_overhead_s: float, cost_model: KernelCostModel | None = None) -> BuildResult:
-    """Representative-rank programs with macro layer passes (step 2); run them in symmetry mode."""
+    """Representative-rank programs with macro layer passes (step 2), one rank per pipeline stage; run
+    them in symmetry mode with ``Layout.mirror(..., shift_cp=True)`` (:func:`step2_mirror`)."""
     profiles = pass_profiles(trace, cfg, topology, engine_factory, host_launch_overhead_s, cost_model)
     plain = not_recomputed(cfg.recompute_method, cfg.recompute_num_layers, cfg.stage_layers(trace.num_layers))
-    res = build_programs(trace, cfg, ranks=Layout(cfg).representatives(), ops=_MacroOps(trace, profiles, plain))
+    # one rank per stage: the CP ring lies inside the macro passes, so CP peers are mirrored as DP replicas are
+    res = build_programs(trace, cfg, ranks=Layout(cfg).representatives(every_cp=False),
+                         ops=_MacroOps(trace, profiles, plain))
     res.info["pass_times_s"] = {f"{p}_{ph}": prof.time_s for (p, ph), prof in profiles.items()}
     return res
