@@ -68,6 +68,11 @@ CASES = {
         "model": SMALL_LLAMA,
         "parallel": {"tensor_model_parallel_size": 4, "context_parallel_size": 4, "sequence_parallel": True},
         "training": {"global_batch_size": 4, "micro_batch_size": 1, "seq_length": 8192}},
+    "cp-rings-of-8-replicas": {  # each ring across 4 nodes, 8 DP replicas' rings on the fabric at once
+        "system": {"name": "dgx-h100", "nodes": 32},
+        "model": {"name": "llama3-8b", "num_layers": 2},
+        "parallel": {"tensor_model_parallel_size": 4, "context_parallel_size": 8, "sequence_parallel": True},
+        "training": {"global_batch_size": 16, "micro_batch_size": 1, "seq_length": 8192}},
     "ep-across-nodes": {
         "system": {"name": "dgx-h100", "nodes": 4},
         "model": {"name": "qwen3-30b-a3b", "num_layers": 2},
