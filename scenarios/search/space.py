@@ -29,8 +29,8 @@ Knobs, named as scenario keys (``section.key``):
                                                runs only compiled: a plan with it sets ``training.compile``)
 ``parallel.rank_order``                        tp-cp-ep-dp-pp (Megatron's default), tp-cp-ep-pp-dp
                                                (``--use-tp-pp-dp-mapping``); only when DP and PP > 1
-``parallel.num_layers_in_first_pipeline_stage``  uneven stages (1F1B only): by default the balanced splits
-``parallel.num_layers_in_last_pipeline_stage``   of :func:`end_splits`, ends smaller or larger than the
+``parallel.num_layers_in_first_pipeline_stage``  uneven stages: by default the balanced splits
+``parallel.num_layers_in_last_pipeline_stage``   of :func:`~scenarios.search.stages.end_splits`, ends smaller or larger than the
                                                middle stages; ``none`` = even
 ``training.micro_batch_size``                  1, 2, 4
 ``training.fp8_recipe``                        dtype fp8 only (else bad input): delayed, tensorwise, rowwise,
@@ -58,6 +58,7 @@ from dataclasses import field as dc_field
 from typing import Any
 
 from scenarios.search.flags import plan_flags
+from scenarios.search.stages import balanced_ends, end_splits
 from workload.fp8 import DEFAULT_RECIPE, RECIPES
 from workload.parallel.config import AXES, RECOMPUTE_ALL, ZERO_IMPLS, ParallelConfig
 from workload.parallel.recompute import RECOMPUTE_METHODS
@@ -293,63 +294,6 @@ def default_values(f: ModelFacts) -> dict[str, list[Any]]:
     }
 
 
-def balanced_ends(num_layers: int, pp: int) -> tuple[int, int]:
-    """(first, last) stage layers when ``pp`` does not divide ``num_layers``: the middle stages take
-    ``ceil(num_layers / pp)`` layers each, the first and last share the rest (the first the smaller
-    half, as it also holds the embedding); ``(0, 0)`` if that leaves an end stage without a layer."""
-    if pp < 2 or num_layers % pp == 0:
-        return 0, 0
-    per = -(-num_layers // pp)
-    rest = num_layers - (pp - 2) * per
-    first, last = rest // 2, rest - rest // 2
-    return (first, last) if first >= 1 else (0, 0)
-
-
-def end_splits(num_layers: int, pp: int) -> list[tuple[int, int]]:
-    """The balanced ``(first, last)`` stage layers the search tries at ``pp`` stages (``(0, 0)``: an even
-    split; ``0`` on one end: that end takes the middle stages' count), as Megatron-Core accepts them
-    (``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers``: the middle stages
-    equal, every stage at least one layer; ``ParallelConfig.stage_layers``), each split once:
-
-    * as even as the layers allow: every stage takes ``floor(L / pp)`` or ``ceil(L / pp)`` layers, the
-      ends smaller or larger than the middle (5 layers on 4 stages: 2/1/1/1 and 1/1/1/2);
-    * Megatron recipes' split for the LM head and loss on the last stage: the last stage one layer
-      fewer than the middle ones, the first taking the rest within one layer of them (32 layers on 4
-      stages: 9/8/8/7; Llama 3 405B's 126 on 16: 7/8 x 14/7, Dubey et al. 2024 §3.3.2);
-    * :func:`balanced_ends` (the middle stages ``ceil(L / pp)``, the ends sharing the rest; 105 layers
-      on 8 stages: 10/14 x 6/11), the search's only split before.
-
-    At most a few splits per depth (126 layers: two at PP 2 and 4, one deeper), so the space grows
-    little. ``[(0, 0)]`` when ``pp`` is 1 or no split exists (``ParallelConfig`` then says why)."""
-    if pp < 2 or num_layers < pp:
-        return [(0, 0)]
-    lo, hi = num_layers // pp, -(-num_layers // pp)
-    lists: list[tuple[int, ...]] = []
-    for mid in dict.fromkeys((lo, hi)):
-        rest = num_layers - (pp - 2) * mid
-        ends = [(f, rest - f) for f in (lo, hi) if rest - f in (lo, hi)]  # as even as it gets
-        if mid - 1 >= 1 and abs(rest - (mid - 1) - mid) <= 1:  # the last stage one layer fewer
-            ends.append((rest - (mid - 1), mid - 1))
-        for f, last in ends:
-            if f >= 1 and last >= 1:
-                lists.append((f, *[mid] * (pp - 2), last))
-    out = [_as_ends(n) for n in dict.fromkeys(lists)]
-    if balanced_ends(num_layers, pp) != (0, 0):
-        out.append(balanced_ends(num_layers, pp))
-    return list(dict.fromkeys(out)) or [(0, 0)]
-
-
-def _as_ends(stages: Sequence[int]) -> tuple[int, int]:
-    """``(first, last)`` of a stage list whose middle stages are equal: ``(0, 0)`` when all are, else each
-    end that differs from the middle (both ends with two stages)."""
-    if len(set(stages)) == 1:
-        return 0, 0
-    if len(stages) == 2:
-        return stages[0], stages[1]
-    mid = stages[1]
-    return (stages[0] if stages[0] != mid else 0), (stages[-1] if stages[-1] != mid else 0)
-
-
 def _unquoted(field: str, raw: str, key: str) -> str:
     """``raw`` without the quotes of a TOML string, as ``run --set`` takes it; as there, a quoted number or
     boolean is a string, not the value it spells (ValueError naming ``key``)."""
@@ -551,8 +495,8 @@ def enumerate_space(facts: ModelFacts, model_cfg: Any, knobs: Mapping[str, list[
         if _folded_shape(shape, dp, values, asked("zero_impl")):
             continue
         splits = [(shape["first_layers"], shape["last_layers"])]
-        if not (asked("first_layers") or asked("last_layers")) and shape["vpp"] == 1:
-            splits = end_splits(facts.num_layers, shape["pp"])
+        if not (asked("first_layers") or asked("last_layers")):
+            splits = end_splits(facts.num_layers, shape["pp"], shape["vpp"])
         options = _shape_options(shape, dp, values, asked)
         for (first, last), rest in itertools.product(splits, itertools.product(*(options[k] for k in inner))):
             kw = {**shape, "first_layers": first, "last_layers": last, **dict(zip(inner, rest, strict=True))}

@@ -3,7 +3,7 @@
 Symmetric mode simulates one rank per pipeline stage and starts every collective and send together with
 its mirrors; the hierarchical engine also replaces each layer pass by a macro task. Both must give the
 full simulation's iteration time and per-link bytes, within 1 %, on oversubscribed leaves, scalable-unit
-boundaries, uneven pipeline stages, a three-tier fabric, an NVLink domain of a rack, TP-overlap rings
+boundaries, uneven pipeline stages (also interleaved), a three-tier fabric, an NVLink domain of a rack, TP-overlap rings
 (sends and copy-engine peer copies into the representative, once not mirrored), context-parallel rings
 (of two, whose reverse send a set-wise dedup of mirrors dropped; of four with PP; across nodes; the
 hierarchical engine simulates one rank per stage and mirrors the CP peers) and expert parallelism across nodes
@@ -34,6 +34,13 @@ CASES = {
         "model": {"name": "llama3-8b", "num_layers": 5},
         "parallel": {"tensor_model_parallel_size": 4, "pipeline_model_parallel_size": 2,
                   "num_layers_in_first_pipeline_stage": 2},
+        "training": TRAIN},
+    "uneven-interleaved": {  # 4 / 6 layers on 2 stages of 2 chunks: chunks of 2 and 3 layers
+        "system": {"name": "dgx-h100", "nodes": 2},
+        "model": {"name": "llama3-8b", "num_layers": 10},
+        "parallel": {"tensor_model_parallel_size": 4, "pipeline_model_parallel_size": 2,
+                     "virtual_pipeline_model_parallel_size": 2, "num_layers_in_first_pipeline_stage": 4,
+                     "num_layers_in_last_pipeline_stage": 6},
         "training": TRAIN},
     "three-tier": {
         "system": {"name": "dgx-h100", "nodes": 4, "fabric": "fat_tree", "nodes_per_leaf": 1, "leaves_per_pod": 2,

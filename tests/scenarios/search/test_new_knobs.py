@@ -62,20 +62,35 @@ def test_end_splits_by_hand(layers, pp, splits):
     assert end_splits(layers, pp) == splits
 
 
-@pytest.mark.parametrize("layers, pp", [(5, 4), (6, 4), (32, 4), (126, 16), (126, 4), (105, 8), (61, 16), (7, 2),
-                                        (80, 8), (3, 2)])
-def test_end_splits_are_megatrons_and_balanced(layers, pp):
+@pytest.mark.parametrize("layers, pp, vpp, splits", [
+    (126, 16, 2, [(6, 0), (0, 6)]),  # 63 pairs on 16 stages: 3 + 15 x 4, or 15 x 4 + 3, each x 2
+    (10, 2, 2, [(4, 6), (6, 4)]),
+    (96, 8, 4, [(0, 0)]),  # divides: even only (one chunk-group fewer would be 4 layers off)
+    (126, 4, 4, [(0, 0)])])  # 4 does not divide 126: no split a stage's chunks share equally
+def test_end_splits_interleaved_by_hand(layers, pp, vpp, splits):
+    assert end_splits(layers, pp, vpp) == splits
+
+
+@pytest.mark.parametrize("layers, pp, vpp", [(5, 4, 1), (6, 4, 1), (32, 4, 1), (126, 16, 1), (126, 4, 1), (105, 8, 1),
+                                             (61, 16, 1), (7, 2, 1), (80, 8, 1), (3, 2, 1), (126, 16, 2), (126, 8, 2),
+                                             (10, 2, 2), (90, 4, 3)])
+def test_end_splits_are_megatrons_and_balanced(layers, pp, vpp):
     """Every split is one Megatron-Core accepts (the config's own check), sums to the layers, and keeps each
-    stage within one layer of the even share, but for balanced_ends' split and the last stage's one fewer."""
+    stage within one layer (one group of vpp layers when interleaved) of the even share, but for
+    balanced_ends' split and the last stage's one fewer."""
     from workload.parallel.config import ParallelConfig
-    lo, hi = layers // pp, -(-layers // pp)
+    groups = layers // vpp
+    lo, hi = groups // pp * vpp, -(-groups // pp) * vpp
     lists = []
-    for first, last in end_splits(layers, pp):
-        cfg = ParallelConfig(pipeline_model_parallel_size=pp, num_layers_in_first_pipeline_stage=first or None,
+    for first, last in end_splits(layers, pp, vpp):
+        cfg = ParallelConfig(pipeline_model_parallel_size=pp, virtual_pipeline_model_parallel_size=vpp,
+                             num_layers_in_first_pipeline_stage=first or None,
                              num_layers_in_last_pipeline_stage=last or None)
-        n = cfg.stage_layers(layers)
-        assert sum(n) == layers and min(n) >= 1 and len(set(n[1:-1])) <= 1
-        assert all(lo <= k <= hi for k in n) or n[-1] == n[-2] - 1 or (first, last) == balanced_ends(layers, pp)
+        chunks = cfg.stage_layers(layers)
+        n = [sum(chunks[c * pp + s] for c in range(vpp)) for s in range(pp)]
+        assert sum(n) == layers and min(chunks) >= 1 and len(set(n[1:-1])) <= 1
+        assert all(lo <= k <= hi for k in n) or vpp == 1 and (
+            n[-1] == n[-2] - 1 or (first, last) == balanced_ends(layers, pp))
         lists.append(tuple(n))
     assert len(lists) == len(set(lists)) >= 1  # each split once
 
