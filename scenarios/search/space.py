@@ -30,8 +30,8 @@ Knobs, named as scenario keys (``section.key``):
 ``parallel.rank_order``                        tp-cp-ep-dp-pp (Megatron's default), tp-cp-ep-pp-dp
                                                (``--use-tp-pp-dp-mapping``); only when DP and PP > 1
 ``parallel.num_layers_in_first_pipeline_stage``  uneven stages: by default the balanced splits
-``parallel.num_layers_in_last_pipeline_stage``   of :func:`~scenarios.search.stages.end_splits`, ends smaller or larger than the
-                                               middle stages; ``none`` = even
+``parallel.num_layers_in_last_pipeline_stage``   (:func:`scenarios.search.stages.end_splits`), ends smaller
+                                               or larger than the middle stages; ``none`` = even
 ``training.micro_batch_size``                  1, 2, 4
 ``training.fp8_recipe``                        dtype fp8 only (else bad input): delayed, tensorwise, rowwise,
                                                mxfp8 (those the GPU runs); default: the scenario's
@@ -58,7 +58,7 @@ from dataclasses import field as dc_field
 from typing import Any
 
 from scenarios.search.flags import plan_flags
-from scenarios.search.stages import balanced_ends, end_splits
+from scenarios.search.stages import end_splits
 from workload.fp8 import DEFAULT_RECIPE, RECIPES
 from workload.parallel.config import AXES, RECOMPUTE_ALL, ZERO_IMPLS, ParallelConfig
 from workload.parallel.recompute import RECOMPUTE_METHODS

@@ -7,7 +7,8 @@ from scenarios.cli import main
 from scenarios.scenario import parse_scenario
 from scenarios.search import Candidate, ScreenContext, enumerate_space, parse_knobs
 from scenarios.search.driver import given_plan
-from scenarios.search.space import ModelFacts, balanced_ends, end_splits
+from scenarios.search.space import ModelFacts
+from scenarios.search.stages import balanced_ends, end_splits
 from workload.zoo import get_model_config, with_overrides
 
 SMALL = {"name": "small", "system": {"name": "dgx-h100", "nodes": 2},
