@@ -530,8 +530,10 @@ def _run_prepared(prep: Prepared, memory: Any, *, progress: bool, max_tasks: flo
 
 
 def _simulation_mode(prep: Prepared, trace) -> tuple[str, list[str]]:
-    """``[simulation] mode`` resolved, and the report's note on it: ``auto`` picks full, symmetric or
-    hierarchical by size, and symmetric (saying so) where hierarchical is not exact (:func:`_inexact_macro`).
+    """``[simulation] mode`` resolved, and the report's note on it (none so far): ``auto`` picks full,
+    symmetric or hierarchical by size. The hierarchical engine is exact wherever its blocks are alike: context
+    parallelism's ring stays inside its layer pass, and a pass whose TP-overlap pipelines run on into the next
+    is timed as the second of two in a row (``tests/scenarios/test_mode_equivalence.py``, within 0.3 %).
 
     Raises:
         ValueError: hierarchical asked for a model whose blocks differ.
@@ -543,30 +545,13 @@ def _simulation_mode(prep: Prepared, trace) -> tuple[str, list[str]]:
         raise ValueError(f"[simulation] mode = 'hierarchical' times one block and reuses it for every block; "
                          f"{getattr(prep.model_cfg, 'name', 'the model')}'s blocks differ: use auto, full or "
                          f"symmetric")
-    why = _inexact_macro(cfg)
     if asked != "auto":
-        note = [f"mode = \"hierarchical\" is not exact with {why}: within a few % of the full simulation; "
-                f"mode = \"symmetric\" is"] if asked == "hierarchical" and why else []
-        return asked, note
+        return asked, []
     mode = "full" if cfg.world_size <= SYMMETRY_THRESHOLD_GPUS else "symmetric"
     ranks = 0 if mode == "full" else len(Layout(cfg).representatives())
     if uniform and estimate_tasks(trace, cfg, ranks) > HIERARCHICAL_THRESHOLD_TASKS:
-        if why:
-            return mode, [f"auto ran {mode} mode (exact), not the hierarchical engine its size calls for, "
-                          f"because of {why}"]
         return "hierarchical", []
     return mode, []
-
-
-def _inexact_macro(cfg: ParallelConfig) -> str:
-    """Why the hierarchical engine is not exact for ``cfg`` ('' when it is): a macro task times a layer
-    pass alone, for one micro-batch, which misses work that overlaps across passes (TP-overlap chunk
-    pipelines: +1.5 % against the full simulation, ``tests/scenarios/test_mode_equivalence.py``).
-    Context-parallel ring attention stays inside its layer pass (each step's receive is posted with its
-    send), so CP is exact (within 0.3 % there)."""
-    if cfg.tp_comm_overlap or cfg.async_tp:
-        return "TP overlap (chunked GEMM/communication pipelines across layer passes)"
-    return ""
 
 
 def run_cost_model(prep: Prepared) -> KernelCostModel:
