@@ -8,7 +8,9 @@ usual per-rank programs with each layer pass replaced by a macro task of that du
 (:attr:`hwmodel.ir.Compute.fixed_time_s`), keeping pipeline send/recv, data-parallel buckets and the
 optimizer as separate tasks, so the pipeline schedule, bubbles and gradient overlap are still
 simulated on the fabric. Identical layers make step 1 exact up to contention between a layer and
-concurrent traffic (data-parallel buckets still take SMs from a macro task).
+concurrent traffic (data-parallel buckets still take SMs from a macro task). With TP overlap the chunk
+pipelines of one layer pass run on into the next, so a block pass is timed as the second of two in a row
+(both passes less the first alone). Step 2 simulates one rank per stage: the CP ring lies inside the passes.
 
 A macro task is one compute task to the runtime, but the pass it stands for also holds the layer's
 tensor/context-parallel collectives. Step 1 therefore also splits each pass, on one of its ranks, the
@@ -81,28 +83,53 @@ def pass_profiles(trace: ModelTrace, cfg: ParallelConfig, topology, engine_facto
     plain = replace(cfg, recompute_granularity="none", recompute_method=None, recompute_num_layers=None)
     extra = [("block", "bwd_plain")] if not_recomputed(cfg.recompute_method, cfg.recompute_num_layers, per_vstage) \
         else []
-    for part, phase in [*PASSES, *extra]:
+    # TP overlap's chunk pipelines run on into the next layer pass (its first all-gather chunks under the
+    # previous pass's last reduce-scatter): a block pass is then timed as the second of two in a row
+    repeat = 2 if cfg.tp_comm_overlap or cfg.async_tp else 1
+
+    def profile(part: str, phase: str, passes: int) -> PassProfile | None:
         programs = {}
         for r in ranks:
             b = RankBuilder(r, trace=trace, config=plain if phase == "bwd_plain" else cfg, layout=layout, ops=ops,
                             stage_layers=per_vstage)
-            b.add_pass(part, "bwd" if phase == "bwd_plain" else phase, 0 if part == "block" else None)
+            for _ in range(passes):
+                b.add_pass(part, "bwd" if phase == "bwd_plain" else phase, 0 if part == "block" else None)
             programs[r] = b.program
         if not any(p.tasks for p in programs.values()):
-            out[(part, phase)] = PassProfile(0.0)
-            continue
+            return None
         cluster = Cluster(topology, record=False, cost_model=cost_model)
         res = Runtime(cluster, programs, placement=placement, host_launch_overhead_s=host_launch_overhead_s,
                       nccl=engine_factory(cluster), mirror=partial(layout.mirror, fixed=("tp",))).run()
         t = max(res.end_time_s - host_launch_overhead_s, 0.0)
         split = breakdown(res.events, res.end_time_s, pipeline=False).get(ranks[0])
         if split is None:
-            out[(part, phase)] = PassProfile(t)
-            continue
+            return PassProfile(t)
         compute = min(split.compute_s, t)
         exposed = min(split.exposed_comm_s, t - compute)
-        out[(part, phase)] = PassProfile(t, compute, exposed, min(split.comm_hidden_s, compute))
+        return PassProfile(t, compute, exposed, min(split.comm_hidden_s, compute))
+
+    for part, phase in [*PASSES, *extra]:
+        one = profile(part, phase, 1)
+        if one is not None and part == "block" and repeat > 1:
+            one = _marginal(one, profile(part, phase, repeat))
+        out[(part, phase)] = one if one is not None else PassProfile(0.0)
     return out
+
+
+def _marginal(one: PassProfile, two: PassProfile | None) -> PassProfile:
+    """The second of two passes in a row: ``two`` (both passes) less ``one`` (the first alone), term by term."""
+    if two is None:
+        return one
+    t = max(two.time_s - one.time_s, 0.0)
+    compute = min(max(two.compute_s - one.compute_s, 0.0), t)
+    exposed = min(max(two.exposed_comm_s - one.exposed_comm_s, 0.0), t - compute)
+    return PassProfile(t, compute, exposed, min(max(two.hidden_comm_s - one.hidden_comm_s, 0.0), compute))
+
+
+def step2_mirror(layout: Layout) -> Callable[..., list[tuple[int, ...]]]:
+    """Step 2's mirror: its programs (:func:`macro_programs`) simulate one rank per stage, so the
+    context-parallel coordinate is shifted too (no ring-attention send needs its receiver simulated)."""
+    return partial(layout.mirror, shift_cp=True)
 
 
 class _MacroOps:
@@ -132,9 +159,12 @@ class _MacroOps:
 
 def macro_programs(trace: ModelTrace, cfg: ParallelConfig, topology, engine_factory: Callable, *,
                    host_launch_overhead_s: float, cost_model: KernelCostModel | None = None) -> BuildResult:
-    """Representative-rank programs with macro layer passes (step 2); run them in symmetry mode."""
+    """Representative-rank programs with macro layer passes (step 2), one rank per pipeline stage; run
+    them in symmetry mode with ``Layout.mirror(..., shift_cp=True)`` (:func:`step2_mirror`)."""
     profiles = pass_profiles(trace, cfg, topology, engine_factory, host_launch_overhead_s, cost_model)
     plain = not_recomputed(cfg.recompute_method, cfg.recompute_num_layers, cfg.stage_layers(trace.num_layers))
-    res = build_programs(trace, cfg, ranks=Layout(cfg).representatives(), ops=_MacroOps(trace, profiles, plain))
+    # one rank per stage: the CP ring lies inside the macro passes, so CP peers are mirrored as DP replicas are
+    res = build_programs(trace, cfg, ranks=Layout(cfg).representatives(every_cp=False),
+                         ops=_MacroOps(trace, profiles, plain))
     res.info["pass_times_s"] = {f"{p}_{ph}": prof.time_s for (p, ph), prof in profiles.items()}
     return res

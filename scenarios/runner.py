@@ -37,7 +37,7 @@ from hwmodel.topology import Topology, build_system
 from hwmodel.variation import DEFAULT_GPU_SPEED_SPREAD, straggler_slowdown
 from scenarios.analysis import RankBreakdown, breakdown
 from scenarios.catalog import scenario_path as scenario_path  # re-exported: runner.scenario_path is API
-from scenarios.hierarchical import macro_programs
+from scenarios.hierarchical import macro_programs, step2_mirror
 from scenarios.metrics import peak_dtype_for as peak_dtype_for  # re-exported, as scenario_path
 from scenarios.metrics import run_metrics
 from scenarios.notes import model_notes, parallel_notes, training_notes, what_if_notes
@@ -514,9 +514,9 @@ def _run_prepared(prep: Prepared, memory: Any, *, progress: bool, max_tasks: flo
         build = macro_programs(trace, cfg, topo, engine, host_launch_overhead_s=host, cost_model=cost)
     gpus = topo.gpus()
     cluster = Cluster(topo, record=sim.get("record_links", True), cost_model=cost)
+    mirror = None if mode == "full" else step2_mirror(layout) if mode == "hierarchical" else layout.mirror
     runtime = Runtime(cluster, build.programs, placement={r: gpus[r] for r in range(cfg.world_size)},
-                      host_launch_overhead_s=host, nccl=engine(cluster),
-                      mirror=None if mode == "full" else layout.mirror)
+                      host_launch_overhead_s=host, nccl=engine(cluster), mirror=mirror)
     with _progress_bar(progress, f"simulating {prep.scenario.name}") as tick:
         result = runtime.run(progress=tick)
     per_rank = breakdown(result.events, result.end_time_s, pipeline=cfg.pp > 1)
@@ -531,8 +531,10 @@ def _run_prepared(prep: Prepared, memory: Any, *, progress: bool, max_tasks: flo
 
 
 def _simulation_mode(prep: Prepared, trace) -> tuple[str, list[str]]:
-    """``[simulation] mode`` resolved, and the report's note on it: ``auto`` picks full, symmetric or
-    hierarchical by size, and symmetric (saying so) where hierarchical is not exact (:func:`_inexact_macro`).
+    """``[simulation] mode`` resolved, and the report's note on it (none so far): ``auto`` picks full,
+    symmetric or hierarchical by size. The hierarchical engine is exact wherever its blocks are alike: context
+    parallelism's ring stays inside its layer pass, and a pass whose TP-overlap pipelines run on into the next
+    is timed as the second of two in a row (``tests/scenarios/test_mode_equivalence.py``, within 0.3 %).
 
     Raises:
         ValueError: hierarchical asked for a model whose blocks differ.
@@ -544,31 +546,13 @@ def _simulation_mode(prep: Prepared, trace) -> tuple[str, list[str]]:
         raise ValueError(f"[simulation] mode = 'hierarchical' times one block and reuses it for every block; "
                          f"{getattr(prep.model_cfg, 'name', 'the model')}'s blocks differ: use auto, full or "
                          f"symmetric")
-    why = _inexact_macro(cfg)
     if asked != "auto":
-        note = [f"mode = \"hierarchical\" is not exact with {why}: within a few % of the full simulation; "
-                f"mode = \"symmetric\" is"] if asked == "hierarchical" and why else []
-        return asked, note
+        return asked, []
     mode = "full" if cfg.world_size <= SYMMETRY_THRESHOLD_GPUS else "symmetric"
     ranks = 0 if mode == "full" else len(Layout(cfg).representatives())
     if uniform and estimate_tasks(trace, cfg, ranks) > HIERARCHICAL_THRESHOLD_TASKS:
-        if why:
-            return mode, [f"auto ran {mode} mode (exact), not the hierarchical engine its size calls for, "
-                          f"because of {why}"]
         return "hierarchical", []
     return mode, []
-
-
-def _inexact_macro(cfg: ParallelConfig) -> str:
-    """Why the hierarchical engine is not exact for ``cfg`` ('' when it is): a macro task times a layer
-    pass alone, for one micro-batch, which misses work that overlaps across passes (context-parallel
-    ring attention: -6 % against the full simulation; TP-overlap chunk pipelines: +1.5 %; both in
-    ``tests/scenarios/test_mode_equivalence.py``)."""
-    if cfg.cp > 1:
-        return "context parallelism (ring attention overlapping across layer passes)"
-    if cfg.tp_comm_overlap or cfg.async_tp:
-        return "TP overlap (chunked GEMM/communication pipelines across layer passes)"
-    return ""
 
 
 def run_cost_model(prep: Prepared) -> KernelCostModel:
@@ -642,7 +626,7 @@ def check_task_budget(prep: Prepared, trace, mode: str, max_tasks: float) -> Non
     """
     cfg = prep.config
     if mode == "hierarchical":  # one macro task per layer pass, plus a few per micro-batch (p2p, buckets)
-        ranks = len(Layout(cfg).representatives())
+        ranks = len(Layout(cfg).representatives(every_cp=False))
         tasks = ranks * cfg.num_microbatches * (2.0 * trace.num_layers / cfg.pp + 8)
     else:
         tasks = estimate_tasks(trace, cfg, cfg.world_size if mode == "full" else len(Layout(cfg).representatives()))

@@ -27,7 +27,6 @@ from scenarios.search.simulate import simulate_plans
 from scenarios.search.space import (
     Candidate,
     Rejection,
-    balanced_ends,
     check_plan,
     empty_space_reason,
     enumerate_space,
@@ -35,6 +34,7 @@ from scenarios.search.space import (
     parse_knobs,
     satisfies,
 )
+from scenarios.search.stages import balanced_ends
 from workload.allocator import usable_hbm_bytes
 from workload.fp8 import DEFAULT_RECIPE
 from workload.parallel.config import ParallelConfig
@@ -152,8 +152,8 @@ def baseline_plans(ctx: ScreenContext) -> list[tuple[str, Candidate]]:
     tensor parallelism up to the GPUs of a node, pipeline parallelism across nodes; with sequence
     parallelism, selective recomputation and the distributed optimizer, Korthikanti et al. 2022) with
     the fewest pipeline stages. Where PP does not divide the layers the recipe's end stages take fewer
-    (:func:`~scenarios.search.space.balanced_ends`, Megatron-LM's ``--num-layers-in-first-pipeline-stage``
-    / ``--num-layers-in-last-pipeline-stage``; Llama 3 405B's 126 layers on 16 stages, Dubey et al. 2024
+    (:func:`~scenarios.search.stages.balanced_ends`, Megatron-LM's ``--decoder-first-pipeline-num-layers``
+    / ``--decoder-last-pipeline-num-layers``; Llama 3 405B's 126 layers on 16 stages, Dubey et al. 2024
     §3.3.2, are balanced so), so that the recipe exists at every PP the space has."""
     f = ctx.facts
     dp = f.world_size
@@ -320,7 +320,7 @@ def run_search(scenario: Scenario, *, fix: Sequence[str] = (), space: Sequence[s
     if not fit:
         close = min(estimates, key=lambda e: (e.memory_bytes, e.candidate))
         raise NoFeasiblePlan(f"no plan fits in {close.hbm_bytes / 1e9:.1f} GB per GPU; closest: "
-                             f"{close.candidate.flags()} -- {close.oom_reason}; it lacks "
+                             f"{close.candidate.flags(ctx.global_batch_size)} -- {close.oom_reason}; it lacks "
                              f"{-close.headroom_bytes / 1e9:.1f} GB of HBM per GPU")
     unfit = sorted((e for e in estimates if not e.fits), key=lambda e: (e.memory_bytes, e.candidate))
     kind, base, _ = pick_baseline(ctx)

@@ -29,10 +29,13 @@ def framework(c: Any) -> str:
         else "Megatron-LM"
 
 
-def plan_flags(c: Any) -> str:
+def plan_flags(c: Any, global_batch_size: int | None = None) -> str:
     """The plan as its framework's flags, prefixed with the framework's name for a torchtitan plan
-    (``"torchtitan: --parallelism.tensor_parallel_degree 8 ..."``)."""
-    return f"torchtitan: {torchtitan_flags(c)}" if framework(c) == "torchtitan" else megatron_flags(c)
+    (``"torchtitan: --parallelism.tensor_parallel_degree 8 ..."``); ``global_batch_size`` (samples): the
+    scenario's, which torchtitan's batch flags need (:func:`torchtitan_flags`)."""
+    if framework(c) == "torchtitan":
+        return f"torchtitan: {torchtitan_flags(c, global_batch_size)}"
+    return megatron_flags(c)
 
 
 def _recompute_megatron(c: Any) -> str:
@@ -47,10 +50,10 @@ def megatron_flags(c: Any) -> str:
     """The plan as Megatron-LM command-line flags (``--use-torch-fsdp2`` for ZeRO-3; DeepSpeed's ZeRO-3 as
     ``--zero-stage 3 [DeepSpeed]``; an FP8 recipe as Megatron-Core's ``--fp8-recipe``)."""
     f = [f"--tensor-model-parallel-size {c.tp}", f"--pipeline-model-parallel-size {c.pp}"]
-    if c.first_layers:
-        f.append(f"--num-layers-in-first-pipeline-stage {c.first_layers}")
+    if c.first_layers:  # Megatron-Core's TransformerConfig.num_layers_in_first_pipeline_stage
+        f.append(f"--decoder-first-pipeline-num-layers {c.first_layers}")
     if c.last_layers:
-        f.append(f"--num-layers-in-last-pipeline-stage {c.last_layers}")
+        f.append(f"--decoder-last-pipeline-num-layers {c.last_layers}")
     if c.vpp > 1:
         f.append(f"--virtual-pipeline-model-parallel-size {c.vpp}")
     if c.cp > 1:
@@ -92,11 +95,17 @@ _TITAN_FP8 = {"tensorwise": "--model.converters float8 --float8.recipe_name tens
               "mxfp8": "--model.converters mx", "delayed": "[FP8 delayed scaling, Transformer Engine's]"}
 
 
-def torchtitan_flags(c: Any) -> str:
+def torchtitan_flags(c: Any, global_batch_size: int | None = None) -> str:
     """The plan as torchtitan flags: TP always shards the sequence there (``c.tp`` 1 prints degree 1),
     async TP needs ``--compile.enable``, data parallelism is FSDP2 (``data_parallel_shard_degree``) for ZeRO-3 and DDP
-    (``data_parallel_replicate_degree``) otherwise; the micro-batch is ``local_batch_size`` without a
-    pipeline and ``pipeline_parallel_microbatch_size`` with one."""
+    (``data_parallel_replicate_degree``) otherwise.
+
+    The batch (torchtitan ``[training]``): ``local_batch_size`` is one data-parallel rank's batch per
+    optimizer step and ``global_batch_size`` (default ``local_batch_size`` x the DP degree) the step's.
+    Without a pipeline the micro-batch is ``local_batch_size`` and gradient accumulation makes up the
+    global batch; with one, the pipeline schedule takes the rank's whole batch, ``local_batch_size`` =
+    global / DP, in micro-batches of ``pipeline_parallel_microbatch_size`` (their count is the ratio).
+    ``global_batch_size`` (samples) unknown: the PP plan's ``local_batch_size`` is written as that ratio."""
     f = [f"--parallelism.tensor_parallel_degree {c.tp}"]
     if c.async_tp:
         f += ["--parallelism.enable_async_tensor_parallel", "--compile.enable"]
@@ -105,15 +114,18 @@ def torchtitan_flags(c: Any) -> str:
     if c.ep > 1:
         f.append(f"--parallelism.expert_parallel_degree {c.ep}")
     if c.pp > 1:
+        local = str(global_batch_size // c.dp) if global_batch_size else f"[global batch / {c.dp}]"
         f += [f"--parallelism.pipeline_parallel_degree {c.pp}",
               f"--parallelism.pipeline_parallel_schedule {'Interleaved1F1B' if c.vpp > 1 else '1F1B'}",
-              f"--parallelism.pipeline_parallel_microbatch_size {c.mbs}"]
+              f"--parallelism.pipeline_parallel_microbatch_size {c.mbs}", f"--training.local_batch_size {local}"]
         if c.vpp > 1:
             f.append(f"[{c.vpp} stages per rank]")
-        if c.first_layers or c.last_layers:
+        if c.first_layers or c.last_layers:  # torchtitan's first/last_stage_less_layers weigh, not count, layers
             f.append(f"[first / last stage {c.first_layers or '-'} / {c.last_layers or '-'} layers]")
     else:
         f.append(f"--training.local_batch_size {c.mbs}")
+    if global_batch_size:
+        f.append(f"--training.global_batch_size {global_batch_size}")
     if c.zero == 3:
         f.append(f"--parallelism.data_parallel_shard_degree {c.dp}")
     else:

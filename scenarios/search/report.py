@@ -28,6 +28,11 @@ def _hbm_note(res: SearchResult) -> str:
     return " usable HBM (reserved + CUDA context + NCCL buffers, as run checks)"
 
 
+def _batch(res: SearchResult) -> int:
+    """The scenario's global batch (samples), as the screen reads it: torchtitan's batch flags need it."""
+    return int(res.scenario.training.get("global_batch_size", res.world_size))
+
+
 def _mark(res: SearchResult, c) -> str:
     tags = []
     if c == res.baseline:
@@ -52,10 +57,10 @@ def format_table(res: SearchResult) -> str:
         lines.append(f"{i:>3} {_ms(T):>9} {_ms(e.iteration_time_s if e else None):>9} {tok:>10,.0f} "
                      f"{_pct(r['mfu']):>5} {mem / 1e9:>7.1f} {(res.hbm_bytes - mem) / 1e9:>7.1f} "
                      f"{_pct(r['bubble_s'] / T if T else None):>6} {_pct(r['exposed_comm_s'] / T if T else None):>5}  "
-                     f"{c.flags()}{_mark(res, c)}")
+                     f"{c.flags(_batch(res))}{_mark(res, c)}")
     failed = [(c, r) for c, r in res.simulated.items() if r.get("error") or r.get("oom")]
     for c, r in failed:
-        lines.append(f"  - {c.flags()}: {r.get('error') or 'OOM in the simulation'}")
+        lines.append(f"  - {c.flags(_batch(res))}: {r.get('error') or 'OOM in the simulation'}")
     return "\n".join(lines)
 
 
@@ -94,7 +99,7 @@ def speedups(res: SearchResult) -> dict[str, Any]:
     fitting = [e for e in res.estimates if e.fits]
     if fitting:
         worst = max(fitting, key=lambda e: e.iteration_time_s)
-        out["worst_screened_plan"] = worst.candidate.flags()
+        out["worst_screened_plan"] = worst.candidate.flags(_batch(res))
         out["speedup_over_worst_screened"] = worst.iteration_time_s / (res.estimate_of(best[0]).iteration_time_s)
     b = res.simulated.get(res.baseline) if res.baseline is not None else None
     if b and not b.get("error"):
@@ -172,7 +177,7 @@ def format_search(res: SearchResult) -> str:
     if sp:
         lines.append("")
         best = res.best[0]
-        lines.append(f"best: {best.flags()}")
+        lines.append(f"best: {best.flags(_batch(res))}")
         lines.append(f"  {sp['speedup_over_worst_simulated']:.2f}x over the slowest simulated plan, "
                      f"{sp.get('speedup_over_worst_screened', float('nan')):.2f}x over the slowest plan that fits "
                      f"(screen estimate)")
@@ -194,9 +199,9 @@ def format_search(res: SearchResult) -> str:
 
 def search_json(res: SearchResult) -> dict[str, Any]:
     """The ``--json`` document: every plan's estimate (and simulation, where run), rejections, summary."""
-    plans = []
+    plans, batch = [], _batch(res)
     for e in res.estimates:
-        d = e.to_dict()
+        d = e.to_dict(batch)
         r = res.simulated.get(e.candidate)
         if r is not None:
             d["simulated"] = r

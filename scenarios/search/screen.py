@@ -399,8 +399,8 @@ class ScreenContext:
         p, v = c.pp, c.vpp
         m = self.global_batch_size // (c.mbs * c.dp)
         per_stage = self.stage_layers(c)
-        if v > 1:  # chunks: a stage's layers are v chunks' worth
-            per_stage = [L // p] * p
+        if v > 1:  # chunks: a stage's layers are its v chunks'
+            per_stage = [sum(per_stage[k * p + s] for k in range(v)) for s in range(p)]
         # (layers, first, last) of the first, a middle (under uneven stages) and the last stage
         kinds = [(per_stage[0], True, p == 1)] + ([(per_stage[1], False, False)] if p > 2 and (
             c.first_layers or c.last_layers) else []) + ([(per_stage[-1], False, True)] if p > 1 else [])

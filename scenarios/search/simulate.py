@@ -37,7 +37,8 @@ def candidate_data(base: Scenario, c: Candidate) -> dict[str, Any]:
     """The scenario dict (as TOML would give it) of plan ``c`` on ``base``'s model, system and training."""
     data = copy.deepcopy(base.to_dict())
     data["name"] = f"{base.name}-{c.short().replace(' ', '-').lower()}"
-    data["description"] = f"{base.name} with {c.flags()} (found by trainsim search)"
+    batch = int(base.training.get("global_batch_size", 0)) or None
+    data["description"] = f"{base.name} with {c.flags(batch)} (found by trainsim search)"
     data["parallel"] = c.parallel_section(base.parallel)
     data["training"] = c.training_section(data.get("training", {}))
     return data

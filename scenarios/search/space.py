@@ -29,8 +29,9 @@ Knobs, named as scenario keys (``section.key``):
                                                runs only compiled: a plan with it sets ``training.compile``)
 ``parallel.rank_order``                        tp-cp-ep-dp-pp (Megatron's default), tp-cp-ep-pp-dp
                                                (``--use-tp-pp-dp-mapping``); only when DP and PP > 1
-``parallel.num_layers_in_first_pipeline_stage``  uneven stages: by default only where PP does not
-``parallel.num_layers_in_last_pipeline_stage``   divide the layers (balanced ends); ``none`` = even
+``parallel.num_layers_in_first_pipeline_stage``  uneven stages: by default the balanced splits
+``parallel.num_layers_in_last_pipeline_stage``   (:func:`scenarios.search.stages.end_splits`), ends smaller
+                                               or larger than the middle stages; ``none`` = even
 ``training.micro_batch_size``                  1, 2, 4
 ``training.fp8_recipe``                        dtype fp8 only (else bad input): delayed, tensorwise, rowwise,
                                                mxfp8 (those the GPU runs); default: the scenario's
@@ -57,6 +58,7 @@ from dataclasses import field as dc_field
 from typing import Any
 
 from scenarios.search.flags import plan_flags
+from scenarios.search.stages import end_splits
 from workload.fp8 import DEFAULT_RECIPE, RECIPES
 from workload.parallel.config import AXES, RECOMPUTE_ALL, ZERO_IMPLS, ParallelConfig
 from workload.parallel.recompute import RECOMPUTE_METHODS
@@ -194,10 +196,11 @@ class Candidate:
                               recompute_num_layers=self.recompute_num_layers if self.recompute_method else None
                               ).resolve(self.tp * self.cp * self.pp * self.dp)
 
-    def flags(self) -> str:
+    def flags(self, global_batch_size: int | None = None) -> str:
         """The plan as the command line of the framework that runs it (:func:`scenarios.search.flags.plan_flags`:
-        Megatron-LM's flags, or torchtitan's for an async-TP plan)."""
-        return plan_flags(self)
+        Megatron-LM's flags, or torchtitan's for an async-TP plan, whose batch flags take the scenario's
+        ``global_batch_size``)."""
+        return plan_flags(self, global_batch_size)
 
     def short(self) -> str:
         """Compact label, e.g. ``TP8 SP PP4x2 DP2 Z1 mbs1 sel ogr``."""
@@ -289,18 +292,6 @@ def default_values(f: ModelFacts) -> dict[str, list[Any]]:
         "recompute_method": [""],
         "recompute_num_layers": [0],
     }
-
-
-def balanced_ends(num_layers: int, pp: int) -> tuple[int, int]:
-    """(first, last) stage layers when ``pp`` does not divide ``num_layers``: the middle stages take
-    ``ceil(num_layers / pp)`` layers each, the first and last share the rest (the first the smaller
-    half, as it also holds the embedding); ``(0, 0)`` if that leaves an end stage without a layer."""
-    if pp < 2 or num_layers % pp == 0:
-        return 0, 0
-    per = -(-num_layers // pp)
-    rest = num_layers - (pp - 2) * per
-    first, last = rest // 2, rest - rest // 2
-    return (first, last) if first >= 1 else (0, 0)
 
 
 def _unquoted(field: str, raw: str, key: str) -> str:
@@ -503,11 +494,12 @@ def enumerate_space(facts: ModelFacts, model_cfg: Any, knobs: Mapping[str, list[
         dp = facts.world_size // model_par
         if _folded_shape(shape, dp, values, asked("zero_impl")):
             continue
-        if not (asked("first_layers") or asked("last_layers")) and shape["vpp"] == 1:
-            shape["first_layers"], shape["last_layers"] = balanced_ends(facts.num_layers, shape["pp"])
+        splits = [(shape["first_layers"], shape["last_layers"])]
+        if not (asked("first_layers") or asked("last_layers")):
+            splits = end_splits(facts.num_layers, shape["pp"], shape["vpp"])
         options = _shape_options(shape, dp, values, asked)
-        for rest in itertools.product(*(options[k] for k in inner)):
-            kw = {**shape, **dict(zip(inner, rest, strict=True))}
+        for (first, last), rest in itertools.product(splits, itertools.product(*(options[k] for k in inner))):
+            kw = {**shape, "first_layers": first, "last_layers": last, **dict(zip(inner, rest, strict=True))}
             if _not_a_plan_of_its_own(kw, asked):
                 continue
             c = normalise(Candidate(dp=dp, **kw), keep_rank_order=pinned_order)

@@ -53,8 +53,10 @@ def llama(**kw):
 
 def test_enumeration_count_by_hand():
     # TP x PP in {1, 2}^2 on 4 GPUs: (1,1) DP 4, (1,2) DP 2, (2,1) DP 2, (2,2) DP 1; ZeRO 0 or 1, except DP 1
-    # where there is nothing to shard (one plan): 3 x 2 + 1 = 7.
-    knobs = parse_knobs(fix=[*TIGHT, "parallel.overlap_grad_reduce=false"],
+    # where there is nothing to shard (one plan): 3 x 2 + 1 = 7. Even stages only (PP 2 on 4 layers also
+    # has the 3/1 split, test_new_knobs.py).
+    even = ["parallel.num_layers_in_first_pipeline_stage=none", "parallel.num_layers_in_last_pipeline_stage=none"]
+    knobs = parse_knobs(fix=[*TIGHT, *even, "parallel.overlap_grad_reduce=false"],
                         space=["parallel.tensor_model_parallel_size=1,2", "parallel.pipeline_model_parallel_size=1,2",
                                "parallel.zero_stage=0,1"])
     valid, rejected = enumerate_space(facts(), llama(), knobs)
@@ -63,8 +65,8 @@ def test_enumeration_count_by_hand():
         (1, 1, 4, 0), (1, 1, 4, 1), (1, 2, 2, 0), (1, 2, 2, 1), (2, 1, 2, 0), (2, 1, 2, 1), (2, 2, 1, 0)]
     # the overlap knob doubles the plans that reduce gradients (6 of 7), FSDP adds one per DP > 1 shape
     # ((1,1), (2,1) and, FSDP with PP as torchtitan runs it, (1,2))
-    knobs = parse_knobs(fix=TIGHT, space=["parallel.tensor_model_parallel_size=1,2",
-                                          "parallel.pipeline_model_parallel_size=1,2"])
+    knobs = parse_knobs(fix=[*TIGHT, *even], space=["parallel.tensor_model_parallel_size=1,2",
+                                                    "parallel.pipeline_model_parallel_size=1,2"])
     valid, rejected = enumerate_space(facts(), llama(), knobs)
     assert len(valid) == 3 * (3 * 2) + 1 + 3 and not rejected
     assert Candidate(pp=2, dp=2, zero=3) in valid

@@ -67,3 +67,18 @@ def test_model_divisibility():
     uneven = ParallelConfig(pipeline_model_parallel_size=4, num_layers_in_first_pipeline_stage=1,
                             num_layers_in_last_pipeline_stage=3)
     assert uneven.stage_layers(10) == [1, 3, 3, 3]
+
+
+def test_uneven_stages_interleaved_split_per_chunk():
+    """Megatron-Core's rule with virtual stages: each stage's count a multiple of the chunks per stage,
+    each chunk an equal share; chunk c of stage s is virtual stage c * pp + s (the model's order)."""
+    cfg = ParallelConfig(pipeline_model_parallel_size=4, virtual_pipeline_model_parallel_size=2,
+                         num_layers_in_first_pipeline_stage=2, num_layers_in_last_pipeline_stage=4)
+    assert cfg.stage_layers(18) == [1, 3, 3, 2, 1, 3, 3, 2]  # first 2, middle 6 each, last 4
+    with pytest.raises(ValueError, match=r"num_layers_in_first_pipeline_stage = 3 is not a multiple of "
+                                         r"virtual_pipeline_model_parallel_size=2"):
+        ParallelConfig(pipeline_model_parallel_size=4, virtual_pipeline_model_parallel_size=2,
+                       num_layers_in_first_pipeline_stage=3, num_layers_in_last_pipeline_stage=1).stage_layers(16)
+    with pytest.raises(ValueError, match=r"the middle stages' layers = 5 is not a multiple"):
+        ParallelConfig(pipeline_model_parallel_size=4, virtual_pipeline_model_parallel_size=2,
+                       num_layers_in_first_pipeline_stage=2, num_layers_in_last_pipeline_stage=2).stage_layers(14)

@@ -1,4 +1,5 @@
-"""Layout.mirror (vectorised) against its definition: ``ranks`` shifted by every (tp, dp) offset."""
+"""Layout.mirror (vectorised) against its definition: ``ranks`` shifted by every (tp, dp) offset, and every
+cp offset with ``shift_cp`` (the hierarchical engine's step 2, one rank per stage)."""
 
 import itertools
 
@@ -8,14 +9,16 @@ from workload.parallel.config import ParallelConfig
 from workload.parallel.placement import Layout
 
 
-def _by_definition(lay: Layout, ranks, directed, fixed):
-    T, D = lay.sizes["tp"], lay.sizes["dp"]
+def _by_definition(lay: Layout, ranks, directed, fixed, shift_cp=False):
+    T, D, C = lay.sizes["tp"], lay.sizes["dp"], lay.sizes["cp"]
     out, seen = [tuple(ranks)], {tuple(ranks) if directed else frozenset(ranks)}
-    for dt, dd in itertools.product(range(1 if "tp" in fixed else T), range(1 if "dp" in fixed else D)):
+    for dt, dd, dc in itertools.product(range(1 if "tp" in fixed else T), range(1 if "dp" in fixed else D),
+                                        range(C if shift_cp else 1)):
         other = []
         for r in ranks:
             c = lay.coords(r)
-            other.append(lay.rank(tp=(c["tp"] + dt) % T, cp=c["cp"], dp=lay._shift_dp(c["dp"], dd), pp=c["pp"]))
+            other.append(lay.rank(tp=(c["tp"] + dt) % T, cp=(c["cp"] + dc) % C, dp=lay._shift_dp(c["dp"], dd),
+                                  pp=c["pp"]))
         key = tuple(other) if directed else frozenset(other)
         if key not in seen:
             seen.add(key)
@@ -31,9 +34,11 @@ def test_mirror_matches_its_definition(tp, cp, dp, pp, ep, order):
                                 pipeline_model_parallel_size=pp, expert_model_parallel_size=ep, rank_order=order))
     w = lay.world_size
     cases = [(0,), (w - 1,), (0, w - 1), (1, tp * cp), tuple(range(0, w, max(w // 5, 1)))]
-    for ranks, directed, fixed in itertools.product(cases, (False, True), ((), ("tp",), ("dp",))):
-        got = lay.mirror(ranks, directed=directed, fixed=fixed)
-        assert got == _by_definition(lay, ranks, directed, fixed)
+    cases.append(lay.group(0, ("dp", "cp")))  # a gradient reduction's group: whole along dp and cp
+    for ranks, directed, fixed, shift_cp in itertools.product(cases, (False, True), ((), ("tp",), ("dp",)),
+                                                              (False, True)):
+        got = lay.mirror(ranks, directed=directed, fixed=fixed, shift_cp=shift_cp)
+        assert got == _by_definition(lay, ranks, directed, fixed, shift_cp)
         assert all(type(x) is int for t in got for x in t)
 
 

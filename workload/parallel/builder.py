@@ -352,7 +352,8 @@ class RankBuilder:
 
     def _ring_attention(self, task: Compute, deps) -> None:
         """Context parallelism: cp attention steps, K/V blocks passed around the CP ring
-        (Megatron-Core ``AttnFuncWithCPAndKVP2P``); backward also returns dK/dV."""
+        (Megatron-Core ``AttnFuncWithCPAndKVP2P``); backward also returns dK/dV. Step j posts its send
+        and receive together as it starts: a receive posted earlier would hold its SMs from the pass before."""
         cp = self.cfg.cp
         b, h, sq, skv, d = task.shape if len(task.shape) == 5 else (1, 1, 1, 1, 1)
         kv_bytes = 2 * b * h * skv * d * ELEM_BYTES.get(task.dtype, 2)
@@ -360,9 +361,9 @@ class RankBuilder:
         recv_prev = None
         for j in range(cp):
             if j < cp - 1:
-                self.add(SendRecv("send", self.cp_next, block, name="cp_kv", tag=f"cp{task.phase}"), "cp_send",
-                         (recv_prev if j else self.last_compute,))
-                nxt = self.add(SendRecv("recv", self.cp_prev, block, name="cp_kv", tag=f"cp{task.phase}"), "cp_recv")
+                after, tag = (recv_prev if j else self.last_compute,), f"cp{task.phase}"  # both posted as step j starts
+                self.add(SendRecv("send", self.cp_next, block, name="cp_kv", tag=tag), "cp_send", after)
+                nxt = self.add(SendRecv("recv", self.cp_prev, block, name="cp_kv", tag=tag), "cp_recv", after)
             self.add(replace(task, name=f"{task.name}[cp{j}]"), "compute",
                      tuple(deps) + ((recv_prev,) if recv_prev is not None else ()))
             deps = ()

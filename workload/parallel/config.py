@@ -429,8 +429,6 @@ class ParallelConfig:
                                  f"num_layers_in_first_pipeline_stage / num_layers_in_last_pipeline_stage "
                                  f"for uneven stages")
             return [num_layers // (pp * v)] * (pp * v)
-        if v > 1:
-            raise ValueError("uneven first/last pipeline stages are not supported with virtual pipeline stages")
         if pp == 1:
             raise ValueError("num_layers_in_first/last_pipeline_stage need pipeline_model_parallel_size > 1")
         rest_stages = pp - (first is not None) - (last is not None)
@@ -454,4 +452,13 @@ class ParallelConfig:
             out[0] = first
         if last is not None:
             out[-1] = last
-        return out
+        if v == 1:
+            return out
+        # interleaved: each stage's layers split evenly over its v model chunks (Megatron-Core's
+        # TransformerConfig: the end counts and the middle stages' count multiples of v)
+        for what, n in (("num_layers_in_first_pipeline_stage", first), ("num_layers_in_last_pipeline_stage", last),
+                        ("the middle stages' layers", mid if rest_stages else None)):
+            if n is not None and n % v:
+                raise ValueError(f"{what} = {n} is not a multiple of virtual_pipeline_model_parallel_size={v}: "
+                                 f"each of a stage's {v} model chunks takes an equal share")
+        return [out[s] // v for _ in range(v) for s in range(pp)]

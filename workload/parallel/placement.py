@@ -90,38 +90,45 @@ class Layout:
         """All ranks of pipeline stage ``stage``."""
         return [r for r in range(self.world_size) if self.coords(r)["pp"] == stage]
 
-    def representatives(self) -> list[int]:
+    def representatives(self, *, every_cp: bool = True) -> list[int]:
         """The context-parallel ranks of each pipeline stage (tp = dp = 0; one rank per stage without
         CP): data-parallel replicas and tensor-parallel peers run the same program, shifted, so these
         stand for all (symmetry mode). Context-parallel peers run the same program too, but their ring
         attention is point-to-point: a send needs its receiver simulated, so every CP rank is, and
-        :meth:`mirror` does not shift the CP coordinate."""
-        return sorted(self.rank(cp=c, pp=s) for s in range(self.sizes["pp"]) for c in range(self.sizes["cp"]))
+        :meth:`mirror` does not shift the CP coordinate. ``every_cp=False``: one rank per stage (cp = 0),
+        for programs without ring attention's sends (the hierarchical engine's macro layer passes hold
+        them), mirrored with ``mirror(..., shift_cp=True)``."""
+        cps = range(self.sizes["cp"] if every_cp else 1)
+        return sorted(self.rank(cp=c, pp=s) for s in range(self.sizes["pp"]) for c in cps)
 
     def mirror(self, ranks: tuple[int, ...], *, directed: bool = False,
-               fixed: tuple[str, ...] = ()) -> list[tuple[int, ...]]:
+               fixed: tuple[str, ...] = (), shift_cp: bool = False) -> list[tuple[int, ...]]:
         """``ranks`` shifted by every (tp, dp) offset, except along the axes in ``fixed`` (axes whose every
-        coordinate is simulated, as TP in the hierarchical engine's step 1; CP is never shifted, see
-        :meth:`representatives`): the tuples that act like ``ranks`` at the same time in a symmetric
-        run, ``ranks`` first, duplicates (as sets) removed -- as tuples when ``directed`` (a send
-        ``(a, b)``: its shift ``(b, a)``, the reverse send in a ring of two, is another transfer).
+        coordinate is simulated, as TP in the hierarchical engine's step 1; CP is shifted only with
+        ``shift_cp``, where one rank per stage is simulated, see :meth:`representatives`): the tuples
+        that act like ``ranks`` at the same time in a symmetric run, ``ranks`` first, duplicates (as
+        sets) removed -- as tuples when ``directed`` (a send ``(a, b)``: its shift ``(b, a)``, the
+        reverse send in a ring of two, is another transfer).
 
         With expert parallelism a data-parallel offset ``q * ep + e`` moves whole expert-parallel blocks
         by ``q`` and rotates each block by ``e`` (:meth:`_shift_dp`), so that an expert-parallel group
         maps onto an expert-parallel group (a plain shift by ``e`` would straddle two blocks: a
         communicator no rank uses, with all-to-all traffic across nodes that never happens)."""
         coords = [self.coords(r) for r in ranks]
-        T, D = self.sizes["tp"], self.sizes["dp"]
-        whole = {axis: axis in fixed or self._whole_lines(ranks, coords, axis, directed) for axis in ("tp", "dp")}
+        T, D, C = self.sizes["tp"], self.sizes["dp"], self.sizes["cp"]
+        axes = ("tp", "dp", "cp") if shift_cp else ("tp", "dp")
+        whole = {axis: axis in fixed or self._whole_lines(ranks, coords, axis, directed) for axis in axes}
         dts = np.arange(1 if whole["tp"] else T)
         dds = np.arange(1 if whole["dp"] else D)
-        # every shift at once (numpy): rows in the order (tp offset, then dp offset), one column per rank
+        dcs = np.arange(C if shift_cp and not whole["cp"] else 1)
+        # every shift at once (numpy): rows in the order (tp offset, dp offset, cp offset), one column per rank
         cols = []
         for c in coords:
             tp = (c["tp"] + dts) % T
             dp = self._shift_dp_array(c["dp"], dds)
-            cols.append((tp[:, None] * self._stride["tp"] + dp[None, :] * self._stride["dp"]).ravel()
-                        + c["cp"] * self._stride["cp"] + c["pp"] * self._stride["pp"])
+            cp = (c["cp"] + dcs) % C
+            cols.append((tp[:, None, None] * self._stride["tp"] + dp[None, :, None] * self._stride["dp"]
+                         + cp[None, None, :] * self._stride["cp"]).ravel() + c["pp"] * self._stride["pp"])
         first = tuple(ranks)
         out: list[tuple[int, ...]] = [first]
         seen: set[tuple[int, ...] | frozenset[int]] = {first if directed else frozenset(ranks)}

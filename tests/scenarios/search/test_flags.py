@@ -26,6 +26,20 @@ def test_async_tp_plan_prints_torchtitan_flags():
     assert "--training.local_batch_size 1" in ddp and "pipeline_parallel" not in ddp
 
 
+def test_torchtitan_pipeline_plan_prints_its_batch():
+    """torchtitan's pipeline schedule takes a DP rank's whole batch (``--training.local_batch_size``) in
+    micro-batches of ``--parallelism.pipeline_parallel_microbatch_size``: 1,024 samples over DP 4 are 256
+    per rank, 128 micro-batches of 2. Without PP the micro-batch is the local batch and gradient
+    accumulation makes up the global one."""
+    pp = Candidate(tp=8, sp=True, pp=4, dp=4, zero=3, mbs=2, async_tp=True)
+    flags = pp.flags(1024)
+    assert "--parallelism.pipeline_parallel_microbatch_size 2 --training.local_batch_size 256" in flags
+    assert flags.endswith("--training.global_batch_size 1024") or "--training.global_batch_size 1024 " in flags
+    assert "--training.local_batch_size [global batch / 4]" in pp.flags()  # the scenario's batch not given
+    flat = Candidate(tp=2, sp=True, dp=4, mbs=2, async_tp=True).flags(64)
+    assert "--training.local_batch_size 2" in flat and "--training.global_batch_size 64" in flat
+
+
 def test_other_plans_print_megatron_flags():
     c = Candidate(tp=2, sp=True, dp=4, zero=1, overlap_param_gather=True, tp_comm_overlap=True)
     assert framework(c) == "Megatron-LM" and c.flags() == megatron_flags(c)
