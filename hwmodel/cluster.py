@@ -21,7 +21,7 @@ import simpy
 from hwmodel.costmodel import KernelCostModel
 from hwmodel.fluid import Activity, FluidSystem, Resource
 from hwmodel.gpu import GPU
-from hwmodel.link_classes import LinkClasses, LinkView
+from hwmodel.link_classes import LinkBundle, LinkClasses, LinkView
 from hwmodel.topology import Topology
 
 K = TypeVar("K")
@@ -161,3 +161,9 @@ class Cluster:
         link's own resource, or a view of its class's (same bytes and timeline); the others have carried
         nothing. ``links.values()`` makes and lists all."""
         return sorted([*self.links.made(), *self.link_classes.views()], key=lambda r: r.index)
+
+    def link_bundles(self) -> list[Resource | LinkBundle]:
+        """:meth:`link_resources` with each link class as one :class:`~hwmodel.link_classes.LinkBundle`
+        (``count`` links, ``names()``) instead of a view per link: for a report that ranks links by load
+        (:func:`scenarios.metrics.link_groups`), whose cost then follows the classes, not the links."""
+        return [*sorted(self.links.made(), key=lambda r: r.index), *self.link_classes.bundles()]

@@ -112,6 +112,11 @@ def link_groups(links: Iterable[Any], end_time_s: float, top: int) -> list[tuple
     one after), once per timeline object: the links of a link class (:mod:`hwmodel.link_classes`) share
     their representative's, so a class of thousands of links costs one integration.
 
+    ``links`` may hold *bundles* (:class:`hwmodel.link_classes.LinkBundle`: ``count`` links named
+    ``names()`` with one load, ``name`` the first of them by name), ranked as their links would be: a
+    bundle's links sort next to each other unless another entry's load key is exactly theirs, and only
+    such ties are ranked link by link (by name), so the rows are those of the links one by one.
+
     Returns:
         ``[(first link's name, number of links, bytes each, mean utilisation, peak utilisation)]``.
     """
@@ -125,7 +130,7 @@ def link_groups(links: Iterable[Any], end_time_s: float, top: int) -> list[tuple
 
     # (mean, peak) by timeline object; the value holds the timeline, so its id is not reused meanwhile
     stats: dict[tuple[int, float], tuple[Any, float, float]] = {}
-    ranked = sorted(((c, lk) for lk in links if (c := carried_of(lk)) > 0), key=key)
+    ranked = _untied(sorted(((c, lk) for lk in links if (c := carried_of(lk)) > 0), key=key), key)
     groups: list[list] = []
     for carried, lk in ranked:
         cap, timeline = float(lk.nominal_capacity), lk.timeline
@@ -136,12 +141,50 @@ def link_groups(links: Iterable[Any], end_time_s: float, top: int) -> list[tuple
         g = groups[-1] if groups else None
         if g and all(math.isclose(a, b, rel_tol=LINK_GROUP_REL_TOL)
                      for a, b in ((carried, g[2]), (mean, g[3]), (peak, g[4]))):
-            g[1] += 1
+            g[1] += getattr(lk, "count", 1)
             continue
         if len(groups) == top:
             break
-        groups.append([lk.name, 1, carried, mean, peak])
+        groups.append([lk.name, getattr(lk, "count", 1), carried, mean, peak])
     return [tuple(g) for g in groups]
+
+
+class _OneOf:
+    """One link of a bundle, ranked on its own (:func:`_untied`)."""
+
+    __slots__ = ("name", "_of")
+    count = 1
+
+    def __init__(self, name: str, of: Any) -> None:
+        self.name, self._of = name, of
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._of, attr)
+
+
+def _untied(ranked: list[tuple[float, Any]], key: Any) -> list[tuple[float, Any]]:
+    """``ranked`` (sorted by ``key``) with every run of entries whose load key (``key`` less the name)
+    is exactly equal and that holds a bundle replaced by its links one by one, sorted by name: the order
+    of the links one by one (a lone bundle's links are already consecutive there)."""
+    out: list[tuple[float, Any]] = []
+    i, n = 0, len(ranked)
+    while i < n:
+        k = key(ranked[i])[:2]
+        j = i + 1
+        while j < n and key(ranked[j])[:2] == k:
+            j += 1
+        run = ranked[i:j]
+        if j - i > 1 and any(hasattr(lk, "names") for _, lk in run):
+            ones: list[tuple[float, Any]] = []
+            for c, lk in run:
+                if hasattr(lk, "names"):
+                    ones += [(c, _OneOf(name, lk)) for name in lk.names()]
+                else:
+                    ones.append((c, lk))
+            run = sorted(ones, key=lambda r: r[1].name)
+        out += run
+        i = j
+    return out
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -193,7 +236,7 @@ def run_metrics(rep: Any, flops: tuple[float, float, str]) -> dict[str, Any]:
     mean = {k: sum(getattr(rep.per_rank[r], k) for r in ranks) / len(ranks)
             for k in ("compute_s", "exposed_comm_s", "bubble_s", "idle_s")}
     ov = overlap_stats(res.events, rep.per_rank)
-    links = link_groups(res.cluster.link_resources(), T, BUSIEST_LINK_GROUPS)
+    links = link_groups(res.cluster.link_bundles(), T, BUSIEST_LINK_GROUPS)
     return {
         "scenario": rep.scenario.name,
         "iteration_time_s": T,
