@@ -91,7 +91,7 @@ class Cluster:
         """The links only merged mirrored traffic loads, in classes of equivalent links."""
         self._cost_model = cost_model or KernelCostModel(topology.gpu_spec, sustained=True)
         gpu_names = topology.gpus()
-        self._gpu_rank = {name: i for i, name in enumerate(gpu_names)}
+        self._gpu_rank = topology.gpu_indices()  # (shared, read-only: a cluster per hierarchical pass)
         self.gpus: OnDemand[str, GPU] = OnDemand(self._gpu_rank.__contains__, lambda: iter(gpu_names),
                                                  lambda: len(gpu_names), self._make_gpu)
         """GPU node name -> GPU, made on first use."""

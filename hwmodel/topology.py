@@ -156,6 +156,10 @@ class Topology:
             raise ValueError(f"unknown GPU {gpu!r}; GPUs are named like {few} ({len(self._gpus)} in all)")
         return self.graph.nodes[gpu]
 
+    def gpu_indices(self) -> dict[str, int]:
+        """GPU name -> its global index in :meth:`gpus` (the topology's own dict: treat it as read-only)."""
+        return self._gpu_index
+
     def gpu_index(self, gpu: str) -> int:
         """Global index (rank) of ``gpu`` in :meth:`gpus`."""
         self._check_gpu(gpu)

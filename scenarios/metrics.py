@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from scenarios.analysis import mfu_peak_dtype, overlap_stats
@@ -130,14 +130,18 @@ def link_groups(links: Iterable[Any], end_time_s: float, top: int) -> list[tuple
 
     # (mean, peak) by timeline object; the value holds the timeline, so its id is not reused meanwhile
     stats: dict[tuple[int, float], tuple[Any, float, float]] = {}
-    ranked = _untied(sorted(((c, lk) for lk in links if (c := carried_of(lk)) > 0), key=key), key)
-    groups: list[list] = []
-    for carried, lk in ranked:
+
+    def stats_of(lk: Any) -> tuple[float, float]:
         cap, timeline = float(lk.nominal_capacity), lk.timeline
         sk = (id(timeline), cap)
         if sk not in stats:
             stats[sk] = (timeline, *link_stats(timeline, cap, end_time_s)[1:])
-        _, mean, peak = stats[sk]
+        return stats[sk][1:]
+
+    ranked = _untied(sorted(((c, lk) for lk in links if (c := carried_of(lk)) > 0), key=key), key, stats_of)
+    groups: list[list] = []
+    for carried, lk in ranked:
+        mean, peak = stats_of(lk)
         g = groups[-1] if groups else None
         if g and all(math.isclose(a, b, rel_tol=LINK_GROUP_REL_TOL)
                      for a, b in ((carried, g[2]), (mean, g[3]), (peak, g[4]))):
@@ -162,11 +166,12 @@ class _OneOf:
         return getattr(self._of, attr)
 
 
-def _untied(ranked: list[tuple[float, Any]], key: Any) -> list[tuple[float, Any]]:
-    """``ranked`` (sorted by ``key``) with every run of entries whose load key (``key`` less the name)
-    is exactly equal and that holds a bundle replaced by its links one by one, sorted by name: the order
-    of the links one by one (a lone bundle's links are already consecutive there)."""
-    out: list[tuple[float, Any]] = []
+def _untied(ranked: list[tuple[float, Any]], key: Any, stats_of: Any) -> Iterator[tuple[float, Any]]:
+    """``ranked`` (sorted by ``key``), lazily, with every run of entries whose load key (``key`` less the
+    name) is exactly equal, that holds a bundle and whose entries differ in ``stats_of`` (mean, peak)
+    replaced by its links one by one, sorted by name: the order of the links one by one. (A lone
+    bundle's links are consecutive there; entries of equal bytes, mean and peak fall in one group
+    whatever their order, the first by name leading it.)"""
     i, n = 0, len(ranked)
     while i < n:
         k = key(ranked[i])[:2]
@@ -174,7 +179,7 @@ def _untied(ranked: list[tuple[float, Any]], key: Any) -> list[tuple[float, Any]
         while j < n and key(ranked[j])[:2] == k:
             j += 1
         run = ranked[i:j]
-        if j - i > 1 and any(hasattr(lk, "names") for _, lk in run):
+        if j - i > 1 and any(hasattr(lk, "names") for _, lk in run) and len({stats_of(lk) for _, lk in run}) > 1:
             ones: list[tuple[float, Any]] = []
             for c, lk in run:
                 if hasattr(lk, "names"):
@@ -182,9 +187,8 @@ def _untied(ranked: list[tuple[float, Any]], key: Any) -> list[tuple[float, Any]
                 else:
                     ones.append((c, lk))
             run = sorted(ones, key=lambda r: r[1].name)
-        out += run
+        yield from run
         i = j
-    return out
 
 
 # ----------------------------------------------------------------------------------------------------

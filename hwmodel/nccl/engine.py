@@ -166,7 +166,7 @@ class NcclEngine:
         """Achieved / line rate of NVLink for NCCL traffic."""
         self._node_of = topo.gpu_nodes()  # (shared, read-only)
         self._comm_topo_cache: dict[tuple[int, int, int], _tuner.CommTopology] = {}
-        self._p2p_cache: dict[tuple[bool, int], P2PPlan] = {}
+        self._p2p_cache: dict[tuple[bool, int], tuple[P2PPlan, int]] = {}
         self._merged_cache: dict[tuple, tuple[dict[Resource, float], dict[Resource, float]]] = {}
         self._mirrored_cache: dict[tuple, tuple[list[Plan], list[_MergedGroup]]] = {}
         self._plan_cache: dict[tuple, Plan] = {}
@@ -320,13 +320,15 @@ class NcclEngine:
         FIFO steps per channel the send fills (:func:`~hwmodel.nccl.algorithms.p2p.p2p_fifo_steps`)."""
         same_node = self._node_of[src] == self._node_of[dst]
         key = (same_node, size_bytes)
-        pp = self._p2p_cache.get(key)
-        if pp is None:
+        hit = self._p2p_cache.get(key)
+        if hit is None:  # (a pipeline send's mirrors ask it once each: the plan and FIFO steps kept per key)
             ct = self.comm_topology((src, dst))
             peer = ("nvlink" if ct.intra_link == "nvlink" else "pci") if same_node else "net"
-            pp = self._p2p_cache[key] = p2p_plan(size_bytes, ct, peer)
+            pp = p2p_plan(size_bytes, ct, peer)
+            hit = self._p2p_cache[key] = (pp, p2p_fifo_steps(size_bytes, pp, multi_node=not same_node))
+        pp, steps = hit
         return Plan("p2p", size_bytes, (src, dst), "p2p", pp.protocol, pp.n_channels, pp.latency_s, 0.0, None,
-                    info={"fifo_steps": p2p_fifo_steps(size_bytes, pp, multi_node=not same_node)})
+                    info={"fifo_steps": steps})
 
     def _plan_all_to_all(self, coll: Collective, gpus: tuple[str, ...]) -> Plan:
         ct = self.comm_topology(gpus)

@@ -115,6 +115,9 @@ def test_link_groups_of_bundles_are_those_of_their_links_one_by_one():
     for top in (1, 3, 10):
         want = link_groups(singles, 1.0, top)
         assert link_groups([d, b, c, a], 1.0, top) == want
+    # two classes of one load (equal timelines, not the same object) and names interleaved: one group
+    e, f = bundle(["m1", "m3"], 10e9, [(0.0, 5e9)], 5e9), bundle(["m0", "m2"], 10e9, [(0.0, 5e9)], 5e9)
+    assert link_groups([e, f, d], 1.0, 10) == [("m0", 4, 5e9, 0.5, 0.5), ("x0->y", 5, 2e9, 0.2, 0.2)]
     want = link_groups(singles, 1.0, 10)
     # s0 (flat), s1 (flat), s2 (peaky), s3 (flat), s4 (peaky), s5 (flat), then the 5 x links
     assert [(g[0], g[1]) for g in want] == [("s0->l9", 2), ("s2->l0", 1), ("s3->l0", 1), ("s4->l0", 1),
