@@ -75,9 +75,13 @@ class Topology:
         graph: the devices and links (see the module docstring for the attributes).
         gpu_spec: the GPU model of every ``gpu`` node.
         nic_spec: the compute NIC model, or None for a cluster without NICs.
+        node_copies: servers ``1 .. node_copies - 1`` are renamed copies of server 0, as
+            :func:`hwmodel.node.add_nodes` builds them (their node classes need no signature; forgotten
+            by :meth:`clear_route_cache`, which a change of ``graph`` calls for).
     """
 
-    def __init__(self, graph: nx.DiGraph, gpu_spec: GPUSpec, nic_spec: NICSpec | None = None) -> None:
+    def __init__(self, graph: nx.DiGraph, gpu_spec: GPUSpec, nic_spec: NICSpec | None = None, *,
+                 node_copies: int = 0) -> None:
         if not isinstance(graph, nx.DiGraph):
             raise TypeError(f"graph must be an nx.DiGraph, got {type(graph).__name__}")
         self.graph = graph
@@ -125,6 +129,7 @@ class Topology:
         self._num_links = 0
         self._gpu_nodes: dict[str, int] | None = None
         self._by_kind: dict[str, list[tuple[str, dict[str, Any]]]] | None = None
+        self._node_copies = node_copies
         self.route_by_construction = True
         """Route structured fabrics and alike nodes by construction (:mod:`hwmodel.routing`); False
         searches every route (the reference the constructed routes are tested against)."""
@@ -399,7 +404,7 @@ class Topology:
     def _classes(self) -> NodeClasses:
         if self._node_classes is None:
             kinds, nodes, _ = self._tables()
-            self._node_classes = NodeClasses(kinds, nodes, self._succ_cost(), self.graph._succ)
+            self._node_classes = NodeClasses(kinds, nodes, self._succ_cost(), self.graph._succ, self._node_copies)
         return self._node_classes
 
     def constructed_fabric(self) -> ClosRoutes | None:
@@ -596,6 +601,7 @@ class Topology:
         self._succ_costs = None
         self._clos = False
         self._node_classes = None
+        self._node_copies = 0
         self._private.clear()
         self._private_nics.clear()
         self._ends_up.clear()
