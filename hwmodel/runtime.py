@@ -323,15 +323,11 @@ class Runtime:
                 raise CollectiveMismatchError(
                     f"send/recv between ranks {pair[0]}->{pair[1]}: sizes differ "
                     f"({other_op.size_bytes} vs {op.size_bytes} bytes)")
-            mkey = (pair[:2], op.size_bytes)
             gpu.hold_sms(plan.n_channels)
             now = self.env.now
-            mirrors = self._mirror_plans.get(mkey)
-            if mirrors is None:
-                mirrors = self._mirror_plans[mkey] = [self.nccl.plan_p2p(src, dst, op.size_bytes)
-                                                      for src, dst in self._mirrors(pair[:2], directed=True)]
-            self.mirrored_activities += len(mirrors)
-            self.nccl.start_mirrored(plan, mirrors).callbacks.append(lambda _ev: done.succeed(now))
+            pairs = self._mirrors(pair[:2], directed=True)  # (kept: the engine caches its merge by this list)
+            self.mirrored_activities += len(pairs)
+            self.nccl.start_mirrored_sends(plan, pairs).callbacks.append(lambda _ev: done.succeed(now))
         elif op.direction == "send" and self._fifo_room(pair, plan):
             yield from self._eager_send(rank, stream, t, op, start, pair, plan)
             return

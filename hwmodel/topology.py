@@ -128,7 +128,7 @@ class Topology:
         self._edge_offsets: dict[str, int] | None = None
         self._num_links = 0
         self._gpu_nodes: dict[str, int] | None = None
-        self._by_kind: dict[str, list[tuple[str, dict[str, Any]]]] | None = None
+        self._by_kind: dict[str, list[str]] | None = None
         self._node_copies = node_copies
         self.route_by_construction = True
         """Route structured fabrics and alike nodes by construction (:mod:`hwmodel.routing`); False
@@ -246,11 +246,12 @@ class Topology:
 
     def nodes_of_kind(self, kind: str, **attrs: Any) -> list[str]:
         """Names of devices of ``kind`` (e.g. ``ib_switch``) whose attributes match ``attrs``."""
-        if self._by_kind is None:  # (built once: a large cluster's devices are mostly of other kinds)
-            self._by_kind = {}
-            for n, d in self.graph._node.items():
-                self._by_kind.setdefault(d["kind"], []).append((n, d))
-        return sorted(n for n, d in self._by_kind.get(kind, ()) if all(d.get(k) == v for k, v in attrs.items()))
+        node_data = self.graph._node
+        if self._by_kind is None:  # (built once: a large cluster's devices are mostly of other kinds; names
+            self._by_kind = {}     # only: a (name, attributes) pair per device stays tracked by the collector)
+            for n, d in node_data.items():
+                self._by_kind.setdefault(d["kind"], []).append(n)
+        return sorted(n for n in self._by_kind.get(kind, ()) if all(node_data[n].get(k) == v for k, v in attrs.items()))
 
     def edge_offsets(self) -> dict[str, int]:
         """Device -> position of its first out-going link in ``graph.edges()`` order (cached), so that a

@@ -168,7 +168,7 @@ class NcclEngine:
         self._comm_topo_cache: dict[tuple[int, int, int], _tuner.CommTopology] = {}
         self._p2p_cache: dict[tuple[bool, int], tuple[P2PPlan, int]] = {}
         self._merged_cache: dict[tuple, tuple[dict[Resource, float], dict[Resource, float]]] = {}
-        self._mirrored_cache: dict[tuple, tuple[list[Plan], list[_MergedGroup]]] = {}
+        self._mirrored_cache: dict[tuple, tuple[list, list[_MergedGroup]]] = {}
         self._plan_cache: dict[tuple, Plan] = {}
         self._shape_rate_cache: dict[tuple, float] = {}
         self._weights_cache: dict[tuple, tuple[dict[Resource, float], dict[Resource, float]]] = {}
@@ -378,6 +378,22 @@ class NcclEngine:
         hit = self._mirrored_cache.get(key)
         if hit is None:  # (the list is kept with the entry, so its id is not reused)
             hit = self._mirrored_cache[key] = (mirrors, self._merged_groups([plan, *mirrors]))
+        return self._start_groups(plan, hit[1])
+
+    def start_mirrored_sends(self, plan: Plan, pairs: list[tuple[str, ...]]) -> simpy.Event:
+        """:meth:`start_mirrored` of the send ``plan`` and its mirrors ``plan_p2p(src, dst,
+        plan.size_bytes)`` for each ``(src, dst)`` of ``pairs``, a list the caller keeps unchanged while
+        the engine lives (cached by its identity, as :meth:`start_mirrored` caches its list). The mirrors'
+        plans are made for the one merge and dropped after it: a pipeline send on 16,384 GPUs has 1,023
+        mirrors, whose kept plans were most of the objects the collector's full passes walked."""
+        if not pairs or self.fidelity == "step":
+            return self.start_together([plan, *(self.plan_p2p(a, b, plan.size_bytes) for a, b in pairs)])
+        key = (id(pairs), plan.op, plan.algorithm, plan.protocol, plan.gpus, plan.root, plan.size_bytes,
+               plan.latency_s, plan.rate_bound_Bps)
+        hit = self._mirrored_cache.get(key)
+        if hit is None:  # (the list is kept with the entry, so its id is not reused)
+            mirrors = [self.plan_p2p(a, b, plan.size_bytes) for a, b in pairs]
+            hit = self._mirrored_cache[key] = (pairs, self._merged_groups([plan, *mirrors]))
         return self._start_groups(plan, hit[1])
 
     def _start_groups(self, first: Plan, groups: list[_MergedGroup]) -> simpy.Event:
