@@ -75,9 +75,8 @@ class Topology:
         graph: the devices and links (see the module docstring for the attributes).
         gpu_spec: the GPU model of every ``gpu`` node.
         nic_spec: the compute NIC model, or None for a cluster without NICs.
-        node_copies: servers ``1 .. node_copies - 1`` are renamed copies of server 0, as
-            :func:`hwmodel.node.add_nodes` builds them (their node classes need no signature; forgotten
-            by :meth:`clear_route_cache`, which a change of ``graph`` calls for).
+        node_copies: servers ``1 .. node_copies - 1`` are renamed copies of server 0 (``add_nodes``): their
+            node classes need no signature; forgotten by :meth:`clear_route_cache` (``graph`` changed).
     """
 
     def __init__(self, graph: nx.DiGraph, gpu_spec: GPUSpec, nic_spec: NICSpec | None = None, *,
@@ -97,12 +96,14 @@ class Topology:
             if "kind" not in data:
                 raise ValueError(f"topology node {n!r} has no 'kind' attribute")
         for u, nbrs in adj.items():
-            for v, data in nbrs.items():
+            for v, data in nbrs.items():  # (one test per link in the common case: a cluster has millions)
+                if "bandwidth_Bps" in data and "latency_s" in data and data["bandwidth_Bps"] > 0 \
+                        and data["latency_s"] >= 0:
+                    continue
                 for attr in ("bandwidth_Bps", "latency_s"):
                     if attr not in data:
                         raise ValueError(f"topology edge {u!r}->{v!r} has no {attr!r} attribute")
-                if not data["bandwidth_Bps"] > 0 or not data["latency_s"] >= 0:
-                    raise ValueError(f"topology edge {u!r}->{v!r}: bandwidth_Bps must be > 0 and latency_s >= 0")
+                raise ValueError(f"topology edge {u!r}->{v!r}: bandwidth_Bps must be > 0 and latency_s >= 0")
         gpus = [n for n, d in node_data.items() if d["kind"] == "gpu"]
         for n in gpus:
             for attr in ("node", "index"):
@@ -247,8 +248,8 @@ class Topology:
     def nodes_of_kind(self, kind: str, **attrs: Any) -> list[str]:
         """Names of devices of ``kind`` (e.g. ``ib_switch``) whose attributes match ``attrs``."""
         node_data = self.graph._node
-        if self._by_kind is None:  # (built once: a large cluster's devices are mostly of other kinds; names
-            self._by_kind = {}     # only: a (name, attributes) pair per device stays tracked by the collector)
+        if self._by_kind is None:  # (built once, of names: a (name, attributes) pair stays tracked by the gc)
+            self._by_kind = {}
             for n, d in node_data.items():
                 self._by_kind.setdefault(d["kind"], []).append(n)
         return sorted(n for n in self._by_kind.get(kind, ()) if all(node_data[n].get(k) == v for k, v in attrs.items()))

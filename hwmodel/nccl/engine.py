@@ -412,10 +412,15 @@ class NcclEngine:
         (:func:`hwmodel.nccl.mirrors.merged_weights`; cached by the members' plans)."""
         first = plans[0]
         groups: dict[tuple, list[Plan]] = {}
+        works: dict[tuple, float] = {}  # (a mirrored send's thousand mirrors: one work figure)
         for p in plans:
             if p.algorithm == "none":
                 continue
-            groups.setdefault((self._work(p), p.latency_s, p.rate_bound_Bps), []).append(p)
+            wk = (p.algorithm, p.op, p.size_bytes, len(p.gpus))
+            work = works.get(wk)
+            if work is None:
+                work = works[wk] = self._work(p)
+            groups.setdefault((work, p.latency_s, p.rate_bound_Bps), []).append(p)
         out: list[_MergedGroup] = []
         for (work, lat, bound), members in groups.items():
             key = tuple((p.op, p.algorithm, p.protocol, p.gpus, p.root, p.busbw_correction) for p in members)
