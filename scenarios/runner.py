@@ -482,13 +482,10 @@ def _prepared_frozen() -> Iterator[None]:
 
 
 RUN_GC_THRESHOLD0 = 20_000
-"""Allocations between two collections of the youngest generation while a run simulates (CPython's
-default: 700). A mirrored run's merges allocate in proportion to the mirrors (a route per mirror, laid
-out and dropped; 52,947 at 16,384 H100, 744,465 at 131,072) and keep caches that grow with them, so
-at the default every tenth middle collection found enough new survivors for a full pass over all of
-them: 55 full passes, 6.8 s of a 30 s run at 131,072 H100 (3 at 16,384, none at 2,048). Objects are
-freed by reference counting as before; reference cycles (SimPy processes and their events) wait at
-most this many allocations longer."""
+"""Allocations between two young collections while a run simulates (CPython: 700). A mirrored run's
+merges allocate per mirror and keep caches that grow with the mirrors, so at the default every tenth
+middle collection found survivors enough for a full pass: 55, 6.8 s of a 30 s run at 131,072 H100.
+Reference cycles (SimPy processes and events) are freed at most this many allocations later."""
 
 
 def scenario_profile(scenario: Scenario) -> calibration_overlay.Overlay | None:
