@@ -21,7 +21,7 @@ import simpy
 from hwmodel.costmodel import KernelCostModel
 from hwmodel.fluid import Activity, FluidSystem, Resource
 from hwmodel.gpu import GPU
-from hwmodel.link_classes import LinkClasses, LinkView
+from hwmodel.link_classes import LinkBundle, LinkClasses, LinkView
 from hwmodel.topology import Topology
 
 K = TypeVar("K")
@@ -91,7 +91,7 @@ class Cluster:
         """The links only merged mirrored traffic loads, in classes of equivalent links."""
         self._cost_model = cost_model or KernelCostModel(topology.gpu_spec, sustained=True)
         gpu_names = topology.gpus()
-        self._gpu_rank = {name: i for i, name in enumerate(gpu_names)}
+        self._gpu_rank = topology.gpu_indices()  # (shared, read-only: a cluster per hierarchical pass)
         self.gpus: OnDemand[str, GPU] = OnDemand(self._gpu_rank.__contains__, lambda: iter(gpu_names),
                                                  lambda: len(gpu_names), self._make_gpu)
         """GPU node name -> GPU, made on first use."""
@@ -161,3 +161,9 @@ class Cluster:
         link's own resource, or a view of its class's (same bytes and timeline); the others have carried
         nothing. ``links.values()`` makes and lists all."""
         return sorted([*self.links.made(), *self.link_classes.views()], key=lambda r: r.index)
+
+    def link_bundles(self) -> list[Resource | LinkBundle]:
+        """:meth:`link_resources` with each link class as one :class:`~hwmodel.link_classes.LinkBundle`
+        (``count`` links, ``names()``) instead of a view per link: for a report that ranks links by load
+        (:func:`scenarios.metrics.link_groups`), whose cost then follows the classes, not the links."""
+        return [*sorted(self.links.made(), key=lambda r: r.index), *self.link_classes.bundles()]

@@ -217,7 +217,7 @@ def build_cluster(node: NodeSpec, num_nodes: int = 1, *, fabric: str = "rail_opt
                     raise ValueError("oversubscription and leaves_per_pod apply to tree fabrics, "
                                      "not to 'single_switch'")
                 single_switch(g, node_nics, nic=node.nic, switch=sw)
-        return Topology(g, node.gpu, node.nic)
+        return Topology(g, node.gpu, node.nic, node_copies=num_nodes)
 
 
 @contextmanager

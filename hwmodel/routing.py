@@ -242,11 +242,16 @@ class NodeClasses:
             nodes are then alike when their devices, in the graph's order, have the same local names and
             kinds and their links the same attributes in the same order (nothing sorted: stricter, so a
             class never holds unlike nodes; a node built in another order is a class of its own).
+        copies: nodes ``1 .. copies - 1`` are renamed copies of node 0, links, attributes and their order
+            included (:func:`hwmodel.node.add_nodes`), so their signature is node 0's and is not built
+            (with ``adj`` only: the signature it keys). 0: every node's signature is built.
     """
 
     def __init__(self, kinds: dict[str, str], nodes: dict[str, Any],
-                 succ_cost: dict[str, dict[str, float]], adj: dict[str, dict[str, dict]] | None = None) -> None:
+                 succ_cost: dict[str, dict[str, float]], adj: dict[str, dict[str, dict]] | None = None,
+                 copies: int = 0) -> None:
         self._kinds = kinds
+        self._copies = copies if adj is not None else 0
         self._nodes = nodes
         self._succ = succ_cost
         self._adj = adj
@@ -284,6 +289,9 @@ class NodeClasses:
         ``n{node}.<local>``. O(node links) the first time a node is asked."""
         if node in self._class_of:
             return self._class_of[node]
+        if type(node) is int and 0 < node < self._copies:  # (node 0's signature: O(node links) once, not per node)
+            hit0 = self._class_of[node] = self.class_of(0)
+            return hit0
         sig = self._signature(node)
         hit = None if sig is None else self._classes.setdefault(sig, (len(self._classes), node))
         self._class_of[node] = hit

@@ -132,10 +132,11 @@ class Runtime:
                 raise ValueError(f"{len(self.programs)} ranks but the cluster has only {len(gpus)} GPUs")
             placement = {r: gpus[i] for i, r in enumerate(self.programs)}
         self.placement = dict(placement)
-        for r in (self.placement if mirror is not None else self.programs):
-            g = self.placement.get(r)
-            if g not in cluster.gpus:
-                raise ValueError(f"placement of rank {r}: unknown GPU {g!r} (e.g. {gpus[:3]} ...)")
+        checked = self.placement if mirror is not None else self.programs
+        known = cluster.topology.gpu_indices()  # (one set operation: a mirrored run places every rank)
+        if not known.keys() >= set(map(self.placement.get, checked)):
+            r = next(r for r in checked if self.placement.get(r) not in known)
+            raise ValueError(f"placement of rank {r}: unknown GPU {self.placement.get(r)!r} (e.g. {gpus[:3]} ...)")
         placed = list(self.placement.values()) if mirror is not None else [self.placement[r] for r in self.programs]
         if len(set(placed)) != len(placed):
             raise ValueError("placement maps two ranks to the same GPU")
@@ -325,15 +326,11 @@ class Runtime:
                 raise CollectiveMismatchError(
                     f"send/recv between ranks {pair[0]}->{pair[1]}: sizes differ "
                     f"({other_op.size_bytes} vs {op.size_bytes} bytes)")
-            mkey = (pair[:2], op.size_bytes)
             gpu.hold_sms(plan.n_channels)
             now = self.env.now
-            mirrors = self._mirror_plans.get(mkey)
-            if mirrors is None:
-                mirrors = self._mirror_plans[mkey] = [self.nccl.plan_p2p(src, dst, op.size_bytes)
-                                                      for src, dst in self._mirrors(pair[:2], directed=True)]
-            self.mirrored_activities += len(mirrors)
-            self.nccl.start_mirrored(plan, mirrors).callbacks.append(lambda _ev: done.succeed(now))
+            pairs = self._mirrors(pair[:2], directed=True)  # (kept: the engine caches its merge by this list)
+            self.mirrored_activities += len(pairs)
+            self.nccl.start_mirrored_sends(plan, pairs).callbacks.append(lambda _ev: done.succeed(now))
         elif op.direction == "send" and self._fifo_room(pair, plan):
             yield from self._eager_send(rank, stream, t, op, start, pair, plan)
             return
@@ -394,14 +391,15 @@ class Runtime:
             return []
         hit = self._mirror_cache.get((ranks, directed))
         if hit is None:
-            topo = self.cluster.topology
+            place, node_of, sim = self.placement.__getitem__, self.cluster.topology.gpu_nodes().__getitem__, \
+                self._sim_nodes  # (placed GPUs only: checked in __init__)
             hit = []
             for other in (self.mirror(ranks, directed=True) if directed else self.mirror(ranks)):
                 if other == ranks:
                     continue
-                gpus = tuple(self.placement[r] for r in other)
-                nodes = {topo.node_of(g) for g in gpus}
-                if len(nodes) == 1 and not nodes & self._sim_nodes:
+                gpus = tuple(map(place, other))
+                nodes = set(map(node_of, gpus))
+                if len(nodes) == 1 and not nodes & sim:
                     continue  # inside a node no simulated rank uses: disjoint from simulated work
                 hit.append(gpus)
             self._mirror_cache[(ranks, directed)] = hit

@@ -75,9 +75,12 @@ class Topology:
         graph: the devices and links (see the module docstring for the attributes).
         gpu_spec: the GPU model of every ``gpu`` node.
         nic_spec: the compute NIC model, or None for a cluster without NICs.
+        node_copies: servers ``1 .. node_copies - 1`` are renamed copies of server 0 (``add_nodes``): their
+            node classes need no signature; forgotten by :meth:`clear_route_cache` (``graph`` changed).
     """
 
-    def __init__(self, graph: nx.DiGraph, gpu_spec: GPUSpec, nic_spec: NICSpec | None = None) -> None:
+    def __init__(self, graph: nx.DiGraph, gpu_spec: GPUSpec, nic_spec: NICSpec | None = None, *,
+                 node_copies: int = 0) -> None:
         if not isinstance(graph, nx.DiGraph):
             raise TypeError(f"graph must be an nx.DiGraph, got {type(graph).__name__}")
         self.graph = graph
@@ -93,12 +96,14 @@ class Topology:
             if "kind" not in data:
                 raise ValueError(f"topology node {n!r} has no 'kind' attribute")
         for u, nbrs in adj.items():
-            for v, data in nbrs.items():
+            for v, data in nbrs.items():  # (one test per link in the common case: a cluster has millions)
+                if "bandwidth_Bps" in data and "latency_s" in data and data["bandwidth_Bps"] > 0 \
+                        and data["latency_s"] >= 0:
+                    continue
                 for attr in ("bandwidth_Bps", "latency_s"):
                     if attr not in data:
                         raise ValueError(f"topology edge {u!r}->{v!r} has no {attr!r} attribute")
-                if not data["bandwidth_Bps"] > 0 or not data["latency_s"] >= 0:
-                    raise ValueError(f"topology edge {u!r}->{v!r}: bandwidth_Bps must be > 0 and latency_s >= 0")
+                raise ValueError(f"topology edge {u!r}->{v!r}: bandwidth_Bps must be > 0 and latency_s >= 0")
         gpus = [n for n, d in node_data.items() if d["kind"] == "gpu"]
         for n in gpus:
             for attr in ("node", "index"):
@@ -124,7 +129,8 @@ class Topology:
         self._edge_offsets: dict[str, int] | None = None
         self._num_links = 0
         self._gpu_nodes: dict[str, int] | None = None
-        self._by_kind: dict[str, list[tuple[str, dict[str, Any]]]] | None = None
+        self._by_kind: dict[str, list[str]] | None = None
+        self._node_copies = node_copies
         self.route_by_construction = True
         """Route structured fabrics and alike nodes by construction (:mod:`hwmodel.routing`); False
         searches every route (the reference the constructed routes are tested against)."""
@@ -155,6 +161,10 @@ class Topology:
             few = ", ".join(self._gpus[:4]) + (", ..." if len(self._gpus) > 4 else "")
             raise ValueError(f"unknown GPU {gpu!r}; GPUs are named like {few} ({len(self._gpus)} in all)")
         return self.graph.nodes[gpu]
+
+    def gpu_indices(self) -> dict[str, int]:
+        """GPU name -> its global index in :meth:`gpus` (the topology's own dict: treat it as read-only)."""
+        return self._gpu_index
 
     def gpu_index(self, gpu: str) -> int:
         """Global index (rank) of ``gpu`` in :meth:`gpus`."""
@@ -237,11 +247,12 @@ class Topology:
 
     def nodes_of_kind(self, kind: str, **attrs: Any) -> list[str]:
         """Names of devices of ``kind`` (e.g. ``ib_switch``) whose attributes match ``attrs``."""
-        if self._by_kind is None:  # (built once: a large cluster's devices are mostly of other kinds)
+        node_data = self.graph._node
+        if self._by_kind is None:  # (built once, of names: a (name, attributes) pair stays tracked by the gc)
             self._by_kind = {}
-            for n, d in self.graph._node.items():
-                self._by_kind.setdefault(d["kind"], []).append((n, d))
-        return sorted(n for n, d in self._by_kind.get(kind, ()) if all(d.get(k) == v for k, v in attrs.items()))
+            for n, d in node_data.items():
+                self._by_kind.setdefault(d["kind"], []).append(n)
+        return sorted(n for n in self._by_kind.get(kind, ()) if all(node_data[n].get(k) == v for k, v in attrs.items()))
 
     def edge_offsets(self) -> dict[str, int]:
         """Device -> position of its first out-going link in ``graph.edges()`` order (cached), so that a
@@ -395,7 +406,7 @@ class Topology:
     def _classes(self) -> NodeClasses:
         if self._node_classes is None:
             kinds, nodes, _ = self._tables()
-            self._node_classes = NodeClasses(kinds, nodes, self._succ_cost(), self.graph._succ)
+            self._node_classes = NodeClasses(kinds, nodes, self._succ_cost(), self.graph._succ, self._node_copies)
         return self._node_classes
 
     def constructed_fabric(self) -> ClosRoutes | None:
@@ -592,6 +603,7 @@ class Topology:
         self._succ_costs = None
         self._clos = False
         self._node_classes = None
+        self._node_copies = 0
         self._private.clear()
         self._private_nics.clear()
         self._ends_up.clear()

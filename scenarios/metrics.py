@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from scenarios.analysis import mfu_peak_dtype, overlap_stats
@@ -112,6 +112,11 @@ def link_groups(links: Iterable[Any], end_time_s: float, top: int) -> list[tuple
     one after), once per timeline object: the links of a link class (:mod:`hwmodel.link_classes`) share
     their representative's, so a class of thousands of links costs one integration.
 
+    ``links`` may hold *bundles* (:class:`hwmodel.link_classes.LinkBundle`: ``count`` links named
+    ``names()`` with one load, ``name`` the first of them by name), ranked as their links would be: a
+    bundle's links sort next to each other unless another entry's load key is exactly theirs, and only
+    such ties are ranked link by link (by name), so the rows are those of the links one by one.
+
     Returns:
         ``[(first link's name, number of links, bytes each, mean utilisation, peak utilisation)]``.
     """
@@ -125,23 +130,65 @@ def link_groups(links: Iterable[Any], end_time_s: float, top: int) -> list[tuple
 
     # (mean, peak) by timeline object; the value holds the timeline, so its id is not reused meanwhile
     stats: dict[tuple[int, float], tuple[Any, float, float]] = {}
-    ranked = sorted(((c, lk) for lk in links if (c := carried_of(lk)) > 0), key=key)
-    groups: list[list] = []
-    for carried, lk in ranked:
+
+    def stats_of(lk: Any) -> tuple[float, float]:
         cap, timeline = float(lk.nominal_capacity), lk.timeline
         sk = (id(timeline), cap)
         if sk not in stats:
             stats[sk] = (timeline, *link_stats(timeline, cap, end_time_s)[1:])
-        _, mean, peak = stats[sk]
+        return stats[sk][1:]
+
+    ranked = _untied(sorted(((c, lk) for lk in links if (c := carried_of(lk)) > 0), key=key), key, stats_of)
+    groups: list[list] = []
+    for carried, lk in ranked:
+        mean, peak = stats_of(lk)
         g = groups[-1] if groups else None
         if g and all(math.isclose(a, b, rel_tol=LINK_GROUP_REL_TOL)
                      for a, b in ((carried, g[2]), (mean, g[3]), (peak, g[4]))):
-            g[1] += 1
+            g[1] += getattr(lk, "count", 1)
             continue
         if len(groups) == top:
             break
-        groups.append([lk.name, 1, carried, mean, peak])
+        groups.append([lk.name, getattr(lk, "count", 1), carried, mean, peak])
     return [tuple(g) for g in groups]
+
+
+class _OneOf:
+    """One link of a bundle, ranked on its own (:func:`_untied`)."""
+
+    __slots__ = ("name", "_of")
+    count = 1
+
+    def __init__(self, name: str, of: Any) -> None:
+        self.name, self._of = name, of
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._of, attr)
+
+
+def _untied(ranked: list[tuple[float, Any]], key: Any, stats_of: Any) -> Iterator[tuple[float, Any]]:
+    """``ranked`` (sorted by ``key``), lazily, with every run of entries whose load key (``key`` less the
+    name) is exactly equal, that holds a bundle and whose entries differ in ``stats_of`` (mean, peak)
+    replaced by its links one by one, sorted by name: the order of the links one by one. (A lone
+    bundle's links are consecutive there; entries of equal bytes, mean and peak fall in one group
+    whatever their order, the first by name leading it.)"""
+    i, n = 0, len(ranked)
+    while i < n:
+        k = key(ranked[i])[:2]
+        j = i + 1
+        while j < n and key(ranked[j])[:2] == k:
+            j += 1
+        run = ranked[i:j]
+        if j - i > 1 and any(hasattr(lk, "names") for _, lk in run) and len({stats_of(lk) for _, lk in run}) > 1:
+            ones: list[tuple[float, Any]] = []
+            for c, lk in run:
+                if hasattr(lk, "names"):
+                    ones += [(c, _OneOf(name, lk)) for name in lk.names()]
+                else:
+                    ones.append((c, lk))
+            run = sorted(ones, key=lambda r: r[1].name)
+        yield from run
+        i = j
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -193,7 +240,7 @@ def run_metrics(rep: Any, flops: tuple[float, float, str]) -> dict[str, Any]:
     mean = {k: sum(getattr(rep.per_rank[r], k) for r in ranks) / len(ranks)
             for k in ("compute_s", "exposed_comm_s", "bubble_s", "idle_s")}
     ov = overlap_stats(res.events, rep.per_rank)
-    links = link_groups(res.cluster.link_resources(), T, BUSIEST_LINK_GROUPS)
+    links = link_groups(res.cluster.link_bundles(), T, BUSIEST_LINK_GROUPS)
     return {
         "scenario": rep.scenario.name,
         "iteration_time_s": T,

@@ -214,7 +214,8 @@ def _rank_rows(per_rank: Mapping[str, Mapping[str, float]], T: float, max_rows: 
 
 
 def _link_lines(rep: Any, top: int) -> list[str]:
-    links = rep.result.cluster.link_resources()  # (once: a large cluster's merges load tens of thousands)
+    # (once, a link class as one bundle: a large cluster's merges load tens of thousands of links)
+    links = rep.result.cluster.link_bundles()
     groups = link_groups(links, rep.result.end_time_s, top)
     if not groups:
         return ["  no link traffic"]
@@ -222,7 +223,10 @@ def _link_lines(rep: Any, top: int) -> list[str]:
     caps = {lk.name: lk.nominal_capacity for lk in links}
     for name, n, carried, mean, peak in groups:
         label = name if n == 1 else f"{name} (+{n - 1})"
-        lines.append(f"  {label:<34} {n:>5} {_gb(carried):>13} {caps[name] / 1e9:>6.0f} GB/s {100 * mean:>6.1f}% "
+        cap = caps.get(name)
+        if cap is None:  # a bundle's link other than its first by name (ranked alone: a tie of loads)
+            cap = next(lk.nominal_capacity for lk in links if name in getattr(lk, "names", list)())
+        lines.append(f"  {label:<34} {n:>5} {_gb(carried):>13} {cap / 1e9:>6.0f} GB/s {100 * mean:>6.1f}% "
                      f"{100 * peak:>6.1f}%")
     lines.append("  (+k): k more links with the same load; capacity per direction")
     lines += _kind_lines(rep, links)
@@ -240,8 +244,9 @@ LINK_KIND_LABELS = {"nvlink": "NVLink (NVLink domain)", "pcie": "PCIe (GPU/NIC t
 def _kind_lines(rep: Any, links: list[Any]) -> list[str]:
     """The busiest link of each edge kind that carried traffic: NVLink-domain traffic and NIC traffic
     apart, whichever dominates the table above (on an NVL72 the rack's NVLink is rarely the busiest).
-    ``links``: the cluster's (``link_resources()``). Busiest as :func:`scenarios.metrics.busiest_links`
-    ranks them, but the utilisation is integrated only for each kind's busiest link, not for every link."""
+    ``links``: the cluster's (``link_resources()``, or ``link_bundles()``: a bundle counts its links).
+    Busiest as :func:`scenarios.metrics.busiest_links` ranks them, but the utilisation is integrated only
+    for each kind's busiest link, not for every link."""
     adj = rep.result.cluster.topology.graph._adj  # (networkx's plain dicts: off its views)
     end = rep.result.end_time_s
     first: dict[str, tuple[tuple[float, float, str], Any, float, float]] = {}  # kind -> its busiest link
@@ -254,7 +259,7 @@ def _kind_lines(rep: Any, links: list[Any]) -> list[str]:
         u, v = lk.name.split("->", 1)
         data = adj[u][v]
         kind = data.get("kind", "other")
-        used[kind] = used.get(kind, 0) + 1
+        used[kind] = used.get(kind, 0) + getattr(lk, "count", 1)  # (a bundle: its class's links)
         key = (-carried / (float(lk.nominal_capacity) or 1.0), -carried, lk.name)  # busiest_links' order
         if kind not in first or key < first[kind][0]:
             first[kind] = (key, lk, carried, data["bandwidth_Bps"])

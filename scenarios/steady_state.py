@@ -336,3 +336,7 @@ class ExtrapolatedCluster:
 
     def link_resources(self) -> list[ExtrapolatedLink]:
         return self._links
+
+    def link_bundles(self) -> list[ExtrapolatedLink]:
+        """:meth:`link_resources`: each link is extrapolated by its own increment, so none is bundled."""
+        return self._links

@@ -166,9 +166,9 @@ class NcclEngine:
         """Achieved / line rate of NVLink for NCCL traffic."""
         self._node_of = topo.gpu_nodes()  # (shared, read-only)
         self._comm_topo_cache: dict[tuple[int, int, int], _tuner.CommTopology] = {}
-        self._p2p_cache: dict[tuple[bool, int], P2PPlan] = {}
+        self._p2p_cache: dict[tuple[bool, int], tuple[P2PPlan, int]] = {}
         self._merged_cache: dict[tuple, tuple[dict[Resource, float], dict[Resource, float]]] = {}
-        self._mirrored_cache: dict[tuple, tuple[list[Plan], list[_MergedGroup]]] = {}
+        self._mirrored_cache: dict[tuple, tuple[list, list[_MergedGroup]]] = {}
         self._plan_cache: dict[tuple, Plan] = {}
         self._shape_rate_cache: dict[tuple, float] = {}
         self._weights_cache: dict[tuple, tuple[dict[Resource, float], dict[Resource, float]]] = {}
@@ -320,13 +320,15 @@ class NcclEngine:
         FIFO steps per channel the send fills (:func:`~hwmodel.nccl.algorithms.p2p.p2p_fifo_steps`)."""
         same_node = self._node_of[src] == self._node_of[dst]
         key = (same_node, size_bytes)
-        pp = self._p2p_cache.get(key)
-        if pp is None:
+        hit = self._p2p_cache.get(key)
+        if hit is None:  # (a pipeline send's mirrors ask it once each: the plan and FIFO steps kept per key)
             ct = self.comm_topology((src, dst))
             peer = ("nvlink" if ct.intra_link == "nvlink" else "pci") if same_node else "net"
-            pp = self._p2p_cache[key] = p2p_plan(size_bytes, ct, peer)
+            pp = p2p_plan(size_bytes, ct, peer)
+            hit = self._p2p_cache[key] = (pp, p2p_fifo_steps(size_bytes, pp, multi_node=not same_node))
+        pp, steps = hit
         return Plan("p2p", size_bytes, (src, dst), "p2p", pp.protocol, pp.n_channels, pp.latency_s, 0.0, None,
-                    info={"fifo_steps": p2p_fifo_steps(size_bytes, pp, multi_node=not same_node)})
+                    info={"fifo_steps": steps})
 
     def _plan_all_to_all(self, coll: Collective, gpus: tuple[str, ...]) -> Plan:
         ct = self.comm_topology(gpus)
@@ -378,6 +380,22 @@ class NcclEngine:
             hit = self._mirrored_cache[key] = (mirrors, self._merged_groups([plan, *mirrors]))
         return self._start_groups(plan, hit[1])
 
+    def start_mirrored_sends(self, plan: Plan, pairs: list[tuple[str, ...]]) -> simpy.Event:
+        """:meth:`start_mirrored` of the send ``plan`` and its mirrors ``plan_p2p(src, dst,
+        plan.size_bytes)`` for each ``(src, dst)`` of ``pairs``, a list the caller keeps unchanged while
+        the engine lives (cached by its identity, as :meth:`start_mirrored` caches its list). The mirrors'
+        plans are made for the one merge and dropped after it: a pipeline send on 16,384 GPUs has 1,023
+        mirrors, whose kept plans were most of the objects the collector's full passes walked."""
+        if not pairs or self.fidelity == "step":
+            return self.start_together([plan, *(self.plan_p2p(a, b, plan.size_bytes) for a, b in pairs)])
+        key = (id(pairs), plan.op, plan.algorithm, plan.protocol, plan.gpus, plan.root, plan.size_bytes,
+               plan.latency_s, plan.rate_bound_Bps)
+        hit = self._mirrored_cache.get(key)
+        if hit is None:  # (the list is kept with the entry, so its id is not reused)
+            mirrors = [self.plan_p2p(a, b, plan.size_bytes) for a, b in pairs]
+            hit = self._mirrored_cache[key] = (pairs, self._merged_groups([plan, *mirrors]))
+        return self._start_groups(plan, hit[1])
+
     def _start_groups(self, first: Plan, groups: list[_MergedGroup]) -> simpy.Event:
         first_done: simpy.Event | None = None
         for work, lat, bound, weights, side, has_first in groups:
@@ -394,10 +412,15 @@ class NcclEngine:
         (:func:`hwmodel.nccl.mirrors.merged_weights`; cached by the members' plans)."""
         first = plans[0]
         groups: dict[tuple, list[Plan]] = {}
+        works: dict[tuple, float] = {}  # (a mirrored send's thousand mirrors: one work figure)
         for p in plans:
             if p.algorithm == "none":
                 continue
-            groups.setdefault((self._work(p), p.latency_s, p.rate_bound_Bps), []).append(p)
+            wk = (p.algorithm, p.op, p.size_bytes, len(p.gpus))
+            work = works.get(wk)
+            if work is None:
+                work = works[wk] = self._work(p)
+            groups.setdefault((work, p.latency_s, p.rate_bound_Bps), []).append(p)
         out: list[_MergedGroup] = []
         for (work, lat, bound), members in groups.items():
             key = tuple((p.op, p.algorithm, p.protocol, p.gpus, p.root, p.busbw_correction) for p in members)

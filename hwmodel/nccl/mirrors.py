@@ -146,19 +146,24 @@ def _routes(topo: Any, pairs: list[tuple[str, str]], own: dict[Edge, float],
 
     full = busy | own_nodes  # (end's first test, inlined: most ends are left out)
     between = clos.route_between
+    # (per merge, not per pair: whether a node's ends are private, and whether an end is left out)
+    privates = {n: private(n) for n in {gpu_nodes.get(g) for pair in pairs for g in pair} if n is not None}
+    whole_up = {a for a, k in ups.items() if k != 1 or a in ends or gpu_nodes.get(a) in full}
+    whole_down = {b for b, k in downs.items() if k != 1 or b in ends or gpu_nodes.get(b) in full}
     out: list[tuple[Edge, ...]] = []
+    append = out.append
     for a, b in pairs:
         na, nb = gpu_nodes.get(a), gpu_nodes.get(b)
-        if na is not None and nb is not None and na != nb and private(na) and private(nb):
+        if na is not None and nb is not None and na != nb and privates[na] and privates[nb]:
             fabric = between(node_data[a]["nic"], node_data[b]["nic"], a, b)
             if fabric is not None:
-                if na in full or a in ends or ups[a] != 1:
+                if a in whole_up:
                     fabric = end(a, na, True) + fabric
-                if nb in full or b in ends or downs[b] != 1:
+                if b in whole_down:
                     fabric = fabric + end(b, nb, False)
-                out.append(fabric)
+                append(fabric)
                 continue
-        out.append(route(a, b))
+        append(route(a, b))
     return out
 
 

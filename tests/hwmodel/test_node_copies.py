@@ -80,3 +80,41 @@ def test_clusters_equal_networkx_built(system, nodes, keys, monkeypatch):
     _assert_same(reference.graph, fast.graph)
     assert fast == reference
     assert fast.route("n0.gpu0", f"n{nodes - 1}.gpu3") == reference.route("n0.gpu0", f"n{nodes - 1}.gpu3")
+
+
+@pytest.mark.parametrize("system,nodes,keys", [
+    ("dgx-h100", 70, {}),
+    ("dgx-h100", 40, {"fabric": "fat_tree", "oversubscription": 2.0, "nodes_per_leaf": 4}),
+    ("dgx-h100", 8, {"nics_per_node": 4}),  # two GPUs per NIC: not private ends
+    *((name, 3, {}) for name in known_systems()),
+])
+def test_copied_servers_are_in_server_0s_node_class(system, nodes, keys):
+    """A cluster built of copies (``Topology(..., node_copies=n)``) puts every server in server 0's node
+    class without building its signature; a topology of the same graph that builds every signature finds
+    the same classes, private ends and node-local segments."""
+    from hwmodel.topology import Topology
+
+    fast = build_system(system, nodes, **keys)
+    ref = Topology(fast.graph, fast.gpu_spec, fast.nic_spec)
+    assert fast._node_copies == nodes and ref._node_copies == 0
+    for n in range(nodes):
+        assert fast.private_ends(n) == ref.private_ends(n)
+    assert {fast._classes().class_of(n)[0] for n in range(nodes)} == {0}
+    assert len(fast._classes()._classes) == 1  # (server 0's signature only)
+    assert len(ref._classes()._classes) == 1 and len(ref._classes()._class_of) == nodes
+    gpus = fast.gpus()
+    for a, b in ((gpus[0], gpus[-1]), (gpus[-1], gpus[1]), (gpus[len(gpus) // 2], gpus[0])):
+        assert fast.route(a, b) == ref.route(a, b)
+    fast.clear_route_cache()  # (the graph may have changed: every signature is built again)
+    assert fast._node_copies == 0
+
+
+def test_a_changed_copy_after_clear_route_cache_is_a_class_of_its_own():
+    t = build_system("dgx-h100", 3)
+    g = t.graph
+    data = g.edges["n2.gpu0", "n2.pcie0"]
+    g.remove_edge("n2.gpu0", "n2.pcie0")
+    g.add_edge("n2.gpu0", "n2.pcie0", **data)  # (same link, last in n2.gpu0's order: another signature)
+    t.clear_route_cache()
+    classes = t._classes()
+    assert classes.class_of(1)[0] == classes.class_of(0)[0] != classes.class_of(2)[0]

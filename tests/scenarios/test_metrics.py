@@ -94,3 +94,32 @@ def test_link_groups_count_every_link_of_the_last_group():
     assert [(g[0], g[1]) for g in groups] == [("a0000", 700), ("b0000", 1000), ("c", 1)]
     assert groups[1][3:] == pytest.approx((0.3, 0.3))
     assert link_groups([*tail, *cls, *big], 1.0, 2) == groups[:2]
+
+
+def bundle(names, cap, timeline, carried):
+    """A link class as the report sees it (``hwmodel.link_classes.LinkBundle``): one load, several names."""
+    return SimpleNamespace(name=min(names), count=len(names), names=lambda: list(names), nominal_capacity=cap,
+                           timeline=timeline, carried=carried)
+
+
+def test_link_groups_of_bundles_are_those_of_their_links_one_by_one():
+    """Bundles rank as their links would one by one, also where another entry's load key is exactly theirs
+    (the same bytes on the same capacity, a different peak): then the links interleave by name, and a group
+    is cut wherever the peak changes, as with the links one by one."""
+    flat, peaky = [(0.0, 5e9)], [(0.0, 10e9), (0.5, 0.0)]  # both carry 5e9 bytes in 1 s on 10 GB/s
+    a = bundle(["s1->l0", "s3->l0", "s5->l0"], 10e9, flat, 5e9)
+    b = bundle(["s2->l0", "s4->l0"], 10e9, peaky, 5e9)
+    c = link("s0->l9", 10e9, flat, 5e9)  # a pinned link with the first bundle's load
+    d = bundle([f"x{i}->y" for i in range(5)], 10e9, [(0.0, 2e9)], 2e9)  # ties with nothing
+    singles = [link(n, 10e9, lk.timeline, lk.carried) for lk in (a, b, d) for n in lk.names()] + [c]
+    for top in (1, 3, 10):
+        want = link_groups(singles, 1.0, top)
+        assert link_groups([d, b, c, a], 1.0, top) == want
+    # two classes of one load (equal timelines, not the same object) and names interleaved: one group
+    e, f = bundle(["m1", "m3"], 10e9, [(0.0, 5e9)], 5e9), bundle(["m0", "m2"], 10e9, [(0.0, 5e9)], 5e9)
+    assert link_groups([e, f, d], 1.0, 10) == [("m0", 4, 5e9, 0.5, 0.5), ("x0->y", 5, 2e9, 0.2, 0.2)]
+    want = link_groups(singles, 1.0, 10)
+    # s0 (flat), s1 (flat), s2 (peaky), s3 (flat), s4 (peaky), s5 (flat), then the 5 x links
+    assert [(g[0], g[1]) for g in want] == [("s0->l9", 2), ("s2->l0", 1), ("s3->l0", 1), ("s4->l0", 1),
+                                            ("s5->l0", 1), ("x0->y", 5)]
+    assert want[-1][2:] == pytest.approx((2e9, 0.2, 0.2))

@@ -46,3 +46,31 @@ def test_each_kinds_busiest_link_is_the_first_of_its_kind_over_all_links():
         mean, carried, name, count = ref[kind]
         assert name in line.split()
         assert f"{100 * mean:>6.1f}%" in line and f"({count} such links carried traffic)" in line
+
+
+def test_the_report_of_link_bundles_is_the_report_of_every_link():
+    """``Cluster.link_bundles()`` (a link class as one entry) gives the links table's groups and the
+    per-kind lines that ``link_resources()`` (a view per link) gives, on mirrored rings whose merges load
+    links of the fabric in classes."""
+    from scenarios.metrics import link_groups
+
+    topo = build_system("dgx-h100", 8, nodes_per_leaf=2, oversubscription=2.0)
+    gpus = topo.gpus()
+    cl = Cluster(topo)
+    eng = NcclEngine(cl)
+    coll = Collective("all_reduce", 256 * MiB, tuple(range(4)))
+    first = eng.plan(coll, tuple(gpus[i] for i in (0, 16, 40, 56)))
+    mirrors = [eng.plan(coll, tuple(gpus[i + j] for i in (0, 16, 40, 56))) for j in range(1, 8)]
+    eng.start_mirrored(first, mirrors)
+    eng.start_mirrored(eng.plan_p2p(gpus[8], gpus[48], 64 * MiB),
+                       [eng.plan_p2p(gpus[8 + j], gpus[48 + j], 64 * MiB) for j in range(1, 8)])
+    cl.env.run()
+    bundles = [lk for lk in cl.link_bundles() if getattr(lk, "count", 1) > 1]
+    assert bundles and sum(b.count for b in bundles) > len(bundles)  # classes of several links were loaded
+    assert sorted(n for lk in cl.link_bundles() for n in getattr(lk, "names", lambda lk=lk: [lk.name])()) == \
+        sorted(lk.name for lk in cl.link_resources())
+    end = cl.env.now
+    for top in (1, 4, 100):
+        assert link_groups(cl.link_bundles(), end, top) == link_groups(cl.link_resources(), end, top)
+    rep = SimpleNamespace(result=SimpleNamespace(cluster=cl, end_time_s=end))
+    assert _kind_lines(rep, cl.link_bundles()) == _kind_lines(rep, cl.link_resources())

@@ -66,6 +66,9 @@ class Layout:
         from ``rank`` only in those coordinates, in rank order. ``"ep"`` is the expert-parallel group
         (``ep`` consecutive data-parallel ranks); ``"edp"`` the expert data-parallel group."""
         axes = (axes,) if isinstance(axes, str) else tuple(axes)
+        hit = self._groups.get((rank, axes))
+        if hit is not None:  # (each rank's program builder asks its groups again: data-parallel ones grow)
+            return hit
         unknown = set(axes) - {"tp", "cp", "dp", "pp", "ep", "edp"}
         if unknown:
             raise ValueError(f"unknown axes {sorted(unknown)}; allowed: tp, cp, dp, pp, ep, edp")
@@ -83,8 +86,15 @@ class Layout:
             choices["dp"] = range(me["dp"] % ep, self.sizes["dp"], ep)
         else:
             choices["dp"] = [me["dp"]]
-        return tuple(sorted(self.rank(tp=a, cp=b, dp=c, pp=d) for a in choices["tp"] for b in choices["cp"]
-                            for c in choices["dp"] for d in choices["pp"]))
+        out = self._groups[(rank, axes)] = tuple(sorted(
+            self.rank(tp=a, cp=b, dp=c, pp=d) for a in choices["tp"] for b in choices["cp"]
+            for c in choices["dp"] for d in choices["pp"]))
+        return out
+
+    @cached_property
+    def _groups(self) -> dict[tuple[int, tuple[str, ...]], tuple[int, ...]]:
+        """:meth:`group`'s answers, by (rank, axes)."""
+        return {}
 
     def stage_ranks(self, stage: int) -> list[int]:
         """All ranks of pipeline stage ``stage``."""

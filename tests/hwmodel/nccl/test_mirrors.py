@@ -92,3 +92,29 @@ def test_sends_counted_per_edge_merge_as_laid_out_flow_by_flow(monkeypatch):
         laid_out = _merged_in_order(topo, pairs, size, counted=False, monkeypatch=monkeypatch)
         assert counted == laid_out  # the same links, in the same order, float for float
         assert any(name.startswith("pod") and "core" in name for name, _ in counted)  # crosses the core
+
+
+def test_mirrored_sends_from_gpu_pairs_equal_those_from_plans_and_cache_by_the_list():
+    """``start_mirrored_sends(plan, pairs)`` (the mirrors' plans made for the merge only) ends at the same
+    instants and puts the same bytes on every link as ``start_mirrored`` of the mirrors' plans; a repeat
+    with the same list reuses its merge. Mirrors inside the sender's node (another channel count and
+    latency: a group of their own) and across the fabric are both in the list."""
+    topo = build_system("dgx-h100", 8)
+    gpus = topo.gpus()
+    pairs = [(gpus[i], gpus[32 + i]) for i in range(1, 16)] + [(gpus[40 + i], gpus[48 + i]) for i in range(4)] \
+        + [(gpus[16], gpus[17])]
+    out = []
+    for by_pairs in (False, True):
+        eng = NcclEngine(Cluster(topo, record=False))
+        first = eng.plan_p2p(gpus[0], gpus[32], 16 * MiB)
+        mirrors = [eng.plan_p2p(a, b, 16 * MiB) for a, b in pairs]
+        ends = []
+        for _ in range(2):
+            done = eng.start_mirrored_sends(first, pairs) if by_pairs else eng.start_mirrored(first, mirrors)
+            eng.cluster.env.run()
+            assert done.processed
+            ends.append(eng.cluster.env.now)
+        assert len(eng._mirrored_cache) == 1
+        out.append((ends, sorted((lk.name, lk.carried) for lk in eng.cluster.link_resources())))
+    assert out[0] == out[1] and out[0][0][1] > out[0][0][0] > 0
+    assert len({eng.plan_p2p(a, b, 16 * MiB).latency_s for a, b in pairs}) == 2  # (two groups)
