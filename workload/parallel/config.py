@@ -230,6 +230,9 @@ class ParallelConfig:
             self._check_deepspeed()
         if self.zero_stage == 2 and not self.fsdp:
             self._check_zero2()
+        if self.zero_stage == 3 and not self.fsdp and self.zero_impl != "deepspeed" and self.pp > 1:
+            raise ValueError("zero_stage=3 with pipeline_model_parallel_size > 1: Megatron-LM's --use-torch-fsdp2 and "
+                             "DeepSpeed refuse pipeline parallelism; set fsdp = true (torchtitan's FSDP2 with PP)")
         if self.sequence_parallel and self.tp == 1:
             raise ValueError("sequence_parallel=True needs tensor_model_parallel_size > 1")
         if self.tp_comm_overlap and not self.sequence_parallel:
