@@ -56,8 +56,12 @@ class Overlay:
         """The :attr:`changed` paths that can move a run on GPU ``gpu_name`` of architecture ``arch``
         (``volta``, ``ampere``, ...): ``default`` and ``nccl`` ones, its architecture's and its GPU's; a
         ``[gpu."<other>"]``, ``[architecture.<other>]``, ``nccl.nvlink_efficiency.<other>`` or
-        ``nccl.busbw_correction.<other>`` key does not."""
+        ``nccl.busbw_correction.<other>`` key does not, nor a ``[default]`` key that the GPU's architecture
+        or name section sets (in the shipped calibration or the profile): the more specific value wins
+        (:meth:`hwmodel.costmodel.Calibration.for_gpu`)."""
         own = {"gpu": gpu_name, "architecture": arch.lower()}
+        specific = [_section(self.sections, "architecture", arch.lower()), _section(self.sections, "gpu", gpu_name),
+                    _section(_shipped(), "architecture", arch.lower()), _section(_shipped(), "gpu", gpu_name)]
 
         def applies(path: str) -> bool:
             section, _, rest = path.partition(".")
@@ -67,9 +71,42 @@ class Overlay:
                     rest[len(own[section]):].startswith(".")
             if path.startswith(("nccl.nvlink_efficiency.", "nccl.busbw_correction.")):
                 return path.split(".")[2].lower() == arch.lower()
+            if section == "default":
+                return not any(_has(table, rest.split(".")) for table in specific)
             return True
 
         return tuple(p for p in self.changed if applies(p))
+
+
+def _section(data: Mapping[str, Any], kind: str, name: str) -> Mapping[str, Any]:
+    """``data[kind][name]`` (architecture names compared in lower case), or an empty table."""
+    table = data.get(kind, {})
+    if kind == "architecture":
+        table = {str(k).lower(): v for k, v in table.items()}
+    found = table.get(name, {})
+    return found if isinstance(found, Mapping) else {}
+
+
+def _has(table: Mapping[str, Any], keys: list[str]) -> bool:
+    """Whether the dotted ``keys`` lead to a value in ``table``."""
+    for k in keys:
+        if not isinstance(table, Mapping) or k not in table:
+            return False
+        table = table[k]
+    return True
+
+
+_SHIPPED: dict[str, Any] = {}
+
+
+def _shipped() -> Mapping[str, Any]:
+    """The shipped calibration.toml, read once."""
+    if not _SHIPPED:
+        from hwmodel.costmodel import DEFAULT_CALIBRATION_PATH
+
+        with DEFAULT_CALIBRATION_PATH.open("rb") as f:
+            _SHIPPED.update(tomllib.load(f))
+    return _SHIPPED
 
 
 def _leaves(table: Mapping[str, Any], prefix: str) -> list[str]:

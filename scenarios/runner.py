@@ -445,11 +445,17 @@ def run_prepared(prep: Prepared, memory: Any, *, progress: bool = False,
         gpu = prep.topology.gpu_spec
         changed = overlay.applying_to(gpu.name, Calibration.architecture_of(gpu))
         report.metrics["calibration"] = {"profile": overlay.path, "name": overlay.name, "changed": list(changed)}
-        if not changed:
+        shadowed = [k for k in overlay.changed if k.startswith("default.") and k not in changed]
+        other = [k for k in overlay.changed if k not in changed and k not in shadowed]
+        why = ([f"{len(other)} for other GPUs ({', '.join(other[:3])}{', ...' if len(other) > 3 else ''})"] if other
+               else []) + ([f"{len(shadowed)} [default] key(s) that {gpu.name}'s architecture or GPU section sets, "
+                            f"which wins ({', '.join(shadowed[:3])}{', ...' if len(shadowed) > 3 else ''})"]
+                           if shadowed else [])
+        if why:
             report.metrics.setdefault("warnings", []).append(
-                f"calibration {overlay.name} ({overlay.path}): changes nothing for this run on {gpu.name}; its "
-                f"{len(overlay.changed)} constant(s) are for other GPUs ({', '.join(overlay.changed[:3])}"
-                + (", ..." if len(overlay.changed) > 3 else "") + ")")
+                f"calibration {overlay.name} ({overlay.path}): "
+                + ("changes nothing for this run" if not changed else "some constants change nothing here")
+                + f" on {gpu.name}: " + "; ".join(why))
         if used_curves:  # only the corrections this run applied: a curve for another collective warns of nothing
             with calibration_overlay.applied(overlay):
                 warning = fidelity_warning(overlay.name, prep.scenario.simulation.get("fidelity", "flow"),

@@ -93,6 +93,21 @@ def test_profile_of_another_gpu_warns(tmp_path, capsys):
     assert any("changes nothing for this run on H100-SXM5" in w for w in m["warnings"])
 
 
+def test_default_key_that_the_architecture_sets_changes_nothing(tmp_path):
+    """The shipped [architecture.ampere.gemm_efficiency] sets bf16, so a profile's [default] bf16 never reaches an
+    A100 (Calibration.for_gpu merges default < architecture < GPU): not reported as changing it."""
+    ov = O.load_overlay(write_profile(tmp_path / "p.toml", {"profile": {"name": "d"},
+                                                             "default": {"gemm_efficiency": {"bf16": 0.3}}}))
+    assert ov.changed == ("default.gemm_efficiency.bf16",)
+    assert ov.applying_to("A100-SXM4-80GB", "ampere") == ()
+    assert ov.applying_to("V100-SXM2-16GB", "volta") == ("default.gemm_efficiency.bf16",)  # no volta section sets it
+    out = tmp_path / "r.json"
+    assert main(["run", "--calibration", str(tmp_path / "p.toml"), "--json", str(out)]) == 0
+    warnings = json.loads(out.read_text())["warnings"]
+    assert any("changes nothing for this run on A100-SXM4-80GB: 1 [default] key(s) that A100-SXM4-80GB's "
+               "architecture or GPU section sets, which wins (default.gemm_efficiency.bf16)" in w for w in warnings)
+
+
 @pytest.mark.parametrize("path, word", [
     (("gemm_class_efficiency", "conv3x3_fwd"), "Winograd"),
     (("gemm_class_efficiency", "conv3x3@m13n8k11"), "Winograd"),
