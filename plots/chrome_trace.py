@@ -180,7 +180,9 @@ def _link_counters(link_series: Any, max_links: int | None) -> list[tuple[str, l
 
     Accepts a mapping ``name -> [(t_s, fraction 0..1)]`` (e.g. from ``Resource.utilisation()``) or a
     sequence of link objects with ``name``, ``nominal_capacity`` (units/s) and ``timeline``
-    ``[(t_s, units_per_s)]``; with objects, ``max_links`` keeps the busiest by ``carried``.
+    ``[(t_s, units_per_s)]``; with objects, ``max_links`` keeps the busiest by ``carried`` over
+    ``nominal_capacity`` -- mean utilisation, as the text report and ``links.png`` rank links (by bytes alone
+    the fast NVLink links crowded out the saturated NICs).
     """
     out: list[tuple[str, list[tuple[float, float]]]] = []
     if isinstance(link_series, Mapping):
@@ -191,7 +193,8 @@ def _link_counters(link_series: Any, max_links: int | None) -> list[tuple[str, l
         return out
     links = list(link_series)
     if max_links is not None:
-        links = sorted(links, key=lambda lk: (-float(getattr(lk, "carried", 0.0)), lk.name))[:max_links]
+        links = sorted(links, key=lambda lk: (-float(getattr(lk, "carried", 0.0)) / (float(lk.nominal_capacity) or 1.0),
+                                              lk.name))[:max_links]
     for lk in links:
         cap = float(lk.nominal_capacity) or 1.0
         label = f"{lk.name} ({cap / 1e9:g} GB/s)"

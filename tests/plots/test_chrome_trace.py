@@ -102,6 +102,17 @@ def test_link_counters_in_network_process():
     assert [c["args"]["util %"] for c in doc2["traceEvents"] if c["ph"] == "C"] == [25.0]
 
 
+def test_busiest_links_ranked_by_utilisation_not_bytes():
+    """``max_links`` keeps the links the report and links.png rank busiest (carried over capacity): a
+    saturated 25 GB/s NIC link before a 450 GB/s NVLink link that carried more bytes at 7 %."""
+    nvlink = SimpleNamespace(name="n0.gpu0->nvswitch", nominal_capacity=450e9, carried=31.5e6,
+                             timeline=[(0.0, 31.5e9), (1e-3, 0.0)])
+    nic = SimpleNamespace(name="n0.nic0->leaf0", nominal_capacity=25e9, carried=25e6,
+                          timeline=[(0.0, 25e9), (1e-3, 0.0)])
+    doc = to_chrome_trace(events(), link_series=[nvlink, nic], max_links=1)
+    assert {e["name"] for e in doc["traceEvents"] if e["ph"] == "C"} == {"n0.nic0->leaf0 (25 GB/s)"}
+
+
 def _assert_no_overlaps(doc):
     lanes = defaultdict(list)
     for e in slices(doc):
