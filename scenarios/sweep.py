@@ -162,8 +162,12 @@ def load_sweep(name: str | None, vary: Sequence[str] = (), overrides: Sequence[s
             raise ValueError(f"no scenario file or catalog scenario {name!r}; catalog: {', '.join(catalog_names())}")
         data, source = read_toml_file(path), str(path)
     items, x_label, x_values = _check_sweep_table(data.pop("sweep", {}), source)
+    given: set[str] = set()
     for text in vary:
         key, values = parse_vary(text)
+        if key in given:
+            raise ValueError(f"--vary {key}: given twice; give each key once, with all its values (v1,v2,...)")
+        given.add(key)
         for i, (k, _) in enumerate(items):
             if k == key:
                 items[i] = (key, values)
@@ -329,10 +333,24 @@ def _warning_lines(sweep: Sweep, rows: Sequence[PointResult]) -> list[str]:
         point = ", ".join(f"{k}={_fmt_value(r.values[k])}" for k in sweep.keys)
         for w in (r.metrics or {}).get("warnings", []):
             where.setdefault(w, []).append(point)
+    same = same_result_note(sweep, rows)
+    if same:
+        where.setdefault(same, [])
     if not where:
         return []
-    return ["", "Warnings"] + [f"  {w} ({'every point' if len(p) == len(rows) else '; '.join(p)})"
+    return ["", "Warnings"] + [f"  {w}" + (f" ({'every point' if len(p) == len(rows) else '; '.join(p)})" if p else "")
                                for w, p in where.items()]
+
+
+def same_result_note(sweep: Sweep, rows: Sequence[PointResult]) -> str:
+    """A note when every simulated point gave exactly the same iteration time (two or more points, none
+    failed): the varied keys change nothing in this scenario (e.g. a fabric's shape where no link binds),
+    which the per-key no-op checks do not always catch; else ``""``."""
+    times = {r.iteration_time_s for r in rows}
+    if len(rows) < 2 or any(r.error for r in rows) or None in times or len(times) != 1:
+        return ""
+    return (f"every point gives the same iteration time ({rows[0].iteration_time_s * 1e3:.2f} ms): "
+            f"{', '.join(sweep.keys)} change{'s' if len(sweep.keys) == 1 else ''} nothing in this scenario")
 
 
 def _is_number(v: Any) -> bool:

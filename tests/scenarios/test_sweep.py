@@ -133,6 +133,28 @@ def test_a_key_no_point_accepts_fails_once_up_front(tmp_path, capsys):
     assert cap.err.startswith("trainsim sweep: error: every point: [system] unknown key(s) foo; allowed: ")
 
 
+def test_a_key_given_twice_is_refused(tmp_path, capsys):
+    """Two --vary of one key: the first was silently dropped; one line, exit 2."""
+    p = tmp_path / "tiny.toml"
+    p.write_text(TINY)
+    assert main(["sweep", str(p), "--vary", "model.num_layers=2", "--vary", "model.num_layers=4"]) == 2
+    assert capsys.readouterr().err == ("trainsim sweep: error: --vary model.num_layers: given twice; give each key "
+                                       "once, with all its values (v1,v2,...)\n")
+
+
+def test_points_that_all_give_the_same_time_say_the_key_changes_nothing(tmp_path, capsys):
+    """One DGX with TP 8 only: nothing crosses the fabric, so its spine count cannot matter; the sweep says
+    so once, below the table (and a sweep whose points differ says nothing of the kind)."""
+    p = tmp_path / "tiny.toml"
+    p.write_text(TINY)
+    assert main(["sweep", str(p), "--vary", "system.spines=1,4"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("every point gives the same iteration time") == 1
+    assert "system.spines changes nothing in this scenario" in out
+    assert main(["sweep", str(p), "--vary", "model.num_layers=1,2"]) == 0
+    assert "same iteration time" not in capsys.readouterr().out
+
+
 def test_sequence_parallel_at_tp_1_is_turned_off_with_a_warning(tmp_path, capsys):
     """Megatron-LM's validate_args turns sequence parallelism off at TP 1 and warns; a sweep over TP with
     sequence_parallel = true runs its TP 1 point (it used to fail), and says so for that point only."""
