@@ -565,10 +565,14 @@ def check_knobs(facts: ModelFacts, knobs: Mapping[str, list[Any]]) -> None:
     """``--fix``/``--space`` values that no plan of this scenario can take, as ``run`` would refuse them.
 
     Raises:
-        ValueError: one line naming the keys: an FP8 recipe on a scenario that does not train in FP8, a
-            ``zero_impl`` of DeepSpeed without ZeRO stage 3, or async TP and TP overlap pinned together.
+        ValueError: one line naming the keys: EP on a dense model, an FP8 recipe on a scenario that does not
+            train in FP8, a ``zero_impl`` of DeepSpeed without ZeRO stage 3, or async TP and TP overlap pinned
+            together.
     """
     dtype = facts.training.get("dtype", "bf16")
+    if facts.num_experts <= 1 and any(e > 1 for e in knobs.get("ep", ())):
+        raise ValueError(f"parallel.expert_model_parallel_size={','.join(map(str, knobs['ep']))}: expert parallelism "
+                         f"needs a mixture-of-experts model; this one is dense (allowed: 1)")
     if "fp8_recipe" in knobs and dtype != "fp8":
         raise ValueError(f"training.fp8_recipe applies to training.dtype = 'fp8' (this scenario: {dtype})")
     impls, stages = knobs.get("zero_impl", ()), knobs.get("zero", (3,))

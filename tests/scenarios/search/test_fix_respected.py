@@ -97,6 +97,16 @@ def test_fp8_recipe_on_a_bf16_scenario_is_bad_input(capsys, tmp_path):
     assert err.endswith("training.fp8_recipe applies to training.dtype = 'fp8' (this scenario: bf16)")
 
 
+def test_expert_parallelism_on_a_dense_model_is_bad_input(capsys):
+    """As run says it: the search named an unrelated divisibility rule as its most common reason."""
+    assert main(["search", "llama3-8b-tp2-dgx-h100", "--set", "model.num_layers=4", "--top-k", "1",
+                 "--space", "parallel.expert_model_parallel_size=2,4"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0
+    assert err.endswith("parallel.expert_model_parallel_size=2,4: expert parallelism needs a mixture-of-experts "
+                        "model; this one is dense (allowed: 1)")
+
+
 def test_fixed_deepspeed_zero_impl_keeps_only_zero3_deepspeed_plans():
     model = with_overrides(get_model_config("llama3-8b"), num_layers=4, seq_length=1024)
     small = ["parallel.context_parallel_size=1", "parallel.virtual_pipeline_model_parallel_size=1",
