@@ -75,7 +75,9 @@ def megatron_flags(c: Any) -> str:
         f.append(f"--fp8-format hybrid --fp8-recipe {c.fp8_recipe}")
     if c.recompute != "none":
         f.append(_recompute_megatron(c))
-    f += [flag for on, flag in ((c.overlap_grad_reduce, "--overlap-grad-reduce"),
+    # DeepSpeed overlaps ZeRO-2's reductions through its config file, not a Megatron-Core flag
+    grad_overlap = "[ds_config zero_optimization.overlap_comm true]" if c.zero == 2 else "--overlap-grad-reduce"
+    f += [flag for on, flag in ((c.overlap_grad_reduce, grad_overlap),
                                 (c.overlap_param_gather, "--overlap-param-gather"),
                                 (c.tp_comm_overlap, "--tp-comm-overlap")) if on]
     if c.rank_order == "tp-cp-ep-pp-dp":

@@ -135,3 +135,11 @@ def test_zero2_is_deepspeeds_and_refuses_what_its_stack_lacks(kw, named):
                                          r"with " + named):
         ParallelConfig(zero_stage=2, **kw)
     ParallelConfig(zero_stage=1, **kw)  # Megatron-LM's distributed optimizer runs each of them
+
+
+def test_zero2_overlap_is_deepspeeds_config_not_a_megatron_flag():
+    """Megatron-DeepSpeed runs ZeRO-2's reduction overlap from DeepSpeed's config (``overlap_comm``), not from
+    Megatron-Core's ``--overlap-grad-reduce``."""
+    flags = Candidate(tp=2, sp=True, dp=4, zero=2, overlap_grad_reduce=True).flags()
+    assert flags.endswith("--zero-stage 2 [Megatron-DeepSpeed] [ds_config zero_optimization.overlap_comm true]")
+    assert "--overlap-grad-reduce" in Candidate(tp=2, sp=True, dp=4, zero=1, overlap_grad_reduce=True).flags()
