@@ -60,13 +60,13 @@ def register(subparsers) -> None:
 
 def load(name: str | None, overrides: list[str], trust_code: bool = False):
     """The :class:`~scenarios.scenario.Scenario` named on the command line (a path or a catalog name,
-    ``None``: the default), with ``--set`` overrides applied.
+    ``None`` or ``"default"``: the built-in default), with ``--set`` overrides applied.
 
     Raises:
         UserError: unknown catalog name, or a sweep file (which ``trainsim sweep`` runs).
         FileNotFoundError, ValueError: from :func:`scenarios.scenario.load_scenario`.
     """
-    if name is None:
+    if name is None or name == "default" and not Path(name).exists():  # "default" names it, as sweep takes it
         return load_scenario(None, overrides, trust_code=trust_code)
     path = scenario_path(name)
     if not path.exists():

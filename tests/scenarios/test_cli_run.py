@@ -185,3 +185,11 @@ def test_chunked_fidelity_runs_the_default_scenario(default_run, tmp_path):
     flow = json.loads((default_run["dir"] / "a.json").read_text())["iteration_time_s"]
     chunked = json.loads(path.read_text())["iteration_time_s"]
     assert chunked == pytest.approx(flow, rel=1e-6)
+
+
+def test_default_names_the_built_in_scenario(capsys):
+    """``run default`` is ``run`` (sweep already took the name; calibrate and compare need a name)."""
+    from scenarios.cmd_run import load
+
+    assert load("default", []).name == load(None, []).name == "default"
+    assert load("default", ["model.num_layers=2"]).model["num_layers"] == 2
