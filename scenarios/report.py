@@ -129,8 +129,10 @@ def _header(scenario: Any, m: Mapping[str, Any] | None, prep: Any) -> list[str]:
     """Scenario, system, model and parallel lines (from the metrics when there are some)."""
     topo, cfg = prep.topology, prep.config
     lines = [f"Scenario    {scenario.name}  ({display_source(scenario.source)})"]
-    if scenario.description:
-        lines.append(f"            {scenario.description}")
+    if scenario.description:  # the file's words: they do not know the --set overrides
+        lines.append(f"            {scenario.description}"
+                     + ("  [the file's description, before the overrides below]" if getattr(scenario, "overrides", ())
+                        else ""))
     if getattr(scenario, "overrides", ()):
         lines.append(f"Overrides   {', '.join(scenario.overrides)}")
     nic = f", {topo.nic_spec.name} NICs" if getattr(topo, "nic_spec", None) is not None else ""
@@ -401,7 +403,7 @@ def write_plots(rep: Any, directory: str | Path) -> list[Path]:
     p = m["parallel"]
     what = (f"{rep.scenario.name}: {m['model']} on {m['system']['gpus']} x {m['system']['gpu']}, "
             f"TP {p['tp']} PP {p['pp']}" + (f" x {p['vpp']} (interleaved)" if (p.get("vpp") or 1) > 1 else "")
-            + f" DP {p['dp']}")
+            + f" DP {p['dp']}" + "".join(f" {k.upper()} {p[k]}" for k in ("cp", "ep") if (p.get(k) or 1) > 1))
     steady = m["simulation"].get("steady_state")
     shown = f" (the simulated {steady['simulated_microbatches'][-1]} of {steady['of']} micro-batches)" if steady else ""
     out = [d / "gantt.png", d / "links.png", d / "breakdown.png"]
