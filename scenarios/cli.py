@@ -67,13 +67,21 @@ def output_dir(option: str, value: str) -> Path:
     return path
 
 
+class OneLineErrorParser(argparse.ArgumentParser):
+    """argparse with the project's one-line errors: ``trainsim run: error: ...`` and exit 2, without the
+    usage block argparse prints first (``--help`` shows it)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrorParser(
         prog="trainsim",
         description="Simulate one training iteration of a PyTorch model with a parallel strategy on a "
                     "GPU cluster, on a contended hardware model (GPUs, NVLink/NVSwitch, PCIe, NICs, "
                     "InfiniBand).")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineErrorParser)
     for name in COMMANDS:
         try:
             mod = importlib.import_module(f"scenarios.cmd_{name}")

@@ -203,3 +203,16 @@ def test_combinations_megatron_refuses_are_refused(capsys, overrides, message):
     """Megatron-LM's arguments.py asserts these; a plan it refuses is not simulated as if it ran."""
     err = one_line_error(capsys, ["run", *[a for o in overrides for a in ("--set", o)]])
     assert message in err
+
+
+@pytest.mark.parametrize("argv", [["run", "--max-tasks", "abc"], ["nccl-tests", "all_reduce", "-b"], ["bogus"]])
+def test_argument_errors_are_one_line(capsys, argv):
+    """argparse's own errors (a bad type, a missing value, an unknown command): one line, exit 2, no usage
+    block before it (``--help`` shows the usage)."""
+    from scenarios.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and ": error: " in err and "usage:" not in err
