@@ -93,13 +93,15 @@ def test_each_rule_rejects_with_its_reason(plan, model_kw, facts_kw, reason):
     assert "\n" not in why
 
 
-def test_ep_on_a_dense_model_is_one_family():
-    valid, rejected = enumerate_space(facts(), llama(), parse_knobs(
-        fix=[*TIGHT, "parallel.tensor_model_parallel_size=1", "parallel.pipeline_model_parallel_size=1",
-             "parallel.zero_stage=0", "parallel.overlap_grad_reduce=false"],
-        space=["parallel.expert_model_parallel_size=1,2"]))
-    assert len(valid) == 1
-    assert len(rejected) == 1 and "mixture-of-experts" in rejected[0].reason
+def test_ep_on_a_dense_model_is_bad_input():
+    """EP asked on a dense model is refused before enumerating, with run's reason (as one rejected family it
+    was shown behind unrelated reasons)."""
+    with pytest.raises(ValueError, match=r"expert_model_parallel_size=1,2: expert parallelism needs a "
+                                         r"mixture-of-experts model; this one is dense \(allowed: 1\)"):
+        enumerate_space(facts(), llama(), parse_knobs(
+            fix=[*TIGHT, "parallel.tensor_model_parallel_size=1", "parallel.pipeline_model_parallel_size=1",
+                 "parallel.zero_stage=0", "parallel.overlap_grad_reduce=false"],
+            space=["parallel.expert_model_parallel_size=1,2"]))
 
 
 @pytest.mark.parametrize("recompute", ["none", "selective", "full"])
