@@ -79,6 +79,21 @@ def test_rank_trace_shards_heads_of_width_head_dim_and_experts() -> None:
     assert t.params_block == (h * 40 * 128 + 4096 * h) // tp + 2 * 128 + 2 * h + h * 128 + local * 3 * h * f
 
 
+@pytest.mark.parametrize("backend", ["flash", "flash3", "cudnn"])
+def test_fsdp_projections_and_every_fused_backend_trace(backend: str) -> None:
+    """FSDP sets separate_projections (torchtitan's wq/wk/wv): Qwen3's attention traced a fused qkv it did not
+    have (an AttributeError); the QKV GEMM FLOPs are the same three ways split. Every fused backend is one
+    attention kernel (flash3/cudnn went to the unfused path)."""
+    c = with_overrides(get_model_config("qwen3-30b-a3b"), num_layers=2, seq_length=256, attention_backend=backend)
+    cfg = ParallelConfig(fsdp=True, micro_batch_size=1, global_batch_size=8).resolve(8)
+    t = trace_rank(c, cfg)
+    n, h = 256, 2048
+    mm = sum(o.flops for o in t.graph.block_ops(0, "fwd") if o.name == "aten.mm")
+    assert mm == 2 * n * h * (32 + 8) * 128 + 2 * n * (32 * 128) * h + 2 * n * h * 128
+    assert sum(o.kind == "attention" for o in t.graph.block_ops(0, "fwd")) == 1
+    assert not any(o.name == "aten.baddbmm" for o in t.graph.block_ops(0, "fwd"))
+
+
 def test_activations_with_head_dim_and_qk_norm() -> None:
     s, b, h, a, g, d, f, t = 4096, 1, 2048, 32, 4, 128, 768, 2
     kw = {"tp": t, "ffn_hidden_size": f, "num_query_groups": g, "gated_mlp": True, "moe_tokens_factor": 8.0,

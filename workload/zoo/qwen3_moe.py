@@ -29,7 +29,7 @@ from torch import nn
 from workload.parallel.tp import TPContext
 from workload.zoo.config import TransformerConfig
 from workload.zoo.family import ModelFamily
-from workload.zoo.gpt import SERIAL, SelfAttention, apply_rope, apply_rope_complex, dropout
+from workload.zoo.gpt import SERIAL, SelfAttention, apply_rope, apply_rope_complex, dropout, repeat_kv
 from workload.zoo.llama import Llama, RMSNorm
 from workload.zoo.moe import MoE
 
@@ -73,7 +73,10 @@ class Qwen3Attention(SelfAttention):
         x = self.tp.enter(x)  # (B, T, C): all-gather along T with SP
         B, T, _ = x.shape
         hs = self.head_dim
-        q, k, v = self.qkv(x).split([self.n_head * hs, self.n_kv * hs, self.n_kv * hs], dim=-1)
+        if self.separate:  # torchtitan's wq, wk, wv (fsdp = true sets separate_projections)
+            q, k, v = self.wq(x), self.wk(x), self.wv(x)
+        else:
+            q, k, v = self.qkv(x).split([self.n_head * hs, self.n_kv * hs, self.n_kv * hs], dim=-1)
         q = self.q_norm(q.view(B, T, self.n_head, hs))  # (B, T, nh/tp, hs)
         k = self.k_norm(k.view(B, T, self.n_kv, hs))  # (B, T, nkv/tp, hs)
         if rope is not None and len(rope) == 1:  # torchtitan's complex form (rotary_complex)
@@ -82,9 +85,12 @@ class Qwen3Attention(SelfAttention):
         v = v.view(B, T, self.n_kv, hs).transpose(1, 2)  # (B, nkv/tp, T, hs)
         if rope is not None and len(rope) == 2:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        if self.backend == "flash":
+        if self.separate and self.backend != "unfused" and self.n_kv != self.n_head:
+            rep = self.n_head // self.n_kv  # torchtitan repeats K/V heads before SDPA, as SelfAttention does
+            k, v = (repeat_kv(t.transpose(1, 2), rep).transpose(1, 2) for t in (k, v))
+        if self.backend != "unfused":  # every fused backend (flash, flash2, flash3, cudnn, efficient)
             y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal,
-                                               enable_gqa=self.n_kv != self.n_head)  # (B, nh/tp, T, hs)
+                                               enable_gqa=k.shape[1] != q.shape[1])  # (B, nh/tp, T, hs)
         else:
             y = self._unfused(q, k, v)
         y = y.transpose(1, 2).reshape(B, T, self.n_head * hs)  # (B, T, nh·hs/tp)
