@@ -76,6 +76,8 @@ class SearchResult:
     picks: dict[Candidate, str] = field(default_factory=dict)
     """The top K, each with why it was simulated: ``shape`` (round 1), ``variant`` (round 2) or ``screen``
     (:func:`simulate_top_k`)."""
+    num_layers: int = 0
+    """The model's layers (torchtitan's stage-split flags spell the split out with it)."""
     outside: frozenset[Candidate] = frozenset()
     """Plans simulated for comparison only (the baseline or the scenario's plan outside ``--fix``/``--space``):
     never the recommendation."""
@@ -320,7 +322,8 @@ def run_search(scenario: Scenario, *, fix: Sequence[str] = (), space: Sequence[s
     if not fit:
         close = min(estimates, key=lambda e: (e.memory_bytes, e.candidate))
         raise NoFeasiblePlan(f"no plan fits in {close.hbm_bytes / 1e9:.1f} GB per GPU; closest: "
-                             f"{close.candidate.flags(ctx.global_batch_size)} -- {close.oom_reason}; it lacks "
+                             f"{close.candidate.flags(ctx.global_batch_size, ctx.facts.num_layers)} -- "
+                             f"{close.oom_reason}; it lacks "
                              f"{-close.headroom_bytes / 1e9:.1f} GB of HBM per GPU")
     unfit = sorted((e for e in estimates if not e.fits), key=lambda e: (e.memory_bytes, e.candidate))
     kind, base, _ = pick_baseline(ctx)
@@ -342,7 +345,7 @@ def run_search(scenario: Scenario, *, fix: Sequence[str] = (), space: Sequence[s
                               "top_k_rule": top_k_rule, "picked": len(picks), "max_tasks": max_tasks,
                               "shapes_picked": sum(1 for v in picks.values() if v == "shape"),
                               "enumerate_s": enumerate_s, "usable_hbm_bytes": usable_hbm_bytes(ctx.gpu)},
-                        picks=picks,
+                        picks=picks, num_layers=ctx.facts.num_layers,
                         outside=frozenset(c for c in (base, given) if c is not None and not satisfies(c, knobs)))
 
 

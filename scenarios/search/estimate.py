@@ -36,10 +36,12 @@ class Estimate:
     def headroom_bytes(self) -> float:
         return self.hbm_bytes - self.memory_bytes
 
-    def to_dict(self, global_batch_size: int | None = None) -> dict[str, Any]:
-        """The estimate as JSON; ``global_batch_size``: the scenario's, for torchtitan's batch flags."""
+    def to_dict(self, global_batch_size: int | None = None, num_layers: int | None = None) -> dict[str, Any]:
+        """The estimate as JSON; ``global_batch_size`` and ``num_layers``: the scenario's, for torchtitan's batch
+        and stage-split flags."""
         c = self.candidate
-        return {"plan": c.to_dict(), "flags": c.flags(global_batch_size), "framework": framework(c), "label": c.short(),
+        return {"plan": c.to_dict(), "flags": c.flags(global_batch_size, num_layers), "framework": framework(c),
+                "label": c.short(),
                 "screen_iteration_time_s": _num(self.iteration_time_s), "screen_compute_s": _num(self.compute_s),
                 "screen_bubble_s": _num(self.bubble_s), "screen_exposed_comm_s": _num(self.exposed_comm_s),
                 "memory_bytes": self.memory_bytes, "headroom_bytes": self.headroom_bytes,

@@ -29,13 +29,51 @@ def framework(c: Any) -> str:
         else "Megatron-LM"
 
 
-def plan_flags(c: Any, global_batch_size: int | None = None) -> str:
+def plan_flags(c: Any, global_batch_size: int | None = None, num_layers: int | None = None) -> str:
     """The plan as its framework's flags, prefixed with the framework's name for a torchtitan plan
-    (``"torchtitan: --parallelism.tensor_parallel_degree 8 ..."``); ``global_batch_size`` (samples): the
-    scenario's, which torchtitan's batch flags need (:func:`torchtitan_flags`)."""
+    (``"torchtitan: --parallelism.tensor_parallel_degree 8 ..."``); ``global_batch_size`` (samples) and
+    ``num_layers``: the scenario's, which torchtitan's batch and stage-split flags need (:func:`torchtitan_flags`)."""
     if framework(c) == "torchtitan":
-        return f"torchtitan: {torchtitan_flags(c, global_batch_size)}"
+        return f"torchtitan: {torchtitan_flags(c, global_batch_size, num_layers)}"
     return megatron_flags(c)
+
+
+def titan_split(num_stages: int, num_layers: int, first_less: int, last_less: int) -> list[int] | None:
+    """Transformer layers per (virtual) stage as torchtitan splits them
+    (``torchtitan/distributed/pipeline_parallel.py`` ``generate_llm_fqn_per_model_part``, ``input_weight`` and
+    ``output_weight`` its ``pipeline_parallel_first/last_stage_less_layers``): ``num_layers + first_less +
+    last_less`` effective layers spread evenly, the remainder one each on the first stages, the first stage
+    ``first_less`` fewer and the last ``last_less`` fewer; ``None`` where torchtitan refuses the numbers."""
+    eff = num_layers + first_less + last_less
+    per, extra = divmod(eff, num_stages)
+    if per == 0 or first_less > per or last_less > per:
+        return None
+    out = [per + (1 if i < extra else 0) for i in range(num_stages)]
+    out[0] -= first_less
+    out[-1] -= last_less
+    return out
+
+
+def _titan_stage_flags(split: list[int], pp: int) -> list[str]:
+    """torchtitan flags that reproduce the simulated per-virtual-stage ``split`` (``pp`` ranks): its
+    ``first/last_stage_less_layers`` (defaults 1 each, so an even split must say 0) and, with several stages
+    per rank, ``pipeline_parallel_layers_per_stage`` (the virtual stage count is ``ceil(effective layers /
+    layers_per_stage)``); a split no such pair gives is named for ``module_fqns_per_model_part``."""
+    n, layers = len(split), sum(split)
+    for first_less in range(max(split) + 1):
+        for last_less in range(max(split) + 1):
+            if titan_split(n, layers, first_less, last_less) != split:
+                continue
+            f = [f"--parallelism.pipeline_parallel_first_stage_less_layers {first_less}",
+                 f"--parallelism.pipeline_parallel_last_stage_less_layers {last_less}"]
+            if n > pp:
+                eff = layers + first_less + last_less
+                per_stage = -(-eff // n)
+                if -(-eff // per_stage) != n:
+                    break
+                f.append(f"--parallelism.pipeline_parallel_layers_per_stage {per_stage}")
+            return f
+    return [f"[stages of {'/'.join(map(str, split))} layers: --parallelism.module_fqns_per_model_part]"]
 
 
 def _recompute_megatron(c: Any) -> str:
@@ -55,7 +93,7 @@ def megatron_flags(c: Any) -> str:
     if c.last_layers:
         f.append(f"--decoder-last-pipeline-num-layers {c.last_layers}")
     if c.vpp > 1:
-        f.append(f"--virtual-pipeline-model-parallel-size {c.vpp}")
+        f.append(f"--num-virtual-stages-per-pipeline-rank {c.vpp}")  # the argument (also with uneven ends)
     if c.cp > 1:
         f.append(f"--context-parallel-size {c.cp}")
     if c.ep > 1:
@@ -97,7 +135,7 @@ _TITAN_FP8 = {"tensorwise": "--model.converters float8 --float8.recipe_name tens
               "mxfp8": "--model.converters mx", "delayed": "[FP8 delayed scaling, Transformer Engine's]"}
 
 
-def torchtitan_flags(c: Any, global_batch_size: int | None = None) -> str:
+def torchtitan_flags(c: Any, global_batch_size: int | None = None, num_layers: int | None = None) -> str:
     """The plan as torchtitan flags: TP always shards the sequence there (``c.tp`` 1 prints degree 1),
     async TP needs ``--compile.enable``, data parallelism is FSDP2 (``data_parallel_shard_degree``) for ZeRO-3 and DDP
     (``data_parallel_replicate_degree``) otherwise.
@@ -107,7 +145,8 @@ def torchtitan_flags(c: Any, global_batch_size: int | None = None) -> str:
     Without a pipeline the micro-batch is ``local_batch_size`` and gradient accumulation makes up the
     global batch; with one, the pipeline schedule takes the rank's whole batch, ``local_batch_size`` =
     global / DP, in micro-batches of ``pipeline_parallel_microbatch_size`` (their count is the ratio).
-    ``global_batch_size`` (samples) unknown: the PP plan's ``local_batch_size`` is written as that ratio."""
+    ``global_batch_size`` (samples) unknown: the PP plan's ``local_batch_size`` is written as that ratio.
+    With ``num_layers`` the stage split is spelled out (:func:`_titan_stage_flags`), else bracketed."""
     f = [f"--parallelism.tensor_parallel_degree {c.tp}"]
     if c.async_tp:
         f += ["--parallelism.enable_async_tensor_parallel", "--compile.enable"]
@@ -120,10 +159,11 @@ def torchtitan_flags(c: Any, global_batch_size: int | None = None) -> str:
         f += [f"--parallelism.pipeline_parallel_degree {c.pp}",
               f"--parallelism.pipeline_parallel_schedule {'Interleaved1F1B' if c.vpp > 1 else '1F1B'}",
               f"--parallelism.pipeline_parallel_microbatch_size {c.mbs}", f"--training.local_batch_size {local}"]
-        if c.vpp > 1:
-            f.append(f"[{c.vpp} stages per rank]")
-        if c.first_layers or c.last_layers:  # torchtitan's first/last_stage_less_layers weigh, not count, layers
-            f.append(f"[first / last stage {c.first_layers or '-'} / {c.last_layers or '-'} layers]")
+        if num_layers:  # the simulated split (Megatron's virtual-stage order is torchtitan's looped one)
+            f += _titan_stage_flags(c.config(c.mbs * c.dp * c.pp).stage_layers(num_layers), c.pp)
+        else:
+            f.append(f"[{c.vpp} stages per rank; first / last stage {c.first_layers or '-'} / {c.last_layers or '-'} "
+                     f"layers]")
     else:
         f.append(f"--training.local_batch_size {c.mbs}")
     if global_batch_size:

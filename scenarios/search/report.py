@@ -33,6 +33,11 @@ def _batch(res: SearchResult) -> int:
     return int(res.scenario.training.get("global_batch_size", res.world_size))
 
 
+def _flags(res: SearchResult, c) -> str:
+    """``c``'s flags with the scenario's batch and layer count (torchtitan's batch and stage-split flags)."""
+    return c.flags(_batch(res), res.num_layers or None)
+
+
 def _mark(res: SearchResult, c) -> str:
     tags = []
     if c == res.baseline:
@@ -57,10 +62,10 @@ def format_table(res: SearchResult) -> str:
         lines.append(f"{i:>3} {_ms(T):>9} {_ms(e.iteration_time_s if e else None):>9} {tok:>10,.0f} "
                      f"{_pct(r['mfu']):>5} {mem / 1e9:>7.1f} {(res.hbm_bytes - mem) / 1e9:>7.1f} "
                      f"{_pct(r['bubble_s'] / T if T else None):>6} {_pct(r['exposed_comm_s'] / T if T else None):>5}  "
-                     f"{c.flags(_batch(res))}{_mark(res, c)}")
+                     f"{_flags(res, c)}{_mark(res, c)}")
     failed = [(c, r) for c, r in res.simulated.items() if r.get("error") or r.get("oom")]
     for c, r in failed:
-        lines.append(f"  - {c.flags(_batch(res))}: {r.get('error') or 'OOM in the simulation'}")
+        lines.append(f"  - {_flags(res, c)}: {r.get('error') or 'OOM in the simulation'}")
     return "\n".join(lines)
 
 
@@ -99,7 +104,7 @@ def speedups(res: SearchResult) -> dict[str, Any]:
     fitting = [e for e in res.estimates if e.fits]
     if fitting:
         worst = max(fitting, key=lambda e: e.iteration_time_s)
-        out["worst_screened_plan"] = worst.candidate.flags(_batch(res))
+        out["worst_screened_plan"] = _flags(res, worst.candidate)
         out["speedup_over_worst_screened"] = worst.iteration_time_s / (res.estimate_of(best[0]).iteration_time_s)
     b = res.simulated.get(res.baseline) if res.baseline is not None else None
     if b and not b.get("error"):
@@ -177,7 +182,7 @@ def format_search(res: SearchResult) -> str:
     if sp:
         lines.append("")
         best = res.best[0]
-        lines.append(f"best: {best.flags(_batch(res))}")
+        lines.append(f"best: {_flags(res, best)}")
         lines.append(f"  {sp['speedup_over_worst_simulated']:.2f}x over the slowest simulated plan, "
                      f"{sp.get('speedup_over_worst_screened', float('nan')):.2f}x over the slowest plan that fits "
                      f"(screen estimate)")
@@ -201,7 +206,7 @@ def search_json(res: SearchResult) -> dict[str, Any]:
     """The ``--json`` document: every plan's estimate (and simulation, where run), rejections, summary."""
     plans, batch = [], _batch(res)
     for e in res.estimates:
-        d = e.to_dict(batch)
+        d = e.to_dict(batch, res.num_layers or None)
         r = res.simulated.get(e.candidate)
         if r is not None:
             d["simulated"] = r

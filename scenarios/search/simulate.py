@@ -38,7 +38,8 @@ def candidate_data(base: Scenario, c: Candidate) -> dict[str, Any]:
     data = copy.deepcopy(base.to_dict())
     data["name"] = f"{base.name}-{c.short().replace(' ', '-').lower()}"
     batch = int(base.training.get("global_batch_size", 0)) or None
-    data["description"] = f"{base.name} with {c.flags(batch)} (found by trainsim search)"
+    layers = base.model.get("num_layers") if isinstance(base.model.get("num_layers"), int) else None
+    data["description"] = f"{base.name} with {c.flags(batch, layers)} (found by trainsim search)"
     data["parallel"] = c.parallel_section(base.parallel)
     data["training"] = c.training_section(data.get("training", {}))
     return data

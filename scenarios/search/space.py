@@ -196,11 +196,11 @@ class Candidate:
                               recompute_num_layers=self.recompute_num_layers if self.recompute_method else None
                               ).resolve(self.tp * self.cp * self.pp * self.dp)
 
-    def flags(self, global_batch_size: int | None = None) -> str:
+    def flags(self, global_batch_size: int | None = None, num_layers: int | None = None) -> str:
         """The plan as the command line of the framework that runs it (:func:`scenarios.search.flags.plan_flags`:
-        Megatron-LM's flags, or torchtitan's for an async-TP plan, whose batch flags take the scenario's
-        ``global_batch_size``)."""
-        return plan_flags(self, global_batch_size)
+        Megatron-LM's flags, or torchtitan's for an async-TP plan, whose batch and stage-split flags take the
+        scenario's ``global_batch_size`` and ``num_layers``)."""
+        return plan_flags(self, global_batch_size, num_layers)
 
     def short(self) -> str:
         """Compact label, e.g. ``TP8 SP PP4x2 DP2 Z1 mbs1 sel ogr``."""

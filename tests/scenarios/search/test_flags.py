@@ -143,3 +143,30 @@ def test_zero2_overlap_is_deepspeeds_config_not_a_megatron_flag():
     flags = Candidate(tp=2, sp=True, dp=4, zero=2, overlap_grad_reduce=True).flags()
     assert flags.endswith("--zero-stage 2 [Megatron-DeepSpeed] [ds_config zero_optimization.overlap_comm true]")
     assert "--overlap-grad-reduce" in Candidate(tp=2, sp=True, dp=4, zero=1, overlap_grad_reduce=True).flags()
+
+
+def test_torchtitan_stage_split_flags_reproduce_the_simulated_split():
+    """torchtitan splits stages by ``generate_llm_fqn_per_model_part`` with first/last_stage_less_layers
+    defaulting to 1 each: an even plan must say 0 and 0, Megatron's recipe split (last stage one fewer) is
+    (0, 1), an interleaved plan names its layers per virtual stage, and a split torchtitan cannot make (a
+    larger last stage) is named for module_fqns_per_model_part."""
+    from scenarios.search.flags import titan_split
+
+    assert titan_split(4, 32, 1, 1) == [8, 9, 8, 7]  # torchtitan's default on 32 layers: 34 effective
+    assert titan_split(4, 32, 0, 1) == [9, 8, 8, 7] and titan_split(4, 32, 0, 0) == [8, 8, 8, 8]
+    atp = {"tp": 2, "sp": True, "zero": 3, "mbs": 1, "async_tp": True}
+    even = Candidate(pp=2, dp=2, **atp).flags(8, 4)
+    assert ("--parallelism.pipeline_parallel_first_stage_less_layers 0 "
+            "--parallelism.pipeline_parallel_last_stage_less_layers 0") in even and "layers_per_stage" not in even
+    assert "--parallelism.pipeline_parallel_layers_per_stage 2" in Candidate(pp=2, vpp=2, dp=2, **atp).flags(8, 8)
+    recipe = Candidate(pp=4, dp=1, first_layers=9, last_layers=7, **atp).flags(8, 32)
+    assert "--parallelism.pipeline_parallel_last_stage_less_layers 1" in recipe
+    assert "[stages of 1/1/1/2 layers: --parallelism.module_fqns_per_model_part]" in \
+        Candidate(pp=4, dp=1, last_layers=2, **atp).flags(8, 5)
+    assert "[" not in Candidate(pp=4, dp=1, first_layers=2, **atp).flags(8, 5)  # 2/1/1/1: torchtitan's remainder
+
+
+def test_megatron_interleaving_is_its_argument():
+    """Megatron-LM's argument is --num-virtual-stages-per-pipeline-rank (the config field's name is not a flag)."""
+    flags = Candidate(tp=2, sp=True, pp=2, vpp=3, dp=2, zero=1).flags()
+    assert "--num-virtual-stages-per-pipeline-rank 3" in flags and "--virtual-pipeline-model" not in flags
