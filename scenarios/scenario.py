@@ -118,10 +118,17 @@ class Scenario:
                 "parallel": self.parallel, "training": self.training, "simulation": self.simulation}
 
 
+UNEVEN_STAGE_KEYS = ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage")
+"""``[parallel]`` keys of an uneven pipeline split; ``"none"`` unsets one (as ``trainsim search --fix`` takes it)."""
+
+
 def parallel_kwargs(parallel: dict[str, Any], training: dict[str, Any]) -> dict[str, Any]:
     """The :class:`ParallelConfig` keywords of a scenario: ``[parallel]`` and the ``[training]`` keys that
     are config fields (micro-batch 1 by default)."""
     kw = dict(parallel)
+    for key in UNEVEN_STAGE_KEYS:  # TOML has no null: "none" unsets a file's uneven split from --set
+        if isinstance(kw.get(key), str) and kw[key].lower() == "none":
+            del kw[key]
     kw["micro_batch_size"] = training.get("micro_batch_size", 1)
     kw.update({k: training[k] for k in TRAINING_PARALLEL_KEYS[1:] if k in training})
     if sp_turned_off(parallel):  # as Megatron-LM's validate_args, which warns (scenarios.notes.parallel_notes)

@@ -216,3 +216,13 @@ def test_argument_errors_are_one_line(capsys, argv):
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and ": error: " in err and "usage:" not in err
+
+
+def test_an_uneven_split_is_unset_with_none():
+    """TOML has no null: ``--set parallel.num_layers_in_first_pipeline_stage=none`` unsets a file's split (it
+    was refused as "got 'none'"), as ``search --fix`` spells it."""
+    from scenarios.scenario import parallel_kwargs
+
+    kw = parallel_kwargs({"pipeline_model_parallel_size": 4, "num_layers_in_first_pipeline_stage": "none",
+                          "num_layers_in_last_pipeline_stage": 7}, {})
+    assert "num_layers_in_first_pipeline_stage" not in kw and kw["num_layers_in_last_pipeline_stage"] == 7
