@@ -64,7 +64,10 @@ def plot_breakdown(breakdown_per_rank: Mapping[int, Mapping[str, float]], path: 
         ax.bar(xs, vals, bottom=bottom, color=colour, label=label, width=0.8, linewidth=0)
         bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
     step = max(1, len(ranks) // 32)
-    ax.set_xticks(xs[::step], [str(r) for r in ranks[::step]], fontsize=8 if len(ranks) > 16 else 9)
+    labels = [str(r) for r in ranks[::step]]
+    # long rank numbers (a 16k-GPU run's 114688, 122880) ran together when written across: stand them up
+    rotate = len(labels) > 12 and max(map(len, labels)) > 3
+    ax.set_xticks(xs[::step], labels, fontsize=8 if len(ranks) > 16 else 9, rotation=90 if rotate else 0)
     ax.set_xlabel("GPU (global rank)")
     ax.set_ylabel(f"time ({unit})")
     ax.grid(axis="y", color="#dddddd", linewidth=0.5)
