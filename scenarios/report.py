@@ -340,7 +340,9 @@ def format_report(rep: Any, *, max_rank_rows: int = MAX_RANK_ROWS, top_links: in
         f"  compute slowed by contention        {_pct(ov['compute_slowdown'])} (SM and HBM sharing with "
         f"communication kernels, vs each kernel alone)",
         "",
-        f"Simulation  mode {sim['mode']}, {sim['simulated_ranks']} rank(s), {sim['tasks']:,} tasks, "
+        f"Simulation  mode {sim['mode']}"
+        + (" (auto's choice)" if rep.scenario.simulation.get("mode", "auto") == "auto" else "")
+        + f", {sim['simulated_ranks']} rank(s), {sim['tasks']:,} tasks, "
         f"{sim['fluid_solves']:,} fluid solves; wall time {rep.wall_s:.2f} s",
         *_steady_lines(sim),
     ]
