@@ -52,14 +52,12 @@ class LinkClass:
         self.merges: list[dict[Resource, float]] = []
 
 
-class LinkView:
-    """One link of a class in the links report: its own name and edge index, the class's bytes
-    (``carried``), ``timeline`` and capacities (equal for every link of the class)."""
+class _ClassLoad:
+    """What every link of a class shares, read from the class's representative resource ``_rep``: its bytes
+    (``carried``), ``timeline`` and capacities."""
 
-    __slots__ = ("name", "index", "meta", "_rep")
-
-    def __init__(self, name: str, index: int, meta: tuple, rep: Resource) -> None:
-        self.name, self.index, self.meta, self._rep = name, index, meta, rep
+    __slots__ = ()
+    _rep: Resource
 
     @property
     def carried(self) -> float:
@@ -77,11 +75,21 @@ class LinkView:
     def capacity(self) -> float:
         return self._rep.capacity
 
+
+class LinkView(_ClassLoad):
+    """One link of a class in the links report: its own name and edge index, the class's bytes
+    (``carried``), ``timeline`` and capacities (equal for every link of the class)."""
+
+    __slots__ = ("name", "index", "meta", "_rep")
+
+    def __init__(self, name: str, index: int, meta: tuple, rep: Resource) -> None:
+        self.name, self.index, self.meta, self._rep = name, index, meta, rep
+
     def utilisation(self) -> list[tuple[float, float]]:
         return self._rep.utilisation()
 
 
-class LinkBundle:
+class LinkBundle(_ClassLoad):
     """All links of a class in the links report as one row source: ``count`` links named ``names()``,
     each with the class's bytes (``carried``), ``timeline`` and capacities (equal for every link of the
     class); ``name``: the first of ``names()`` in string order, the one a report sorted by name meets
@@ -101,22 +109,6 @@ class LinkBundle:
     @property
     def meta(self) -> tuple:
         return self._rep.meta  # type: ignore[return-value]
-
-    @property
-    def carried(self) -> float:
-        return self._rep.carried
-
-    @property
-    def timeline(self) -> list[tuple[float, float]]:
-        return self._rep.timeline
-
-    @property
-    def nominal_capacity(self) -> float:
-        return self._rep.nominal_capacity
-
-    @property
-    def capacity(self) -> float:
-        return self._rep.capacity
 
 
 class LinkClasses:

@@ -25,15 +25,21 @@ def _reference(cluster, end_time_s):
     return {k: (*v, used[k]) for k, v in best.items()}
 
 
-def test_each_kinds_busiest_link_is_the_first_of_its_kind_over_all_links():
-    topo = build_system("dgx-h100", 4, oversubscription=2.0)
+def _mirrored_rings(topo, nodes_first_gpu):
+    """A 256 MiB all-reduce over one GPU of each listed node, mirrored on the other 7 GPUs of each node."""
     gpus = topo.gpus()
     cl = Cluster(topo)
     eng = NcclEngine(cl)
     coll = Collective("all_reduce", 256 * MiB, tuple(range(4)))
-    first = eng.plan(coll, tuple(gpus[i] for i in (0, 8, 16, 24)))
-    mirrors = [eng.plan(coll, tuple(gpus[i + j] for i in (0, 8, 16, 24))) for j in range(1, 8)]
+    first = eng.plan(coll, tuple(gpus[i] for i in nodes_first_gpu))
+    mirrors = [eng.plan(coll, tuple(gpus[i + j] for i in nodes_first_gpu)) for j in range(1, 8)]
     eng.start_mirrored(first, mirrors)
+    return gpus, cl, eng
+
+
+def test_each_kinds_busiest_link_is_the_first_of_its_kind_over_all_links():
+    topo = build_system("dgx-h100", 4, oversubscription=2.0)
+    gpus, cl, eng = _mirrored_rings(topo, (0, 8, 16, 24))
     eng.start(eng.plan(Collective("all_gather", 64 * MiB, tuple(range(8))), tuple(gpus[8:16])))
     cl.env.run()
     rep = SimpleNamespace(result=SimpleNamespace(cluster=cl, end_time_s=cl.env.now))
@@ -55,13 +61,7 @@ def test_the_report_of_link_bundles_is_the_report_of_every_link():
     from scenarios.metrics import link_groups
 
     topo = build_system("dgx-h100", 8, nodes_per_leaf=2, oversubscription=2.0)
-    gpus = topo.gpus()
-    cl = Cluster(topo)
-    eng = NcclEngine(cl)
-    coll = Collective("all_reduce", 256 * MiB, tuple(range(4)))
-    first = eng.plan(coll, tuple(gpus[i] for i in (0, 16, 40, 56)))
-    mirrors = [eng.plan(coll, tuple(gpus[i + j] for i in (0, 16, 40, 56))) for j in range(1, 8)]
-    eng.start_mirrored(first, mirrors)
+    gpus, cl, eng = _mirrored_rings(topo, (0, 16, 40, 56))
     eng.start_mirrored(eng.plan_p2p(gpus[8], gpus[48], 64 * MiB),
                        [eng.plan_p2p(gpus[8 + j], gpus[48 + j], 64 * MiB) for j in range(1, 8)])
     cl.env.run()
