@@ -82,3 +82,17 @@ def test_uneven_stages_interleaved_split_per_chunk():
     with pytest.raises(ValueError, match=r"the middle stages' layers = 5 is not a multiple"):
         ParallelConfig(pipeline_model_parallel_size=4, virtual_pipeline_model_parallel_size=2,
                        num_layers_in_first_pipeline_stage=2, num_layers_in_last_pipeline_stage=2).stage_layers(14)
+
+
+def test_uneven_split_messages_name_the_condition_that_fails():
+    """Too few layers for the middle stages, or a count they cannot share evenly: each said as it is (65 layers
+    for two stages was reported as their needing at least one layer each)."""
+    cfg = ParallelConfig(pipeline_model_parallel_size=4, num_layers_in_first_pipeline_stage=30,
+                         num_layers_in_last_pipeline_stage=31)
+    with pytest.raises(ValueError, match=r"leaves 65 layers for the other 2 stages \(pipeline_model_parallel_size=4\), "
+                                         r"which split them evenly, and 65 is not a multiple of 2$"):
+        cfg.stage_layers(126)
+    cfg = ParallelConfig(pipeline_model_parallel_size=4, num_layers_in_first_pipeline_stage=60,
+                         num_layers_in_last_pipeline_stage=65)
+    with pytest.raises(ValueError, match=r"leaves 1 layers for the other 2 stages .*need at least one layer each$"):
+        cfg.stage_layers(126)

@@ -446,7 +446,9 @@ class ParallelConfig:
                 which = ("the last stage" if last is None and rest_stages == 1 else
                          "the first stage" if first is None and rest_stages == 1 else
                          "the middle stage" if rest_stages == 1 else f"the other {rest_stages} stages")
-                need = "need at least one layer each, split evenly" if rest_stages > 1 else "needs at least one layer"
+                need = ("needs at least one layer" if rest_stages == 1 else
+                        "need at least one layer each" if rest_layers < rest_stages else
+                        f"split them evenly, and {rest_layers} is not a multiple of {rest_stages}")
                 why = f"leaves {rest_layers} layers for {which} (pipeline_model_parallel_size={pp}), which {need}"
             raise ValueError(f"num_layers={num_layers} with {given}: {why}")
         mid = rest_layers // rest_stages if rest_stages else 0
