@@ -21,7 +21,7 @@ from scenarios.analysis import mfu_peak_dtype, overlap_stats
 
 __all__ = [
     "BUSIEST_LINK_GROUPS", "LINK_GROUP_REL_TOL", "busiest_links", "link_groups", "link_stats", "memory_dict",
-    "peak_dtype_for", "run_metrics",
+    "parallel_dict", "peak_dtype_for", "run_metrics",
 ]
 
 BUSIEST_LINK_GROUPS = 10
@@ -253,7 +253,7 @@ def run_metrics(rep: Any, flops: tuple[float, float, str]) -> dict[str, Any]:
         "overlap": {"comm_hidden_fraction": ov.comm_hidden_fraction, "compute_slowdown": ov.compute_slowdown},
         "busiest_links": [{"link": n, "links": k, "carried_bytes": b, "mean_utilisation": m,
                            "peak_utilisation": p} for n, k, b, m, p in links],
-        "parallel": _parallel_dict(cfg),
+        "parallel": parallel_dict(cfg),
         "system": {"name": prep.topology.name, "gpus": cfg.world_size, "gpu": gpu.name,
                    "nodes": prep.topology.num_nodes},
         "model": getattr(mc, "name", "model"),
@@ -282,7 +282,7 @@ def _throughput(T: float, cfg: Any, mc: Any, flops: tuple[float, float, str], pe
     }
 
 
-def _parallel_dict(cfg: Any) -> dict[str, Any]:
+def parallel_dict(cfg: Any) -> dict[str, Any]:
     """The JSON's ``parallel``: the resolved :class:`workload.parallel.config.ParallelConfig`."""
     return {"tp": cfg.tp, "pp": cfg.pp, "dp": cfg.dp, "cp": cfg.cp, "ep": cfg.ep, "vpp": cfg.vpp,
             "micro_batch_size": cfg.micro_batch_size, "global_batch_size": cfg.global_batch_size,

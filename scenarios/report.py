@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from scenarios.catalog import display_source
-from scenarios.metrics import link_groups, link_stats, memory_dict, peak_dtype_for
+from scenarios.metrics import link_groups, link_stats, memory_dict, parallel_dict, peak_dtype_for
 
 __all__ = [
     "JSON_FLOAT_DIGITS", "MAX_RANK_ROWS", "TRACE_MAX_LINKS", "format_memory_only", "format_report",
@@ -146,11 +146,9 @@ def _header(scenario: Any, m: Mapping[str, Any] | None, prep: Any) -> list[str]:
     elif hasattr(mc, "summary"):  # a custom nn.Module (workload.custom)
         shape = f": {mc.summary}"
     lines.append(f"Model       {getattr(mc, 'name', 'model')}{shape}; {prep.dtype}")
-    if m is not None:
-        lines.append(f"Parallel    {_parallel_line(m['parallel'], _stack_extras(cfg, scenario.training))}")
-    else:
-        lines.append(f"Parallel    TP {cfg.tp} x PP {cfg.pp} x DP {cfg.dp}; micro-batch {cfg.micro_batch_size}, "
-                     f"global batch {cfg.global_batch_size}, recompute {cfg.recompute_granularity}")
+    # the same line with or without a simulation (an OOM verdict's report showed no schedule, VPP or SP)
+    par = m["parallel"] if m is not None else parallel_dict(cfg)
+    lines.append(f"Parallel    {_parallel_line(par, _stack_extras(cfg, scenario.training))}")
     return lines
 
 

@@ -226,3 +226,15 @@ def test_an_uneven_split_is_unset_with_none():
     kw = parallel_kwargs({"pipeline_model_parallel_size": 4, "num_layers_in_first_pipeline_stage": "none",
                           "num_layers_in_last_pipeline_stage": 7}, {})
     assert "num_layers_in_first_pipeline_stage" not in kw and kw["num_layers_in_last_pipeline_stage"] == 7
+
+
+def test_an_oom_report_shows_the_plan_as_a_run_does(capsys):
+    """The OOM verdict's Parallel line is the simulated run's (schedule, VPP, sequence parallelism), not a
+    shorter one that hid whether interleaving applied."""
+    from scenarios.cli import main
+
+    assert main(["run", "llama3-70b-tp8-pp4-dgx-h100", "--set", "system.nodes=1", "--set",
+                 "parallel.pipeline_model_parallel_size=1", "--set",
+                 "parallel.virtual_pipeline_model_parallel_size=1"]) == 3
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("Parallel"))
+    assert "schedule 1f1b" in line and "sequence parallel" in line and "(32 micro-batches per pipeline)" in line
