@@ -3,8 +3,8 @@
 A link is any object with ``name``, ``nominal_capacity`` (bytes/s), ``timeline`` -- a step function
 ``[(t_s, bytes_per_s), ...]`` whose value holds until the next point (zero before the first) -- and
 optionally ``carried`` (bytes). ``hwmodel.fluid.Resource`` is one; plain namespaces do as well. Which
-links are busiest is decided by :func:`scenarios.metrics.busiest_links` (the JSON's ranking); this
-module only draws.
+links are busiest is decided by :func:`scenarios.metrics.link_groups` (the text report's and the JSON's
+ranking, links of equal load as one group); this module only draws.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import matplotlib
 from matplotlib.figure import Figure
 
 from plots.gantt import TIME_UNITS
-from scenarios.metrics import busiest_links
+from scenarios.metrics import link_groups
 
 __all__ = ["plot_link_utilisation"]
 
@@ -30,14 +30,14 @@ def plot_link_utilisation(links: Iterable[Any], path: str | Path, *, top: int = 
     Args:
         links: link objects (see module doc).
         path: PNG to write.
-        top: how many links (busiest by mean utilisation).
+        top: how many groups of links (busiest by mean utilisation; links of equal load are one panel).
         title: figure title.
         end_time_s: end of the x axis (s); default the last timeline point of any link.
         time_unit: ``s``, ``ms`` or ``us``.
         dpi: PNG resolution.
 
     Returns:
-        The names of the links drawn, busiest first.
+        The names of the links drawn (a group's first), busiest first.
     """
     if time_unit not in TIME_UNITS:
         raise ValueError(f"time_unit must be one of {sorted(TIME_UNITS)}, got {time_unit!r}")
@@ -46,14 +46,17 @@ def plot_link_utilisation(links: Iterable[Any], path: str | Path, *, top: int = 
     if end_time_s is None:
         end_time_s = max((lk.timeline[-1][0] for lk in links if lk.timeline), default=0.0)
     by_name = {lk.name: lk for lk in links}
-    rows = [r for r in busiest_links(links, top, end_time_s or 1.0) if r[1] > 0]
+    # one panel per group of links with the same load, as the text report's "name (+k)" rows: a large run's
+    # symmetric traffic filled every panel with the same picture
+    rows = [(name, count, carried, mean) for name, count, carried, mean, _peak in
+            link_groups(links, end_time_s or 1.0, top) if carried > 0]
 
     # One lane per link (small multiples, filled): overlapping step lines of many links are unreadable.
     n = max(len(rows), 1)
     fig = Figure(figsize=(12, 1.0 + 0.75 * n), layout="constrained")
     axes = fig.subplots(n, 1, sharex=True, squeeze=False)[:, 0]
     cmap = matplotlib.colormaps["tab10"]
-    for k, (name, carried, mean, _peak) in enumerate(rows):
+    for k, (name, count, carried, mean) in enumerate(rows):
         ax = axes[k]
         lk = by_name[name]
         cap = float(lk.nominal_capacity) or 1.0
@@ -65,7 +68,8 @@ def plot_link_utilisation(links: Iterable[Any], path: str | Path, *, top: int = 
         ax.set_yticks([0, 50, 100])
         ax.tick_params(labelsize=7)
         ax.grid(color="#dddddd", linewidth=0.5)
-        ax.text(1.005, 0.5, f"{name}\n{cap / 1e9:g} GB/s, {carried / 1e9:.3g} GB, mean {100 * mean:.0f} %",
+        more = f" (+{count - 1} alike)" if count > 1 else ""
+        ax.text(1.005, 0.5, f"{name}{more}\n{cap / 1e9:g} GB/s, {carried / 1e9:.3g} GB, mean {100 * mean:.0f} %",
                 transform=ax.transAxes, fontsize=8, va="center", ha="left")
     if not rows:
         axes[0].text(0.5, 0.5, "no link traffic", ha="center", va="center", transform=axes[0].transAxes)

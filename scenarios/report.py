@@ -402,8 +402,10 @@ def write_plots(rep: Any, directory: str | Path) -> list[Path]:
     res, m = getattr(rep, "simulated", None) or rep.result, rep.metrics
     p = m["parallel"]
     what = (f"{rep.scenario.name}: {m['model']} on {m['system']['gpus']} x {m['system']['gpu']}, "
-            f"TP {p['tp']} PP {p['pp']}" + (f" x {p['vpp']} (interleaved)" if (p.get("vpp") or 1) > 1 else "")
-            + f" DP {p['dp']}" + "".join(f" {k.upper()} {p[k]}" for k in ("cp", "ep") if (p.get(k) or 1) > 1))
+            # no-break spaces inside "TP 8" etc.: a wrapped title keeps each axis with its size
+            f"TP\u00a0{p['tp']} PP\u00a0{p['pp']}"
+            + (f"\u00a0x\u00a0{p['vpp']} (interleaved)" if (p.get("vpp") or 1) > 1 else "")
+            + f" DP\u00a0{p['dp']}" + "".join(f" {k.upper()}\u00a0{p[k]}" for k in ("cp", "ep") if (p.get(k) or 1) > 1))
     steady = m["simulation"].get("steady_state")
     shown = f" (the simulated {steady['simulated_microbatches'][-1]} of {steady['of']} micro-batches)" if steady else ""
     out = [d / "gantt.png", d / "links.png", d / "breakdown.png"]

@@ -127,3 +127,12 @@ def test_sweep_png(tmp_path):
     assert labels == ["1", "2", "8"]
     assert_png(tmp_path / "sweep.png")
     assert plot_sweep(rows, "gpus", "tokens_per_s", tmp_path / "one.png") == ["tokens_per_s"]
+
+
+def test_links_of_equal_load_share_one_panel(tmp_path):
+    """Eight links with the same load (a symmetric collective's) are one panel, "(+7 alike)", as the text
+    report's "name (+k)" row; a busier link keeps its own."""
+    same = [link(f"n{i}.nic0->leaf0", 25e9, [(0.0, 12.5e9), (1e-3, 0.0)], carried=12.5e6) for i in range(8)]
+    busy = link("n9.nic0->leaf0", 25e9, [(0.0, 25e9), (1e-3, 0.0)], carried=25e6)
+    names = plot_link_utilisation([*same, busy], tmp_path / "links.png", top=4, end_time_s=1e-3)
+    assert names == ["n9.nic0->leaf0", "n0.nic0->leaf0"]

@@ -223,9 +223,9 @@ def test_plot_titles_say_what_each_plot_shows(tmp_path, monkeypatch):
     assert titles["bars"].endswith("(extrapolated from the simulated 20 of 56 micro-batches)")
     write_plots(_report("1f1b", "off"), tmp_path)
     assert not any("simulated" in t for t in titles.values())
-    assert "PP 4 DP" in titles["gantt"] and "interleaved" not in titles["gantt"]
+    assert "PP\u00a04 DP" in titles["gantt"] and "interleaved" not in titles["gantt"]  # no-break spaces
     write_plots(_report("interleaved", "off"), tmp_path)
-    assert "x 2 (interleaved) DP" in titles["gantt"]
+    assert "x\u00a02 (interleaved) DP" in titles["gantt"]
 
 
 def test_window_breakdown_and_link_integral_closed_form():
