@@ -16,6 +16,7 @@ import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -96,17 +97,13 @@ def _has(table: Mapping[str, Any], keys: list[str]) -> bool:
     return True
 
 
-_SHIPPED: dict[str, Any] = {}
-
-
+@cache
 def _shipped() -> Mapping[str, Any]:
     """The shipped calibration.toml, read once."""
-    if not _SHIPPED:
-        from hwmodel.costmodel import DEFAULT_CALIBRATION_PATH
+    from hwmodel.costmodel import DEFAULT_CALIBRATION_PATH
 
-        with DEFAULT_CALIBRATION_PATH.open("rb") as f:
-            _SHIPPED.update(tomllib.load(f))
-    return _SHIPPED
+    with DEFAULT_CALIBRATION_PATH.open("rb") as f:
+        return tomllib.load(f)
 
 
 def _leaves(table: Mapping[str, Any], prefix: str) -> list[str]:
