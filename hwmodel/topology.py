@@ -77,10 +77,13 @@ class Topology:
         nic_spec: the compute NIC model, or None for a cluster without NICs.
         node_copies: servers ``1 .. node_copies - 1`` are renamed copies of server 0 (``add_nodes``): their
             node classes need no signature; forgotten by :meth:`clear_route_cache` (``graph`` changed).
+        fabric_routes: the fabric's router as its builder made it (:func:`hwmodel.fabric.build_cluster`):
+            what :meth:`ClosRoutes.detect` would find, not read off every NIC again; forgotten by
+            :meth:`clear_route_cache`. None: detected on first use.
     """
 
     def __init__(self, graph: nx.DiGraph, gpu_spec: GPUSpec, nic_spec: NICSpec | None = None, *,
-                 node_copies: int = 0) -> None:
+                 node_copies: int = 0, fabric_routes: ClosRoutes | None = None) -> None:
         if not isinstance(graph, nx.DiGraph):
             raise TypeError(f"graph must be an nx.DiGraph, got {type(graph).__name__}")
         self.graph = graph
@@ -118,7 +121,7 @@ class Topology:
         self._nics_per_node: int | None = None
         self._segments: dict[tuple[str, str, Any], tuple[Edge, ...]] = {}
         self._dist: dict[tuple[str, Any], tuple[dict[str, float], dict[str, tuple[str, ...]]]] = {}
-        self._clos: ClosRoutes | None | bool = False  # False: not detected yet
+        self._clos: ClosRoutes | None | bool = False if fabric_routes is None else fabric_routes  # False: to detect
         self._node_classes: NodeClasses | None = None
         self._ends_up: dict[str, tuple[Any, str, tuple[Edge, ...]]] = {}
         """Device -> (its node, its exit NIC, the segment to it): see _remember_end."""
