@@ -255,7 +255,10 @@ class Topology:
             self._by_kind = {}
             for n, d in node_data.items():
                 self._by_kind.setdefault(d["kind"], []).append(n)
-        return sorted(n for n in self._by_kind.get(kind, ()) if all(node_data[n].get(k) == v for k, v in attrs.items()))
+        names = self._by_kind.get(kind, [])
+        for k, v in attrs.items():  # (one filter per attribute: no generator per device)
+            names = [n for n in names if node_data[n].get(k) == v]
+        return sorted(names)
 
     def edge_offsets(self) -> dict[str, int]:
         """Device -> position of its first out-going link in ``graph.edges()`` order (cached), so that a

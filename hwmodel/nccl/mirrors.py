@@ -131,9 +131,11 @@ def _routes(topo: Any, pairs: list[tuple[str, str]], own: dict[Edge, float],
     if clos is None:
         return [route(a, b) for a, b in pairs]
     gpu_nodes, node_data = topo.gpu_nodes(), topo.graph._node
-    busy, own_nodes = _nodes_in_full(topo, pairs, own, ends)
+    srcs, dsts = list(map(itemgetter(0), pairs)), list(map(itemgetter(1), pairs))
+    src_nodes, dst_nodes = list(map(gpu_nodes.get, srcs)), list(map(gpu_nodes.get, dsts))  # (None: not a GPU)
+    busy, own_nodes = _nodes_in_full(topo, pairs, own, ends, (src_nodes, dst_nodes))
     # routes leaving / reaching each device (those of devices in busy nodes are not looked at)
-    ups, downs = Counter(map(itemgetter(0), pairs)), Counter(map(itemgetter(1), pairs))
+    ups, downs = Counter(srcs), Counter(dsts)
     private, segment = topo.private_ends, topo.end_segment
 
     def end(g: str, n: Any, leaving: bool) -> tuple[Edge, ...]:
@@ -146,15 +148,14 @@ def _routes(topo: Any, pairs: list[tuple[str, str]], own: dict[Edge, float],
 
     full = busy | own_nodes  # (end's first test, inlined: most ends are left out)
     between = clos.route_between
-    # (per merge, not per pair: whether a node's ends are private, and whether an end is left out)
-    privates = {n: private(n) for n in {gpu_nodes.get(g) for pair in pairs for g in pair} if n is not None}
+    # (per merge, not per pair: the nodes whose ends are private, and whether an end is left out)
+    privates = {n for n in set(src_nodes).union(dst_nodes) if n is not None and private(n)}
     whole_up = {a for a, k in ups.items() if k != 1 or a in ends or gpu_nodes.get(a) in full}
     whole_down = {b for b, k in downs.items() if k != 1 or b in ends or gpu_nodes.get(b) in full}
     out: list[tuple[Edge, ...]] = []
     append = out.append
-    for a, b in pairs:
-        na, nb = gpu_nodes.get(a), gpu_nodes.get(b)
-        if na is not None and nb is not None and na != nb and privates[na] and privates[nb]:
+    for a, b, na, nb in zip(srcs, dsts, src_nodes, dst_nodes, strict=True):
+        if na != nb and na in privates and nb in privates:  # (None is in no set of nodes)
             fabric = between(node_data[a]["nic"], node_data[b]["nic"], a, b)
             if fabric is not None:
                 if a in whole_up:
@@ -167,16 +168,18 @@ def _routes(topo: Any, pairs: list[tuple[str, str]], own: dict[Edge, float],
     return out
 
 
-def _nodes_in_full(topo: Any, pairs: list[tuple[str, str]], own: dict[Edge, float],
-                   ends: set[str]) -> tuple[set[Any], set[Any]]:
+def _nodes_in_full(topo: Any, pairs: list[tuple[str, str]], own: dict[Edge, float], ends: set[str],
+                   nodes: tuple[list[Any], list[Any]] | None = None) -> tuple[set[Any], set[Any]]:
     """For :func:`_routes`: the nodes where some route is not between GPUs of two nodes (every segment
     there in full), and those where an edge of ``own`` may lie on another GPU's segment (each segment
     there compared with ``own``): not the edges of its GPUs' own segments, which the segments of the
-    other GPUs of their (private) nodes do not cross."""
+    other GPUs of their (private) nodes do not cross. ``nodes``: the node of each pair's source and of
+    its destination (None: not a GPU), when the caller has them."""
     gpu_nodes, node_data = topo.gpu_nodes(), topo.graph._node
+    if nodes is None:
+        nodes = [gpu_nodes.get(a) for a, _ in pairs], [gpu_nodes.get(b) for _, b in pairs]
     busy: set[Any] = set()
-    for a, b in pairs:
-        na, nb = gpu_nodes.get(a), gpu_nodes.get(b)
+    for (a, b), na, nb in zip(pairs, *nodes, strict=True):
         if na is None or nb is None or na == nb:
             busy.add(node_data.get(a, {}).get("node") if na is None else na)
             busy.add(node_data.get(b, {}).get("node") if nb is None else nb)
