@@ -214,12 +214,12 @@ class Topology:
 
     def gpus_of_node(self, node: int) -> list[str]:
         """GPU names of node ``node``, in local order."""
-        return [g for g in self._gpus if self.graph.nodes[g]["node"] == node]
+        return [g for g, n in self.gpu_nodes().items() if n == node]  # (off networkx's views: one per GPU)
 
     @property
     def num_nodes(self) -> int:
         """Number of nodes (servers) holding GPUs."""
-        return len({self.graph.nodes[g]["node"] for g in self._gpus})
+        return len(set(self.gpu_nodes().values()))
 
     @property
     def gpus_per_node(self) -> int:
