@@ -392,8 +392,10 @@ class NcclEngine:
                plan.latency_s, plan.rate_bound_Bps)
         hit = self._mirrored_cache.get(key)
         if hit is None:  # (the list is kept with the entry, so its id is not reused)
-            mirrors = [self.plan_p2p(a, b, plan.size_bytes) for a, b in pairs]
-            hit = self._mirrored_cache[key] = (pairs, self._merged_groups([plan, *mirrors]))
+            groups = _mirrors.merged_sends(self, plan, pairs)  # (one plan per kind of mirror, where it can)
+            if groups is None:
+                groups = self._merged_groups([plan, *(self.plan_p2p(a, b, plan.size_bytes) for a, b in pairs)])
+            hit = self._mirrored_cache[key] = (pairs, groups)
         return self._start_groups(plan, hit[1])
 
     def _start_groups(self, first: Plan, groups: list[_MergedGroup]) -> simpy.Event:

@@ -20,7 +20,7 @@ from hwmodel.fluid import Resource
 from hwmodel.nccl import algorithms as _algorithms
 
 if TYPE_CHECKING:
-    from hwmodel.nccl.engine import NcclEngine, Plan
+    from hwmodel.nccl.engine import NcclEngine, Plan, _MergedGroup
 
 Edge = tuple[str, str]
 
@@ -213,7 +213,13 @@ def _sends_kept(engine: NcclEngine, mirrors: list[Plan], own: dict[Edge, float],
                 (p.protocol != protocol or p.busbw_correction != correction)
                 and engine.proto_weight(p) != proto_w):
             return None
-    routes = _routes(engine.cluster.topology, [(p.gpus[0], p.gpus[1]) for p in mirrors], own, ends)
+    return _pairs_kept(engine, proto_w, [(p.gpus[0], p.gpus[1]) for p in mirrors], own, ends)
+
+
+def _pairs_kept(engine: NcclEngine, proto_w: float, pairs: list[tuple[str, ...]], own: dict[Edge, float],
+                ends: set[str]) -> dict[Edge, float] | None:
+    """:func:`_sends_kept` of sends between ``pairs`` (source, destination) of protocol weight ``proto_w``."""
+    routes = _routes(engine.cluster.topology, pairs, own, ends)  # type: ignore[arg-type]
     for path in routes:
         if not path or len(set(path)) != len(path):
             return None
@@ -292,3 +298,33 @@ def _resolved(path: tuple[int, ...], routes: list[tuple[Edge, ...]]) -> tuple[Ed
     if len(path) == 1:
         return routes[path[0]]
     return tuple(chain.from_iterable(routes[i] for i in path))
+
+
+def merged_sends(engine: NcclEngine, plan: Plan, pairs: list[tuple[str, ...]]) -> list[_MergedGroup] | None:
+    """The merged groups (:meth:`~hwmodel.nccl.engine.NcclEngine._merged_groups`) of the send ``plan`` and
+    its mirrors, a send of the same size between each ``(source, destination)`` of ``pairs``, without a
+    plan per mirror: ``plan_p2p`` plans a send by its size and by whether its two GPUs share a node, so
+    one plan of each kind stands for the mirrors of that kind (a pipeline send on 16,384 GPUs has 1,023
+    mirrors). None where the members would not be one group of sends of one protocol weight (a mirror
+    inside a node with a latency of its own, say): the caller then plans every mirror."""
+    node_of, size = engine._node_of, plan.size_bytes
+    local = [node_of[a] == node_of[b] for a, b in pairs]
+    if not local:
+        return None
+    kinds = {same: engine.plan_p2p(pairs[i][0], pairs[i][1], size)
+             for same, i in ((same, local.index(same)) for same in dict.fromkeys(local))}
+    first = kinds[local[0]]
+    work = engine._work(plan)
+    group = (work, plan.latency_s, plan.rate_bound_Bps)
+    proto_w = engine.proto_weight(first)
+    for p in (plan, *kinds.values()):
+        if p.op != "p2p" or p.algorithm != "p2p" or (engine._work(p), p.latency_s, p.rate_bound_Bps) != group:
+            return None
+        if p is not plan and (p.protocol != first.protocol or p.busbw_correction != first.busbw_correction) \
+                and engine.proto_weight(p) != proto_w:
+            return None
+    side = dict(engine._flow(plan)[2])  # (its links' classes first: the merge adds to them)
+    kept = _pairs_kept(engine, proto_w, pairs, engine.edge_weights(plan), set(plan.gpus))
+    if kept is None:
+        return None
+    return [(work, plan.latency_s, plan.rate_bound_Bps, engine.cluster.link_classes.resolve(kept), side, True)]

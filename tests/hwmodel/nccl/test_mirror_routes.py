@@ -117,3 +117,28 @@ def test_nodes_with_other_routes_or_own_links_off_its_segments_route_in_full():
     assert busy == {2, 3} and own_nodes == set()  # (own: its GPUs' segments and the fabric only)
     own[("n1.gpu3", "n1.nvswitch")] = 1.0  # a link of node 1 off its GPUs' segments
     assert mirrors_module._nodes_in_full(topo, [(g[1], g[9])], own, {g[0], g[8]}) == (set(), {1})
+
+
+def _groups(groups):
+    return [(work, lat, bound, [(r.name, w) for r, w in weights.items()], [r.name for r in side], first)
+            for work, lat, bound, weights, side, first in groups]
+
+
+@pytest.mark.parametrize(("build", "make_plans", "merged"), [
+    (lambda: build_system("dgx-h100", 16, su_size=4), _sends(4, extra=((3, 70), (70, 5))), True),
+    (lambda: build_system("dgx-h100", 64, leaves_per_pod=4, oversubscription=2.0), _sends(32), True),
+    (lambda: build_system("dgx-h100", 8, nics_per_node=4, su_size=2), _sends(2), True),
+    # a mirror inside a node: another latency, another group -- left to the plans' merge
+    (lambda: build_system("dgx-h100", 8, su_size=2), _sends(2, extra=((1, 3),)), False),
+])
+def test_mirrored_sends_merged_from_pairs_equal_the_merge_of_their_plans(build, make_plans, merged):
+    eng = NcclEngine(Cluster(build(), record=False))
+    plans = make_plans(eng)
+    from_pairs = mirrors_module.merged_sends(eng, plans[0], [p.gpus for p in plans[1:]])
+    ref = NcclEngine(Cluster(build(), record=False))
+    from_plans = ref._merged_groups(make_plans(ref))
+    if not merged:
+        assert from_pairs is None and len(from_plans) == 2
+        return
+    assert from_pairs is not None
+    assert _groups(from_pairs) == _groups(from_plans)  # the same links, in the same order, float for float
