@@ -263,7 +263,9 @@ class ScreenContext:
             lay = Layout(cfg)
             names = {"tp": "tp", "cp": "cp", "ep": "ep", "dp": ("dp", "cp"), "edp": ("edp", "cp")}
             gpus = {k: tuple(self.gpus[r] for r in lay.group(0, ax)) for k, ax in names.items()}
-            gpus["cp"] = gpus["cp"][:2]  # ring attention: a send to the next CP rank
+            ring = gpus["cp"]  # ring attention: a send to the next CP rank; the steps go in lockstep, so the
+            hops = [(ring[i], ring[(i + 1) % len(ring)]) for i in range(len(ring))]  # slowest hop sets the pace
+            gpus["cp"] = next((h for h in hops if self._group(h).key[0] > 1), hops[0]) if len(ring) > 1 else ring
             gpus["pp"] = (self.gpus[0], self.gpus[lay.rank(pp=1)]) if c.pp > 1 else (self.gpus[0],)
             hit = {k: self._group(v) for k, v in gpus.items()}
             self._groups[key] = hit
