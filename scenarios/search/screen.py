@@ -43,6 +43,7 @@ from scenarios.metrics import peak_dtype_for
 from scenarios.runner import build_model_config, build_topology, check_dtype, memory_of, system_gpu
 from scenarios.scenario import Scenario
 from scenarios.search.estimate import Estimate
+from scenarios.search.overlap import chunked_exposed
 from scenarios.search.screen_deepspeed import deepspeed_passes_s, hook_segments
 from scenarios.search.screen_fsdp import foreach_adamw_s, fsdp_copies_s
 from scenarios.search.space import Candidate, ModelFacts
@@ -620,10 +621,10 @@ class _StageTimes:
         if c.zero == 3 or g["dp"].n == 1:
             return opt, opt
         red_total, red_last, ag_total, ag_last, red_ch, ag_ch = self._dp_comm(Ls, first, last)
-        exposed = max(red_last, red_total - t_bwd) if c.overlap_grad_reduce else red_total
+        exposed = chunked_exposed(red_total, red_last, t_bwd, c.vpp, c.pp) if c.overlap_grad_reduce else red_total
         ag_exposed = 0.0
         if c.zero in (1, 2):
-            ag_exposed = max(ag_last, ag_total - t_fwd) if c.overlap_param_gather else ag_total
+            ag_exposed = chunked_exposed(ag_total, ag_last, t_fwd, c.vpp, c.pp) if c.overlap_param_gather else ag_total
         # what overlaps compute slows it: the collectives hold their SMs
         tax = ctx.sm_tax(red_total - exposed, red_ch) + ctx.sm_tax(ag_total - ag_exposed, ag_ch)
         return exposed + opt + ag_exposed + tax, opt
