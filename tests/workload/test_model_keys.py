@@ -279,3 +279,31 @@ def test_hf_reader_maps_window_alibi_and_embedding_layernorm():
 def build_model_from(cfg):
     from workload.zoo import build_model_from_config
     return build_model_from_config(cfg)
+
+
+@pytest.mark.parametrize("model,activation", [("llama3-8b", "gelu"), ("llama3-8b", "squared_relu"),
+                                              ("gpt3-175b", "swiglu")])
+def test_an_activation_the_family_does_not_build_is_refused(model, activation):
+    """The memory model reads ``activation`` (a gated MLP keeps 4f instead of 2f per token); a family whose
+    modules build another MLP would count an MLP it never traces, so the key is refused at the build."""
+    from workload.zoo import family_of
+    cfg = with_overrides(get_model_config(model), activation=activation)
+    with pytest.raises(ValueError, match=f"activation = '{activation}' is not built by the"):
+        family_of(cfg).check_sizes(cfg)
+
+
+def test_squared_relu_is_built_by_the_gpt_family():
+    from workload.zoo import family_of
+    cfg = with_overrides(get_model_config("gpt3-175b"), activation="squared_relu")
+    family_of(cfg).check_sizes(cfg)  # no error
+
+
+def test_hf_head_dim_other_than_hidden_over_heads_is_refused():
+    """Mistral-Nemo's config: hidden 5120, 32 heads, head_dim 128 (not 160); the llama family derives the
+    head width from hidden / heads, so silently dropping head_dim would price 25 % wider attention."""
+    d = {"model_type": "mistral", "hidden_size": 5120, "intermediate_size": 14336, "num_attention_heads": 32,
+         "num_key_value_heads": 8, "num_hidden_layers": 4, "vocab_size": 131072,
+         "max_position_embeddings": 4096, "rms_norm_eps": 1e-5}
+    assert config_from_hf({**d, "head_dim": 160}).kv_channels == 160  # equal to hidden / heads: accepted
+    with pytest.raises(ValueError, match="head_dim = 128 differs from hidden_size / num_attention_heads = 160"):
+        config_from_hf({**d, "head_dim": 128})

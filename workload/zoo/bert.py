@@ -73,6 +73,7 @@ class BertFamily(ModelFamily):
     """BERT encoders. FLOPs traced; memory from the Korthikanti closed forms."""
 
     name = "bert"
+    activations = ("gelu", "squared_relu")
     config_type = TransformerConfig
     hf_model_types = ("bert",)
 

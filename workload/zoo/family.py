@@ -84,6 +84,8 @@ class ModelFamily(ABC):
     shard is traced, and FP8 training (Transformer Engine on the blocks' Linear layers) applies."""
     hf_model_types: ClassVar[tuple[str, ...]] = ()
     """Hugging Face ``model_type`` values :meth:`from_hf` reads."""
+    activations: ClassVar[tuple[str, ...]] = ()
+    """MLP non-linearities its modules build (``[model] activation``); empty: the family has no such key."""
     hf_positive_ints: ClassVar[tuple[str, ...]] = ()
     """Hugging Face keys of its own that must be positive integers (checked before :meth:`from_hf`,
     beside the common ones: ``num_hidden_layers``, ``hidden_size``, ...)."""
@@ -125,7 +127,12 @@ class ModelFamily(ABC):
                          sequence_parallel=parallel.sequence_parallel)
 
     def check_sizes(self, cfg: Any, *, sequence_parallel: bool = False, **sizes: int) -> None:
-        """:meth:`check_parallel` for plain sizes (``tp=2, ep=4``); sizes of 1 are not checked."""
+        """:meth:`check_parallel` for plain sizes (``tp=2, ep=4``); sizes of 1 are not checked. Also refuses an
+        ``activation`` the family does not build (:attr:`activations`)."""
+        act = getattr(cfg, "activation", None)
+        if self.activations and act not in self.activations:  # the memory model would count an MLP not built
+            raise ValueError(f"{getattr(cfg, 'name', self.name)}: activation = {act!r} is not built by the {self.name} "
+                             f"family; allowed: {', '.join(map(repr, self.activations))}")
         used = {k: v for k, v in sizes.items() if v > 1}
         if sequence_parallel:
             used["sp"] = True

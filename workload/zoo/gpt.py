@@ -290,6 +290,7 @@ class GPTFamily(ModelFamily):
     """Megatron GPT. FLOPs: SC'21 eq. 3 when the MLP is the paper's 4h GeLU, else traced."""
 
     name = "gpt"
+    activations = ("gelu", "squared_relu")
     config_type = TransformerConfig
     hf_model_types = ("gpt2", "bloom")
 

@@ -63,15 +63,22 @@ def config_from_hf(source: str | os.PathLike | dict[str, Any], *, name: str | No
         raise ValueError(f"unsupported Hugging Face model_type {mt!r}; supported: {', '.join(hf_model_types())}")
     check_hf_positive_ints(d, where, family.hf_positive_ints)
     try:
-        return family.from_hf(d, name=name, seq_length=seq_length)
+        cfg = family.from_hf(d, name=name, seq_length=seq_length)
     except KeyError as e:
         raise ValueError(f"{where} for {name!r} (model_type={mt!r}) lacks field {e}") from None
+    head_dim = d.get("head_dim")  # Mistral-Nemo, Gemma: heads narrower or wider than hidden / heads
+    if isinstance(head_dim, int) and getattr(cfg, "kv_channels", head_dim) != head_dim:
+        raise ValueError(f"{where}: head_dim = {head_dim} differs from hidden_size / num_attention_heads = "
+                         f"{cfg.kv_channels}, which the {family.name} family builds; not supported for "
+                         f"model_type {mt!r}")
+    return cfg
 
 
 _HF_POSITIVE_INTS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
                      "intermediate_size", "vocab_size", "max_position_embeddings", "num_local_experts",
                      "num_experts_per_tok", "n_layer", "n_embd", "n_head", "n_inner", "n_positions", "n_embed",
                      "sliding_window", "sliding_window_pattern")
+_HF_POSITIVE_INTS += ("head_dim",)
 _HF_NUMBERS = ("rope_theta", "rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps")
 
 

@@ -139,6 +139,7 @@ class LlamaFamily(ModelFamily):
     """Llama 2 / 3 (dense). FLOPs traced; memory from the Korthikanti closed forms (SwiGLU, GQA)."""
 
     name = "llama"
+    activations = ("swiglu",)
     config_type = TransformerConfig
     hf_model_types: ClassVar[tuple[str, ...]] = ("llama", "mistral", "mixtral")
 

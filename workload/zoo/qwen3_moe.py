@@ -124,6 +124,7 @@ class Qwen3MoEFamily(ModelFamily):
     the Korthikanti closed forms with ``head_dim`` and QK-norm (:func:`workload.memory.memory_per_gpu`)."""
 
     name = "qwen3_moe"
+    activations = ("swiglu",)
     config_type = Qwen3MoEConfig
     hf_model_types = ("qwen3_moe",)
     hf_positive_ints = ("num_experts", "moe_intermediate_size", "head_dim", "decoder_sparse_step")
