@@ -82,8 +82,12 @@ def _system(args: argparse.Namespace) -> tuple[dict, Path | None]:
     if args.scenario is not None:
         from scenarios.cmd_run import load
 
-        sc = load(None if args.scenario == "default" and not Path("default").exists() else args.scenario, [])
-        system, base_dir = dict(sc.system), Path(sc.source).parent if Path(sc.source).is_file() else None
+        path = Path(args.scenario)
+        if path.suffix == ".toml" and path.is_file() and "model" not in _read_toml(path):  # [system] is enough
+            system, base_dir = dict(_read_toml(path).get("system", {})), path.parent
+        else:
+            sc = load(None if args.scenario == "default" and not Path("default").exists() else args.scenario, [])
+            system, base_dir = dict(sc.system), Path(sc.source).parent if Path(sc.source).is_file() else None
     for key, value in (("name", args.system), ("nodes", args.nodes), ("nic", args.nic), ("fabric", args.fabric),
                        ("oversubscription", args.oversubscription), ("nodes_per_leaf", args.nodes_per_leaf)):
         if value is not None:
@@ -173,3 +177,18 @@ def _profile_applies(profile: calibration_overlay.Overlay, topo: Any, fidelity: 
         if warning:
             print(f"# warning: {warning}", file=sys.stderr)
     return applying
+
+
+def _read_toml(path: Path) -> dict:
+    """A scenario file's tables (a file with only ``[system]`` describes a cluster for nccl-tests).
+
+    Raises:
+        ValueError: the file is not valid TOML (naming it).
+    """
+    import tomllib
+
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{path}: not valid TOML: {exc}") from None

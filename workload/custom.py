@@ -204,7 +204,7 @@ class CustomModel:
         """One line for reports: parameters and blocks."""
         kids = len(list(self.container.children()))
         where = f" in '{self.blocks}'" if self.blocks else " (top-level)"
-        kind = f"{kids} {'identical ' if self.repeated else ''}blocks{where}"
+        kind = f"{kids} {'identical ' if self.repeated else ''}block{'s' * (kids != 1)}{where}"
         loss = f", loss {self.loss}" if self.loss else ""
         return f"custom nn.Module ({self.factory}), {self.num_parameters / 1e6:,.2f} M parameters, {kind}{loss}"
 

@@ -206,3 +206,19 @@ def test_cli_errors_are_one_line_exit_2(capsys, argv, msg):
     assert main(["nccl-tests", *argv]) == 2
     err = capsys.readouterr().err
     assert msg in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_a_scenario_file_with_only_a_system_section_describes_the_cluster(tmp_path):
+    """nccl-tests uses only ``[system]``: a file without ``[model]`` is enough, and gives the same result as
+    the same cluster named by options (2 DGX H100 over their NICs)."""
+    sys_only = tmp_path / "cluster.toml"
+    sys_only.write_text('[system]\nname = "dgx-h100"\nnodes = 2\n')
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    assert main(["nccl-tests", "all_reduce", "-b", "64M", "-e", "64M", "-g", "8", "--scenario", str(sys_only),
+                 "--json", str(a)]) == 0
+    assert main(["nccl-tests", "all_reduce", "-b", "64M", "-e", "64M", "-g", "8", "--system", "dgx-h100",
+                 "--nodes", "2", "--json", str(b)]) == 0
+    assert json.loads(a.read_text()) == json.loads(b.read_text())
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[system\n")
+    assert main(["nccl-tests", "all_reduce", "--scenario", str(bad)]) == 2
