@@ -104,6 +104,12 @@ def _unused_gpu_notes(system: dict, topo: Topology, base_dir: str | Path | None,
     gpu = topo.gpu_spec
     notes = [f"[system] gpu_overrides {name}: changes nothing, {why}"
              for name, why in UNUSED_GPU_FIELDS.items() if getattr(base, name) != getattr(gpu, name)]
+    if base.nvlink_bandwidth_per_link_Bps != gpu.nvlink_bandwidth_per_link_Bps and \
+            base.nccl_nvlink_bandwidth_per_link_Bps == gpu.nccl_nvlink_bandwidth_per_link_Bps:
+        notes.append(f"[system] gpu_overrides nvlink_bandwidth_per_link_GBps: collectives still run at most at NCCL's "
+                     f"per-link figure for this GPU generation, nccl_nvlink_bandwidth_per_link_GBps = "
+                     f"{gpu.nccl_nvlink_bandwidth_per_link_Bps / 1e9:g} (NCCL's tuner table, src/graph/topo.h); "
+                     f"override it in proportion for a faster NVLink generation (or raise nvlink_links)")
     power_changed = (base.tdp_w, base.power_limit_w) != (gpu.tdp_w, gpu.power_limit_w)
     if power_changed and sustained_clock_fraction(base) == sustained_clock_fraction(gpu):
         notes.append(f"[system] gpu_overrides tdp_W/power_limit_W: changes nothing, the clock stays at "

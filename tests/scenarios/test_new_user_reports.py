@@ -385,3 +385,13 @@ def test_memory_lines_name_the_fp16_optimizer_step_copies():
     lines = _memory_lines({**mem, "optimizer_step_grads_bytes": 6.6e9}, False)
     assert lines[2] == ("  at the optimizer step (no activations): + fp32 gradient copies 6.6 GB; the peak is the "
                         "larger of the two moments")
+
+
+def test_a_faster_nvlink_link_alone_names_nccls_per_link_figure():
+    """NCCL's tuner takes its per-link NVLink figure from its own table (src/graph/topo.h), not the
+    hardware's, and the collective's rate is bounded by it: a faster link alone barely moves a TP run, so
+    the note says which figure to scale; scaling both (or nvlink_links) gives no note."""
+    notes, _ = notes_for("system.gpu_overrides.nvlink_bandwidth_per_link_GBps=50")
+    assert len(notes) == 1 and "nccl_nvlink_bandwidth_per_link_GBps = 20 " in notes[0]
+    assert notes_for("system.gpu_overrides.nvlink_bandwidth_per_link_GBps=50",
+                     "system.gpu_overrides.nccl_nvlink_bandwidth_per_link_GBps=40")[0] == []
