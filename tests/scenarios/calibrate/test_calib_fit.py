@@ -122,3 +122,20 @@ def test_nccl_log_larger_than_the_system():
     log.ranks = 16
     with pytest.raises(CalibrationInputError, match="do not fit"):
         fit_nccl(log, "dgx-a100")
+
+
+def test_a_trace_of_another_batch_size_is_warned_about(capsys, tmp_path):
+    """The batch-32 trace against a batch-64 scenario: the op sequence matches (the same model), but the
+    fit cannot close a 2x work gap with constants bounded by the peak, and says so (the same run fits
+    within 1 %: test_fitted_profile_reproduces_the_step)."""
+    b64 = tmp_path / "resnet50_b64.toml"
+    b64.write_text(SCENARIO.read_text().replace("global_batch_size = 32", "global_batch_size = 64")
+                   .replace("micro_batch_size = 32", "micro_batch_size = 64"))
+    assert "= 64" in b64.read_text()
+    assert main(["calibrate", "--kineto", str(TRACE), "--scenario", str(b64), "--output", str(tmp_path / "x.toml")]) == 0
+    err = capsys.readouterr().err
+    assert "warning: the fitted model still misses the measured step by +" in err and "batch" in err
+    capsys.readouterr()
+    assert main(["calibrate", "--kineto", str(TRACE), "--scenario", str(SCENARIO), "--output",
+                 str(tmp_path / "y.toml")]) == 0
+    assert "still misses" not in capsys.readouterr().err
