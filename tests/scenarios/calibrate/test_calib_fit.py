@@ -132,7 +132,8 @@ def test_a_trace_of_another_batch_size_is_warned_about(capsys, tmp_path):
     b64.write_text(SCENARIO.read_text().replace("global_batch_size = 32", "global_batch_size = 64")
                    .replace("micro_batch_size = 32", "micro_batch_size = 64"))
     assert "= 64" in b64.read_text()
-    assert main(["calibrate", "--kineto", str(TRACE), "--scenario", str(b64), "--output", str(tmp_path / "x.toml")]) == 0
+    assert main(["calibrate", "--kineto", str(TRACE), "--scenario", str(b64), "--output",
+                 str(tmp_path / "x.toml")]) == 0
     err = capsys.readouterr().err
     assert "warning: the fitted model still misses the measured step by +" in err and "batch" in err
     capsys.readouterr()
