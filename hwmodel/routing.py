@@ -334,3 +334,35 @@ class NodeClasses:
         edges = [(p + u, p + v) for u, v in local]
         self._named[(src, dst)] = tuple(edges)
         return edges
+
+
+ROUTE_COST: dict[str, float] = {"pcie": 1.5}
+"""Routing cost per edge ``kind`` (default 1 per hop); an edge attribute ``route_cost`` overrides."""
+
+
+class CostRows(dict):
+    """device -> {neighbour: routing cost of the link between them} over networkx's plain successor or
+    predecessor dicts (``nbrs``), each device's row made on first use (an unknown device: KeyError)."""
+
+    def __init__(self, nbrs: dict[str, dict[str, dict[str, Any]]]) -> None:
+        super().__init__()
+        self._nbrs = nbrs
+
+    def __missing__(self, n: str) -> dict[str, float]:
+        row = self[n] = {m: route_cost(data) for m, data in self._nbrs[n].items()}
+        return row
+
+    def neighbours(self, n: str) -> dict[str, Any]:
+        """``n``'s neighbours (as keys), its row not made: a fabric's shape is read off every NIC."""
+        row = self.get(n)
+        return row if row is not None else self._nbrs[n]
+
+    def cost(self, n: str, m: str) -> float:
+        """The routing cost of the link between ``n`` and neighbour ``m``, the row not made."""
+        row = self.get(n)
+        return row[m] if row is not None else route_cost(self._nbrs[n][m])
+
+
+def route_cost(data: dict[str, Any]) -> float:
+    """A link's routing cost: its ``route_cost``, else :data:`ROUTE_COST` of its kind, else 1."""
+    return float(data.get("route_cost", ROUTE_COST.get(data.get("kind", ""), 1.0)))

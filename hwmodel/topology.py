@@ -50,14 +50,11 @@ import networkx as nx
 # Re-exported: the builders live in their own modules (they import Topology only where they build one).
 from hwmodel.fabric import FABRICS, build_cluster, fat_tree, rail_optimized, single_switch
 from hwmodel.node import NodeSpec, generic_node
-from hwmodel.routing import ClosRoutes, NodeClasses
+from hwmodel.routing import ROUTE_COST, ClosRoutes, CostRows, NodeClasses
 from hwmodel.specs import GPUSpec, NICSpec, get_gpu, get_nic
 from hwmodel.systems import SystemSpec, build_system, dgx_a100, dgx_h100, get_system, known_systems, load_cluster_file
 
 Edge = tuple[str, str]
-
-ROUTE_COST: dict[str, float] = {"pcie": 1.5}
-"""Routing cost per edge ``kind`` (default 1 per hop); an edge attribute ``route_cost`` overrides."""
 
 _LOCAL_TRANSIT = frozenset({"nvswitch", "pcie_switch", "cpu"})
 _FABRIC_TRANSIT = frozenset({"ib_switch"})
@@ -497,7 +494,7 @@ class Topology:
     def _succ_cost(self) -> dict[str, dict[str, float]]:
         """device -> {successor: routing cost} (built once, each device's on first use; read-only)."""
         if self._succ_costs is None:
-            self._succ_costs = _CostRows(self.graph._succ)
+            self._succ_costs = CostRows(self.graph._succ)
         return self._succ_costs
 
     def _exit_nic(self, n: str) -> str:
@@ -518,12 +515,12 @@ class Topology:
     def _tables(self) -> tuple[dict[str, str], dict[str, Any], dict[str, dict[str, float]]]:
         """(device -> kind, device -> node index, device -> {predecessor: routing cost}), built once:
         plain dicts keep the Dijkstra loops off networkx's views. A device's routing costs are read from
-        the graph when first asked (:class:`_CostRows`): constructed routes ask few devices."""
+        the graph when first asked (:class:`CostRows`): constructed routes ask few devices."""
         if self._route_tables is None:
             node_data = self.graph._node  # (networkx's plain dicts, in its order: off its views)
             kinds = {n: d["kind"] for n, d in node_data.items()}
             nodes = {n: d.get("node") for n, d in node_data.items()}
-            self._route_tables = (kinds, nodes, _CostRows(self.graph._pred))
+            self._route_tables = (kinds, nodes, CostRows(self.graph._pred))
         return self._route_tables
 
     def _allowed(self, scope: tuple[Any, ...]) -> Callable[[str], bool]:
@@ -661,34 +658,6 @@ class Topology:
 
 class _NoPath(Exception):
     pass
-
-
-class _CostRows(dict):
-    """device -> {neighbour: routing cost of the link between them} over networkx's plain successor or
-    predecessor dicts (``nbrs``), each device's row made on first use (an unknown device: KeyError)."""
-
-    def __init__(self, nbrs: dict[str, dict[str, dict[str, Any]]]) -> None:
-        super().__init__()
-        self._nbrs = nbrs
-
-    def __missing__(self, n: str) -> dict[str, float]:
-        row = self[n] = {m: _route_cost(data) for m, data in self._nbrs[n].items()}
-        return row
-
-    def neighbours(self, n: str) -> dict[str, Any]:
-        """``n``'s neighbours (as keys), its row not made: a fabric's shape is read off every NIC."""
-        row = self.get(n)
-        return row if row is not None else self._nbrs[n]
-
-    def cost(self, n: str, m: str) -> float:
-        """The routing cost of the link between ``n`` and neighbour ``m``, the row not made."""
-        row = self.get(n)
-        return row[m] if row is not None else _route_cost(self._nbrs[n][m])
-
-
-def _route_cost(data: dict[str, Any]) -> float:
-    """A link's routing cost: its ``route_cost``, else :data:`ROUTE_COST` of its kind, else 1."""
-    return float(data.get("route_cost", ROUTE_COST.get(data.get("kind", ""), 1.0)))
 
 
 def iter_links(topo: Topology, kind: str | None = None) -> Iterable[tuple[str, str, dict[str, Any]]]:

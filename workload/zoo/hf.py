@@ -77,8 +77,7 @@ def config_from_hf(source: str | os.PathLike | dict[str, Any], *, name: str | No
 _HF_POSITIVE_INTS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
                      "intermediate_size", "vocab_size", "max_position_embeddings", "num_local_experts",
                      "num_experts_per_tok", "n_layer", "n_embd", "n_head", "n_inner", "n_positions", "n_embed",
-                     "sliding_window", "sliding_window_pattern")
-_HF_POSITIVE_INTS += ("head_dim",)
+                     "sliding_window", "sliding_window_pattern", "head_dim")
 _HF_NUMBERS = ("rope_theta", "rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps")
 
 
