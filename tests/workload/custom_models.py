@@ -39,6 +39,49 @@ def token_mlp(**kw) -> TokenMLP:
     return TokenMLP(**kw)
 
 
+class GPTBlock(nn.Module):
+    """Pre-LN transformer block, (B, T, d) -> (B, T, d): ``nn.MultiheadAttention`` (``mha``, batch first,
+    need_weights=False) or the same projections around ``F.scaled_dot_product_attention``, then a GeLU MLP."""
+
+    def __init__(self, d: int, heads: int, mha: bool) -> None:
+        super().__init__()
+        self.heads, self.mha = heads, mha
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        if mha:
+            self.attn = nn.MultiheadAttention(d, heads, batch_first=True)
+        else:
+            self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.ln1(x)
+        if self.mha:
+            x = x + self.attn(y, y, y, need_weights=False)[0]
+        else:
+            B, T, C = x.shape
+            q, k, v = self.qkv(y).view(B, T, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4)
+            a = nn.functional.scaled_dot_product_attention(q, k, v)
+            x = x + self.proj(a.transpose(1, 2).reshape(B, T, C))
+        return x + self.mlp(self.ln2(x))
+
+
+class TokenGPT(nn.Module):
+    """Token ids (B, T) -> embedding -> ``layers`` :class:`GPTBlock` s -> final LayerNorm -> logits (B, T, vocab)."""
+
+    def __init__(self, vocab: int = 64, d: int = 32, heads: int = 4, layers: int = 3, mha: bool = True) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        self.blocks = nn.ModuleList(GPTBlock(d, heads, mha) for _ in range(layers))
+        self.ln = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        for b in self.blocks:
+            x = b(x)
+        return self.head(self.ln(x))
+
+
 def plain_mlp() -> nn.Sequential:
     """Five different top-level children, no repeated blocks."""
     return nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))

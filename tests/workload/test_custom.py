@@ -101,6 +101,30 @@ def test_saved_activations_closed_form():
     assert [(o.part, o.block) for o in g2.ops] == [(o.part, o.block) for o in g.ops]
 
 
+@pytest.mark.parametrize("mha", [True, False], ids=["nn.MultiheadAttention", "sdpa"])
+def test_saved_activations_of_attention_blocks_closed_form(mha):
+    """bf16, n = B·T tokens, h heads. Each pre-LN block saves, as ``2n·d``-byte tensors: its input (LayerNorm
+    1), the in-projection's input, the flash kernel's output, the out-projection's input, LayerNorm 2's
+    input and fc1's input; q, k, v in one ``3·2n·d`` storage; GeLU's and fc2's inputs, ``2·4n·d`` each; in
+    fp32 two LayerNorms' mean and rstd (``4·4n``) and the kernel's log-sum-exp (``4n·h``); its philox seed
+    and offset (uint64, 16 + 8 bytes). ``nn.MultiheadAttention`` reads a (T, B, d) transpose into its
+    in-projection (``matmul`` copies it to fold it) and a ``permute(2, 0, 1, 3).contiguous()`` copy of the
+    kernel's output into its out-projection (``F.multi_head_attention_forward``): 17 tensors of ``2n·d``.
+    With SDPA the in-projection reads LayerNorm 1's output and the out-projection a view of the kernel's
+    output: one ``2n·d`` tensor fewer. Eight blocks: a storage freed inside a block must not hide a later
+    one (storages are told apart by address), whatever the heap's state."""
+    d, h, L, B, T, V = 32, 4, 8, 2, 16, 64
+    with torch.device("meta"):
+        model = cm.TokenGPT(vocab=V, d=d, heads=h, layers=L, mha=mha)
+    g = CustomModel.from_factory(model, "f", {"input_shape": [T], "input_dtype": "int64"}).graph(B, "bf16")
+    n = B * T
+    copies = 17 if mha else 16
+    block = copies * 2 * n * d + 4 * 4 * n + 4 * n * h + 16 + 8
+    # the embedding keeps its int64 ids; the final LayerNorm its input, mean and rstd; the head its input
+    assert g.info["saved_bytes"] == {"pre": 8 * n, "post": 2 * n * d + 2 * 4 * n + 2 * n * d,
+                                     "blocks": [block] * L, "block_inputs": [2 * n * d] * L}
+
+
 def test_blocks_found_by_structure():
     with torch.device("meta"):
         assert find_blocks(cm.TokenMLP()) == "blocks"

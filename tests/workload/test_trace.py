@@ -303,3 +303,22 @@ def test_layer_labels_do_not_depend_on_the_hash_seed() -> None:
     # x = wte(idx) + wpe(pos): forward in that order; backward per table, each under its own module
     assert sorted(emb[:2]) == [("fwd", "wpe"), ("fwd", "wte")] and emb[0] == ("fwd", "wte")
     assert sorted(emb[2:]) == [("bwd", "wpe"), ("bwd", "wte")]
+
+
+def test_a_storage_key_in_saved_tensor_accounting_is_not_handed_on() -> None:
+    """The relaid flash output stands for the kernel's output (``storage_alias``); keys are addresses, so
+    when a caller drops it (``nn.MultiheadAttention`` copies it and lets it go) a storage born later at
+    the same address would read as the attention output. The aliased storages live as long as the
+    recorder, so no later tensor maps to them."""
+    from workload.trace.recorder import Recorder, storage_key
+    from workload.trace.reroutes import FusedKernels
+    from workload.trace.tracker import Tracker
+
+    rec = Recorder(Tracker(), "m")
+    q = torch.empty(2, 4, 16, 8, dtype=torch.bfloat16, device="meta")
+    with torch.device("meta"), FusedKernels(rec), rec:
+        out = torch.nn.functional.scaled_dot_product_attention(q, q, q)
+        assert storage_key(out) in rec.storage_alias
+        del out
+        later = [torch.empty(64) for _ in range(64)]
+    assert not {storage_key(t) for t in later} & set(rec.storage_alias)

@@ -41,7 +41,9 @@ class Recorder(TorchDispatchMode):
         self.phase = "fwd"
         self.layer_override: str | None = None
         self.storage_alias: dict[int, int] = {}
-        """Storage key -> the storage it stands for (the flash output relaid out unrecorded)."""
+        """Storage key -> the storage it stands for (the flash output relaid out unrecorded). Both storages
+        are pinned (:meth:`alias_storage`): a key is an address, which a freed storage hands on."""
+        self._pinned: list[torch.UntypedStorage] = []
         self.pending_pattern: Any = None
         """The :class:`~workload.trace.masked_attention.AttentionPattern` of the attention call being
         rerouted (set by :class:`~workload.trace.reroutes.FusedKernels`), for the fused op it issues."""
@@ -64,6 +66,19 @@ class Recorder(TorchDispatchMode):
         """Let ``new`` stand for ``old`` as a dependency source."""
         if old in self.producer:
             self.producer[new] = self.producer[old]
+
+    def alias_storage(self, new: torch.Tensor, old: torch.Tensor) -> None:
+        """Let the storage of ``new`` stand for that of ``old`` in saved-tensor accounting.
+
+        A :func:`storage_key` is the address of the storage's C++ object, reused by the allocator once the
+        storage is freed. ``nn.MultiheadAttention`` copies the relaid attention output and drops it; a later
+        storage (an MLP activation) born at its address would then read as the attention output, already
+        counted, and be skipped -- or not, by the heap's state, which follows the hash seed. Both storages
+        are therefore kept alive until the recorder goes (free on the meta device), so a key names one
+        storage for the whole trace.
+        """
+        self._pinned += [new.untyped_storage(), old.untyped_storage()]
+        self.storage_alias[storage_key(new)] = storage_key(old)
 
     def current_layer(self) -> str:
         if self.layer_override is not None:
@@ -156,4 +171,6 @@ class Recorder(TorchDispatchMode):
 
 
 def storage_key(t: torch.Tensor) -> int:
+    """The address of ``t``'s storage object: identifies it only while the storage lives (a freed one's
+    address is reused), so callers that remember keys keep the storages alive."""
     return t.untyped_storage()._cdata

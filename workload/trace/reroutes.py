@@ -11,7 +11,6 @@ from torch.overrides import TorchFunctionMode
 
 from workload.trace.fused_ops import dropout, rms_norm
 from workload.trace.masked_attention import masked_attention
-from workload.trace.recorder import storage_key
 
 if TYPE_CHECKING:
     from workload.trace.recorder import Recorder
@@ -126,5 +125,5 @@ class FusedKernels(TorchFunctionMode):
         with self.recorder.paused():
             relaid = out.transpose(1, 2).contiguous().transpose(1, 2)
         self.recorder.alias(relaid, out)
-        self.recorder.storage_alias[storage_key(relaid)] = storage_key(out)
+        self.recorder.alias_storage(relaid, out)
         return relaid

@@ -19,9 +19,14 @@ if TYPE_CHECKING:
 @contextmanager
 def saved_tensors(rec: Recorder, model: nn.Module, out: list[tuple[str, float]]) -> Iterator[None]:
     """Record (module path, bytes) of each storage autograd saves for backward, once per storage;
-    parameters and buffers (model state, counted elsewhere) excluded."""
+    parameters and buffers (model state, counted elsewhere) excluded.
+
+    Storages are told apart by :func:`~workload.trace.recorder.storage_key`, an address; ``seen`` holds each
+    counted storage so that its address is not handed to a later one while the trace runs (a saved tensor
+    whose graph is dropped in forward would otherwise free it, and its successor would go uncounted).
+    """
     own = {storage_key(t) for t in (*model.parameters(), *model.buffers())}
-    seen: set[int] = set()
+    seen: dict[int, torch.UntypedStorage] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         try:
@@ -30,7 +35,7 @@ def saved_tensors(rec: Recorder, model: nn.Module, out: list[tuple[str, float]])
         except (RuntimeError, NotImplementedError, AttributeError):  # tensor subclasses without storage
             return t
         if key not in own and key not in seen:
-            seen.add(key)
+            seen[key] = t.untyped_storage()
             out.append((rec.current_layer(), float(nbytes)))
         return t
 
