@@ -81,6 +81,8 @@ class NcclFit:
     """One line per constant the log could not fit (too few rows), which keeps its shipped value."""
     fidelity: str = "flow"
     """The collective model the log was fitted against (``[simulation] fidelity``)."""
+    gpus_per_node: int = 0
+    """GPUs per node of the system fitted on (a log of fewer ranks on one node fits a partial node)."""
 
 
 def _simulate(topo: Any, log: NcclLog, gpus: list, sections: dict[str, Any], fidelity: str) -> dict[int, float]:
@@ -129,7 +131,7 @@ def busbw_bound_Bps(log: NcclLog, topo: Any) -> tuple[float, str]:
         return line * allreduce, (f"{spec.name} NVLink line rate {spec.nvlink_links} x "
                                   f"{spec.nvlink_bandwidth_per_link_Bps / 1e9:g} GB/s"
                                   + (f" x 2(n-1)/n = {allreduce:g} (in-network reduction)" if allreduce > 1 else ""))
-    nics = topo.nics_per_node()
+    nics = topo.nics_per_node
     if not nics or topo.nic_spec is None:
         return math.inf, "no NICs"
     node_Bps = nics * topo.nic_spec.bandwidth_Bps
@@ -190,7 +192,7 @@ def fit_nccl(log: NcclLog, system: str, fidelity: str = "flow") -> NcclFit:
         comparison.append(row)
     knots = sum(len(t["factor"]) for t in sections.get(nccl_cal.BUSBW_CORRECTION_KEY, {}).get(
         arch_of(topo.gpu_spec.compute_capability), {}).values())
-    return NcclFit(sections, changed, comparison, knots, not_fitted, fidelity)
+    return NcclFit(sections, changed, comparison, knots, not_fitted, fidelity, topo.gpus_per_node)
 
 
 def _fit(topo: Any, log: NcclLog, gpus: list, fit_sizes: set[int], fidelity: str, not_fitted: list[str]

@@ -132,9 +132,9 @@ def _row(path: Path, line: str) -> NcclRow | object | None:
     """The row of ``line``; ``None`` for a line that is not a row (header, ``NCCL INFO``, a size-0 row),
     :data:`_GARBLED` for one that starts with a size but does not parse (cut off, mangled)."""
     tok = line.split()
-    if not tok or not tok[0].isdigit():
-        return None
-    if len(tok) < 12 or not tok[1].isdigit():
+    if not tok or not tok[0].isdigit() or (len(tok) > 1 and not tok[1].isdigit()):
+        return None  # a row starts with its size and count; "2 coll channels" is not one
+    if len(tok) < 12:
         return _GARBLED
     k = 5 if len(tok) >= 13 else 4  # with or without the root column
     try:
