@@ -222,7 +222,8 @@ def _fit(topo: Any, log: NcclLog, gpus: list, fit_sizes: set[int], fidelity: str
 
     def with_fraction(eff: float) -> dict[str, Any]:
         if log.nodes == 1:
-            return merge(sections, {"nvlink_efficiency": {arch: {"busbw_Bps": eff * line, "line_rate_Bps": line}}})
+            return merge(sections, {"nvlink_efficiency": {arch: {"busbw_Bps": eff * line, "line_rate_Bps": line,
+                                                                  "ranks": log.ranks, "nodes": 1}}})
         return {**sections, "ib_app_efficiency": eff}
 
     if len(big) < MIN_BANDWIDTH_ROWS:

@@ -145,3 +145,28 @@ def test_a_full_node_fit_does_not_warn(tmp_path, capsys):
     captured = capsys.readouterr()
     assert "measured on 8-rank all_reduce" in captured.out
     assert "of the node's" not in captured.err
+
+
+def test_a_partial_node_profile_warns_where_it_prices_other_group_sizes(tmp_path, capsys):
+    from hwmodel import calibration_overlay as O
+    from hwmodel.nccl import calibration as nccl_cal
+
+    out = tmp_path / "ar2.toml"
+    assert main(["calibrate", "--nccl-log", str(_partial_node_log(tmp_path, 2)), "--system", "dgx-a100",
+                 "--output", str(out)]) == 0
+    row = tomllib.loads(out.read_text())["nccl"]["nvlink_efficiency"]["ampere"]
+    assert (row["ranks"], row["nodes"]) == (2, 1)
+    with O.applied(O.load_overlay(out)):
+        assert nccl_cal.group_size_warning("ar2", {("ampere", "all_reduce", 2, 1)}) is None
+        assert nccl_cal.group_size_warning("ar2", {("hopper", "all_reduce", 8, 1)}) is None
+        warning = nccl_cal.group_size_warning("ar2", {("ampere", "all_reduce", 2, 1), ("ampere", "all_gather", 8, 1)})
+        assert "fitted to 2-rank nccl-tests and prices this run's collectives of 8 ranks too" in warning
+        assert nccl_cal.group_size_warning("ar2", {("ampere", "all_reduce", 4, 2)}) is None  # 2 per node
+        assert "of 32 ranks on 4 nodes too" in nccl_cal.group_size_warning("ar2", {("ampere", "all_reduce", 32, 4)})
+    capsys.readouterr()
+    assert main(["nccl-tests", "all_reduce", "--system", "dgx-a100", "-g", "8", "-b", "1M", "-e", "1M",
+                 "--calibration", str(out)]) == 0
+    assert "prices this run's collectives of 8 ranks" in capsys.readouterr().err
+    assert main(["nccl-tests", "all_reduce", "--system", "dgx-a100", "-g", "2", "-b", "1M", "-e", "1M",
+                 "--calibration", str(out)]) == 0
+    assert "prices this run's" not in capsys.readouterr().err
