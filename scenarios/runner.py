@@ -457,13 +457,12 @@ def run_prepared(prep: Prepared, memory: Any, *, progress: bool = False,
                 + ("changes nothing for this run" if not changed else "some constants change nothing here")
                 + f" on {gpu.name}: " + "; ".join(why))
         if used_curves:  # only the shapes this run priced: a curve for another collective warns of nothing
+            fidelity = prep.scenario.simulation.get("fidelity", "flow")
             with calibration_overlay.applied(overlay):
-                warning = fidelity_warning(overlay.name, prep.scenario.simulation.get("fidelity", "flow"),
-                                           used_curves)
-                sizes = group_size_warning(overlay.name, used_curves)
-            for line in (warning, sizes):
-                if line:
-                    report.metrics.setdefault("warnings", []).append(line)
+                lines = [w for w in (fidelity_warning(overlay.name, fidelity, used_curves),
+                                     group_size_warning(overlay.name, used_curves)) if w]
+            if lines:
+                report.metrics.setdefault("warnings", []).extend(lines)
     report.wall_s = time.perf_counter() - t0
     return report
 
