@@ -221,7 +221,8 @@ def _kernel_section() -> dict[str, Callable[[tuple[str, ...], Any], None]]:
 
 def _nvlink_row(path: tuple[str, ...], value: Any) -> None:
     rate = _positive("bytes/s", 1e14)
-    _table(path, value, {"busbw_Bps": rate, "line_rate_Bps": rate})
+    count = _positive("count", 1e6, integer=True)  # the fitted log's group size (calibrate --nccl-log)
+    _table(path, value, {"busbw_Bps": rate, "line_rate_Bps": rate, "ranks": count, "nodes": count})
     missing = [k for k in ("busbw_Bps", "line_rate_Bps") if k not in value]
     if missing:
         raise _Bad(f"{_tname(path)}: needs busbw_Bps and line_rate_Bps (missing {', '.join(missing)})")

@@ -236,6 +236,9 @@ def _nccl(paths: list[str], system: str, fidelity: str, doc: dict[str, Any]) -> 
         f = fit_nccl(log, system, fidelity)
         if not log.gpu_name:
             print(f"note: {path}: no Rank line names the GPU; not checked against {system}", file=sys.stderr)
+        for number, text in log.skipped:
+            print(f"warning: {path}:{number}: not a complete nccl-tests result row, left out of the fit: "
+                  f"{text[:60]!r}", file=sys.stderr)
         sections = merge(sections, f.sections)
         print(f"# trainsim calibrate: {path}: {log.collective}, {log.ranks} ranks on {log.nodes} node(s) of {system}"
               + (f", NCCL {log.nccl_version}" if log.nccl_version else "") + f"; fitted under fidelity {fidelity}")
@@ -243,6 +246,7 @@ def _nccl(paths: list[str], system: str, fidelity: str, doc: dict[str, Any]) -> 
             print(f"  {key:40s} {a:.4g} -> {b:.4g}")
         for line in f.not_fitted:
             print(f"  {line}")
+        _group_size_note(log, f)
         print(f"  {'size':>12s} {'measured':>9s} {'simulated':>9s} {'error':>7s} {'held out':>9s} {'error':>7s}"
               "  (busbw GB/s; held out: fitted without the sizes marked)")
         for c in f.comparison:
@@ -260,10 +264,29 @@ def _nccl(paths: list[str], system: str, fidelity: str, doc: dict[str, Any]) -> 
         fits.append({"log": path, "system": system, "collective": log.collective, "ranks": log.ranks,
                      "nodes": log.nodes, "gpus_per_thread": log.gpus_per_thread, "nccl_version": log.nccl_version,
                      "fidelity": fidelity, "not_fitted": f.not_fitted,
-                     "changed": [{"path": k, "shipped": a, "fitted": b} for k, a, b in f.changed],
+                     "skipped_lines": [n for n, _ in log.skipped],
+                     "changed": [{"path": k, "shipped": a, "fitted": b, "fitted_ranks": log.ranks,
+                                  "fitted_nodes": log.nodes} for k, a, b in f.changed],
                      "sizes": f.comparison})
     doc.setdefault("fit", {})["nccl"] = fits
     return {"nccl": sections}
+
+
+def _group_size_note(log: Any, f: Any) -> None:
+    """Say which group size the fitted bandwidth fraction was measured on: it applies to collectives of every
+    size, and busbw is not the same at every size (NCCL picks channels and algorithms per communicator: 8x
+    H100 NVLS all_reduce_perf, busbw 367.5 GB/s on 2-4 GPUs, 480 GB/s on 8, NVIDIA/nccl#1455). Warn when the
+    log ran on part of a node."""
+    for key, _, _ in f.changed:
+        if not key.startswith(("nccl.nvlink_efficiency.", "nccl.ib_app_efficiency")):
+            continue
+        print(f"  {key} measured on {log.ranks}-rank {log.collective} ({log.nodes} node(s)); applied to "
+              f"collectives of every group size")
+        if log.nodes == 1 and log.ranks < f.gpus_per_node:
+            print(f"warning: {log.path}: {key} was fitted to {log.ranks} of the node's {f.gpus_per_node} GPUs and "
+                  f"will price collectives of every group size (a full-node data- or tensor-parallel group "
+                  f"included) at it: fit a log of the group size you train with (all_reduce_perf -g "
+                  f"{f.gpus_per_node})", file=sys.stderr)
 
 
 def _end_to_end(prep: Any, measured: float, sections: dict[str, Any], kernels_fitted: bool,

@@ -165,7 +165,7 @@ def _profile_applies(profile: calibration_overlay.Overlay, topo: Any, fidelity: 
     as ``run`` does, when none does or when a busbw correction the sweep applied (``used_curves``, from
     :func:`~hwmodel.nccl.calibration.recording_corrections`) was fitted under another fidelity."""
     from hwmodel.costmodel import Calibration
-    from hwmodel.nccl.calibration import fidelity_warning
+    from hwmodel.nccl.calibration import fidelity_warning, group_size_warning
 
     gpu = topo.gpu_spec
     applying = profile.applying_to(gpu.name, Calibration.architecture_of(gpu))
@@ -173,9 +173,10 @@ def _profile_applies(profile: calibration_overlay.Overlay, topo: Any, fidelity: 
         print(f"# warning: calibration {profile.name} ({profile.path}): changes nothing for this run on {gpu.name}; "
               f"its {len(profile.changed)} constant(s) are for other GPUs", file=sys.stderr)
     elif used_curves:
-        warning = fidelity_warning(profile.name, fidelity, used_curves)
-        if warning:
-            print(f"# warning: {warning}", file=sys.stderr)
+        for warning in (fidelity_warning(profile.name, fidelity, used_curves),
+                        group_size_warning(profile.name, used_curves)):
+            if warning:
+                print(f"# warning: {warning}", file=sys.stderr)
     return applying
 
 

@@ -437,7 +437,7 @@ def run_prepared(prep: Prepared, memory: Any, *, progress: bool = False,
     """
     t0 = time.perf_counter() if started_s is None else started_s
     overlay = calibration_overlay.active() or scenario_profile(prep.scenario)
-    from hwmodel.nccl.calibration import fidelity_warning, recording_corrections
+    from hwmodel.nccl.calibration import fidelity_warning, group_size_warning, recording_corrections
 
     with calibration_overlay.applied(overlay), recording_corrections() as used_curves, _prepared_frozen():
         report = _run_prepared(prep, memory, progress=progress, max_tasks=max_tasks)
@@ -456,12 +456,13 @@ def run_prepared(prep: Prepared, memory: Any, *, progress: bool = False,
                 f"calibration {overlay.name} ({overlay.path}): "
                 + ("changes nothing for this run" if not changed else "some constants change nothing here")
                 + f" on {gpu.name}: " + "; ".join(why))
-        if used_curves:  # only the corrections this run applied: a curve for another collective warns of nothing
+        if used_curves:  # only the shapes this run priced: a curve for another collective warns of nothing
+            fidelity = prep.scenario.simulation.get("fidelity", "flow")
             with calibration_overlay.applied(overlay):
-                warning = fidelity_warning(overlay.name, prep.scenario.simulation.get("fidelity", "flow"),
-                                           used_curves)
-            if warning:
-                report.metrics.setdefault("warnings", []).append(warning)
+                lines = [w for w in (fidelity_warning(overlay.name, fidelity, used_curves),
+                                     group_size_warning(overlay.name, used_curves)) if w]
+            if lines:
+                report.metrics.setdefault("warnings", []).extend(lines)
     report.wall_s = time.perf_counter() - t0
     return report
 

@@ -119,8 +119,9 @@ _recorders: list[set[CurveKey]] = []
 
 @contextlib.contextmanager
 def recording_corrections() -> Iterator[set[CurveKey]]:
-    """Collect the keys of the busbw corrections :func:`busbw_correction` applies inside the block (the
-    curves a run really uses; a profile's curves for other collectives or shapes are not among them)."""
+    """Collect the keys (arch, collective, ranks, nodes) of every collective :func:`busbw_correction` prices
+    inside the block, whether or not a curve corrects it: the shapes a run really uses (a profile's curves
+    for other collectives or shapes are not among them)."""
     seen: set[CurveKey] = set()
     _recorders.append(seen)
     try:
@@ -142,6 +143,28 @@ def fidelity_warning(profile_name: str, fidelity: str, used: Collection[CurveKey
     return (f"calibration {profile_name}: its busbw-vs-size correction was fitted under {fitted} (trainsim "
             f"calibrate --nccl-log ... --fidelity {other[0]}); under fidelity = \"{fidelity}\" it multiplies a "
             f"different model and does not reproduce the log: refit it with --fidelity {fidelity}")
+
+
+def group_size_warning(profile_name: str, used: Collection[CurveKey]) -> str | None:
+    """A one-line warning when the active profile's ``[nccl.nvlink_efficiency.<arch>]`` was fitted to a log
+    of one group size (its ``ranks``, written by ``trainsim calibrate --nccl-log``) and the run priced
+    collectives with another number of ranks per node on that generation (``used``: the shapes
+    :func:`recording_corrections` collected); ``None`` otherwise. busbw changes with the group size (NCCL
+    picks channels and algorithms per communicator: 8x H100 NVLS all_reduce_perf, 367.5 GB/s busbw on 2-4
+    GPUs, 480 on 8, NVIDIA/nccl#1455), so the fraction of one size is only an estimate for another."""
+    table = nccl_calibration().get("nvlink_efficiency", {})
+    for arch, row in sorted(table.items()):
+        fitted = row.get("ranks") if isinstance(row, Mapping) else None
+        if fitted is None:
+            continue
+        # an NVLink fraction: what counts is the group on one node's NVLink (ranks per node)
+        other = sorted({(r, n) for a, _, r, n in used if a == str(arch).lower() and r // max(n, 1) != int(fitted)})
+        if other:
+            shapes = ", ".join(f"{r} ranks" + (f" on {n} nodes" if n > 1 else "") for r, n in other[:4])
+            return (f"calibration {profile_name}: nccl.nvlink_efficiency.{arch} was fitted to {int(fitted)}-rank "
+                    f"nccl-tests and prices this run's collectives of {shapes} too; busbw differs with the group "
+                    f"size: fit a log of the GPUs per node you run (all_reduce_perf -g N)")
+    return None
 
 
 def busbw_curves() -> dict[tuple[str, str, int, int], BusbwCurve]:
@@ -185,13 +208,8 @@ def busbw_correction(arch: str, collective: str, ranks: int, nodes: int, size_by
     ``ranks``/``nodes``: the communicator's shape, ``size_bytes``: nccl-tests' S (the engine's collective
     size). Source: the user's own nccl-tests log, fitted by ``trainsim calibrate --nccl-log``.
     """
-    curves = busbw_curves()
-    if not curves:
-        return 1.0
     key = (arch.lower(), collective, ranks, nodes)
-    curve = curves.get(key)
-    if curve is None:
-        return 1.0
-    for seen in _recorders:
+    for seen in _recorders:  # every shape priced, curve or not (group_size_warning needs them all)
         seen.add(key)
-    return curve.at(size_bytes)
+    curve = busbw_curves().get(key)
+    return 1.0 if curve is None else curve.at(size_bytes)

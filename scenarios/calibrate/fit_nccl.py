@@ -29,6 +29,7 @@ from typing import Any
 
 from hwmodel.calibration_overlay import Overlay, applied, merge
 from hwmodel.nccl import calibration as nccl_cal
+from hwmodel.nccl import nccltests
 from hwmodel.nccl.engine import simulate_nccl_tests
 from hwmodel.nccl.tuner import arch_of
 from scenarios.calibrate import CalibrationInputError
@@ -80,6 +81,8 @@ class NcclFit:
     """One line per constant the log could not fit (too few rows), which keeps its shipped value."""
     fidelity: str = "flow"
     """The collective model the log was fitted against (``[simulation] fidelity``)."""
+    gpus_per_node: int = 0
+    """GPUs per node of the system fitted on (a log of fewer ranks on one node fits a partial node)."""
 
 
 def _simulate(topo: Any, log: NcclLog, gpus: list, sections: dict[str, Any], fidelity: str) -> dict[int, float]:
@@ -106,6 +109,53 @@ def _topology(log: NcclLog, system: str) -> tuple[Any, list]:
     return topo, [g for n in range(log.nodes) for g in topo.gpus_of_node(n)[:per_node]]
 
 
+def busbw_bound_Bps(log: NcclLog, topo: Any) -> tuple[float, str]:
+    """The most busbw (bytes/s) the hardware can carry for ``log``'s collective and shape, and what sets it.
+
+    One node: the GPU's NVLink line rate (links x per-link rate per direction, ``GPUSpec``): every rank
+    moves at least busbw x t bytes over its own links (nccl-tests ``doc/PERFORMANCE.md``: busbw is the
+    per-rank link load of a ring), whatever the algorithm -- except all-reduce with in-network reduction
+    (NVLS, SHARP), where a rank need only send and receive S, so algbw <= line rate and busbw <= 2(n-1)/n
+    x line rate (8x H100 NVLS all_reduce_perf: 479 GB/s busbw on 450 GB/s links, Azure ND H100 v5 sweep).
+    Several nodes: the node's compute NICs (NICs per node x port rate): each node receives at least
+    S x (nodes-1)/nodes over them, so busbw <= busbw factor x NIC rate x nodes/(nodes-1) (loose for
+    all-reduce, which needs S; it bounds every collective). A row above it has a unit error (ms or ns for
+    us) or is not this hardware's.
+    """
+    spec, n = topo.gpu_spec, log.ranks
+    allreduce = nccltests.busbw_factor("all_reduce", n) if log.collective == "all_reduce" else 1.0
+    if log.nodes == 1:
+        line = spec.nvlink_bandwidth_per_link_Bps * spec.nvlink_links
+        if line <= 0:
+            return math.inf, "no NVLink"
+        return line * allreduce, (f"{spec.name} NVLink line rate {spec.nvlink_links} x "
+                                  f"{spec.nvlink_bandwidth_per_link_Bps / 1e9:g} GB/s"
+                                  + (f" x 2(n-1)/n = {allreduce:g} (in-network reduction)" if allreduce > 1 else ""))
+    nics = topo.nics_per_node
+    if not nics or topo.nic_spec is None:
+        return math.inf, "no NICs"
+    node_Bps = nics * topo.nic_spec.bandwidth_Bps
+    factor = nccltests.busbw_factor(log.collective, n) * log.nodes / (log.nodes - 1)
+    return node_Bps * factor, (f"{nics} x {topo.nic_spec.name} {topo.nic_spec.bandwidth_Bps / 1e9:g} GB/s per node "
+                               f"x busbw factor x nodes/(nodes-1) = {factor:.3g}")
+
+
+def check_busbw(log: NcclLog, topo: Any, system: str) -> None:
+    """Refuse a log with a row above :func:`busbw_bound_Bps`.
+
+    Raises:
+        CalibrationInputError: one line naming the first such row's size, its busbw and the bound.
+    """
+    bound, why = busbw_bound_Bps(log, topo)
+    for r in log.rows:
+        if r.busbw_Bps > bound * (1 + 1e-6):
+            raise CalibrationInputError(
+                f"{log.path}: the {r.size_bytes}-byte row has busbw {r.busbw_Bps / 1e9:.6g} GB/s, above the "
+                f"{bound / 1e9:.4g} GB/s {system} can carry for {log.ranks}-rank {log.collective} on "
+                f"{log.nodes} node(s) ({why}): is the time column in us (nccl-tests' unit), and the log this "
+                f"system's?")
+
+
 def held_out_sizes(sizes: list[int]) -> set[int]:
     """The sizes the held-out check leaves out: odd powers of two where every size is one (nccl-tests
     ``-f 2``), else every other size in order."""
@@ -120,10 +170,12 @@ def fit_nccl(log: NcclLog, system: str, fidelity: str = "flow") -> NcclFit:
     every size, and a second fit without :func:`held_out_sizes` to report the held-out error.
 
     Raises:
-        CalibrationInputError: the run does not fit the system (more ranks per node than it has GPUs), or
-            its ``Rank`` lines name a GPU trainsim knows that is not the system's.
+        CalibrationInputError: the run does not fit the system (more ranks per node than it has GPUs), its
+            ``Rank`` lines name a GPU trainsim knows that is not the system's, or a row's busbw is above what
+            the hardware can carry (:func:`busbw_bound_Bps`).
     """
     topo, gpus = _topology(log, system)
+    check_busbw(log, topo, system)
     measured = {r.size_bytes: r for r in log.rows if r.busbw_Bps > 0}
     not_fitted: list[str] = []
     sections, changed, sim = _fit(topo, log, gpus, set(measured), fidelity, not_fitted)
@@ -140,7 +192,7 @@ def fit_nccl(log: NcclLog, system: str, fidelity: str = "flow") -> NcclFit:
         comparison.append(row)
     knots = sum(len(t["factor"]) for t in sections.get(nccl_cal.BUSBW_CORRECTION_KEY, {}).get(
         arch_of(topo.gpu_spec.compute_capability), {}).values())
-    return NcclFit(sections, changed, comparison, knots, not_fitted, fidelity)
+    return NcclFit(sections, changed, comparison, knots, not_fitted, fidelity, topo.gpus_per_node)
 
 
 def _fit(topo: Any, log: NcclLog, gpus: list, fit_sizes: set[int], fidelity: str, not_fitted: list[str]
@@ -170,7 +222,8 @@ def _fit(topo: Any, log: NcclLog, gpus: list, fit_sizes: set[int], fidelity: str
 
     def with_fraction(eff: float) -> dict[str, Any]:
         if log.nodes == 1:
-            return merge(sections, {"nvlink_efficiency": {arch: {"busbw_Bps": eff * line, "line_rate_Bps": line}}})
+            return merge(sections, {"nvlink_efficiency": {arch: {"busbw_Bps": eff * line, "line_rate_Bps": line,
+                                                                  "ranks": log.ranks, "nodes": 1}}})
         return {**sections, "ib_app_efficiency": eff}
 
     if len(big) < MIN_BANDWIDTH_ROWS:

@@ -54,6 +54,9 @@ class NcclLog:
     channels: int | None = None
     choices: dict[int, tuple[str, str]] = field(default_factory=dict)
     """size -> (algorithm, protocol) from ``NCCL_DEBUG_SUBSYS=TUNING`` lines."""
+    skipped: list[tuple[int, str]] = field(default_factory=list)
+    """(1-based line number, text) of lines that start like a result row (a size, then a count) but do not
+    parse as one -- a truncated or garbled row; they are left out of the fit, and the caller warns."""
 
 
 def _nccl_version(line: str) -> str:
@@ -82,7 +85,8 @@ def read_nccl_log(path: str | Path) -> NcclLog:
     ranks: dict[int, tuple[str, str]] = {}
     rows: list[NcclRow] = []
     choices: dict[int, tuple[str, str]] = {}
-    for raw in text.splitlines():
+    skipped: list[tuple[int, str]] = []
+    for number, raw in enumerate(text.splitlines(), start=1):
         line = re.sub(r"^\[\d+\]\s*", "", raw.strip()).replace("[0]", " ")
         version = version or _nccl_version(line)
         if "Collective test starting:" in line:
@@ -97,8 +101,10 @@ def read_nccl_log(path: str | Path) -> NcclLog:
         if m := re.search(r"(\d+) coll channels", line):
             channels = int(m.group(1))
         row = _row(p, line)
-        if row is not None:
+        if isinstance(row, NcclRow):
             rows.append(row)
+        elif row is _GARBLED:
+            skipped.append((number, raw.strip()))
     if not rows:
         raise CalibrationInputError(f"{p}: no nccl-tests result rows (size count type redop ... busbw #wrong)")
     if not collective:
@@ -115,18 +121,26 @@ def read_nccl_log(path: str | Path) -> NcclLog:
     hosts = {h for h, _ in ranks.values()}
     gpu = next(iter(ranks.values()))[1] if ranks else ""
     return NcclLog(str(p), N.canonical_collective(collective), rows, max(len(ranks), g), max(len(hosts), 1),
-                   g or 1, gpu, version, channels, choices)
+                   g or 1, gpu, version, channels, choices, skipped)
 
 
-def _row(path: Path, line: str) -> NcclRow | None:
+_GARBLED = object()
+""":func:`_row`'s answer for a line that starts like a result row but is not one."""
+
+
+def _row(path: Path, line: str) -> NcclRow | object | None:
+    """The row of ``line``; ``None`` for a line that is not a row (header, ``NCCL INFO``, a size-0 row),
+    :data:`_GARBLED` for one that starts with a size but does not parse (cut off, mangled)."""
     tok = line.split()
-    if len(tok) < 12 or not tok[0].isdigit() or not tok[1].isdigit():
-        return None
+    if not tok or not tok[0].isdigit() or (len(tok) > 1 and not tok[1].isdigit()):
+        return None  # a row starts with its size and count; "2 coll channels" is not one
+    if len(tok) < 12:
+        return _GARBLED
     k = 5 if len(tok) >= 13 else 4  # with or without the root column
     try:
         size, time_us, algbw, busbw = int(tok[0]), float(tok[k]), float(tok[k + 1]), float(tok[k + 2])
     except ValueError:
-        return None
+        return _GARBLED
     wrong = tok[k + 3]
     if wrong.isdigit() and int(wrong) > 0:
         raise CalibrationInputError(f"{path}: the {size}-byte row has {wrong} wrong results (#wrong): a run "
