@@ -12,6 +12,7 @@ uses are most of the cluster's links.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from itertools import chain
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, cast
@@ -205,15 +206,23 @@ def _sends_kept(engine: NcclEngine, mirrors: list[Plan], own: dict[Edge, float],
     ``x = 1.0 * proto_w / eff`` to every edge of its route, so the per-edge loop only counts the mirrors
     on each edge; the weights -- the same floats, added in the same order as the general merge adds them
     (``own``'s, then ``x`` once per mirror, left to right) -- are summed only for the edges kept."""
-    first = mirrors[0]
+    proto_w = _sends_weight(engine, mirrors)
+    if proto_w is None:
+        return None
+    return _pairs_kept(engine, proto_w, [(p.gpus[0], p.gpus[1]) for p in mirrors], own, ends)
+
+
+def _sends_weight(engine: NcclEngine, plans: Iterable[Plan]) -> float | None:
+    """The one protocol weight of ``plans`` when all are sends (``p2p``) of that weight (the first's
+    protocol and correction, or another with the same weight); None otherwise."""
+    first, *rest = plans
     proto_w = engine.proto_weight(first)
-    protocol, correction = first.protocol, first.busbw_correction
-    for p in mirrors:
+    for p in (first, *rest):
         if p.op != "p2p" or p.algorithm != "p2p" or (
-                (p.protocol != protocol or p.busbw_correction != correction)
+                (p.protocol != first.protocol or p.busbw_correction != first.busbw_correction)
                 and engine.proto_weight(p) != proto_w):
             return None
-    return _pairs_kept(engine, proto_w, [(p.gpus[0], p.gpus[1]) for p in mirrors], own, ends)
+    return proto_w
 
 
 def _pairs_kept(engine: NcclEngine, proto_w: float, pairs: list[tuple[str, ...]], own: dict[Edge, float],
@@ -313,16 +322,13 @@ def merged_sends(engine: NcclEngine, plan: Plan, pairs: list[tuple[str, ...]]) -
         return None
     kinds = {same: engine.plan_p2p(pairs[i][0], pairs[i][1], size)
              for same, i in ((same, local.index(same)) for same in dict.fromkeys(local))}
-    first = kinds[local[0]]
     work = engine._work(plan)
     group = (work, plan.latency_s, plan.rate_bound_Bps)
-    proto_w = engine.proto_weight(first)
-    for p in (plan, *kinds.values()):
-        if p.op != "p2p" or p.algorithm != "p2p" or (engine._work(p), p.latency_s, p.rate_bound_Bps) != group:
-            return None
-        if p is not plan and (p.protocol != first.protocol or p.busbw_correction != first.busbw_correction) \
-                and engine.proto_weight(p) != proto_w:
-            return None
+    if any((engine._work(p), p.latency_s, p.rate_bound_Bps) != group for p in kinds.values()):
+        return None
+    proto_w = _sends_weight(engine, [kinds[local[0]], *kinds.values()])
+    if plan.op != "p2p" or plan.algorithm != "p2p" or proto_w is None:
+        return None
     side = dict(engine._flow(plan)[2])  # (its links' classes first: the merge adds to them)
     kept = _pairs_kept(engine, proto_w, pairs, engine.edge_weights(plan), set(plan.gpus))
     if kept is None:
