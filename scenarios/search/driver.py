@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from scenarios.runner import DEFAULT_MAX_TASKS
 from scenarios.scenario import Scenario, parallel_kwargs
+from scenarios.search.refine import REFINE_PLANS, refine, refined_estimate
 from scenarios.search.screen import Estimate, ScreenContext
 from scenarios.search.simulate import simulate_plans
 from scenarios.search.space import (
@@ -319,6 +320,9 @@ def run_search(scenario: Scenario, *, fix: Sequence[str] = (), space: Sequence[s
     estimates, rate, trace_s = screen_all(ctx, cands, progress)
     screen_s = time.perf_counter() - t0
     fit = sorted((e for e in estimates if e.fits), key=lambda e: (e.iteration_time_s, e.candidate))
+    t_refine = time.process_time()
+    fit = refine(ctx, fit)  # the fastest plans' layer passes as the simulator times them
+    refine_cpu_s = time.process_time() - t_refine
     if not fit:
         close = min(estimates, key=lambda e: (e.memory_bytes, e.candidate))
         raise NoFeasiblePlan(f"no plan fits in {close.hbm_bytes / 1e9:.1f} GB per GPU; closest: "
@@ -336,15 +340,17 @@ def run_search(scenario: Scenario, *, fix: Sequence[str] = (), space: Sequence[s
                                       progress=progress, max_tasks=max_tasks)
     sim_s = time.perf_counter() - t1
     known = set(cands)
-    extras = [ctx.estimate(c) for c in dict.fromkeys((base, given)) if c is not None and c not in known]
-    ordered = sorted(fit + [e for e in extras if e.fits], key=lambda e: (e.iteration_time_s, e.candidate)) + \
-        unfit + [e for e in extras if not e.fits]
+    extras = [refined_estimate(ctx, c) for c in dict.fromkeys((base, given)) if c is not None and c not in known]
+    n = min(len(fit), REFINE_PLANS)  # the refined head keeps its own order ahead of the analytic tail
+    ordered = sorted(fit[:n] + [e for e in extras if e.fits], key=lambda e: (e.iteration_time_s, e.candidate)) + \
+        fit[n:] + unfit + [e for e in extras if not e.fits]
     return SearchResult(scenario, ordered, rejections, simulated, base, kind, given, rate, screen_s,
                         ctx.traces, trace_s, sim_s, usable_hbm_bytes(ctx.gpu), ctx.world,
                         info={"candidates": len(cands), "fitting": len(fit), "top_k": top_k,
                               "top_k_rule": top_k_rule, "picked": len(picks), "max_tasks": max_tasks,
                               "shapes_picked": sum(1 for v in picks.values() if v == "shape"),
-                              "enumerate_s": enumerate_s, "usable_hbm_bytes": usable_hbm_bytes(ctx.gpu)},
+                              "enumerate_s": enumerate_s, "refine_cpu_s": refine_cpu_s,
+                              "refined": min(len(fit), REFINE_PLANS), "usable_hbm_bytes": usable_hbm_bytes(ctx.gpu)},
                         picks=picks, num_layers=ctx.facts.num_layers,
                         outside=frozenset(c for c in (base, given) if c is not None and not satisfies(c, knobs)))
 

@@ -124,8 +124,8 @@ def agreement(res: SearchResult) -> dict[str, Any]:
     pairs = [(res.estimate_of(c).iteration_time_s, r["iteration_time_s"]) for c, r in res.ranked]
     if not pairs:
         return {}
-    t_best = res.estimate_of(res.best[0]).iteration_time_s
-    ahead = [e.candidate for e in res.estimates if e.fits and e.iteration_time_s < t_best]
+    fitting = [e.candidate for e in res.estimates if e.fits]  # the screen's order (its refined head first)
+    ahead = fitting[:fitting.index(res.best[0])] if res.best[0] in fitting else fitting
     shapes_ahead = {plan_shape(c) for c in ahead} - {plan_shape(res.best[0])}
     return {"kendall_tau": kendall_tau([p[0] for p in pairs], [p[1] for p in pairs]), "simulated_plans": len(pairs),
             "best_screen_rank": 1 + len(ahead), "best_in_screen_top10": len(ahead) < 10,

@@ -39,6 +39,7 @@ from hwmodel.ir import Compute
 from hwmodel.nccl import tuner as nccl_tuner
 from hwmodel.nccl.engine import NcclEngine
 from hwmodel.nccl.tuner_config import TunerConfigError, load_tuner_config
+from hwmodel.variation import DEFAULT_GPU_SPEED_SPREAD, straggler_slowdown
 from scenarios.metrics import peak_dtype_for
 from scenarios.runner import build_model_config, build_topology, check_dtype, memory_of, system_gpu
 from scenarios.scenario import Scenario
@@ -153,7 +154,10 @@ class ScreenContext:
         self.engine = NcclEngine(Cluster(self.topology, record=False), algorithm=sim.get("nccl_algo"),
                                  protocol=sim.get("nccl_proto"), tuner_config=tuner_rules)
         self.tuner_rules = tuner_rules
-        self.cost_model = KernelCostModel(self.gpu, sustained=True)
+        # the run's clock: sustained, slowed by the expected slowest GPU (scenarios.runner.run_cost_model)
+        spread = float(sim.get("gpu_speed_spread", DEFAULT_GPU_SPEED_SPREAD))
+        self.cost_model = KernelCostModel(self.gpu, sustained=True,
+                                          speed_scale=1.0 / straggler_slowdown(spread, self.world))
         self.peak_flops = float(self.gpu.peak_flops(peak_dtype_for(self.dtype)))
         self.grad_bytes = GRAD_REDUCE_BYTES.get("bf16" if self.dtype == "fp8" else self.dtype, 4)
         self.eb = ELEM_BYTES.get("bf16" if self.dtype == "fp8" else self.dtype, 2)
@@ -395,7 +399,8 @@ class ScreenContext:
             return Estimate(c, nan, nan, nan, nan, need, cap, why, memory=mem)
         return self._timed(c, mem, need, cap)
 
-    def _timed(self, c: Candidate, mem: MemoryBreakdown, need: float, cap: float) -> Estimate:
+    def _timed(self, c: Candidate, mem: MemoryBreakdown, need: float, cap: float,
+               measured: dict | None = None) -> Estimate:
         sc = self.shard(c)
         g = self.groups(c)
         L = self.model_cfg.num_layers
@@ -407,7 +412,7 @@ class ScreenContext:
         # (layers, first, last) of the first, a middle (under uneven stages) and the last stage
         kinds = [(per_stage[0], True, p == 1)] + ([(per_stage[1], False, False)] if p > 2 and (
             c.first_layers or c.last_layers) else []) + ([(per_stage[-1], False, True)] if p > 1 else [])
-        stage = _StageTimes(self, sc, c, g)
+        stage = _StageTimes(self, sc, c, g, measured)
         passes = [stage.pass_times(n, first=fi, last=la) for n, fi, la in kinds]
         t_mb = max(f + b for f, b, _, _ in passes)
         compute_mb = max(cf + cb for _, _, cf, cb in passes)
@@ -436,8 +441,9 @@ class ScreenContext:
 class _StageTimes:
     """Per-stage pieces of one plan's time (see the module docstring's composition)."""
 
-    def __init__(self, ctx: ScreenContext, sc: ShardCosts, c: Candidate, g: dict[str, Group]) -> None:
-        self.ctx, self.sc, self.c, self.g = ctx, sc, c, g
+    def __init__(self, ctx: ScreenContext, sc: ShardCosts, c: Candidate, g: dict[str, Group],
+                 measured: dict | None = None) -> None:
+        self.ctx, self.sc, self.c, self.g, self.measured = ctx, sc, c, g, measured
         comp, co = sc.compute, sc.colls
         self.slow = self._ring_sm_slowdown()
         self.blk_cf, self.blk_cb = comp[("block", "fwd")] * self.slow, comp[("block", "bwd")] * self.slow
@@ -454,6 +460,10 @@ class _StageTimes:
         self.blk_b += self._ring_exposed("bwd") * (2 if c.recompute == "full" else 1)
         self.rc_layer = rc + (self._ring_exposed("bwd") if c.recompute == "full" else 0.0)
         """One layer's recomputation (seconds), of which Megatron's ``--recompute-method`` skips some layers."""
+        if measured:  # the simulator's step-1 passes (scenarios.search.refine), recomputation included
+            bf, bb = measured[("block", "fwd")], measured[("block", "bwd")]
+            self.blk_f, self.blk_b = bf.time_s, bb.time_s
+            self.blk_cf, self.blk_cb = bf.compute_s, max(bb.compute_s - self.rc_compute, 0.0)
         eb = ctx.eb
         self.eb = eb
         # without SP the received 1/tp activation slices are all-gathered over TP before use
@@ -571,8 +581,11 @@ class _StageTimes:
                 continue
             pf = sc.compute[(part, "fwd")] * self.slow
             pb = sc.compute[(part, "bwd")] * self.slow
-            f += pf + ctx._colls_s(sc.colls[(part, "fwd")], g)
-            b += pb + ctx._colls_s(sc.colls[(part, "bwd")], g)
+            if self.measured:
+                f, b = f + self.measured[(part, "fwd")].time_s, b + self.measured[(part, "bwd")].time_s
+            else:
+                f += pf + ctx._colls_s(sc.colls[(part, "fwd")], g)
+                b += pb + ctx._colls_s(sc.colls[(part, "bwd")], g)
             cf, cb = cf + pf, cb + pb
         if self.fsdp2 and self.c.pp == 1:  # under PP: once per step (tail)
             pr = sc.params
