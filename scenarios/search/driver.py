@@ -321,7 +321,8 @@ def run_search(scenario: Scenario, *, fix: Sequence[str] = (), space: Sequence[s
     screen_s = time.perf_counter() - t0
     fit = sorted((e for e in estimates if e.fits), key=lambda e: (e.iteration_time_s, e.candidate))
     t_refine = time.process_time()
-    fit = refine(ctx, fit)  # the fastest plans' layer passes as the simulator times them
+    with _bar(progress, min(len(fit), REFINE_PLANS), "re-pricing the fastest plans", "plan") as bar:
+        fit = refine(ctx, fit, progress=bar.update)  # the fastest plans as the simulator times them
     refine_cpu_s = time.process_time() - t_refine
     if not fit:
         close = min(estimates, key=lambda e: (e.memory_bytes, e.candidate))
@@ -350,6 +351,7 @@ def run_search(scenario: Scenario, *, fix: Sequence[str] = (), space: Sequence[s
                               "top_k_rule": top_k_rule, "picked": len(picks), "max_tasks": max_tasks,
                               "shapes_picked": sum(1 for v in picks.values() if v == "shape"),
                               "enumerate_s": enumerate_s, "refine_cpu_s": refine_cpu_s,
+                              "refine_runs": getattr(ctx, "refine_runs", 0),
                               "refined": min(len(fit), REFINE_PLANS), "usable_hbm_bytes": usable_hbm_bytes(ctx.gpu)},
                         picks=picks, num_layers=ctx.facts.num_layers,
                         outside=frozenset(c for c in (base, given) if c is not None and not satisfies(c, knobs)))

@@ -27,6 +27,10 @@ class Estimate:
     tokens_per_s_per_gpu: float = math.nan
     mfu: float = math.nan
     memory: MemoryBreakdown | None = field(default=None, compare=False, repr=False)
+    priced: str = "analytic"
+    """How the time was found: ``analytic`` (the screen), ``step1`` (its layer passes timed by the
+    hierarchical engine's step 1) or ``sampled`` (simulated with a few layers and extrapolated):
+    :mod:`scenarios.search.refine`."""
 
     @property
     def fits(self) -> bool:
@@ -46,7 +50,8 @@ class Estimate:
                 "screen_bubble_s": _num(self.bubble_s), "screen_exposed_comm_s": _num(self.exposed_comm_s),
                 "memory_bytes": self.memory_bytes, "headroom_bytes": self.headroom_bytes,
                 "fits": self.fits, "oom_reason": self.oom_reason,
-                "screen_tokens_per_s_per_gpu": _num(self.tokens_per_s_per_gpu), "screen_mfu": _num(self.mfu)}
+                "screen_tokens_per_s_per_gpu": _num(self.tokens_per_s_per_gpu), "screen_mfu": _num(self.mfu),
+                "screen_priced": self.priced}
 
 
 def _num(x: float) -> float | None:

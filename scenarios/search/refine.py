@@ -1,47 +1,62 @@
-"""Tier 1b of the search: the screen's fastest plans re-priced with layer passes the simulator times.
+"""Tier 1b of the search: the screen's fastest plans re-priced with the simulator's own passes.
 
 The analytic screen (:mod:`scenarios.search.screen`) prices a layer pass from its kernels' solo times and
 NCCL's predicted collective times. What it cannot see is what happens between them on the GPU and the
 fabric: a TP-overlap chunk pipeline's collectives holding SMs beside the GEMMs they overlap (userbuffers,
 async TP), ring-attention sends of every data-parallel replica's CP ring sharing the NICs and the
-fabric (a CP 8 ring across 4 nodes slows as the replicas grow), launch gaps. The simulator's
-hierarchical engine times exactly that once per distinct pass (step 1,
-:func:`scenarios.hierarchical.pass_profiles`: one micro-batch of each layer pass on stage 0's TP x CP
-ranks of the real cluster, every data-parallel replica mirrored), and so does this tier, for the plans
-the screen ranks fastest: each distinct (shard, layout, recomputation) is timed once and the plan's
-iteration composed as the screen composes it (:class:`scenarios.search.screen._StageTimes` with
-``measured``). The step-1 passes are the ones every hierarchical run uses, so a refined plan's layer
-passes are the simulation's own; what stays analytic is the pipeline schedule and the data-parallel
-tail.
+fabric (a CP 8 ring across 4 nodes slows as the replicas grow), ZeRO-3's per-unit gathers and
+reduce-scatters sharing SMs, streams and NICs with the passes they wrap, launch gaps. This tier re-prices
+the plans the screen ranks fastest with the simulator itself, in one of two ways, both of them its own
+engine on the real cluster:
 
-Not refined: ZeRO-3 plans (FSDP2 and DeepSpeed), whose per-unit gathers the screen composes around
-the pass itself.
+* **Sampled layers** (no pipeline, ``pp = 1``: plain data parallelism, distributed optimizer, FSDP2 and
+  DeepSpeed ZeRO-3). Without pipeline stages an iteration is ``m`` micro-batches of the same passes over
+  identical layers, so every additive quantity is affine in the layer count ``L`` once the per-layer
+  pattern is steady (FSDP2 prefetches one unit ahead; DeepSpeed's coordinator settles after its second
+  layer): ``T(L) = T(k2) + (L - k2) (T(k2) - T(k1))``. The plan is simulated with ``k1`` and ``k2``
+  layers (:data:`SAMPLED_LAYERS`) and its real micro-batch count (which the runner itself extrapolates,
+  :mod:`scenarios.steady_state`), as ``trainsim run`` would run it: per-unit gathers, reduce-scatters,
+  gradient buckets, the optimizer and every collective's SMs and links are the simulation's. This is the
+  steady-state rule of :mod:`scenarios.steady_state` applied to layers instead of micro-batches.
+* **Step-1 passes** (pipelines, ``pp > 1``). The hierarchical engine's step 1
+  (:func:`scenarios.hierarchical.pass_profiles`: one micro-batch of each layer pass on stage 0's TP x CP
+  ranks of the real cluster, every data-parallel replica mirrored) times each distinct (shard, layout,
+  recomputation, TP overlap) once, and the plan's iteration is composed as the screen composes it
+  (:class:`scenarios.search.screen._StageTimes` with ``measured``): the pipeline schedule and the
+  data-parallel tail (FSDP with PP gathers once per step, in the tail) stay analytic.
+
+A plan whose re-pricing fails (the simulator refuses it) keeps its analytic estimate.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import Any
 
 from hwmodel.runtime import DEFAULT_HOST_LAUNCH_OVERHEAD_S
 from scenarios.hierarchical import PassProfile, pass_profiles
 from scenarios.runner import _engine_factory, scenario_dir, trace_options
 from scenarios.search.estimate import Estimate
+from scenarios.search.simulate import candidate_data, simulate_plan
 from scenarios.search.space import Candidate
 from workload.parallel.rank_trace import trace_rank
 
 REFINE_PLANS = 300
-"""How many of the screen's fastest fitting plans :func:`refine` re-prices (the CPU it costs grows with
-the distinct passes among them, not the plans: see docs/DESIGN.md, "Search: the screen's fastest plans
-re-priced with step-1 layer passes")."""
+"""How many of the screen's fastest fitting plans :func:`refine` re-prices (docs/DESIGN.md, "Search: every
+plan family re-priced by the simulator")."""
+
+SAMPLED_LAYERS = (3, 4)
+"""The layer counts a plan without pipeline stages is simulated with (:func:`sampled_time_s`): DeepSpeed
+ZeRO-3's coordinator is steady from its third layer on (two and three layers extrapolate a GPT-3 175B
+plan 4 % fast; three and four within 0.2 % of the 96-layer simulation)."""
 
 Profiles = dict[tuple[str, str], PassProfile]
 
 
-def refinable(c: Candidate) -> bool:
-    """Whether the plan's layer passes can be timed alone: not a ZeRO-3 plan (FSDP2 or DeepSpeed gather
-    per unit around the pass, which the screen composes)."""
-    return c.zero != 3
+def sampled(c: Candidate) -> bool:
+    """Whether plan ``c`` is re-priced by sampled layers (no pipeline stages) rather than step-1 passes."""
+    return c.pp == 1
 
 
 def pass_key(ctx, c: Candidate) -> tuple:
@@ -54,7 +69,8 @@ def pass_key(ctx, c: Candidate) -> tuple:
 def step1_profiles(ctx, c: Candidate) -> Profiles:
     """The hierarchical engine's step-1 :class:`PassProfile` of each layer pass of plan ``c`` (cached in
     ``ctx`` by :func:`pass_key`). Traced with one layer per virtual stage and even stages: step 1 runs
-    layer 0 of stage 0, whatever the split (Megatron's ``--recompute-method`` is priced by the screen)."""
+    layer 0 of stage 0, whatever the split (Megatron's ``--recompute-method`` is priced by the screen).
+    The passes alone: no FSDP gathers (with PP, FSDP2 gathers once per step, priced in the tail)."""
     key = pass_key(ctx, c)
     cache = ctx.__dict__.setdefault("_step1", {})
     hit = cache.get(key)
@@ -69,23 +85,66 @@ def step1_profiles(ctx, c: Candidate) -> Profiles:
         host = float(sim.get("host_launch_overhead_s", DEFAULT_HOST_LAUNCH_OVERHEAD_S))
         engine = _engine_factory(sim, scenario_dir(ctx.scenario))
         hit = cache[key] = pass_profiles(trace, cfg, ctx.topology, engine, host, ctx.cost_model)
-        ctx.refine_traces = getattr(ctx, "refine_traces", 0) + 1
+        ctx.refine_runs = getattr(ctx, "refine_runs", 0) + 1
     return hit
 
 
+def _simulated_s(ctx, c: Candidate, layers: int) -> float | None:
+    """Simulated iteration time of plan ``c`` with ``layers`` layers (``None``: the simulator refused it)."""
+    data: dict[str, Any] = candidate_data(ctx.scenario, c)
+    data["model"] = dict(data["model"], num_layers=layers)
+    ctx.refine_runs = getattr(ctx, "refine_runs", 0) + 1
+    t = simulate_plan(data, ctx.scenario.source or "").get("iteration_time_s")
+    return float(t) if t is not None else None
+
+
+def sampled_time_s(ctx, c: Candidate) -> float | None:
+    """Plan ``c``'s iteration time (seconds) extrapolated from simulations with :data:`SAMPLED_LAYERS`
+    layers (module docstring; a model with at most ``k2`` layers is simulated whole); ``None`` where the
+    simulator refuses the plan. Cached in ``ctx`` by plan."""
+    cache = ctx.__dict__.setdefault("_sampled", {})
+    if c in cache:
+        return cache[c]
+    L = ctx.model_cfg.num_layers
+    k1, k2 = SAMPLED_LAYERS
+    if L <= k2:
+        t = _simulated_s(ctx, c, L)
+    else:
+        t1 = _simulated_s(ctx, c, k1)
+        t2 = _simulated_s(ctx, c, k2) if t1 is not None else None
+        t = None if t1 is None or t2 is None else t2 + (L - k2) * (t2 - t1) / (k2 - k1)
+    cache[c] = t
+    return t
+
+
+def _retimed(e: Estimate, t: float) -> Estimate:
+    """``e`` with iteration time ``t`` (its compute and bubble kept; exposed communication the rest)."""
+    r = e.iteration_time_s / t
+    return replace(e, iteration_time_s=t, exposed_comm_s=max(t - e.compute_s - e.bubble_s, 0.0),
+                   tokens_per_s_per_gpu=e.tokens_per_s_per_gpu * r, mfu=e.mfu * r, priced="sampled")
+
+
 def refined_estimate(ctx, c: Candidate) -> Estimate:
-    """The screen's estimate of ``c`` with its layer passes timed by step 1 (:func:`step1_profiles`); the
-    analytic one for a plan that does not fit or is not :func:`refinable`."""
+    """The screen's estimate of ``c`` re-priced by the simulator (module docstring); the analytic one for a
+    plan that does not fit or that the simulator refuses."""
     e = ctx.estimate(c)
-    if not e.fits or not refinable(c):
+    if not e.fits:
         return e
+    if sampled(c):
+        t = sampled_time_s(ctx, c)
+        return _retimed(e, t) if t is not None and t > 0 else e
     mem = ctx.memory(c)
     need, cap = ctx.hbm_limit(mem)
-    return ctx._timed(c, mem, need, cap, step1_profiles(ctx, c))
+    return replace(ctx._timed(c, mem, need, cap, step1_profiles(ctx, c)), priced="step1")
 
 
-def refine(ctx, fit: Sequence[Estimate], n: int = REFINE_PLANS) -> list[Estimate]:
+def refine(ctx, fit: Sequence[Estimate], n: int = REFINE_PLANS,
+           progress: Callable[[int], Any] | None = None) -> list[Estimate]:
     """``fit`` (fitting estimates, fastest first) with its first ``n`` re-priced by
-    :func:`refined_estimate`, fastest first again."""
-    head = [refined_estimate(ctx, e.candidate) for e in fit[:n]]
+    :func:`refined_estimate`, fastest first again; ``progress(1)`` after each plan (a tqdm ``update``)."""
+    head = []
+    for e in fit[:n]:
+        head.append(refined_estimate(ctx, e.candidate))
+        if progress is not None:
+            progress(1)
     return sorted(head, key=lambda e: (e.iteration_time_s, e.candidate)) + list(fit[n:])

@@ -165,6 +165,12 @@ def _shape_label(c) -> str:
     return label + (f"-{c.recompute_method}{c.recompute_num_layers}" if c.recompute_method else "")
 
 
+def _refine_line(res: SearchResult) -> str:
+    n = res.info.get("refined", 0)
+    return (f"re-priced by the simulator: the screen's {n:,} fastest plans ({res.info.get('refine_runs', 0)} short "
+            f"simulations: step-1 passes or sampled layers) in {res.info.get('refine_cpu_s', 0.0):.1f} s CPU")
+
+
 def format_search(res: SearchResult) -> str:
     """The whole text report."""
     sc = res.scenario
@@ -173,7 +179,8 @@ def format_search(res: SearchResult) -> str:
              f"{n_fit:,} fit in {res.hbm_bytes / 1e9:.1f} GB{_hbm_note(res)}; "
              f"{sum(r.count for r in res.rejections):,} invalid",
              f"screen: {res.screen_rate_per_s:,.0f} plans/s after {res.traces} shard traces "
-             f"({res.trace_wall_s:.1f} s); simulated {len(res.simulated)} plans in {res.simulate_wall_s:.1f} s", ""]
+             f"({res.trace_wall_s:.1f} s); simulated {len(res.simulated)} plans in {res.simulate_wall_s:.1f} s",
+             _refine_line(res), ""]
     lines.append(format_table(res))
     lines.append(format_picks(res))
     if any(c.async_tp for c in res.simulated) and not sc.training.get("compile", False):
