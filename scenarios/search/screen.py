@@ -46,7 +46,7 @@ from scenarios.scenario import Scenario
 from scenarios.search.estimate import Estimate
 from scenarios.search.overlap import chunked_exposed
 from scenarios.search.screen_deepspeed import deepspeed_passes_s, hook_segments
-from scenarios.search.screen_fsdp import foreach_adamw_s, fsdp_copies_s
+from scenarios.search.screen_fsdp import foreach_adamw_s, fsdp_copies_s, fsdp_once_s, fsdp_pass_s
 from scenarios.search.space import Candidate, ModelFacts
 from workload.custom import CustomModel
 from workload.fp8 import DEFAULT_RECIPE
@@ -460,7 +460,7 @@ class _StageTimes:
         self.blk_b += self._ring_exposed("bwd") * (2 if c.recompute == "full" else 1)
         self.rc_layer = rc + (self._ring_exposed("bwd") if c.recompute == "full" else 0.0)
         """One layer's recomputation (seconds), of which Megatron's ``--recompute-method`` skips some layers."""
-        if measured:  # the simulator's step-1 passes (scenarios.search.refine), recomputation included
+        if measured and ("block", "fwd") in measured:  # step-1 passes (scenarios.search.refine), recompute in
             bf, bb = measured[("block", "fwd")], measured[("block", "bwd")]
             self.blk_f, self.blk_b = bf.time_s, bb.time_s
             self.blk_cf, self.blk_cb = bf.compute_s, max(bb.compute_s - self.rc_compute, 0.0)
@@ -502,45 +502,6 @@ class _StageTimes:
             ctx._tpo[key] = hit
         return hit
 
-    def _fsdp_once(self, Ls: int, first: bool, last: bool, t_bwd: float) -> float:
-        """FSDP with PP (``ParallelConfig.fsdp_keeps_unsharded``): each of the stage's units is gathered
-        once, before its first forward (prefetched behind the previous unit), and reduce-scattered once,
-        after its last backward, behind the rest of that backward; the exposed part of both."""
-        ctx, sc, g, pr = self.ctx, self.sc, self.g, self.sc.params
-        units = ([(pr["pre"], sc.compute[("pre", "fwd")])] if first else []) + [(pr["block"], self.blk_f)] * Ls + (
-            [(self.part_params("post"), sc.compute[("post", "fwd")])] if last else [])
-        ag = [ctx.coll("all_gather", n * self.eb, g["dp"]) for n, _ in units]
-        exposed = ag[0][0] + sum(max(0.0, ag[k][0] - units[k - 1][1])
-                                 + ctx.sm_tax(min(ag[k][0], units[k - 1][1]), ag[k][1]) for k in range(1, len(units)))
-        rs = [ctx.coll("reduce_scatter", n * ctx.grad_bytes, g["dp"]) for n, _ in units]
-        total = sum(t for t, _ in rs)
-        rs_exposed = max(rs[0][0], total - t_bwd)  # the first unit's backward is the last to end
-        return exposed + rs_exposed + ctx.sm_tax(total - rs_exposed, max(ch for _, ch in rs))
-
-    def _fsdp_pass(self, Ls: int, phase: str) -> float:
-        """FSDP's extra time in one pass over the units (pre, the layers, post; backward reversed; one
-        stage, as FSDP has no pipeline): each unit's all-gather is prefetched behind the previous unit's
-        compute (the first is exposed), in backward beside the previous unit's reduce-scatter, and the
-        last reduce-scatter is exposed; overlapped kernels pay the SMs the collectives hold."""
-        ctx, sc, g, pr = self.ctx, self.sc, self.g, self.sc.params
-        blk = self.blk_f if phase == "fwd" else self.blk_b
-        pre_s = sc.compute[("pre", phase)] * self.slow
-        post_s = sc.compute[("post", phase)] * self.slow
-        units = [(pr["pre"], pr["pre"], pre_s)] + [(pr["block"], pr["block"], blk)] * Ls + [
-            (pr["post"] + pr["tied"], pr["post"], post_s)]
-        if phase == "bwd":
-            units.reverse()
-        ag = [ctx.coll("all_gather", n * self.eb, g["dp"]) for n, _, _ in units]
-        rs = [ctx.coll("reduce_scatter", n * ctx.grad_bytes, g["dp"]) if phase == "bwd" else (0.0, 0)
-              for _, n, _ in units]
-        extra = ag[0][0] + rs[-1][0]
-        for k in range(1, len(units)):
-            comm = ag[k][0] + rs[k - 1][0]
-            comp = units[k - 1][2]
-            extra += max(0.0, comm - comp)
-            extra += ctx.sm_tax(min(comm, comp), max(ag[k][1], rs[k - 1][1]))
-        return extra
-
     def _ring_sm_slowdown(self) -> float:
         """Kernel slowdown under context parallelism: the runtime launches a ring-attention receive as
         soon as its stream reaches it, and the receive holds its channels' SMs until the data arrives
@@ -581,7 +542,7 @@ class _StageTimes:
                 continue
             pf = sc.compute[(part, "fwd")] * self.slow
             pb = sc.compute[(part, "bwd")] * self.slow
-            if self.measured:
+            if self.measured and (part, "fwd") in self.measured:
                 f, b = f + self.measured[(part, "fwd")].time_s, b + self.measured[(part, "bwd")].time_s
             else:
                 f += pf + ctx._colls_s(sc.colls[(part, "fwd")], g)
@@ -592,8 +553,8 @@ class _StageTimes:
             root, blk = pr["pre"] + pr["post"], pr["block"]  # FSDP2's root unit: gathered once, kept
             cpf = fsdp_copies_s(ctx, [(root, 0)] + [(blk, 0)] * Ls, "fwd")
             cpb = fsdp_copies_s(ctx, [(0, root), (0, blk)] + [(blk, blk)] * (Ls - 1), "bwd")  # last block kept
-            f += self._fsdp_pass(Ls, "fwd") + cpf
-            b += self._fsdp_pass(Ls, "bwd") + cpb
+            f += fsdp_pass_s(self, Ls, "fwd") + cpf
+            b += fsdp_pass_s(self, Ls, "bwd") + cpb
             cf, cb = cf + cpf, cb + cpb
         if not (first and last):
             f += self.recv_ag * (0 if first else 1)
@@ -630,7 +591,7 @@ class _StageTimes:
             units = ([self.sc.params["pre"]] if first else []) + [self.sc.params["block"]] * Ls + (
                 [self.part_params("post")] if last else [])
             copies = fsdp_copies_s(ctx, [(n, n) for n in units], "bwd") if self.fsdp2 else 0.0  # once a step
-            return opt + copies + self._fsdp_once(Ls, first, last, t_bwd), opt + copies
+            return opt + copies + fsdp_once_s(self, Ls, first, last, t_bwd), opt + copies
         if c.zero == 3 or g["dp"].n == 1:
             return opt, opt
         red_total, red_last, ag_total, ag_last, red_ch, ag_ch = self._dp_comm(Ls, first, last)
@@ -648,20 +609,29 @@ class _StageTimes:
         ctx, c, g = self.ctx, self.c, self.g
         op = "reduce_scatter" if c.zero in (1, 2) else "all_reduce"
         key = (op, Ls, first, last, self.ctx.shard_key(c), g["dp"].key, g["edp"].key)
-        hit = ctx._dp.get(key)
+        hit = None if self.measured else ctx._dp.get(key)  # a probed plan's collectives are its own
         if hit is None:
             buckets = self._buckets(Ls, first, last)
-            eb, gbytes = ctx.eb, ctx.grad_bytes
-            reds = [(ctx.coll(op, d, g["dp"]), ctx.coll(op, e, g["edp"])) for d, e in buckets]
+            eb, gbytes, coll = ctx.eb, ctx.grad_bytes, self.dp_coll
+            reds = [(coll(op, d, "dp"), coll(op, e, "edp")) for d, e in buckets]
             gathers = [] if op == "all_reduce" else [
-                (ctx.coll("all_gather", d // gbytes * eb, g["dp"]), ctx.coll("all_gather", e // gbytes * eb, g["edp"]))
+                (coll("all_gather", d // gbytes * eb, "dp"), coll("all_gather", e // gbytes * eb, "edp"))
                 for d, e in buckets]
             red = [a[0] + b[0] for a, b in reds]
             ags = [a[0] + b[0] for a, b in gathers]
-            hit = ctx._dp[key] = (sum(red), red[-1] if red else 0.0, sum(ags), ags[-1] if ags else 0.0,
-                                  max((max(a[1], b[1]) for a, b in reds), default=0),
-                                  max((max(a[1], b[1]) for a, b in gathers), default=0))
+            hit = (sum(red), red[-1] if red else 0.0, sum(ags), ags[-1] if ags else 0.0,
+                   max((max(a[1], b[1]) for a, b in reds), default=0),
+                   max((max(a[1], b[1]) for a, b in gathers), default=0))
+            if not self.measured:
+                ctx._dp[key] = hit
         return hit
+
+    def dp_coll(self, op: str, size_bytes: float, axis: str, every_stage: bool = True) -> tuple[float, int]:
+        """(seconds, channels) of one data-parallel collective (``axis`` dp or edp): NCCL's tuner on rank 0's
+        communicator, or, for a re-priced plan, the collective simulated with every stage's groups at once
+        (``measured["dp_coll"]``, :func:`scenarios.search.refine.dp_probe`)."""
+        probe = self.measured.get("dp_coll") if self.measured else None
+        return probe(op, size_bytes, axis, every_stage) if probe else self.ctx.coll(op, size_bytes, self.g[axis])
 
     def fp8_casts(self, Ls: int) -> float:
         """FP8 weight kernels (the recipe's, :func:`workload.fp8.params.layer_weight_kernels`): once per layer

@@ -12,6 +12,9 @@ cost model as the rest of the screen (solo times):
   (:data:`workload.parallel.fsdp2.FOREACH_ADAMW_PASSES`, fp32 bytes per parameter per pass), instead of
   Megatron's fused Adam.
 
+The FSDP collectives around the passes (:func:`fsdp_pass_s`, :func:`fsdp_once_s` with pipeline stages)
+are composed here too.
+
 The all-gather copy-in runs on the all-gather stream before its collective, so it is not on the compute
 stream's path (prefetched behind the previous unit), as the collectives' own times are in the screen's
 FSDP pass.
@@ -25,7 +28,7 @@ from hwmodel.ir import Compute
 from workload.parallel.fsdp2 import FOREACH_ADAMW_PASSES
 from workload.parallel.optimizer import optimizer_kernel
 
-__all__ = ["fsdp_copies_s", "foreach_adamw_s"]
+__all__ = ["fsdp_copies_s", "foreach_adamw_s", "fsdp_once_s", "fsdp_pass_s"]
 
 
 def _copy_s(ctx: Any, name: str, nbytes: float) -> float:
@@ -58,3 +61,47 @@ def foreach_adamw_s(ctx: Any, params: float) -> float:
         hit = ctx._opt[key] = sum(ctx.cost_model.cost(optimizer_kernel(name, params * b, "")).solo_time_s
                                   for name, b in FOREACH_ADAMW_PASSES) if params > 0 else 0.0
     return hit
+
+
+def fsdp_once_s(st: Any, Ls: int, first: bool, last: bool, t_bwd: float) -> float:
+    """FSDP with PP (``ParallelConfig.fsdp_keeps_unsharded``): each of the stage's units is gathered
+    once, before its first forward (prefetched behind the previous unit), and reduce-scattered once,
+    after its last backward, behind the rest of that backward; the exposed part of both. ``st``: the
+    screen's ``_StageTimes`` of the plan (its ``dp_coll`` prices the data-parallel collectives)."""
+    ctx, sc, pr = st.ctx, st.sc, st.sc.params
+    units = ([(pr["pre"], sc.compute[("pre", "fwd")])] if first else []) + [(pr["block"], st.blk_f)] * Ls + (
+        [(st.part_params("post"), sc.compute[("post", "fwd")])] if last else [])
+    # one stage's groups at a time: the schedule staggers the stages' first forwards and last backwards
+    ag = [st.dp_coll("all_gather", n * st.eb, "dp", every_stage=False) for n, _ in units]
+    exposed = ag[0][0] + sum(max(0.0, ag[k][0] - units[k - 1][1])
+                             + ctx.sm_tax(min(ag[k][0], units[k - 1][1]), ag[k][1]) for k in range(1, len(units)))
+    rs = [st.dp_coll("reduce_scatter", n * ctx.grad_bytes, "dp", every_stage=False) for n, _ in units]
+    total = sum(t for t, _ in rs)
+    rs_exposed = max(rs[0][0], total - t_bwd)  # the first unit's backward is the last to end
+    return exposed + rs_exposed + ctx.sm_tax(total - rs_exposed, max(ch for _, ch in rs))
+
+
+def fsdp_pass_s(st: Any, Ls: int, phase: str) -> float:
+    """FSDP's extra time in one pass over the units (pre, the layers, post; backward reversed; one
+    stage, as FSDP has no pipeline): each unit's all-gather is prefetched behind the previous unit's
+    compute (the first is exposed), in backward beside the previous unit's reduce-scatter, and the
+    last reduce-scatter is exposed; overlapped kernels pay the SMs the collectives hold. ``st``: the
+    screen's ``_StageTimes`` of the plan."""
+    ctx, sc, g, pr = st.ctx, st.sc, st.g, st.sc.params
+    blk = st.blk_f if phase == "fwd" else st.blk_b
+    pre_s = sc.compute[("pre", phase)] * st.slow
+    post_s = sc.compute[("post", phase)] * st.slow
+    units = [(pr["pre"], pr["pre"], pre_s)] + [(pr["block"], pr["block"], blk)] * Ls + [
+        (pr["post"] + pr["tied"], pr["post"], post_s)]
+    if phase == "bwd":
+        units.reverse()
+    ag = [ctx.coll("all_gather", n * st.eb, g["dp"]) for n, _, _ in units]
+    rs = [ctx.coll("reduce_scatter", n * ctx.grad_bytes, g["dp"]) if phase == "bwd" else (0.0, 0)
+          for _, n, _ in units]
+    extra = ag[0][0] + rs[-1][0]
+    for k in range(1, len(units)):
+        comm = ag[k][0] + rs[k - 1][0]
+        comp = units[k - 1][2]
+        extra += max(0.0, comm - comp)
+        extra += ctx.sm_tax(min(comm, comp), max(ag[k][1], rs[k - 1][1]))
+    return extra
