@@ -12,8 +12,8 @@ engine on the real cluster:
 * **Sampled layers** (no pipeline, ``pp = 1``: plain data parallelism, distributed optimizer, FSDP2 and
   DeepSpeed ZeRO-3). Without pipeline stages an iteration is ``m`` micro-batches of the same passes over
   identical layers, so every additive quantity is affine in the layer count ``L`` once the per-layer
-  pattern is steady (FSDP2 prefetches one unit ahead; DeepSpeed's coordinator settles after its second
-  layer): ``T(L) = T(k2) + (L - k2) (T(k2) - T(k1))``. The plan is simulated with ``k1`` and ``k2``
+  pattern is steady (FSDP2 prefetches one unit ahead; DeepSpeed's coordinator repeats every two layers):
+  ``T(L) = T(k2) + (L - k2) (T(k2) - T(k1)) / (k2 - k1)``. The plan is simulated with ``k1`` and ``k2``
   layers (:data:`SAMPLED_LAYERS`) and its real micro-batch count (which the runner itself extrapolates,
   :mod:`scenarios.steady_state`), as ``trainsim run`` would run it: per-unit gathers, reduce-scatters,
   gradient buckets, the optimizer and every collective's SMs and links are the simulation's. This is the
@@ -49,10 +49,11 @@ REFINE_PLANS = 300
 """How many of the screen's fastest fitting plans :func:`refine` re-prices (docs/DESIGN.md, "Search: every
 plan family re-priced by the simulator")."""
 
-SAMPLED_LAYERS = (3, 4)
-"""The layer counts a plan without pipeline stages is simulated with (:func:`sampled_time_s`): DeepSpeed
-ZeRO-3's coordinator is steady from its third layer on (two and three layers extrapolate a GPT-3 175B
-plan 4 % fast; three and four within 0.2 % of the 96-layer simulation)."""
+SAMPLED_LAYERS = (4, 6)
+"""The layer counts a plan without pipeline stages is simulated with (:func:`sampled_time_s`): past the
+first layers, and two apart, since DeepSpeed ZeRO-3's coordinator settles into a two-layer period (its
+prefetch bucket; Llama 3 8B on one DGX H100: 28.4 and 30.0 ms per layer in turn). On a GPT-3 175B
+DeepSpeed plan (96 layers, 1,024 A100), 2 and 3 layers extrapolate 4.3 % fast, 4 and 6 to 0.01 %."""
 
 Profiles = dict[tuple[str, str], PassProfile]
 
