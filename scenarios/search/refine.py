@@ -12,7 +12,7 @@ engine on the real cluster:
 * **Sampled layers** (no pipeline, ``pp = 1``: plain data parallelism, distributed optimizer, FSDP2 and
   DeepSpeed ZeRO-3). Without pipeline stages an iteration is ``m`` micro-batches of the same passes over
   identical layers, so every additive quantity is affine in the layer count ``L`` once the per-layer
-  pattern is steady (FSDP2 prefetches one unit ahead; DeepSpeed's coordinator repeats every two layers):
+  pattern is steady (FSDP2's prefetch has built its lead; DeepSpeed's coordinator repeats every two layers):
   ``T(L) = T(k2) + (L - k2) (T(k2) - T(k1)) / (k2 - k1)``. The plan is simulated with ``k1`` and ``k2``
   layers (:data:`SAMPLED_LAYERS`) and its real micro-batch count (which the runner itself extrapolates,
   :mod:`scenarios.steady_state`), as ``trainsim run`` would run it: per-unit gathers, reduce-scatters,
@@ -44,16 +44,20 @@ from scenarios.search.simulate import candidate_data, simulate_plan
 from scenarios.search.space import Candidate
 from workload.parallel.placement import Layout
 from workload.parallel.rank_trace import trace_rank
+from workload.parallel.recompute import recomputed_layers
 
 REFINE_PLANS = 300
 """How many of the screen's fastest fitting plans :func:`refine` re-prices (docs/DESIGN.md, "Search: every
 plan family re-priced by the simulator")."""
 
-SAMPLED_LAYERS = (4, 6)
+SAMPLED_LAYERS = (6, 8)
 """The layer counts a plan without pipeline stages is simulated with (:func:`sampled_time_s`): past the
-first layers, and two apart, since DeepSpeed ZeRO-3's coordinator settles into a two-layer period (its
-prefetch bucket; Llama 3 8B on one DGX H100: 28.4 and 30.0 ms per layer in turn). On a GPT-3 175B
-DeepSpeed plan (96 layers, 1,024 A100), 2 and 3 layers extrapolate 4.3 % fast, 4 and 6 to 0.01 %."""
+first layers, where FSDP2's one-ahead prefetch is still building its lead (Llama 3 70B, TP 4 x DP 8
+with async TP on 4 DGX H100: 105.5, 103.1, 102.9, 102.5, 99.8 ms per layer from the third layer, then
+100.5 ms from the seventh on), and two apart, since DeepSpeed ZeRO-3's coordinator repeats every two
+layers (its prefetch bucket; Llama 3 8B on one DGX H100: 28.4 and 30.0 ms per layer in turn). On a
+GPT-3 175B DeepSpeed plan (96 layers, 1,024 A100), 2 and 3 layers extrapolate 4.3 % fast, 4 and 6 to
+0.01 %."""
 
 Profiles = dict[tuple[str, str], PassProfile]
 
@@ -145,19 +149,31 @@ def _simulated_s(ctx, c: Candidate, layers: int) -> float | None:
 
 def sampled_time_s(ctx, c: Candidate) -> float | None:
     """Plan ``c``'s iteration time (seconds) extrapolated from simulations with :data:`SAMPLED_LAYERS`
-    layers (module docstring; a model with at most ``k2`` layers is simulated whole); ``None`` where the
-    simulator refuses the plan. Cached in ``ctx`` by plan."""
+    ``(k1, k2)`` layers (module docstring; a model with at most ``k2`` layers is simulated whole);
+    ``None`` where the simulator refuses the plan. Cached in ``ctx`` by plan.
+
+    With Megatron's ``--recompute-method`` only ``R`` of the ``L`` layers re-run their forward: the time
+    is affine in both counts, ``T = T1 + (R - k1) s_full + (L - R) s_plain``, with ``T1``, ``T2`` every
+    layer recomputed on ``k1``, ``k2`` layers (``s_full`` their slope) and ``T3`` ``k1`` of ``k2`` layers
+    recomputed (``--recompute-method block``; ``s_plain = (T3 - T1) / (k2 - k1)``)."""
     cache = ctx.__dict__.setdefault("_sampled", {})
     if c in cache:
         return cache[c]
     layers = ctx.model_cfg.num_layers
     k1, k2 = SAMPLED_LAYERS
+    t: float | None = None
     if layers <= k2:
         t = _simulated_s(ctx, c, layers)
     else:
-        t1 = _simulated_s(ctx, c, k1)
-        t2 = _simulated_s(ctx, c, k2) if t1 is not None else None
-        t = None if t1 is None or t2 is None else t2 + (layers - k2) * (t2 - t1) / (k2 - k1)
+        every = replace(c, recompute_method="", recompute_num_layers=0)  # each layer as the plan recomputes
+        rec = recomputed_layers(c.recompute_method, c.recompute_num_layers, [layers]) if c.recompute_method \
+            else layers
+        t1 = _simulated_s(ctx, every, k1)
+        t2 = _simulated_s(ctx, every, k2) if t1 is not None else None
+        t3 = _simulated_s(ctx, replace(c, recompute_method="block", recompute_num_layers=k1), k2) \
+            if t2 is not None and rec < layers else t2
+        if t1 is not None and t2 is not None and t3 is not None:
+            t = t1 + (rec - k1) * (t2 - t1) / (k2 - k1) + (layers - rec) * (t3 - t1) / (k2 - k1)
     cache[c] = t
     return t
 
