@@ -3,7 +3,9 @@
 GPT-3 175B on 1,024 A100 (128 DGX A100, global batch 1536 as SC'21's 175B-class runs): every plan of the
 default space is enumerated and screened (the screen's rate is printed, traces excluded), the top K
 (default 20) plus the baseline and the scenario's own plan are co-simulated on a local process pool.
-Target (2 cores): >= 1,000 plans screened and the top 20 simulated in <= 5 minutes.
+Target (2 cores): >= 1,000 plans screened and the top 20 simulated in <= 5 minutes. The screen's fastest
+plans are re-priced by the simulator before the top K is picked (``scenarios.search.refine``); the
+Kendall tau printed is between that re-priced screen's order and the simulation's.
 
 Run: ``python bench/bench_search.py [--case gpt3-175b|llama3-405b] [--top-k K] [--workers N]
 [--top-k-rule shapes|screen] [--max-tasks N] [--nodes N] [--scenario NAME] [--set K=V]``.
@@ -91,7 +93,9 @@ def main() -> None:
     idle_wall = cpu_main + max(cpu_workers / args.workers, slowest)
     print(f"on an idle machine with {args.workers} cores: about {idle_wall:.0f} s (the main process's CPU, then "
           f"the simulations' CPU over the workers, or the slowest one; target <= {target_s:.0f} s)")
-    print(f"CPU time: {cpu_main:.1f} s in the main process (enumerate, trace, screen), {cpu_workers:.1f} s in the "
+    print(f"CPU time: {cpu_main:.1f} s in the main process (enumerate, trace, screen, re-price; the re-pricing of the "
+          f"screen's {res.info.get('refined', 0)} fastest plans {res.info.get('refine_cpu_s', 0.0):.1f} s in "
+          f"{res.info.get('refine_runs', 0)} short simulations), {cpu_workers:.1f} s in the "
           f"simulation workers; peak RSS {own.ru_maxrss / 1e6:.2f} GB (main), {kids.ru_maxrss / 1e6:.2f} GB (largest "
           f"worker) -- on a shared machine the CPU time is the figure that does not depend on the load")
 
