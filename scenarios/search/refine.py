@@ -22,8 +22,10 @@ engine on the real cluster:
   (:func:`scenarios.hierarchical.pass_profiles`: one micro-batch of each layer pass on stage 0's TP x CP
   ranks of the real cluster, every data-parallel replica mirrored) times each distinct (shard, layout,
   recomputation, TP overlap) once, and the plan's iteration is composed as the screen composes it
-  (:class:`scenarios.search.screen._StageTimes` with ``measured``): the pipeline schedule and the
-  data-parallel tail (FSDP with PP gathers once per step, in the tail) stay analytic.
+  (:class:`scenarios.search.screen._StageTimes` with ``measured``). Its data-parallel collectives are
+  simulated too, with every stage's and replica's rings on the fabric at once (:func:`dp_probe`); the
+  pipeline schedule and the overlap of the data-parallel tail (FSDP with PP gathers once per step, in
+  the tail) stay analytic.
 
 A plan whose re-pricing fails (the simulator refuses it) keeps its analytic estimate.
 """
