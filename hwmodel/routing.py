@@ -30,6 +30,8 @@ point-to-point traffic of a large cluster cost O(NICs) per route (issue 14: 75 %
 from __future__ import annotations
 
 import zlib
+from itertools import compress, repeat
+from operator import eq
 from typing import Any, cast
 
 Edge = tuple[str, str]
@@ -324,13 +326,16 @@ class NodeClasses:
         to its NIC recurs in the route of every mirror the GPU is an end of (O(devices) entries)."""
 
     def _signature(self, node: Any) -> tuple | None:
-        if self._members is None:
-            self._members = {}
-            for n, k in self._nodes.items():
-                if k is not None:
-                    self._members.setdefault(k, []).append(n)
+        if self._copies and self._members is None:  # (node 0 alone is asked: its devices, by one C-level scan)
+            devices = list(compress(self._nodes, map(eq, self._nodes.values(), repeat(node))))
+        else:
+            if self._members is None:
+                self._members = {}
+                for n, k in self._nodes.items():
+                    if k is not None:
+                        self._members.setdefault(k, []).append(n)
+            devices = self._members.get(node, [])
         prefix = f"n{node}."
-        devices = self._members.get(node, [])
         if not devices or any(not n.startswith(prefix) for n in devices):
             return None
         cut, nodes, kinds, adj = len(prefix), self._nodes, self._kinds, self._adj

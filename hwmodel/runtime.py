@@ -504,7 +504,7 @@ def _placed_pairs(pairs: list[tuple[int, ...]], place: Callable[[int], str], nod
     uses left out."""
     srcs = list(map(place, map(itemgetter(0), pairs)))
     dsts = list(map(place, map(itemgetter(1), pairs)))
-    out = list(zip(srcs, dsts, strict=True))
+    out: list[tuple[str, ...]] = list(zip(srcs, dsts, strict=True))
     same = list(map(eq, map(node_of, srcs), map(node_of, dsts)))
     if any(same):
         out = [p for p, inside in zip(out, same, strict=True) if not inside or node_of(p[0]) in sim]

@@ -42,6 +42,8 @@ import json
 import math
 import zlib
 from collections.abc import Callable, Iterable, Sequence
+from itertools import repeat
+from operator import and_, eq
 from pathlib import Path
 from typing import Any
 
@@ -232,9 +234,11 @@ class Topology:
     @property
     def nics_per_node(self) -> int:
         """Compute NICs per node (0 for a single node without a fabric)."""
-        if self._nics_per_node is None:
+        if self._nics_per_node is None:  # (the NICs of the first GPU's node, by C-level scans of the tables)
+            kinds, nodes, _ = self._tables()
             node = self.graph.nodes[self._gpus[0]]["node"] if self._gpus else None
-            self._nics_per_node = len(self.nodes_of_kind("nic", node=node)) if self._gpus else 0
+            self._nics_per_node = sum(map(and_, map(eq, kinds.values(), repeat("nic")),
+                                          map(eq, nodes.values(), repeat(node)))) if self._gpus else 0
         return self._nics_per_node
 
     def nvswitch_of(self, gpu: str) -> str:
