@@ -254,7 +254,7 @@ def build_cluster(node: NodeSpec, num_nodes: int = 1, *, fabric: str = "rail_opt
                     raise ValueError("oversubscription and leaves_per_pod apply to tree fabrics, "
                                      "not to 'single_switch'")
                 router = single_switch(g, node_nics, nic=node.nic, switch=sw)
-        return Topology(g, node.gpu, node.nic, node_copies=num_nodes, fabric_routes=router)
+        return Topology(g, node.gpu, node.nic, node_copies=num_nodes, fabric_routes=router, links_checked=True)
 
 
 @contextmanager
