@@ -53,11 +53,13 @@ def _add_tree(g: nx.DiGraph, leaves: dict[str, list[str]], leaf_uplink_Bps: floa
         raise ValueError(f"num_spines must be >= 1, got {spines}")
     if len(leaves) < 2 and num_spines is None:
         return _router(leaves, ())
-    for s in range(spines):
-        g.add_node(f"spine{s}", kind="ib_switch", tier="spine", index=s, spec=swspec.name)
+    names = [f"spine{s}" for s in range(spines)]
+    for s, name in enumerate(names):
+        g.add_node(name, kind="ib_switch", tier="spine", index=s, spec=swspec.name)
+    bw, hop = leaf_uplink_Bps / spines, swspec.hop_latency_s
     for leaf in leaves:
-        for s in range(spines):
-            add_link(g, leaf, f"spine{s}", leaf_uplink_Bps / spines, "ib", swspec.hop_latency_s)
+        for name in names:
+            add_link(g, leaf, name, bw, "ib", hop)
     return _router(leaves, tuple(sorted(f"spine{s}" for s in range(spines))))
 
 
@@ -148,15 +150,22 @@ def rail_optimized(g: nx.DiGraph, node_nics: Sequence[Sequence[str]], *, nic: NI
     if su_size < 1:
         raise ValueError(f"su_size must be >= 1, got {su_size}")
     leaves: dict[str, list[str]] = {}
+    bw, half = min(nic.bandwidth_Bps, switch.port_bandwidth_Bps), nic.latency_s / 2  # (_fabric_link's, once)
+    names: list[str] = []  # (the current SU's leaf of each rail)
     for i, nics in enumerate(node_nics):
         u = i // su_size
+        if i % su_size == 0 or len(names) < len(nics):
+            names = [f"su{u}.leaf{r}" for r in range(len(nics))]
         for r, n in enumerate(nics):
-            leaf = f"su{u}.leaf{r}"
-            if leaf not in g:
+            leaf = names[r]
+            on = leaves.get(leaf)
+            if on is None:
+                if leaf in g._node:
+                    raise ValueError(f"rail_optimized: the graph already has a device {leaf!r}")
                 g.add_node(leaf, kind="ib_switch", tier="leaf", su=u, rail=r, spec=switch.name)
-                leaves[leaf] = []
-            leaves[leaf].append(n)
-            _fabric_link(g, n, leaf, nic, switch)
+                on = leaves[leaf] = []
+            on.append(n)
+            add_link(g, n, leaf, bw, "ib", half, half + switch.hop_latency_s)
     port = min(nic.bandwidth_Bps, switch.port_bandwidth_Bps)
     return _add_tree(g, leaves, su_size * port / k, su_size / k, switch, num_spines, pods)
 
@@ -245,7 +254,7 @@ def build_cluster(node: NodeSpec, num_nodes: int = 1, *, fabric: str = "rail_opt
                     raise ValueError("oversubscription and leaves_per_pod apply to tree fabrics, "
                                      "not to 'single_switch'")
                 router = single_switch(g, node_nics, nic=node.nic, switch=sw)
-        return Topology(g, node.gpu, node.nic, node_copies=num_nodes, fabric_routes=router)
+        return Topology(g, node.gpu, node.nic, node_copies=num_nodes, fabric_routes=router, links_checked=True)
 
 
 @contextmanager

@@ -109,7 +109,12 @@ def generic_node(gpu: str | GPUSpec, *, gpus_per_node: int = 8, nvlink_links: in
 def add_link(g: nx.DiGraph, u: str, v: str, bandwidth_Bps: float, kind: str, lat_uv: float,
              lat_vu: float | None = None) -> None:
     """A full-duplex link: two directed edges of ``bandwidth_Bps`` (bytes/s) each; ``lat_uv`` (s) on
-    ``u -> v`` and ``lat_vu`` (default ``lat_uv``) on ``v -> u``."""
+    ``u -> v`` and ``lat_vu`` (default ``lat_uv``) on ``v -> u``. ValueError, naming the link, for a
+    bandwidth not > 0 or a latency not >= 0 (the check :class:`~hwmodel.topology.Topology` makes of
+    every link, made here for the clusters :func:`hwmodel.fabric.build_cluster` builds)."""
+    if not (bandwidth_Bps > 0 and lat_uv >= 0 and (lat_vu is None or lat_vu >= 0)):
+        bad = (u, v) if not (bandwidth_Bps > 0 and lat_uv >= 0) else (v, u)
+        raise ValueError(f"topology edge {bad[0]!r}->{bad[1]!r}: bandwidth_Bps must be > 0 and latency_s >= 0")
     succ, pred = g._succ, g._pred
     if u in succ and v in succ and v not in succ[u] and u not in succ[v]:
         # two new edges between existing devices: networkx's dicts written as its add_edge writes them

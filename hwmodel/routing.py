@@ -30,7 +30,9 @@ point-to-point traffic of a large cluster cost O(NICs) per route (issue 14: 75 %
 from __future__ import annotations
 
 import zlib
-from typing import Any
+from itertools import compress, repeat
+from operator import eq
+from typing import Any, cast
 
 Edge = tuple[str, str]
 
@@ -56,6 +58,12 @@ class ClosRoutes:
         self.cores = cores
         self.spine_to_pod = spine_to_pod or {}
         self.pod_of = pod_of or {}
+        # (routes_between's shared edge tuples: NIC -> its edge to / from its leaf; leaf -> its edges to /
+        # from each spine, in the order of ``spines``)
+        self._nic_up: dict[str, Edge] = {}
+        self._nic_down: dict[str, Edge] = {}
+        self._leaf_up: dict[str, tuple[Edge, ...]] = {}
+        self._leaf_down: dict[str, tuple[Edge, ...]] = {}
 
     @classmethod
     def detect(cls, kinds: dict[str, str], succ_cost: dict[str, dict[str, float]],
@@ -163,6 +171,60 @@ class ClosRoutes:
         t = self.spine_to_pod[(c, self.pod_of[lb])]
         return ((a, la), (la, s), (s, c), (c, t), (t, lb), (lb, b))
 
+    def routes_between(self, nics_a: list[str], nics_b: list[str], srcs: list[str],
+                       dsts: list[str]) -> list[tuple[Edge, ...] | None]:
+        """:meth:`route_between` of each ``(nics_a[i], nics_b[i], srcs[i], dsts[i])``, in one loop: the
+        same routes (the same hash per ECMP choice), without a call per route. A merge asks it once
+        for all its mirrors (16,384 H100: a thousand per pipeline send)."""
+        if self.cores is not None or not isinstance(self.spines, tuple):
+            return [self.route_between(*q) for q in zip(nics_a, nics_b, srcs, dsts, strict=True)]
+        n = len(self.spines)
+        if n == 0:
+            return [self.route_between(*q) for q in zip(nics_a, nics_b, srcs, dsts, strict=True)]
+        # the edges as shared tuples, made once per NIC and per leaf (fewer objects; and a dict counting
+        # them finds each key by identity)
+        up_nic, down_nic, up, down = self._nic_up, self._nic_down, self._leaf_up, self._leaf_down
+        crc = zlib.crc32
+        out: list[tuple[Edge, ...] | None] = []
+        append = out.append
+        for a, b, src, dst in zip(nics_a, nics_b, srcs, dsts, strict=True):
+            ea, eb = up_nic.get(a), down_nic.get(b)
+            if ea is None or eb is None or a == b:
+                ea, eb = self._nic_edges(a, b)
+                if ea is None or eb is None or a == b:
+                    append(None)
+                    continue
+            la, lb = ea[1], eb[0]
+            if la == lb:
+                append((ea, eb))
+                continue
+            i = crc(f"{src}|{dst}|{la}".encode()) % n if n > 1 else 0
+            ups, downs = up.get(la), down.get(lb)
+            if ups is None or downs is None:
+                ups, downs = self._leaf_edges(la, lb)
+            append((ea, ups[i], downs[i], eb))
+        return out
+
+    def _nic_edges(self, a: str, b: str) -> tuple[Edge | None, Edge | None]:
+        """The edge from NIC ``a`` to its leaf and from its leaf to NIC ``b`` (None: not a NIC here),
+        kept for :meth:`routes_between`."""
+        la, lb = self.leaf_of.get(a), self.leaf_of.get(b)
+        ea = None if la is None else self._nic_up.setdefault(a, (a, la))
+        eb = None if lb is None else self._nic_down.setdefault(b, (lb, b))
+        return ea, eb
+
+    def _leaf_edges(self, la: str, lb: str) -> tuple[tuple[Edge, ...], tuple[Edge, ...]]:
+        """Leaf ``la``'s edges up to each spine and leaf ``lb``'s down from each (two-tier fabric), kept
+        for :meth:`routes_between`."""
+        spines = cast(tuple[str, ...], self.spines)
+        ups = self._leaf_up.get(la)
+        if ups is None:
+            ups = self._leaf_up[la] = tuple((la, s) for s in spines)
+        downs = self._leaf_down.get(lb)
+        if downs is None:
+            downs = self._leaf_down[lb] = tuple((s, lb) for s in spines)
+        return ups, downs
+
 
 def _neighbours(table: dict[str, dict[str, float]]):
     """``device -> its neighbours`` of a cost table, without making a lazy table's rows (``neighbours``)."""
@@ -264,13 +326,16 @@ class NodeClasses:
         to its NIC recurs in the route of every mirror the GPU is an end of (O(devices) entries)."""
 
     def _signature(self, node: Any) -> tuple | None:
-        if self._members is None:
-            self._members = {}
-            for n, k in self._nodes.items():
-                if k is not None:
-                    self._members.setdefault(k, []).append(n)
+        if self._copies and self._members is None:  # (node 0 alone is asked: its devices, by one C-level scan)
+            devices = list(compress(self._nodes, map(eq, self._nodes.values(), repeat(node))))
+        else:
+            if self._members is None:
+                self._members = {}
+                for n, k in self._nodes.items():
+                    if k is not None:
+                        self._members.setdefault(k, []).append(n)
+            devices = self._members.get(node, [])
         prefix = f"n{node}."
-        devices = self._members.get(node, [])
         if not devices or any(not n.startswith(prefix) for n in devices):
             return None
         cut, nodes, kinds, adj = len(prefix), self._nodes, self._kinds, self._adj

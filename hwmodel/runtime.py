@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from operator import eq, itemgetter
 from typing import TYPE_CHECKING
 
 import simpy
@@ -132,14 +133,9 @@ class Runtime:
                 raise ValueError(f"{len(self.programs)} ranks but the cluster has only {len(gpus)} GPUs")
             placement = {r: gpus[i] for i, r in enumerate(self.programs)}
         self.placement = dict(placement)
-        checked = self.placement if mirror is not None else self.programs
-        known = cluster.topology.gpu_indices()  # (one set operation: a mirrored run places every rank)
-        if not known.keys() >= set(map(self.placement.get, checked)):
-            r = next(r for r in checked if self.placement.get(r) not in known)
-            raise ValueError(f"placement of rank {r}: unknown GPU {self.placement.get(r)!r} (e.g. {gpus[:3]} ...)")
-        placed = list(self.placement.values()) if mirror is not None else [self.placement[r] for r in self.programs]
-        if len(set(placed)) != len(placed):
-            raise ValueError("placement maps two ranks to the same GPU")
+        if mirror is None or list(self.placement.values()) != gpus[:len(self.placement)]:
+            # (a mirrored run placing rank i on the i-th GPU, as the scenarios do, is known and distinct)
+            self._check_placement(gpus, mirror is not None)
         if host_launch_overhead_s < 0:
             raise ValueError(f"host_launch_overhead_s must be >= 0, got {host_launch_overhead_s}")
         self.host_overhead = host_launch_overhead_s
@@ -174,6 +170,18 @@ class Runtime:
         self._tasks_done = 0
         self._tasks_total = 0
         self._progress: Callable[[int, int], None] | None = None
+
+    def _check_placement(self, gpus: list[str], mirrored: bool) -> None:
+        """ValueError unless the placement of the simulated ranks (every rank when ``mirrored``) names
+        known GPUs, each at most once."""
+        checked = self.placement if mirrored else self.programs
+        known = self.cluster.topology.gpu_indices()  # (one set operation: a mirrored run places every rank)
+        if not known.keys() >= set(map(self.placement.get, checked)):
+            r = next(r for r in checked if self.placement.get(r) not in known)
+            raise ValueError(f"placement of rank {r}: unknown GPU {self.placement.get(r)!r} (e.g. {gpus[:3]} ...)")
+        placed = list(self.placement.values()) if mirrored else [self.placement[r] for r in self.programs]
+        if len(set(placed)) != len(placed):
+            raise ValueError("placement maps two ranks to the same GPU")
 
     # -- public -------------------------------------------------------------------------------
     def run(self, *, progress: Callable[[int, int], None] | None = None) -> RunResult:
@@ -393,10 +401,13 @@ class Runtime:
         if hit is None:
             place, node_of, sim = self.placement.__getitem__, self.cluster.topology.gpu_nodes().__getitem__, \
                 self._sim_nodes  # (placed GPUs only: checked in __init__)
+            others = list(filter(ranks.__ne__, self.mirror(ranks, directed=True) if directed else self.mirror(ranks)))
+            if len(ranks) == 2 and set(map(len, others)) <= {2}:  # (transfers: a thousand mirrors, by map)
+                hit = _placed_pairs(others, place, node_of, sim)
+                self._mirror_cache[(ranks, directed)] = hit
+                return hit
             hit = []
-            for other in (self.mirror(ranks, directed=True) if directed else self.mirror(ranks)):
-                if other == ranks:
-                    continue
+            for other in others:
                 gpus = tuple(map(place, other))
                 nodes = set(map(node_of, gpus))
                 if len(nodes) == 1 and not nodes & sim:
@@ -486,6 +497,18 @@ class Runtime:
             lines.append(f"  ... and {len(stuck) - 20} more")
         return "\n".join(lines)
 
+
+def _placed_pairs(pairs: list[tuple[int, ...]], place: Callable[[int], str], node_of: Callable[[str], int],
+                  sim: set[int]) -> list[tuple[str, ...]]:
+    """:meth:`Runtime._mirrors` of rank pairs: each pair's GPUs, those inside a node no simulated rank
+    uses left out."""
+    srcs = list(map(place, map(itemgetter(0), pairs)))
+    dsts = list(map(place, map(itemgetter(1), pairs)))
+    out: list[tuple[str, ...]] = list(zip(srcs, dsts, strict=True))
+    same = list(map(eq, map(node_of, srcs), map(node_of, dsts)))
+    if any(same):
+        out = [p for p, inside in zip(out, same, strict=True) if not inside or node_of(p[0]) in sim]
+    return out
 
 def _kernel_info(op: Compute, solo_time_s: float) -> KernelInfo:
     """A kernel's event details; a macro task's with the split of the pass it stands for."""

@@ -42,6 +42,8 @@ import json
 import math
 import zlib
 from collections.abc import Callable, Iterable, Sequence
+from itertools import repeat
+from operator import and_, eq
 from pathlib import Path
 from typing import Any
 
@@ -77,10 +79,12 @@ class Topology:
         fabric_routes: the fabric's router as its builder made it (:func:`hwmodel.fabric.build_cluster`):
             what :meth:`ClosRoutes.detect` would find, not read off every NIC again; forgotten by
             :meth:`clear_route_cache`. None: detected on first use.
+        links_checked: every link was made by :func:`hwmodel.node.add_link`, which checks its bandwidth
+            and latency: not checked again here (a 16,384-GPU cluster has 130,000 links).
     """
 
     def __init__(self, graph: nx.DiGraph, gpu_spec: GPUSpec, nic_spec: NICSpec | None = None, *,
-                 node_copies: int = 0, fabric_routes: ClosRoutes | None = None) -> None:
+                 node_copies: int = 0, fabric_routes: ClosRoutes | None = None, links_checked: bool = False) -> None:
         if not isinstance(graph, nx.DiGraph):
             raise TypeError(f"graph must be an nx.DiGraph, got {type(graph).__name__}")
         self.graph = graph
@@ -95,7 +99,7 @@ class Topology:
         for n, data in node_data.items():
             if "kind" not in data:
                 raise ValueError(f"topology node {n!r} has no 'kind' attribute")
-        for u, nbrs in adj.items():
+        for u, nbrs in () if links_checked else adj.items():
             for v, data in nbrs.items():  # (one test per link in the common case: a cluster has millions)
                 if "bandwidth_Bps" in data and "latency_s" in data and data["bandwidth_Bps"] > 0 \
                         and data["latency_s"] >= 0:
@@ -232,9 +236,11 @@ class Topology:
     @property
     def nics_per_node(self) -> int:
         """Compute NICs per node (0 for a single node without a fabric)."""
-        if self._nics_per_node is None:
+        if self._nics_per_node is None:  # (the NICs of the first GPU's node, by C-level scans of the tables)
+            kinds, nodes, _ = self._tables()
             node = self.graph.nodes[self._gpus[0]]["node"] if self._gpus else None
-            self._nics_per_node = len(self.nodes_of_kind("nic", node=node)) if self._gpus else 0
+            self._nics_per_node = sum(map(and_, map(eq, kinds.values(), repeat("nic")),
+                                          map(eq, nodes.values(), repeat(node)))) if self._gpus else 0
         return self._nics_per_node
 
     def nvswitch_of(self, gpu: str) -> str:
@@ -253,9 +259,10 @@ class Topology:
             for n, d in node_data.items():
                 self._by_kind.setdefault(d["kind"], []).append(n)
         names = self._by_kind.get(kind, [])
+        names.sort()  # (in place: sorted once, then a linear check; a cluster has thousands of each kind)
         for k, v in attrs.items():  # (one filter per attribute: no generator per device)
             names = [n for n in names if node_data[n].get(k) == v]
-        return sorted(names)
+        return list(names)
 
     def edge_offsets(self) -> dict[str, int]:
         """Device -> position of its first out-going link in ``graph.edges()`` order (cached), so that a

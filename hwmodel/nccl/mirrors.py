@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from itertools import chain
-from operator import itemgetter
+from operator import eq, itemgetter
 from typing import TYPE_CHECKING, Any, cast
 
 from hwmodel.fluid import Resource
@@ -148,25 +148,45 @@ def _routes(topo: Any, pairs: list[tuple[str, str]], own: dict[Edge, float],
         return ()
 
     full = busy | own_nodes  # (end's first test, inlined: most ends are left out)
-    between = clos.route_between
     # (per merge, not per pair: the nodes whose ends are private, and whether an end is left out)
     privates = {n for n in set(src_nodes).union(dst_nodes) if n is not None and private(n)}
-    whole_up = {a for a, k in ups.items() if k != 1 or a in ends or gpu_nodes.get(a) in full}
-    whole_down = {b for b, k in downs.items() if k != 1 or b in ends or gpu_nodes.get(b) in full}
+    whole_up, whole_down = _whole_ends(ups, len(srcs), ends, gpu_nodes, full), \
+        _whole_ends(downs, len(dsts), ends, gpu_nodes, full)
+    # the fabric's hops of every pair between GPUs of two private nodes, in one loop ("" for both NICs:
+    # None, as for pairs the fabric does not join; those are searched)
+    if not busy and privates.issuperset(src_nodes) and privates.issuperset(dst_nodes):
+        # (no pair inside a node or at a device that is not a GPU: every pair's nodes differ)
+        nics_a, nics_b = [node_data[a]["nic"] for a in srcs], [node_data[b]["nic"] for b in dsts]
+    else:
+        fabric = [na != nb and na in privates and nb in privates
+                  for na, nb in zip(src_nodes, dst_nodes, strict=True)]
+        nics_a = [node_data[a]["nic"] if f else "" for a, f in zip(srcs, fabric, strict=True)]
+        nics_b = [node_data[b]["nic"] if f else "" for b, f in zip(dsts, fabric, strict=True)]
+    hops = clos.routes_between(nics_a, nics_b, srcs, dsts)
+    if not whole_up and not whole_down and None not in hops:  # (every end left out: the fabric's hops)
+        return cast(list[tuple[Edge, ...]], hops)
     out: list[tuple[Edge, ...]] = []
     append = out.append
-    for a, b, na, nb in zip(srcs, dsts, src_nodes, dst_nodes, strict=True):
-        if na != nb and na in privates and nb in privates:  # (None is in no set of nodes)
-            fabric = between(node_data[a]["nic"], node_data[b]["nic"], a, b)
-            if fabric is not None:
-                if a in whole_up:
-                    fabric = end(a, na, True) + fabric
-                if b in whole_down:
-                    fabric = fabric + end(b, nb, False)
-                append(fabric)
-                continue
-        append(route(a, b))
+    for a, b, na, nb, h in zip(srcs, dsts, src_nodes, dst_nodes, hops, strict=True):
+        if h is None:
+            append(route(a, b))
+            continue
+        if a in whole_up:
+            h = end(a, na, True) + h
+        if b in whole_down:
+            h = h + end(b, nb, False)
+        append(h)
     return out
+
+
+def _whole_ends(uses: Counter[str], n: int, ends: set[str], gpu_nodes: dict[str, int], full: set[Any]) -> set[str]:
+    """For :func:`_routes`: the devices of ``uses`` (device -> routes leaving it, or reaching it; ``n``
+    routes) whose segment is looked at: used by several routes, one of ``ends``, or in a node of
+    ``full``. Without a device used twice or a node in full (a mirrored send or ring), ``ends``' only,
+    by set operations."""
+    if len(uses) == n and not full:
+        return ends.intersection(uses)
+    return {a for a, k in uses.items() if k != 1 or a in ends or gpu_nodes.get(a) in full}
 
 
 def _nodes_in_full(topo: Any, pairs: list[tuple[str, str]], own: dict[Edge, float], ends: set[str],
@@ -180,7 +200,10 @@ def _nodes_in_full(topo: Any, pairs: list[tuple[str, str]], own: dict[Edge, floa
     if nodes is None:
         nodes = [gpu_nodes.get(a) for a, _ in pairs], [gpu_nodes.get(b) for _, b in pairs]
     busy: set[Any] = set()
-    for (a, b), na, nb in zip(pairs, *nodes, strict=True):
+    src_nodes, dst_nodes = nodes
+    if None not in src_nodes and None not in dst_nodes and not any(map(eq, src_nodes, dst_nodes)):
+        pairs = []  # (every pair between GPUs of two nodes: no node is busy)
+    for (a, b), na, nb in zip(pairs, *nodes, strict=False):
         if na is None or nb is None or na == nb:
             busy.add(node_data.get(a, {}).get("node") if na is None else na)
             busy.add(node_data.get(b, {}).get("node") if nb is None else nb)
@@ -229,9 +252,8 @@ def _pairs_kept(engine: NcclEngine, proto_w: float, pairs: list[tuple[str, ...]]
                 ends: set[str]) -> dict[Edge, float] | None:
     """:func:`_sends_kept` of sends between ``pairs`` (source, destination) of protocol weight ``proto_w``."""
     routes = _routes(engine.cluster.topology, pairs, own, ends)  # type: ignore[arg-type]
-    for path in routes:
-        if not path or len(set(path)) != len(path):
-            return None
+    if not all(routes) or list(map(len, map(set, routes))) != list(map(len, routes)):
+        return None  # (a route that is empty or crosses an edge twice; by map: a thousand routes a merge)
     counts: Counter[Edge] = Counter()  # (first use order, as the edge-by-edge loop: a dict)
     counts.update(chain.from_iterable(routes))
     adj = engine.cluster.topology.graph._adj
@@ -255,11 +277,13 @@ def _pairs_kept(engine: NcclEngine, proto_w: float, pairs: list[tuple[str, ...]]
             for _ in range(k):
                 w = w + x
         kept[e] = w
+    switch = "ib_switch"
     for e, k in counts.items():
-        if e in own:
-            continue
-        u, v = e
-        if k > 1 or kinds[u] == kinds[v] == "ib_switch" or u in ends or v in ends:
+        if k == 1:  # (most edges: one mirror's NIC link, dropped, or a fabric link, kept)
+            u, v = e
+            if (kinds[u] == kinds[v] == switch or u in ends or v in ends) and e not in own:
+                kept[e] = x_of(e)
+        elif e not in own:
             w = x = x_of(e)
             for _ in range(k - 1):
                 w = w + x
@@ -317,7 +341,8 @@ def merged_sends(engine: NcclEngine, plan: Plan, pairs: list[tuple[str, ...]]) -
     mirrors). None where the members would not be one group of sends of one protocol weight (a mirror
     inside a node with a latency of its own, say): the caller then plans every mirror."""
     node_of, size = engine._node_of, plan.size_bytes
-    local = [node_of[a] == node_of[b] for a, b in pairs]
+    local = list(map(eq, map(node_of.__getitem__, map(itemgetter(0), pairs)),
+                     map(node_of.__getitem__, map(itemgetter(1), pairs))))  # (by map: a thousand mirrors)
     if not local:
         return None
     kinds = {same: engine.plan_p2p(pairs[i][0], pairs[i][1], size)

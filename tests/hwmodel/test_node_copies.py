@@ -118,3 +118,18 @@ def test_a_changed_copy_after_clear_route_cache_is_a_class_of_its_own():
     t.clear_route_cache()
     classes = t._classes()
     assert classes.class_of(1)[0] == classes.class_of(0)[0] != classes.class_of(2)[0]
+
+
+def test_add_link_rejects_the_links_a_topology_rejects():
+    """``build_cluster`` tells its Topology that every link was checked here (``links_checked``): so a
+    bandwidth not > 0 (NaN included) or a negative latency fails at once, naming the directed link."""
+    g = nx.DiGraph()
+    g.add_nodes_from(["a", "b"], kind="cpu")
+    for bw in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match=r"edge 'a'->'b': bandwidth_Bps must be > 0 and latency_s >= 0"):
+            node.add_link(g, "a", "b", bw, "pcie", 1e-6)
+    with pytest.raises(ValueError, match=r"edge 'b'->'a': bandwidth_Bps must be > 0"):
+        node.add_link(g, "a", "b", 1e9, "pcie", 1e-6, -1e-6)
+    assert g.number_of_edges() == 0
+    node.add_link(g, "a", "b", 1e9, "pcie", 0.0)
+    assert g.edges["b", "a"] == {"bandwidth_Bps": 1e9, "latency_s": 0.0, "kind": "pcie"}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from itertools import chain
 
 import numpy as np
 
@@ -140,10 +141,13 @@ class Layout:
             cols.append((tp[:, None, None] * self._stride["tp"] + dp[None, :, None] * self._stride["dp"]
                          + cp[None, None, :] * self._stride["cp"]).ravel() + c["pp"] * self._stride["pp"])
         first = tuple(ranks)
+        rows = zip(*(col.tolist() for col in cols), strict=True)
+        if directed:  # (duplicates as tuples: dropped by a dict, first occurrences in order)
+            return list(dict.fromkeys(chain((first,), rows)))
         out: list[tuple[int, ...]] = [first]
-        seen: set[tuple[int, ...] | frozenset[int]] = {first if directed else frozenset(ranks)}
-        for other in zip(*(col.tolist() for col in cols), strict=True):
-            key = other if directed else frozenset(other)
+        seen: set[frozenset[int]] = {frozenset(ranks)}
+        for other in rows:
+            key = frozenset(other)
             if key not in seen:
                 seen.add(key)
                 out.append(other)
