@@ -183,10 +183,11 @@ def _memory_lines(mem: Mapping[str, Any] | None, oom: bool) -> list[str]:
                   f"{_gb(mem['reserved_bytes'])} (+ fragmentation {_gb(mem['fragmentation_bytes'])}); CUDA context "
                   f"{_gb(mem['cuda_context_bytes'])}, NCCL buffers {_gb(mem['nccl_buffers_bytes'])}",
                   f"  device {_gb(mem['device_used_bytes'])} of {_gb(mem['usable_hbm_bytes'])} usable HBM "
-                  f"({100 * mem['device_used_bytes'] / mem['usable_hbm_bytes']:.0f} %)"]
+                  f"({100 * mem['device_used_bytes'] / mem['usable_hbm_bytes']:.0f} %; the datasheet's "
+                  f"{_gb(mem['hbm_datasheet_bytes'])} read as GiB, less the driver's share)"]
     else:
-        lines.append(f"  total {_gb(total)} of {_gb(mem['hbm_capacity_bytes'])} HBM "
-                     f"({100 * total / mem['hbm_capacity_bytes']:.0f} %)")
+        lines.append(f"  total {_gb(total)} of {_gb(mem['hbm_datasheet_bytes'])} HBM (datasheet) "
+                     f"({100 * total / mem['hbm_datasheet_bytes']:.0f} %)")
     return [*lines, f"  verdict: {mem['verdict']}"]
 
 
