@@ -141,8 +141,11 @@ def _header(scenario: Any, m: Mapping[str, Any] | None, prep: Any) -> list[str]:
     mc = prep.model_cfg
     shape = ""
     if hasattr(mc, "num_layers") and hasattr(mc, "hidden_size"):
-        shape = (f": {mc.num_layers} layers, hidden {mc.hidden_size}, {mc.num_attention_heads} heads, "
-                 f"sequence {mc.seq_length}")
+        heads = f"{mc.num_attention_heads} heads"
+        d = getattr(mc, "kv_channels", None)
+        if d is not None and d * mc.num_attention_heads != mc.hidden_size:  # [model] head_dim: a*d != h
+            heads += f" of head_dim {d}"
+        shape = f": {mc.num_layers} layers, hidden {mc.hidden_size}, {heads}, sequence {mc.seq_length}"
     elif hasattr(mc, "summary"):  # a custom nn.Module (workload.custom)
         shape = f": {mc.summary}"
     lines.append(f"Model       {getattr(mc, 'name', 'model')}{shape}; {prep.dtype}")

@@ -155,3 +155,19 @@ def test_gpt_with_head_dim_counts_traced_flops_not_eq3() -> None:
     cfg = ParallelConfig(micro_batch_size=1, global_batch_size=1).resolve(1)
     fl = family_of(c).flops(c, cfg, trace_rank(c, cfg).graph)
     assert fl.formula.startswith("traced model FLOPs")
+
+
+def test_report_names_a_head_dim_other_than_hidden_over_heads(monkeypatch) -> None:
+    import scenarios.runner as runner
+    from scenarios.report import _header
+    from scenarios.scenario import parse_scenario
+
+    monkeypatch.setattr(runner, "trace_rank", lambda *a, **k: None)  # the header reads no trace
+    lines = {}
+    for d in (None, 96):
+        model = {"name": "llama3-8b", "num_layers": 2} | ({"head_dim": d} if d else {})
+        sc = parse_scenario({"name": "hd", "system": {"name": "dgx-h100", "nodes": 1}, "model": model,
+                             "parallel": {"tensor_model_parallel_size": 8}, "training": {"global_batch_size": 1}})
+        lines[d] = next(line for line in _header(sc, None, runner.prepare(sc)) if line.startswith("Model"))
+    assert lines[None] == "Model       llama3-8b: 2 layers, hidden 4096, 32 heads, sequence 8192; bf16"
+    assert lines[96] == "Model       llama3-8b: 2 layers, hidden 4096, 32 heads of head_dim 96, sequence 8192; bf16"
