@@ -117,12 +117,14 @@ def _pct(x: float) -> str:
 
 
 def format_table(rows_: list[Row]) -> str:
-    """The human report: rows, then per-table errors, leave-one-source-out, ranking."""
+    """The human report: rows (measured and predicted in the row's unit, which tables mix: TFLOP/s, s,
+    ms, tokens/s), then per-table errors, leave-one-source-out, ranking."""
     rep = report(rows_)
-    lines = [f"{'table':22s} {'row':36s} {'metric':16s} {'sample':6s} {'measured':>10s} {'predicted':>10s} "
-             f"{'error':>8s}"]
+    lines = [f"{'table':22s} {'row':36s} {'metric':16s} {'unit':8s} {'sample':6s} {'measured':>10s} "
+             f"{'predicted':>10s} {'error':>8s}"]
     for r in rows_:
-        head = f"{r.table:22s} {r.name:36s} {r.metric:16s} {'in' if r.in_sample else 'out':6s} {r.measured:>10.4g}"
+        head = (f"{r.table:22s} {r.name:36s} {r.metric:16s} {r.unit:8s} {'in' if r.in_sample else 'out':6s} "
+                f"{r.measured:>10.4g}")
         lines.append(f"{head} {r.predicted:>10.4g} {100 * r.error:>+7.1f}%" if r.expressible
                      else f"{head}   not expressible: {r.not_expressible}")
         if r.expressible and r.measured_memory_gib is not None and r.predicted_memory_gib == r.predicted_memory_gib:

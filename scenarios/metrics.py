@@ -199,11 +199,20 @@ def memory_dict(mem: Any, gpu: Any) -> dict[str, Any]:
     """The JSON's ``memory``: a :class:`workload.memory.MemoryBreakdown` ``mem`` (bytes per GPU)
     against ``gpu``'s HBM, with the verdict line; once :func:`workload.allocator.with_framework` has
     set them, also the peak allocated and reserved bytes (PyTorch's ``max_memory_allocated`` /
-    ``max_memory_reserved``), the framework's own memory and the usable HBM the verdict compares with."""
+    ``max_memory_reserved``), the framework's own memory and the usable HBM the verdict compares with.
+
+    Two capacities, named by what they are: ``hbm_datasheet_bytes`` is the GPU's datasheet figure (H100
+    SXM5: "80 GB", 80e9), ``usable_hbm_bytes`` what a process can allocate (``totalGlobalMem``: the
+    datasheet's GB read as GiB, less the driver's share -- 85.0e9 on that H100; :mod:`workload.allocator`).
+    ``verdict_need_bytes`` and ``verdict_capacity_bytes`` are the two figures the verdict compares (the
+    device's use and the usable HBM once the framework's memory is set, else the tensors and the datasheet
+    HBM), so a "fits" verdict always has need <= capacity in the JSON too."""
+    need, capacity, _ = mem.need_and_capacity(gpu)
     out = {"parameters_bytes": mem.parameters, "gradients_bytes": mem.gradients,
            "optimizer_states_bytes": mem.optimizer_states, "activations_bytes": mem.activations,
            "workspace_bytes": mem.workspace, "fp8_weights_bytes": mem.fp8_weights,
-           "hbm_capacity_bytes": gpu.hbm_capacity_bytes, "verdict": mem.verdict(gpu)}
+           "hbm_datasheet_bytes": gpu.hbm_capacity_bytes, "verdict_need_bytes": need,
+           "verdict_capacity_bytes": capacity, "verdict": mem.verdict(gpu)}
     if getattr(mem, "usable_hbm", 0.0):  # framework memory (workload.allocator): new keys; old ones unchanged
         out.update({"gather_buffers_bytes": mem.gather_buffers, "cublas_workspace_bytes": mem.cublas_workspace,
                     "allocated_bytes": mem.allocated, "fragmentation_bytes": mem.fragmentation,

@@ -141,8 +141,11 @@ def _header(scenario: Any, m: Mapping[str, Any] | None, prep: Any) -> list[str]:
     mc = prep.model_cfg
     shape = ""
     if hasattr(mc, "num_layers") and hasattr(mc, "hidden_size"):
-        shape = (f": {mc.num_layers} layers, hidden {mc.hidden_size}, {mc.num_attention_heads} heads, "
-                 f"sequence {mc.seq_length}")
+        heads = f"{mc.num_attention_heads} heads"
+        d = getattr(mc, "kv_channels", None)
+        if d is not None and d * mc.num_attention_heads != mc.hidden_size:  # [model] head_dim: a*d != h
+            heads += f" of head_dim {d}"
+        shape = f": {mc.num_layers} layers, hidden {mc.hidden_size}, {heads}, sequence {mc.seq_length}"
     elif hasattr(mc, "summary"):  # a custom nn.Module (workload.custom)
         shape = f": {mc.summary}"
     lines.append(f"Model       {getattr(mc, 'name', 'model')}{shape}; {prep.dtype}")
@@ -183,10 +186,11 @@ def _memory_lines(mem: Mapping[str, Any] | None, oom: bool) -> list[str]:
                   f"{_gb(mem['reserved_bytes'])} (+ fragmentation {_gb(mem['fragmentation_bytes'])}); CUDA context "
                   f"{_gb(mem['cuda_context_bytes'])}, NCCL buffers {_gb(mem['nccl_buffers_bytes'])}",
                   f"  device {_gb(mem['device_used_bytes'])} of {_gb(mem['usable_hbm_bytes'])} usable HBM "
-                  f"({100 * mem['device_used_bytes'] / mem['usable_hbm_bytes']:.0f} %)"]
+                  f"({100 * mem['device_used_bytes'] / mem['usable_hbm_bytes']:.0f} %; the datasheet's "
+                  f"{_gb(mem['hbm_datasheet_bytes'])} read as GiB, less the driver's share)"]
     else:
-        lines.append(f"  total {_gb(total)} of {_gb(mem['hbm_capacity_bytes'])} HBM "
-                     f"({100 * total / mem['hbm_capacity_bytes']:.0f} %)")
+        lines.append(f"  total {_gb(total)} of {_gb(mem['hbm_datasheet_bytes'])} HBM (datasheet) "
+                     f"({100 * total / mem['hbm_datasheet_bytes']:.0f} %)")
     return [*lines, f"  verdict: {mem['verdict']}"]
 
 

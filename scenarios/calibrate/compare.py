@@ -15,16 +15,21 @@ from scenarios.calibrate.fit_kernels import constant_of, exec_time
 from scenarios.calibrate.matcher import Matching
 
 TOP_DEVIATIONS = 10
+OPTIMIZER_LAYER = "optimizer step"
+"""The per-layer row of the optimizer step: its launches are paired as one group over every layer's
+parameters (:class:`scenarios.calibrate.matcher.Pair`), so no one layer owns it (its first task's layer,
+the embedding's ``pre``, did)."""
 
 
 def pair_rows(m: Matching, model: KernelCostModel, cal: ArchCalibration) -> list[dict[str, Any]]:
-    """One row per pair: op, model task, layer, kind, constant, longest kernel, measured and predicted
-    seconds, and the residual (predicted / measured - 1)."""
+    """One row per pair: op, model task, layer (:data:`OPTIMIZER_LAYER` for the optimizer step), kind,
+    constant, longest kernel, measured and predicted seconds, and the residual (predicted / measured - 1)."""
     rows = []
     for p in m.pairs:
         pred = exec_time(model, cal, p.tasks)
         c = constant_of(p.task, cal)
-        rows.append({"op": p.op.op, "task": p.task.name, "layer": p.task.layer, "kind": p.kind,
+        layer = OPTIMIZER_LAYER if p.kind == "optimizer" else p.task.layer
+        rows.append({"op": p.op.op, "task": p.task.name, "layer": layer, "kind": p.kind,
                      "constant": ".".join(c[0]) if c else "", "kernel": p.op.main_kernel if p.op.events else "",
                      "kernels": len(p.op.events), "measured_s": p.op.dur_s, "predicted_s": pred,
                      "residual": pred / p.op.dur_s - 1 if p.op.dur_s > 0 else 0.0})

@@ -66,6 +66,7 @@ from workload.parallel.rank_trace import trace_rank
 from workload.parallel.recompute import recomputed_layers
 from workload.parallel.sac import op_sac_recomputed
 from workload.parallel.tp_overlap import Pipelined, n_chunks, pair_collectives
+from workload.zoo.gpt import sc21_applies
 from workload.zoo.gpt import sc21_flops_per_iteration as megatron_flops_per_iteration
 
 DEFAULT_BUCKET_BYTES = ParallelConfig().grad_bucket_size_bytes
@@ -372,7 +373,7 @@ class ScreenContext:
     # -- time ------------------------------------------------------------------------------------------
     def _megatron_flops(self) -> float | None:
         mc = self.model_cfg
-        if getattr(mc, "architecture", "") == "gpt" and mc.ffn_hidden_size == 4 * mc.hidden_size:
+        if getattr(mc, "architecture", "") == "gpt" and sc21_applies(mc):  # as GPTFamily.flops
             return megatron_flops_per_iteration(batch=self.global_batch_size, seq=mc.seq_length, layers=mc.num_layers,
                                                 hidden=mc.hidden_size, vocab=mc.vocab_size, full_recompute=False)
         return None

@@ -45,14 +45,41 @@ def test_link_groups_merge_equal_loads_and_drop_idle_links():
 
 
 def test_memory_dict_and_peak_dtypes():
+    from workload.memory import MemoryBreakdown
+
     gpu = SimpleNamespace(hbm_capacity_bytes=80e9)
-    mem = SimpleNamespace(parameters=1.0, gradients=2.0, optimizer_states=3.0, activations=4.0, workspace=5.0,
-                          fp8_weights=0.0, verdict=lambda g: f"fits in {g.hbm_capacity_bytes:g}")
+    mem = MemoryBreakdown(parameters=1.0, gradients=2.0, optimizer_states=3.0, activations=4.0, workspace=5.0)
     d = memory_dict(mem, gpu)
     assert d == {"parameters_bytes": 1.0, "gradients_bytes": 2.0, "optimizer_states_bytes": 3.0,
                  "activations_bytes": 4.0, "workspace_bytes": 5.0, "fp8_weights_bytes": 0.0,
-                 "hbm_capacity_bytes": 80e9, "verdict": "fits in 8e+10"}
+                 "hbm_datasheet_bytes": 80e9, "verdict_need_bytes": 15.0, "verdict_capacity_bytes": 80e9,
+                 "verdict": mem.verdict(gpu)}
     assert [peak_dtype_for(d) for d in ("bf16", "fp16", "fp32", "fp8")] == ["bf16", "fp16", "fp32", "bf16"]
+
+
+def test_json_names_the_datasheet_and_the_usable_hbm_as_the_text_does():
+    """H100 SXM5: the datasheet's 80 GB (80e9) is below the usable HBM the verdict compares with
+    (totalGlobalMem, 85,045,477,376 B): a device use between the two fits. The JSON named the datasheet
+    figure ``hbm_capacity_bytes``, so it showed a peak above "the capacity" beside a "fits" verdict; now
+    each capacity is named by what it is and the verdict's two figures are in it, as in the text report."""
+    import hwmodel.specs as specs
+    from scenarios.report import _memory_lines
+    from workload import allocator
+    from workload.memory import MemoryBreakdown
+    from workload.parallel.config import ParallelConfig
+
+    gpu = specs.get_gpu("H100-SXM5-80GB")
+    p = ParallelConfig(global_batch_size=8).resolve(8)
+    mem = allocator.with_framework(MemoryBreakdown(parameters=10e9, gradients=20e9, optimizer_states=30e9,
+                                                   activations=18e9), p, gpu)
+    out = memory_dict(mem, gpu)
+    assert "hbm_capacity_bytes" not in out
+    assert out["hbm_datasheet_bytes"] == 80e9 and out["usable_hbm_bytes"] == 85_045_477_376
+    assert 80e9 < out["device_used_bytes"] == out["verdict_need_bytes"] < out["verdict_capacity_bytes"]
+    assert out["verdict_capacity_bytes"] == out["usable_hbm_bytes"] and out["verdict"].startswith("fits")
+    device = next(line for line in _memory_lines(out, False) if line.startswith("  device"))
+    assert device == (f"  device {out['device_used_bytes'] / 1e9:.1f} GB of 85.0 GB usable HBM (95 %; the "
+                      f"datasheet's 80.0 GB read as GiB, less the driver's share)")
 
 
 def test_deepspeed_memory_names_its_two_transient_terms():

@@ -380,7 +380,7 @@ def test_memory_lines_name_the_fp16_optimizer_step_copies():
     from scenarios.report import _memory_lines
 
     mem = {"parameters_bytes": 3.3e9, "gradients_bytes": 3.3e9, "optimizer_states_bytes": 19.8e9,
-           "activations_bytes": 0.7e9, "workspace_bytes": 0.0, "hbm_capacity_bytes": 80e9, "verdict": "fits"}
+           "activations_bytes": 0.7e9, "workspace_bytes": 0.0, "hbm_datasheet_bytes": 80e9, "verdict": "fits"}
     assert not any("optimizer step" in line for line in _memory_lines(mem, False))
     lines = _memory_lines({**mem, "optimizer_step_grads_bytes": 6.6e9}, False)
     assert lines[2] == ("  at the optimizer step (no activations): + fp32 gradient copies 6.6 GB; the peak is the "

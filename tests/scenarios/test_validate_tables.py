@@ -161,6 +161,21 @@ def test_ranking_covers_every_table_with_several_plans_of_one_model_on_one_clust
     assert all("slope_points_per_doubling" not in v for v in rk.values())
 
 
+def test_format_table_gives_each_row_its_unit():
+    """The tables mix TFLOP/s per GPU, iteration times in s and layer times in ms: the row table's measured
+    and predicted columns had no unit, so 137 (TFLOP/s), 1.9 (s) and 13.4 (ms) read alike."""
+    rs = rows(("sc21", "t5", "t4"))
+    for r in rs:
+        r.predicted = r.measured
+    lines = format_table(rs).splitlines()
+    header = lines[0].split()
+    assert header[:6] == ["table", "row", "metric", "unit", "sample", "measured"]
+    col = lines[0].index(" unit") + 1
+    by_row = {line[23:59].strip(): line[col:col + 8].strip() for line in lines[1:len(rs) + 1]}
+    assert by_row == {r.name: r.unit for r in rs}
+    assert {r.unit for r in rs} == {"TFLOP/s", "s", "ms"}
+
+
 def test_format_table_prints_tau_and_slope_per_series():
     rs = rows(("megascale",))
     for r in rs:

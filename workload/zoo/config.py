@@ -37,10 +37,15 @@ class TransformerConfig:
     hidden_size: int
     """Model width, h."""
     num_attention_heads: int
-    """Query heads, a; must divide ``hidden_size``."""
+    """Query heads, a; must divide ``hidden_size`` unless ``head_dim`` is given."""
     # The three ``= None  # type: ignore[assignment]`` defaults: see the module docstring.
     num_query_groups: int = None  # type: ignore[assignment]
     """Key/value heads for grouped-query attention; left out (``None``): ``num_attention_heads`` (MHA)."""
+    head_dim: int | None = None
+    """Channels per attention head, d (Megatron-LM ``--kv-channels``, Hugging Face ``head_dim``); ``None``:
+    ``hidden_size / num_attention_heads``. Q and the attention output are ``a*d`` wide, K and V ``g*d``: the
+    QKV projection is ``h -> (a + 2g)*d`` and the output projection ``a*d -> h`` (Mistral-Nemo 12B: h 5120,
+    a 32, d 128, so ``a*d = 4096 != h``; Qwen3: d 128 with h / a = 64). Read through :attr:`kv_channels`."""
     ffn_hidden_size: int = None  # type: ignore[assignment]
     """MLP inner width; left out (``None``): ``4 * hidden_size``."""
     seq_length: int = 2048
@@ -126,9 +131,13 @@ class TransformerConfig:
     def __post_init__(self) -> None:
         check_field_types(type(self), {f.name: getattr(self, f.name) for f in dataclasses.fields(self)},
                           str(self.name))
-        if self.hidden_size % self.num_attention_heads:
+        # Megatron-Core's TransformerConfig asserts this only when kv_channels is not given
+        if self.head_dim is None and self.hidden_size % self.num_attention_heads:
             raise ValueError(f"{self.name}: num_attention_heads={self.num_attention_heads} must divide "
-                             f"hidden_size={self.hidden_size}")
+                             f"hidden_size={self.hidden_size} (or give head_dim)")
+        if self.head_dim is not None and self.position_embedding_type == "rope" and self.head_dim % 2:
+            raise ValueError(f"{self.name}: head_dim must be a positive even integer (RoPE rotates pairs), "
+                             f"got {self.head_dim}")
         if self.num_query_groups is None:
             object.__setattr__(self, "num_query_groups", self.num_attention_heads)
         if self.num_query_groups <= 0 or self.num_attention_heads % self.num_query_groups:
@@ -204,8 +213,8 @@ class TransformerConfig:
 
     @property
     def kv_channels(self) -> int:
-        """Head dimension, h / a."""
-        return self.hidden_size // self.num_attention_heads
+        """Head dimension d: ``head_dim``, or h / a when it is not given."""
+        return self.head_dim if self.head_dim is not None else self.hidden_size // self.num_attention_heads
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -243,7 +252,7 @@ POSITIVE_FIELDS = frozenset({
     "num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size", "seq_length",
     "vocab_size", "max_position_embeddings", "num_moe_experts", "moe_router_topk", "moe_capacity_factor",
     "rotary_base", "norm_epsilon", "base_width", "num_classes", "image_size", "blocks_per_stage",
-    "sliding_window", "sliding_window_pattern"})
+    "sliding_window", "sliding_window_pattern", "head_dim"})
 """Sizes and other fields that must be > 0 (the rest of the numeric fields must be >= 0)."""
 
 

@@ -13,7 +13,7 @@ With ``tp = 1`` (the default) this is the plain single-GPU model.
 Forward FLOPs per micro-batch (2 per multiply-accumulate; Narayanan et al. SC'21 eq. 3 divided by 3):
 ``24·B·s·l·h² + 4·B·s²·l·h + 2·B·s·h·V`` for ``ffn_hidden_size = 4h``.
 Shapes: B micro-batch, T sequence (T/tp outside the TP region with SP), C = h hidden, nh heads,
-hs = C / nh; a trailing ``/tp`` marks a per-rank shard.
+hs = ``kv_channels`` (C / nh unless ``head_dim`` is given); a trailing ``/tp`` marks a per-rank shard.
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ class SelfAttention(nn.Module):
                                                enable_gqa=k.shape[1] != q.shape[1])  # (B, nh/tp, T, hs)
         else:
             y = self._unfused(q, k, v)
-        y = y.transpose(1, 2).reshape(B, T, self.n_head * hs)  # (B, T, C/tp)
+        y = y.transpose(1, 2).reshape(B, T, self.n_head * hs)  # (B, T, nh·hs/tp)
         return self.tp.leave(self.proj(y))  # (B, T, C): all-reduce, or reduce-scatter along T with SP
 
     def _unfused(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -277,6 +277,15 @@ SC21_FORMULA = ("Megatron-LM (Narayanan et al. SC'21 eq. 3): 96·B·s·l·h²·(
                 "recomputation, 72·B·s·l·h²·(1 + s/6h + V/12lh) without (+ 4·B·s²·h·l for selective)")
 
 
+def sc21_applies(cfg: TransformerConfig) -> bool:
+    """Whether eq. 3 counts this GPT's FLOPs: its derivation assumes a 4h MLP and full causal attention
+    over ``a`` heads of ``h / a`` channels (QKV ``3h^2``, projection ``h^2`` per token) -- not another MLP
+    width, a sliding window, grouped-query attention or a ``head_dim`` with ``a*d != h``."""
+    return (cfg.ffn_hidden_size == 4 * cfg.hidden_size and cfg.sliding_window is None
+            and cfg.num_query_groups == cfg.num_attention_heads
+            and cfg.kv_channels * cfg.num_attention_heads == cfg.hidden_size)
+
+
 def sc21_flops_per_iteration(*, batch: int, seq: int, layers: int, hidden: int, vocab: int,
                              full_recompute: bool) -> float:
     """Narayanan et al. SC'21 eq. 3: ``96·B·s·l·h²·(1 + s/6h + V/16lh)`` FLOPs per iteration with full
@@ -287,7 +296,7 @@ def sc21_flops_per_iteration(*, batch: int, seq: int, layers: int, hidden: int, 
 
 
 class GPTFamily(ModelFamily):
-    """Megatron GPT. FLOPs: SC'21 eq. 3 when the MLP is the paper's 4h GeLU, else traced."""
+    """Megatron GPT. FLOPs: SC'21 eq. 3 where it applies (:func:`sc21_applies`), else traced."""
 
     name = "gpt"
     activations = ("gelu", "squared_relu")
@@ -299,8 +308,8 @@ class GPTFamily(ModelFamily):
         return GPT(cfg, tp) if tp is not None else GPT(cfg)
 
     def flops(self, cfg: TransformerConfig, parallel, graph) -> Flops:
-        if cfg.ffn_hidden_size != 4 * cfg.hidden_size or cfg.sliding_window is not None:
-            return traced_flops(parallel, graph)  # eq. 3 knows neither another MLP width nor a window
+        if not sc21_applies(cfg):
+            return traced_flops(parallel, graph)
         gbs = parallel.global_batch_size
         args = {"batch": gbs, "seq": cfg.seq_length, "layers": cfg.num_layers, "hidden": cfg.hidden_size,
                 "vocab": cfg.vocab_size}

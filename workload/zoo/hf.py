@@ -6,7 +6,8 @@ directory goes through ``transformers.AutoConfig`` (the optional ``hf`` extra:
 ``model_type`` s (:attr:`workload.zoo.family.ModelFamily.hf_model_types`;
 :func:`workload.zoo.registry.hf_model_types` lists them all). Attention keys: ``sliding_window`` (null:
 none), ``layer_types`` / ``sliding_window_pattern`` (which layers are local), BLOOM's ALiBi and
-``word_embeddings_layernorm`` (``model_type = "bloom"``) map to the ``[model]`` keys of the same idea.
+``word_embeddings_layernorm`` (``model_type = "bloom"``) map to the ``[model]`` keys of the same idea;
+``head_dim`` is read by the Llama and Qwen3 families and refused, where it is not hidden / heads, by the others.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Llama 2 / Llama 3 (and Mixtral, with MoE MLPs), nanoGPT layout.
 
 Pre-RMSNorm blocks, rotary position embeddings, grouped-query attention (``num_query_groups`` KV
-heads), SwiGLU MLP (Shazeer 2020, arXiv:2002.05202) with a fused gate/up projection as Megatron's
-``fc1``, no biases, separate output layer. Touvron et al. 2023 (arXiv:2307.09288), Dubey et al. 2024
+heads, each ``head_dim`` wide: QKV ``h -> (a + 2g)*d``, output projection ``a*d -> h``, with ``a*d``
+not necessarily h), SwiGLU MLP (Shazeer 2020, arXiv:2002.05202) with a fused gate/up projection as
+Megatron's ``fc1``, no biases, separate output layer. Touvron et al. 2023 (arXiv:2307.09288), Dubey et al. 2024
 (arXiv:2407.21783), Jiang et al. 2024 (arXiv:2401.04088).
 
 Shapes: B micro-batch, T sequence, C hidden, F ffn_hidden_size, V vocabulary.
@@ -136,7 +137,7 @@ class Llama(nn.Module):
 # --------------------------------------------------------------------------------------------------
 
 class LlamaFamily(ModelFamily):
-    """Llama 2 / 3 (dense). FLOPs traced; memory from the Korthikanti closed forms (SwiGLU, GQA)."""
+    """Llama 2 / 3 (dense). FLOPs traced; memory from the Korthikanti closed forms (SwiGLU, GQA, ``head_dim``)."""
 
     name = "llama"
     activations = ("swiglu",)
@@ -150,7 +151,9 @@ class LlamaFamily(ModelFamily):
     def from_hf(self, d: dict, *, name: str, seq_length: int | None) -> TransformerConfig:
         """``llama``, ``mistral`` and ``mixtral`` configs (``num_local_experts`` makes it Mixtral); a
         non-null ``sliding_window`` (Mistral 7B v0.1: 4096) is the window of every layer (Hugging Face's
-        ``layer_types``, when given, says which layers are ``"sliding_attention"``)."""
+        ``layer_types``, when given, says which layers are ``"sliding_attention"``); ``head_dim``, when
+        given, is the head width even where it is not ``hidden_size / num_attention_heads`` (Mistral-Nemo
+        12B: 128, not 5120 / 32 = 160)."""
         experts = d.get("num_local_experts")
         seq = seq_length or min(d.get("max_position_embeddings", 4096), 8192)
         window = hf_window_keys(d)
@@ -158,7 +161,7 @@ class LlamaFamily(ModelFamily):
             name=name, architecture="mixtral" if experts else "llama",
             num_layers=d["num_hidden_layers"], hidden_size=d["hidden_size"],
             num_attention_heads=d["num_attention_heads"],
-            num_query_groups=d.get("num_key_value_heads") or d["num_attention_heads"],
+            num_query_groups=d.get("num_key_value_heads") or d["num_attention_heads"], head_dim=d.get("head_dim"),
             ffn_hidden_size=d["intermediate_size"], seq_length=seq, vocab_size=d["vocab_size"],
             max_position_embeddings=d.get("max_position_embeddings", seq), normalization="RMSNorm",
             activation="swiglu", position_embedding_type="rope", rotary_base=d.get("rope_theta", 1e4),
@@ -210,9 +213,13 @@ CONFIGS = (
     _llama("llama3-405b", 405.9, 126, 16384, 128, 8, 53248, 128256, 8192, 5e5, _L3),
     _llama("mistral-7b", 7.24, 32, 4096, 32, 8, 14336, 32000, 8192, 1e4,
            "Jiang et al. 2023 (arXiv:2310.06825) Table 1 (window 4096, context 8192)", sliding_window=4096),
+    _llama("mistral-nemo-12b", 12.2, 40, 5120, 32, 8, 14336, 131072, 8192, 1e6,
+           "Hugging Face mistralai/Mistral-Nemo-Base-2407 config.json and model card (head_dim 128: a*d = 4096 "
+           "< h = 5120; 12.2B parameters)", head_dim=128),
     _llama("mixtral-8x7b", 46.7, 32, 4096, 32, 8, 14336, 32000, 4096, 1e6,
            "Jiang et al. 2024 (arXiv:2401.04088) Table 1", num_moe_experts=8, moe_router_topk=2),
 )
 """Llama 2 from Touvron et al. 2023 (arXiv:2307.09288) and the released ``params.json``; Llama 3 / 3.1
 from Dubey et al. 2024 (arXiv:2407.21783) Table 3; Mistral 7B (v0.1, sliding window 4096) from Jiang
-et al. 2023 (arXiv:2310.06825) Table 1; Mixtral from Jiang et al. 2024 (arXiv:2401.04088) Table 1."""
+et al. 2023 (arXiv:2310.06825) Table 1; Mistral-Nemo 12B (its heads 128 wide, not h / a = 160) from its
+Hugging Face ``config.json``; Mixtral from Jiang et al. 2024 (arXiv:2401.04088) Table 1."""

@@ -42,23 +42,15 @@ class Qwen3MoEConfig(TransformerConfig):
     # A field's Literal is what a user may give for that class (check_field_types validates input
     # against it), so a family subclass names only itself: outside the base set by design.
     architecture: Literal["qwen3_moe"] = "qwen3_moe"  # type: ignore[assignment]
-    head_dim: int = 128
-    """Channels per attention head (Megatron ``kv_channels``), independent of hidden / heads."""
+    head_dim: int | None = 128
+    """:attr:`TransformerConfig.head_dim`, with Qwen3's 128 as the default (``None``: h / a)."""
     qk_norm: bool = True
     """RMSNorm on each head's query and key (Megatron ``qk_layernorm``)."""
 
     def __post_init__(self) -> None:
         TransformerConfig.__post_init__(self)  # zero-argument super() does not work in a slots dataclass
-        if self.head_dim <= 0 or self.head_dim % 2:
-            raise ValueError(f"{self.name}: head_dim must be a positive even integer (RoPE rotates pairs), "
-                             f"got {self.head_dim}")
         if not self.num_moe_experts:
             raise ValueError(f"{self.name}: num_moe_experts must be set (Qwen3-MoE layers are all sparse)")
-
-    @property
-    def kv_channels(self) -> int:
-        """Head dimension, ``head_dim`` (not h / a)."""
-        return self.head_dim
 
 
 class Qwen3Attention(SelfAttention):
@@ -147,7 +139,7 @@ class Qwen3MoEFamily(ModelFamily):
         return Qwen3MoEConfig(
             name=name, num_layers=d["num_hidden_layers"], hidden_size=d["hidden_size"],
             num_attention_heads=heads, num_query_groups=d.get("num_key_value_heads") or heads,
-            head_dim=d.get("head_dim") or d["hidden_size"] // heads, ffn_hidden_size=d["moe_intermediate_size"],
+            head_dim=d.get("head_dim"), ffn_hidden_size=d["moe_intermediate_size"],
             seq_length=seq, max_position_embeddings=d.get("max_position_embeddings", seq), vocab_size=d["vocab_size"],
             normalization="RMSNorm", activation="swiglu", position_embedding_type="rope",
             rotary_base=d.get("rope_theta", 1e6), untie_embeddings_and_output_weights=not d.get(

@@ -27,6 +27,18 @@ def profile(tmp_path_factory):
     return out, tomllib.loads(out.read_text())
 
 
+def test_compare_gives_the_optimizer_step_its_own_row(capsys):
+    """The optimizer's launches are paired as one group over every layer's parameters; the per-layer table
+    listed them under ``pre`` (the first task's layer), which a ResNet does not even have."""
+    assert main(["compare", "--kineto", str(TRACE), "--scenario", str(SCENARIO)]) == 0
+    out = capsys.readouterr().out
+    kinds, layers = (out.split(title)[1].split("\n\n")[0] for title in ("per kernel kind", "per layer"))
+    rows = {line.split()[0]: line for line in kinds.splitlines()[1:]}
+    assert "  optimizer step " in layers and not any(line.split()[0] == "pre" for line in layers.splitlines()[1:])
+    step = next(line for line in layers.splitlines() if line.startswith("  optimizer step "))
+    assert step.split()[2:] == rows["optimizer"].split()[1:]  # the same measured, predicted and error
+
+
 def test_fitted_profile_reproduces_the_step(profile):
     _, doc = profile
     k = doc["fit"]["kernels"]
