@@ -200,6 +200,7 @@ class NcclEngine:
                 cpu_vendor=_cpu_vendor(topo),
                 nvswitch_gen=_nvswitch_generation(topo),
                 n_ranks=len(gpus),
+                p2p_read=tuple(spec.compute_capability) == (8, 0),
             )
             self._comm_topo_cache[key] = ct
         return ct
