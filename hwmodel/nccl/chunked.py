@@ -265,7 +265,7 @@ def _nvls_tree_heads(topo: CommTopology) -> int:
 
 def pipeline_for(op: str, algo: str, proto: str, n_bytes: int, n_channels: int, topo: CommTopology, *,
                  channel_rate_Bps: float, base_latency_s: float, step_latency_total_s: float,
-                 progress_per_byte: float = 1.0) -> Pipeline:
+                 progress_per_byte: float = 1.0, p2p_read_cost: bool = False) -> Pipeline:
     """The :class:`Pipeline` of one operation.
 
     Args:
@@ -280,6 +280,8 @@ def pipeline_for(op: str, algo: str, proto: str, n_bytes: int, n_channels: int, 
             edge over the buffer: 1 for Tree and NVLS all-reduce, (n-1)/n for NVLS/PAT all-gather and
             reduce-scatter), so that the channel rate and the item sizes count the same bytes. A ring
             item is its chunk.
+        p2p_read_cost: charge :data:`P2P_READ_SLICE_SYNC_S` where ``topo.p2p_read`` (off by default: on
+            its own it makes Ring Simple lose to LL/LL128 where NCCL picks it; docs/DESIGN.md).
 
     Raises:
         ValueError: unknown algorithm, or a rate that is not positive.
@@ -306,7 +308,7 @@ def pipeline_for(op: str, algo: str, proto: str, n_bytes: int, n_channels: int, 
     full_item = per_loop_chunks * chunk_size_bytes(op, algo, proto, 1 << 62, nc, topo) * progress_per_byte
     if algo == "nvls":  # the per-step cost NCCL's figure holds for a full chunk, paid by smaller ones
         sync, sync_free = NVLS_STEP_SYNC_S, full_item
-    elif proto == "simple" and topo.p2p_read and topo.n_nodes == 1 and algo in ("ring", "tree"):
+    elif p2p_read_cost and proto == "simple" and topo.p2p_read and topo.n_nodes == 1 and algo in ("ring", "tree"):
         # every hop an NVLink P2P read: the slice's load waits for its flag (P2P_READ_SLICE_SYNC_S)
         sync = P2P_READ_SLICE_SYNC_S
         sync_free = BUFFSIZE_BYTES["simple"] // NCCL_STEPS * RING_SLICE_STEPS if ring_simple else full_item
