@@ -37,6 +37,8 @@ What comes from where (nothing here is fitted):
   flow model's bandwidth; what differs is how latency and granularity shape the ramp.
 * NVLS per-step cost: an NVLS item smaller than its full ``nvlsChunkSize`` step also pays NCCL's price of
   one Simple step over NVLink in series with its copy (:data:`NVLS_STEP_SYNC_S`, :func:`item_time_s`).
+* P2P-read slice cost (opt-in, ``p2p_read_cost``): on one A100 node, where NCCL reads Simple data across
+  NVLink, a slice below 1 MiB pays two such steps in series with its copy (:data:`P2P_READ_SLICE_SYNC_S`).
 
 Not modelled: the Ring "plateau" x1.4 and Tree correction factors of ``ncclTopoGetAlgoTime`` (fitted
 terms of NCCL's *model*, replaced here by the mechanism), and per-hop differences within a multi-node

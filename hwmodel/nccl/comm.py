@@ -200,8 +200,8 @@ class CommTopology:
     """LL128 default enable (tuning.cc): needs intra-node paths up to NVB (NVLink) and GPU-NIC paths
     up to PXB (PXN on Hopper+). False on PCIe-only nodes."""
     p2p_read: bool = False
-    """NVLink peers exchange Simple data by P2P *read*: ``ncclTopoCheckP2p`` (``src/graph/paths.cc``, the
-    same from 2.12 to 2.30.7) sets ``read = 1`` only on an NVLink path between two GPUs of compute
+    """NVLink peers exchange Simple data by P2P *read*: ``ncclTopoCheckP2p`` (``src/graph/paths.cc`` 2.30.7;
+    older releases have the same rule) sets ``read = 1`` only on an NVLink path between two GPUs of compute
     capability 8.0 ("Enable P2P Read for Ampere/NVLink only"), and the P2P transport then places the Simple
     FIFO on the sender (``p2p.cc``: the receiver's buffer holds every protocol but Simple), so the receiving
     channel pulls each slice across NVLink itself. True on A100 NVLink nodes; Hopper and later write."""
