@@ -37,6 +37,8 @@ What comes from where (nothing here is fitted):
   flow model's bandwidth; what differs is how latency and granularity shape the ramp.
 * NVLS per-step cost: an NVLS item smaller than its full ``nvlsChunkSize`` step also pays NCCL's price of
   one Simple step over NVLink in series with its copy (:data:`NVLS_STEP_SYNC_S`, :func:`item_time_s`).
+* P2P-read slice cost (opt-in, ``p2p_read_cost``): on one A100 node, where NCCL reads Simple data across
+  NVLink, a slice below 1 MiB pays two such steps in series with its copy (:data:`P2P_READ_SLICE_SYNC_S`).
 
 Not modelled: the Ring "plateau" x1.4 and Tree correction factors of ``ncclTopoGetAlgoTime`` (fitted
 terms of NCCL's *model*, replaced here by the mechanism), and per-hop differences within a multi-node
@@ -62,6 +64,7 @@ __all__ = [
     "Pipeline",
     "PipelineTime",
     "NVLS_STEP_SYNC_S",
+    "P2P_READ_SLICE_SYNC_S",
     "chunk_size_bytes",
     "item_time_s",
     "pipeline_for",
@@ -104,6 +107,20 @@ post are not hidden by the FIFO. NCCL's NVLS bandwidth figure holds this cost fo
 step (:func:`item_time_s`); the smaller chunks of its shrink rules pay it over fewer bytes. Not fitted:
 docs/DESIGN.md ("NVLS: the per-step cost of small chunks") compares it with the public sweeps and says
 why rings do not get it."""
+
+P2P_READ_SLICE_SYNC_S = 2 * Ring.hw_latency_us["nvlink"][2] * 1e-6
+"""Per-slice cost a Simple channel pays in series with its copy where NVLink peers use P2P read
+(:attr:`~hwmodel.nccl.comm.CommTopology.p2p_read`: A100), in seconds: two of NCCL's Simple NVLink steps,
+``2 x hwLat[NVLINK][RING][SIMPLE]`` = 6.8 us (``src/graph/tuning.cc``, the same from 2.18.5 to 2.30.7).
+In read mode the Simple FIFO sits on the sender (``p2p.cc``), and one slice of ``prims_simple.h``'s
+``genericOp`` is, for the CTA that receives it: wait until the sender's tail shows the slice (one step),
+*then* load it across NVLink and wait for the data to come back (the second), reduce/copy, barrier, post.
+With P2P write (Hopper and later) the sender's stores carry the data during its own copy, so the receiver
+finds it local and only the flag's latency remains, which the pipeline's FIFO overlaps (``lat``). NCCL's
+per-channel bandwidth holds this cost for a full slice (``stepSize x SLICESTEPS`` = 1 MiB); the smaller
+slices of a buffer below ``nChannels x nRanks x chunkSize`` pay it over fewer bytes (:func:`item_time_s`).
+Not fitted: docs/DESIGN.md ("Ring Simple on A100: the P2P-read slice") compares it with both public
+8 x A100 sweeps, whose own best values (6.8-8 us) it lies in."""
 
 PROTO_GRAIN_BYTES: dict[str, int] = {"simple": 512, "ll": 16, "ll128": 1920}
 """``ncclProtoGrainSize`` (enqueue.cc): the unit a chunk is aligned to -- Simple 512 B, LL one 16-byte
@@ -250,7 +267,7 @@ def _nvls_tree_heads(topo: CommTopology) -> int:
 
 def pipeline_for(op: str, algo: str, proto: str, n_bytes: int, n_channels: int, topo: CommTopology, *,
                  channel_rate_Bps: float, base_latency_s: float, step_latency_total_s: float,
-                 progress_per_byte: float = 1.0) -> Pipeline:
+                 progress_per_byte: float = 1.0, p2p_read_cost: bool = False) -> Pipeline:
     """The :class:`Pipeline` of one operation.
 
     Args:
@@ -265,6 +282,8 @@ def pipeline_for(op: str, algo: str, proto: str, n_bytes: int, n_channels: int, 
             edge over the buffer: 1 for Tree and NVLS all-reduce, (n-1)/n for NVLS/PAT all-gather and
             reduce-scatter), so that the channel rate and the item sizes count the same bytes. A ring
             item is its chunk.
+        p2p_read_cost: charge :data:`P2P_READ_SLICE_SYNC_S` where ``topo.p2p_read`` (off by default: on
+            its own it makes Ring Simple lose to LL/LL128 where NCCL picks it; docs/DESIGN.md).
 
     Raises:
         ValueError: unknown algorithm, or a rate that is not positive.
@@ -288,9 +307,13 @@ def pipeline_for(op: str, algo: str, proto: str, n_bytes: int, n_channels: int, 
     slices = tuple((2 if b > slice_min else 1) if ring_simple else 1 for b in items)
     slots = NCCL_STEPS // (RING_SLICE_STEPS if ring_simple else 1)
     sync, sync_free = 0.0, math.inf
+    full_item = per_loop_chunks * chunk_size_bytes(op, algo, proto, 1 << 62, nc, topo) * progress_per_byte
     if algo == "nvls":  # the per-step cost NCCL's figure holds for a full chunk, paid by smaller ones
-        sync = NVLS_STEP_SYNC_S
-        sync_free = per_loop_chunks * chunk_size_bytes(op, algo, proto, 1 << 62, nc, topo) * progress_per_byte
+        sync, sync_free = NVLS_STEP_SYNC_S, full_item
+    elif p2p_read_cost and proto == "simple" and topo.p2p_read and topo.n_nodes == 1 and algo in ("ring", "tree"):
+        # every hop an NVLink P2P read: the slice's load waits for its flag (P2P_READ_SLICE_SYNC_S)
+        sync = P2P_READ_SLICE_SYNC_S
+        sync_free = BUFFSIZE_BYTES["simple"] // NCCL_STEPS * RING_SLICE_STEPS if ring_simple else full_item
     return Pipeline(ring=ring, hops=hops, loop_bytes=tuple(items), slices_per_item=slices, fifo_slots=slots,
                     store_and_forward=proto == "simple", step_latency_s=max(0.0, step_latency_total_s) / hops,
                     base_latency_s=base_latency_s, channel_rate_Bps=channel_rate_Bps,

@@ -199,6 +199,12 @@ class CommTopology:
     ll128_enabled: bool = True
     """LL128 default enable (tuning.cc): needs intra-node paths up to NVB (NVLink) and GPU-NIC paths
     up to PXB (PXN on Hopper+). False on PCIe-only nodes."""
+    p2p_read: bool = False
+    """NVLink peers exchange Simple data by P2P *read*: ``ncclTopoCheckP2p`` (``src/graph/paths.cc`` 2.30.7;
+    older releases have the same rule) sets ``read = 1`` only on an NVLink path between two GPUs of compute
+    capability 8.0 ("Enable P2P Read for Ampere/NVLink only"), and the P2P transport then places the Simple
+    FIFO on the sender (``p2p.cc``: the receiver's buffer holds every protocol but Simple), so the receiving
+    channel pulls each slice across NVLink itself. True on A100 NVLink nodes; Hopper and later write."""
     nvlink_links: int = 0
     """NVLinks per GPU (12 A100, 18 H100); P2P channels to an NVLink peer are ``2*links``."""
     nics_per_gpu: int = 1
@@ -267,6 +273,7 @@ class CommTopology:
         latency_inter_s: float = 0.0,
         max_channels: int | None = None,
         n_ranks: int | None = None,
+        p2p_read: bool | None = None,
     ) -> CommTopology:
         # Over 80 lines only through its docstring (the search rules and two worked examples, kept next
         # to the code they describe); the body is about 60 lines of one straight-line derivation.
@@ -291,6 +298,9 @@ class CommTopology:
             max_channels: ``NCCL_MAX_NCHANNELS`` / ``maxCTAs`` cap applied last (connect.cc).
             n_ranks: communicator size when nodes hold different numbers of its ranks (``ppn`` is then
                 the largest count); default ``n_nodes * ppn``.
+            p2p_read: NVLink peers use P2P read (:attr:`p2p_read`); default: an NVLink node of compute
+                capability 8.0 (``gpu_arch`` given as 8.0, or the name ``ampere``, which stands for the A100;
+                pass False for an sm86 part).
 
         Rules (all NCCL 2.30.7):
 
@@ -411,10 +421,22 @@ class CommTopology:
             same_channels=True,
             tree_pattern="balanced_tree",
             ll128_enabled=has_nvlink,
+            p2p_read=has_nvlink and (_is_sm80(gpu_arch) if p2p_read is None else bool(p2p_read)),
             nvlink_links=links,
             nics_per_gpu=nics_per_gpu,
             nic_bw_Bps=float(nic_bw_GBps) * GB,
         )
+
+
+def _is_sm80(gpu_arch: str | int | float | tuple[int, int]) -> bool:
+    """Compute capability 8.0 (NCCL's P2P read condition); the generation name ``ampere`` counts as the A100."""
+    if isinstance(gpu_arch, str) and gpu_arch.strip().lower() in ARCHITECTURES:
+        return gpu_arch.strip().lower() == "ampere"
+    if isinstance(gpu_arch, str):
+        gpu_arch = float(gpu_arch.strip().lower().removeprefix("sm_").removeprefix("sm"))
+    if isinstance(gpu_arch, tuple):
+        return tuple(int(x) for x in gpu_arch) == (8, 0)
+    return int(round(gpu_arch * 10)) == 80 if isinstance(gpu_arch, float) and gpu_arch < 20 else int(gpu_arch) == 80
 
 
 def _search_intra(speeds: tuple[float, ...], total_bw: float, max_bw: float) -> tuple[int, float]:

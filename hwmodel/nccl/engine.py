@@ -136,6 +136,9 @@ class NcclEngine:
         tuner_config: tuner-plugin rules (:mod:`hwmodel.nccl.tuner_config`) that override NCCL's
             model per collective and size; default: the module-wide rules
             (:func:`hwmodel.nccl.tuner.set_default_tuner_config`), usually none.
+        p2p_read_cost: charge the A100's P2P-read slice cost (:data:`hwmodel.nccl.chunked.P2P_READ_SLICE_SYNC_S`)
+            in the pipeline of both fidelities; off by default (docs/DESIGN.md, "Ring Simple on A100: the
+            P2P-read slice", says why).
 
     Raises:
         ValueError: unknown fidelity, algorithm or protocol (the message lists the allowed values).
@@ -143,7 +146,7 @@ class NcclEngine:
 
     def __init__(self, cluster: Cluster, *, fidelity: str = "flow", algorithm: str | None = None,
                  protocol: str | None = None, nvlink_efficiency: float | None = None,
-                 tuner_config: TunerConfig | None = None) -> None:
+                 tuner_config: TunerConfig | None = None, p2p_read_cost: bool = False) -> None:
         if fidelity not in FIDELITIES:
             raise ValueError(f"fidelity: unknown value {fidelity!r}; allowed: {', '.join(FIDELITIES)}")
         self.cluster = cluster
@@ -153,6 +156,7 @@ class NcclEngine:
         self.protocol = _tuner.normalise_protocol(protocol) if protocol else None
         self.tuner_config = tuner_config
         """Tuner-plugin rules of this engine (``None``: the module-wide ones, if any)."""
+        self.p2p_read_cost = p2p_read_cost
         topo = cluster.topology
         spec = topo.gpu_spec
         if nvlink_efficiency is None:
@@ -200,6 +204,7 @@ class NcclEngine:
                 cpu_vendor=_cpu_vendor(topo),
                 nvswitch_gen=_nvswitch_generation(topo),
                 n_ranks=len(gpus),
+                p2p_read=tuple(spec.compute_capability) == (8, 0),
             )
             self._comm_topo_cache[key] = ct
         return ct
@@ -276,7 +281,7 @@ class NcclEngine:
         per_byte = a.work_bytes(plan.op, 1.0, n)
         return _chunked.pipeline_for(plan.op, plan.algorithm, plan.protocol, plan.size_bytes, nch, ct,
                                      channel_rate_Bps=rate, base_latency_s=base, step_latency_total_s=total - base,
-                                     progress_per_byte=per_byte)
+                                     progress_per_byte=per_byte, p2p_read_cost=self.p2p_read_cost)
 
     def _idle_link_rate_Bps(self, plan: Plan) -> float:
         """Per-rank progress per second ``plan``'s most loaded link allows on an idle machine."""
@@ -580,7 +585,7 @@ def simulate_nccl_tests(topology: Topology, collective: str, sizes: Iterable[int
                         gpus_per_thread: int = 1, gpus: Sequence[str] | None = None, dtype: str = "float",
                         algorithm: str | None = None, protocol: str | None = None,
                         fidelity: str = "flow", tuner_config: TunerConfig | None = None,
-                        ) -> list[_nt.NcclTestsRow]:
+                        p2p_read_cost: bool = False) -> list[_nt.NcclTestsRow]:
     """Emulate an nccl-tests sweep on the hardware model: one row per size, as nccl-tests prints it.
 
     Each size runs once on an otherwise idle cluster (``fidelity`` flow, step or chunked). The reported time is
@@ -602,6 +607,7 @@ def simulate_nccl_tests(topology: Topology, collective: str, sizes: Iterable[int
         algorithm, protocol: force NCCL's choice (``NCCL_ALGO`` / ``NCCL_PROTO``).
         tuner_config: tuner-plugin rules (``NCCL_TUNER_CONFIG_FILE``), applied after ``algorithm`` /
             ``protocol`` restrict the enabled pairs.
+        p2p_read_cost: charge the P2P-read slice cost (see :class:`NcclEngine`).
 
     Returns:
         :class:`hwmodel.nccl.nccltests.NcclTestsRow` per size (SI units).
@@ -620,7 +626,7 @@ def simulate_nccl_tests(topology: Topology, collective: str, sizes: Iterable[int
         raise ValueError("simulate_nccl_tests needs at least one GPU")
     cluster = Cluster(topology, record=False)
     eng = NcclEngine(cluster, fidelity=fidelity, algorithm=algorithm, protocol=protocol,
-                     tuner_config=tuner_config)
+                     tuner_config=tuner_config, p2p_read_cost=p2p_read_cost)
     env = cluster.env
     host_launch = _calibration.host_launch_per_gpu_s()
     host_per_channel = _calibration.host_per_channel_per_gpu_s()
