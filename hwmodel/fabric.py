@@ -34,6 +34,21 @@ def _spines_for(num_leaves: int, uplink_ports: float, radix: int) -> int:
     return max(1, min(math.floor(uplink_ports), math.ceil(num_leaves * math.ceil(uplink_ports) / radix)))
 
 
+def _given_spines(num_spines: int, uplink_ports: float) -> int:
+    """A user's spine count, checked: each spine takes at least one of a leaf's uplink ports, so at most
+    ``floor(uplink_ports)`` spines (>= 1); a larger count would split one leaf's uplink into links no
+    cable provides.
+
+    Raises:
+        ValueError: ``spines`` outside 1 .. ``floor(uplink_ports)``.
+    """
+    most = max(1, math.floor(uplink_ports))
+    if num_spines < 1 or num_spines > most:
+        raise ValueError(f"system.spines = {num_spines}: a leaf has {most} uplink port(s) here (its downlinks / "
+                         f"oversubscription), one per spine at least; allowed 1..{most}")
+    return num_spines
+
+
 def _fabric_link(g: nx.DiGraph, nic: str, sw: str, nic_spec: NICSpec, swspec: SwitchSpec) -> None:
     bw = min(nic_spec.bandwidth_Bps, swspec.port_bandwidth_Bps)
     half = nic_spec.latency_s / 2
@@ -48,9 +63,8 @@ def _add_tree(g: nx.DiGraph, leaves: dict[str, list[str]], leaf_uplink_Bps: floa
     construction (:func:`_router`)."""
     if pods is not None and len(leaves) > pods.leaves_per_pod:
         return _add_pods(g, leaves, leaf_uplink_Bps, uplink_ports, swspec, num_spines, pods)
-    spines = num_spines if num_spines is not None else _spines_for(len(leaves), uplink_ports, swspec.radix)
-    if spines < 1:
-        raise ValueError(f"num_spines must be >= 1, got {spines}")
+    spines = (_given_spines(num_spines, uplink_ports) if num_spines is not None
+              else _spines_for(len(leaves), uplink_ports, swspec.radix))
     if len(leaves) < 2 and num_spines is None:
         return _router(leaves, ())
     names = [f"spine{s}" for s in range(spines)]
@@ -95,9 +109,8 @@ def _add_pods(g: nx.DiGraph, leaf_nics: dict[str, list[str]], leaf_uplink_Bps: f
     leaves = list(leaf_nics)
     per_pod = pods.leaves_per_pod
     num_pods = math.ceil(len(leaves) / per_pod)
-    spines = num_spines if num_spines is not None else _spines_for(per_pod, uplink_ports, swspec.radix)
-    if spines < 1:
-        raise ValueError(f"num_spines must be >= 1, got {spines}")
+    spines = (_given_spines(num_spines, uplink_ports) if num_spines is not None
+              else _spines_for(per_pod, uplink_ports, swspec.radix))
     spine_down_Bps = per_pod * leaf_uplink_Bps / spines  # a full pod's cabling, as a partly filled SU
     spine_up_ports = per_pod * uplink_ports / spines / pods.core_oversubscription
     cores = _spines_for(num_pods, spine_up_ports, swspec.radix)

@@ -65,3 +65,16 @@ def test_a_changed_graph_forgets_the_builders_router():
     topo.graph.remove_edge("su0.leaf0", "spine0")
     topo.clear_route_cache()
     assert topo.constructed_fabric() is None  # detect: no longer a Clos (a leaf misses a spine)
+
+
+@pytest.mark.parametrize("spines", [0, 9, 1000])
+def test_spine_count_outside_a_leafs_uplink_ports_is_refused(spines):
+    """A leaf of one DGX H100 (8 NICs down, 1:1) has 8 uplink ports, one per spine at least: 1..8 spines."""
+    with pytest.raises(ValueError, match=r"system\.spines = -?\d+.*allowed 1\.\.8"):
+        build_system("dgx-h100", 4, fabric="fat_tree", nodes_per_leaf=1, num_spines=spines)
+
+
+@pytest.mark.parametrize("spines", [1, 8])
+def test_spine_count_inside_a_leafs_uplink_ports_builds(spines):
+    topo = build_system("dgx-h100", 4, fabric="fat_tree", nodes_per_leaf=1, num_spines=spines)
+    assert len([n for n, d in topo.graph.nodes(data=True) if d.get("tier") == "spine"]) == spines

@@ -15,7 +15,7 @@ CASES = {
     "rail-pods": lambda: build_system("dgx-h100", 12, su_size=2, leaves_per_pod=16),
     "rail-pods-partial": lambda: build_system("dgx-h100", 11, su_size=2, leaves_per_pod=16,
                                               core_oversubscription=3.0),
-    "rail-pods-11-spines": lambda: build_system("dgx-a100", 6, su_size=1, leaves_per_pod=16, num_spines=11),
+    "rail-pods-11-spines": lambda: build_system("dgx-a100", 24, su_size=11, leaves_per_pod=16, num_spines=11),
     "fat-tree-pods": lambda: build_system("dgx-a100", 9, fabric="fat_tree", nodes_per_leaf=1, leaves_per_pod=2),
     "fat-tree-pods-oversub": lambda: build_system("dgx-h100", 13, fabric="fat_tree", nodes_per_leaf=1,
                                                   leaves_per_pod=3, oversubscription=2.0,

@@ -11,8 +11,8 @@ from hwmodel.topology import Topology, build_cluster, build_system, generic_node
 CASES = {
     "rail-1su": lambda: build_system("dgx-a100", 4),
     "rail-3su-oversub": lambda: build_system("dgx-h100", 9, su_size=4, oversubscription=2.0),
-    "rail-5-spines": lambda: build_system("dgx-h100", 6, su_size=2, num_spines=5),
-    "rail-11-spines": lambda: build_system("dgx-a100", 4, su_size=2, num_spines=11),  # spine10 sorts early
+    "rail-5-spines": lambda: build_system("dgx-h100", 12, su_size=5, num_spines=5),
+    "rail-11-spines": lambda: build_system("dgx-a100", 13, su_size=11, num_spines=11),  # spine10 sorts early
     "fat-tree": lambda: build_system("dgx-a100", 7, fabric="fat_tree", nodes_per_leaf=2),
     "fat-tree-oversub": lambda: build_system("dgx-h100", 5, fabric="fat_tree", nodes_per_leaf=1,
                                              oversubscription=3.0),
