@@ -131,9 +131,14 @@ def fp8_speedup() -> str:
 
 
 def fp8_extra_memory() -> str:
-    """FP8's extra peak memory per GPU over BF16 (GB = 1e9 bytes) in the FP8 sweep."""
+    """FP8's extra device memory per GPU over BF16 in the FP8 sweep (GB = 1e9 bytes): the difference of
+    the two rows' memory column as the sweep prints it (``verdict_need_bytes``, one decimal each), and of
+    the allocator's peak (``peak_allocated_bytes``)."""
     bf16, fp8 = _fp8_rows()
-    return f"{(fp8['peak_memory_bytes'] - bf16['peak_memory_bytes']) / 1e9:.1f} GB"
+    need = {k: round(r["verdict_need_bytes"] / 1e9, 1) for k, r in (("bf16", bf16), ("fp8", fp8))}
+    allocated = (fp8["peak_allocated_bytes"] - bf16["peak_allocated_bytes"]) / 1e9
+    return (f"{need['fp8'] - need['bf16']:.1f} GB more device memory per GPU ({need['bf16']:.1f} -> "
+            f"{need['fp8']:.1f} GB, the sweep's memory column; peak allocated +{allocated:.1f} GB)")
 
 
 def _validate() -> dict:

@@ -20,13 +20,15 @@ from typing import Any
 from scenarios.analysis import mfu_peak_dtype, overlap_stats
 
 __all__ = [
-    "BUSIEST_LINK_GROUPS", "LINK_GROUP_REL_TOL", "busiest_links", "link_groups", "link_stats", "memory_dict",
+    "BUSIEST_LINK_GROUPS", "LINK_GROUP_REL_TOL", "busiest_links", "link_capacity", "link_groups", "link_kind",
+    "link_stats", "memory_dict",
     "parallel_dict", "peak_dtype_for", "run_metrics",
 ]
 
 BUSIEST_LINK_GROUPS = 10
 """Rows of the JSON's ``busiest_links``: groups of links with the same load, as the text report's
-``name (+k)`` rows; each row gives its first link's name and ``links``, the number in the group."""
+``name (+k)`` rows; each row gives its first link's name, ``links`` (the number in the group), its
+``kind`` (:func:`link_kind`) and ``capacity_Bps`` (nominal, per direction; what the utilisations are of)."""
 LINK_GROUP_REL_TOL = 1e-9
 """Links whose bytes, mean and peak utilisation agree to this relative tolerance are one group."""
 
@@ -153,6 +155,30 @@ def link_groups(links: Iterable[Any], end_time_s: float, top: int) -> list[tuple
     return [tuple(g) for g in groups]
 
 
+def link_capacity(links: Sequence[Any], name: str) -> float:
+    """Nominal capacity (bytes/s, per direction) of the link ``name`` among ``links`` (links or bundles,
+    :func:`link_groups`' input: a bundle's link other than its first by name is found in its ``names()``)."""
+    for lk in links:
+        if lk.name == name:
+            return float(lk.nominal_capacity)
+    return float(next(lk.nominal_capacity for lk in links if name in getattr(lk, "names", list)()))
+
+
+def link_kind(graph: Any, name: str) -> str:
+    """What the link ``name`` (``"u->v"``, an edge of the topology ``graph``) connects: the edge's
+    ``kind`` (``nvlink``: GPU to NVSwitch; ``pcie``: GPU or NIC to PCIe switch to CPU), with the
+    fabric's ``ib`` edges told apart by their ends (:mod:`hwmodel.fabric`): ``nic`` (a NIC and its leaf
+    switch) or the two switch tiers, ``leaf-spine``, ``spine-leaf``, ``spine-core``, ``core-spine``."""
+    u, v = name.split("->", 1)
+    kind = str(graph._adj[u][v].get("kind", "other"))  # (networkx's plain dicts: off its views)
+    if kind != "ib":
+        return kind
+    ends = graph.nodes[u], graph.nodes[v]
+    if any(e.get("kind") == "nic" for e in ends):
+        return "nic"
+    return "-".join(str(e.get("tier", e.get("kind", "switch"))) for e in ends)
+
+
 class _OneOf:
     """One link of a bundle, ranked on its own (:func:`_untied`)."""
 
@@ -206,7 +232,9 @@ def memory_dict(mem: Any, gpu: Any) -> dict[str, Any]:
     datasheet's GB read as GiB, less the driver's share -- 85.0e9 on that H100; :mod:`workload.allocator`).
     ``verdict_need_bytes`` and ``verdict_capacity_bytes`` are the two figures the verdict compares (the
     device's use and the usable HBM once the framework's memory is set, else the tensors and the datasheet
-    HBM), so a "fits" verdict always has need <= capacity in the JSON too."""
+    HBM), so a "fits" verdict always has need <= capacity in the JSON too. The two peaks are
+    ``peak_allocated_bytes`` and ``peak_reserved_bytes``: every command's JSON (``run``, ``sweep``,
+    ``search``) uses these names for these figures."""
     need, capacity, _ = mem.need_and_capacity(gpu)
     out = {"parameters_bytes": mem.parameters, "gradients_bytes": mem.gradients,
            "optimizer_states_bytes": mem.optimizer_states, "activations_bytes": mem.activations,
@@ -215,8 +243,8 @@ def memory_dict(mem: Any, gpu: Any) -> dict[str, Any]:
            "verdict_capacity_bytes": capacity, "verdict": mem.verdict(gpu)}
     if getattr(mem, "usable_hbm", 0.0):  # framework memory (workload.allocator): new keys; old ones unchanged
         out.update({"gather_buffers_bytes": mem.gather_buffers, "cublas_workspace_bytes": mem.cublas_workspace,
-                    "allocated_bytes": mem.allocated, "fragmentation_bytes": mem.fragmentation,
-                    "reserved_bytes": mem.reserved, "cuda_context_bytes": mem.cuda_context,
+                    "peak_allocated_bytes": mem.allocated, "fragmentation_bytes": mem.fragmentation,
+                    "peak_reserved_bytes": mem.reserved, "cuda_context_bytes": mem.cuda_context,
                     "nccl_buffers_bytes": mem.nccl_buffers, "device_used_bytes": mem.device_used,
                     "usable_hbm_bytes": mem.usable_hbm})
         if mem.optimizer_step_grads:  # fp16: the optimizer step's fp32 gradient copies (new key, fp16 only)
@@ -249,19 +277,24 @@ def run_metrics(rep: Any, flops: tuple[float, float, str]) -> dict[str, Any]:
     mean = {k: sum(getattr(rep.per_rank[r], k) for r in ranks) / len(ranks)
             for k in ("compute_s", "exposed_comm_s", "bubble_s", "idle_s")}
     ov = overlap_stats(res.events, rep.per_rank)
-    links = link_groups(res.cluster.link_bundles(), T, BUSIEST_LINK_GROUPS)
+    bundles = res.cluster.link_bundles()
+    links = link_groups(bundles, T, BUSIEST_LINK_GROUPS)
+    graph = res.cluster.topology.graph
     return {
         "scenario": rep.scenario.name,
         "iteration_time_s": T,
         **_throughput(T, cfg, mc, flops, gpu.peak_flops(peak_dtype_for(prep.dtype))),
-        "peak_memory_bytes": mem.total if mem is not None else None,
+        # the caching allocator's two peaks (torch.cuda.max_memory_allocated / max_memory_reserved)
+        "peak_allocated_bytes": mem.allocated if mem is not None else None,
+        "peak_reserved_bytes": mem.reserved if mem is not None else None,
         "oom": (not mem.fits(gpu)) if mem is not None else False,
         "memory": memory_dict(mem, gpu) if mem is not None else None,
         "breakdown": mean,
         "per_rank": {str(r): rep.per_rank[r].as_dict() for r in ranks},
         "overlap": {"comm_hidden_fraction": ov.comm_hidden_fraction, "compute_slowdown": ov.compute_slowdown},
-        "busiest_links": [{"link": n, "links": k, "carried_bytes": b, "mean_utilisation": m,
-                           "peak_utilisation": p} for n, k, b, m, p in links],
+        "busiest_links": [{"link": n, "links": k, "kind": link_kind(graph, n),
+                           "capacity_Bps": link_capacity(bundles, n), "carried_bytes": b,
+                           "mean_utilisation": m, "peak_utilisation": p} for n, k, b, m, p in links],
         "parallel": parallel_dict(cfg),
         "system": {"name": prep.topology.name, "gpus": cfg.world_size, "gpu": gpu.name,
                    "nodes": prep.topology.num_nodes},

@@ -2,7 +2,7 @@
 
 Units at the edges only: the run's metrics are SI (seconds, bytes, FLOP/s, fractions); the printed
 report converts to ms, GB, GB/s, TFLOP/s and percent. The JSON keeps SI, with unit-suffixed keys
-where the runner gives them (``iteration_time_s``, ``peak_memory_bytes``).
+where the runner gives them (``iteration_time_s``, ``peak_allocated_bytes``).
 
 The JSON is reproducible: keys sorted, floats written with 12 significant digits (far below the
 simulator's resolution, far above the last-bit noise of float summation order), and no wall-clock
@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from scenarios.catalog import display_source
-from scenarios.metrics import link_groups, link_stats, memory_dict, parallel_dict, peak_dtype_for
+from scenarios.metrics import (link_capacity, link_groups, link_kind, link_stats, memory_dict, parallel_dict,
+                               peak_dtype_for)
 
 __all__ = [
     "JSON_FLOAT_DIGITS", "MAX_RANK_ROWS", "TRACE_MAX_LINKS", "format_memory_only", "format_report",
@@ -181,9 +182,9 @@ def _memory_lines(mem: Mapping[str, Any] | None, oom: bool) -> list[str]:
     if step_grads:  # fp16: the optimizer step is a second moment, without activations (workload.memory)
         lines.append(f"  at the optimizer step (no activations): + fp32 gradient copies {_gb(step_grads)}; "
                      f"the peak is the larger of the two moments")
-    if "reserved_bytes" in mem:  # the framework's memory (workload.allocator)
-        lines += [f"  allocated {_gb(mem['allocated_bytes'])} (tensors and cuBLAS workspace), reserved "
-                  f"{_gb(mem['reserved_bytes'])} (+ fragmentation {_gb(mem['fragmentation_bytes'])}); CUDA context "
+    if "peak_reserved_bytes" in mem:  # the framework's memory (workload.allocator)
+        lines += [f"  peak allocated {_gb(mem['peak_allocated_bytes'])} (tensors and cuBLAS workspace), peak reserved "
+                  f"{_gb(mem['peak_reserved_bytes'])} (+ fragmentation {_gb(mem['fragmentation_bytes'])}); CUDA context "
                   f"{_gb(mem['cuda_context_bytes'])}, NCCL buffers {_gb(mem['nccl_buffers_bytes'])}",
                   f"  device {_gb(mem['device_used_bytes'])} of {_gb(mem['usable_hbm_bytes'])} usable HBM "
                   f"({100 * mem['device_used_bytes'] / mem['usable_hbm_bytes']:.0f} %; the datasheet's "
@@ -223,15 +224,14 @@ def _link_lines(rep: Any, top: int) -> list[str]:
     groups = link_groups(links, rep.result.end_time_s, top)
     if not groups:
         return ["  no link traffic"]
-    lines = [f"  {'link':<34} {'links':>5} {'carried each':>13} {'capacity':>11} {'mean':>7} {'peak':>7}"]
-    caps = {lk.name: lk.nominal_capacity for lk in links}
-    for name, n, carried, mean, peak in groups:
+    graph = rep.result.cluster.topology.graph
+    lines = [f"  {'link':<34} {'kind':<10} {'links':>5} {'carried each':>13} {'capacity':>11} {'mean':>7} "
+             f"{'peak':>7}"]
+    for name, n, carried, mean, peak in groups:  # kind and capacity as --json's busiest_links give them
         label = name if n == 1 else f"{name} (+{n - 1})"
-        cap = caps.get(name)
-        if cap is None:  # a bundle's link other than its first by name (ranked alone: a tie of loads)
-            cap = next(lk.nominal_capacity for lk in links if name in getattr(lk, "names", list)())
-        lines.append(f"  {label:<34} {n:>5} {_gb(carried):>13} {cap / 1e9:>6.0f} GB/s {100 * mean:>6.1f}% "
-                     f"{100 * peak:>6.1f}%")
+        cap = link_capacity(links, name)
+        lines.append(f"  {label:<34} {link_kind(graph, name):<10} {n:>5} {_gb(carried):>13} {cap / 1e9:>6.0f} GB/s "
+                     f"{100 * mean:>6.1f}% {100 * peak:>6.1f}%")
     lines.append("  (+k): k more links with the same load; capacity per direction")
     lines += _kind_lines(rep, links)
     if rep.mode == "hierarchical":  # macro tasks carry time, not traffic (docs/DESIGN.md, hierarchical engine)

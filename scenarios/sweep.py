@@ -215,11 +215,14 @@ class PointResult:
     tflops_per_gpu: float | None = None
     mfu: float | None = None
     oom: bool = False
-    peak_memory_bytes: float | None = None
-    memory_verdict: str = ""
-    memory_need_bytes: float | None = None
+    peak_allocated_bytes: float | None = None
+    """The caching allocator's peaks (``torch.cuda.max_memory_allocated`` / ``max_memory_reserved``), as
+    ``run --json`` names them."""
+    peak_reserved_bytes: float | None = None
+    verdict: str = ""
+    verdict_need_bytes: float | None = None
     """What the verdict compares (``MemoryBreakdown.need_and_capacity``): device use, as ``run`` reports it."""
-    memory_capacity_bytes: float | None = None
+    verdict_capacity_bytes: float | None = None
     """What it is compared with: the usable HBM."""
     error: str = ""
     metrics: dict[str, Any] = field(default_factory=dict)
@@ -227,8 +230,9 @@ class PointResult:
     def to_json(self) -> dict[str, Any]:
         return {"values": self.values, "iteration_time_s": self.iteration_time_s, "tokens_per_s": self.tokens_per_s,
                 "tflops_per_gpu": self.tflops_per_gpu, "mfu": self.mfu, "oom": self.oom,
-                "peak_memory_bytes": self.peak_memory_bytes, "memory_verdict": self.memory_verdict,
-                "memory_need_bytes": self.memory_need_bytes, "memory_capacity_bytes": self.memory_capacity_bytes,
+                "peak_allocated_bytes": self.peak_allocated_bytes, "peak_reserved_bytes": self.peak_reserved_bytes,
+                "verdict": self.verdict, "verdict_need_bytes": self.verdict_need_bytes,
+                "verdict_capacity_bytes": self.verdict_capacity_bytes,
                 "error": self.error or None, "metrics": self.metrics or None}
 
 
@@ -245,8 +249,9 @@ def run_point(base: Mapping[str, Any], values: Mapping[str, Any], source: str = 
         mem = memory_for(prep)
         gpu = prep.topology.gpu_spec
         if mem is not None:
-            row.oom, row.peak_memory_bytes, row.memory_verdict = not mem.fits(gpu), mem.total, mem.verdict(gpu)
-            row.memory_need_bytes, row.memory_capacity_bytes, _ = mem.need_and_capacity(gpu)
+            row.oom, row.verdict = not mem.fits(gpu), mem.verdict(gpu)
+            row.peak_allocated_bytes, row.peak_reserved_bytes = mem.allocated, mem.reserved
+            row.verdict_need_bytes, row.verdict_capacity_bytes, _ = mem.need_and_capacity(gpu)
         if row.oom and not simulate_oom:
             return row
         rep = run_prepared(prep, mem, progress=progress, started_s=t0, max_tasks=DEFAULT_MAX_TASKS)
@@ -315,8 +320,8 @@ def format_rows(sweep: Sweep, rows: Sequence[PointResult]) -> str:
             lines.append(f"{vals}  error: {r.error}")
             continue
         # the verdict's own comparison (device use of usable HBM), as run's and search's memory columns
-        mem = "-" if r.memory_need_bytes is None or r.memory_capacity_bytes is None else \
-            f"{'OOM' if r.oom else 'fits'} ({r.memory_need_bytes / 1e9:.1f} of {r.memory_capacity_bytes / 1e9:.1f} GB)"
+        mem = "-" if r.verdict_need_bytes is None or r.verdict_capacity_bytes is None else \
+            f"{'OOM' if r.oom else 'fits'} ({r.verdict_need_bytes / 1e9:.1f} of {r.verdict_capacity_bytes / 1e9:.1f} GB)"
         if r.iteration_time_s is None:
             lines.append(f"{vals}  {'-':>11} {'-':>12} {'-':>7}  {mem}, not simulated")
         else:

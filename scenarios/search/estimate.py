@@ -21,7 +21,9 @@ class Estimate:
     bubble_s: float
     exposed_comm_s: float
     memory_bytes: float
+    """The memory verdict's need (device use: reserved + CUDA context + NCCL buffers); JSON ``verdict_need_bytes``."""
     hbm_bytes: float
+    """What it is compared with (the usable HBM); JSON ``verdict_capacity_bytes``."""
     oom_reason: str = ""
     """Empty when the plan fits; else one line: by how much, and the largest term."""
     tokens_per_s_per_gpu: float = math.nan
@@ -48,7 +50,11 @@ class Estimate:
                 "label": c.short(),
                 "screen_iteration_time_s": _num(self.iteration_time_s), "screen_compute_s": _num(self.compute_s),
                 "screen_bubble_s": _num(self.bubble_s), "screen_exposed_comm_s": _num(self.exposed_comm_s),
-                "memory_bytes": self.memory_bytes, "headroom_bytes": self.headroom_bytes,
+                # run --json's names: the verdict's two figures and, where modelled, the allocator's peaks
+                "verdict_need_bytes": self.memory_bytes, "verdict_capacity_bytes": self.hbm_bytes,
+                "headroom_bytes": self.headroom_bytes,
+                **({"peak_allocated_bytes": self.memory.allocated, "peak_reserved_bytes": self.memory.reserved}
+                   if self.memory is not None else {}),
                 "fits": self.fits, "oom_reason": self.oom_reason,
                 "screen_tokens_per_s_per_gpu": _num(self.tokens_per_s_per_gpu), "screen_mfu": _num(self.mfu),
                 "screen_priced": self.priced}

@@ -221,7 +221,7 @@ def search_json(res: SearchResult) -> dict[str, Any]:
         if why is not None:
             d["picked_as"] = why
         plans.append(d)
-    return {"scenario": res.scenario.name, "gpus": res.world_size, "hbm_bytes": res.hbm_bytes,
+    return {"scenario": res.scenario.name, "gpus": res.world_size,
             "screen_rate_per_s": res.screen_rate_per_s, "screen_wall_s": res.screen_wall_s, "traces": res.traces,
             "trace_wall_s": res.trace_wall_s, "simulate_wall_s": res.simulate_wall_s, **res.info,
             "best": res.best[0].to_dict() if res.best else None, "speedups": speedups(res), "agreement": agreement(res),

@@ -73,7 +73,8 @@ def simulate_plan(data: Mapping[str, Any], source: str = "", max_tasks: float | 
     m = rep.metrics
     b = m.get("breakdown", {})
     return {"iteration_time_s": m["iteration_time_s"], "tokens_per_s": m["tokens_per_s"], "mfu": m["mfu"],
-            "tflops_per_gpu": m["tflops_per_gpu"], "peak_memory_bytes": m["peak_memory_bytes"], "oom": m["oom"],
+            "tflops_per_gpu": m["tflops_per_gpu"], "peak_allocated_bytes": m["peak_allocated_bytes"],
+            "peak_reserved_bytes": m["peak_reserved_bytes"], "oom": m["oom"],
             "bubble_s": b.get("bubble_s", 0.0), "exposed_comm_s": b.get("exposed_comm_s", 0.0),
             "compute_s": b.get("compute_s", 0.0), "mode": m["simulation"]["mode"],
             "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0}

@@ -57,8 +57,8 @@ def _simulate(row: Row) -> float:
         sc = load_scenario(scenario_path(row.name), [f"simulation.{k}={str(v).lower()}" for k, v in
                                                       NO_LINK_TIMELINES.items()])
     m = run_scenario(sc).metrics
-    if row.measured_memory_gib is not None and m["memory"] and "reserved_bytes" in m["memory"]:
-        row.predicted_memory_gib = m["memory"]["reserved_bytes"] / 2**30  # torchtitan logs reserved GiB
+    if row.measured_memory_gib is not None and m["memory"] and "peak_reserved_bytes" in m["memory"]:
+        row.predicted_memory_gib = m["memory"]["peak_reserved_bytes"] / 2**30  # torchtitan logs reserved GiB
     if row.unit == "tokens/s":  # per GPU
         return m["tokens_per_s"] / m["system"]["gpus"]
     return m["tflops_per_gpu"] if row.unit == "TFLOP/s" else m["iteration_time_s"]

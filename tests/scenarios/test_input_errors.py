@@ -184,9 +184,13 @@ def test_fp32_uses_the_cuda_core_peak_and_json_links_are_groups(tmp_path, capsys
     assert shown == pytest.approx(100 * m["mfu"], abs=0.06)
     links = m["busiest_links"]
     assert 1 <= len(links) <= 10 and all(r["links"] >= 1 for r in links)
+    # one DGX A100: NVLink 12 x 25 GB/s per GPU, PCIe Gen4 x16 32 GB/s per direction (the text's capacity)
+    assert {(r["kind"], r["capacity_Bps"]) for r in links} <= {("nvlink", 300e9), ("pcie", 32e9)}
+    assert any(r["kind"] == "nvlink" for r in links)
     for r in links[:6]:  # the text shows the first 6 groups, "(+k)" for k more links of the same load
         label = r["link"] if r["links"] == 1 else f"{r['link']} (+{r['links'] - 1})"
-        assert re.search(rf"^\s+{re.escape(label)}\s+{r['links']}\s", text, re.M), label
+        row = rf"^\s+{re.escape(label)}\s+{r['kind']}\s+{r['links']}\s.* {r['capacity_Bps'] / 1e9:.0f} GB/s "
+        assert re.search(row, text, re.M), label
 
 
 @pytest.mark.parametrize("overrides, message", [

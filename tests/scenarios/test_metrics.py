@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from scenarios.metrics import busiest_links, link_groups, link_stats, memory_dict, peak_dtype_for
+from scenarios.metrics import busiest_links, link_groups, link_kind, link_stats, memory_dict, peak_dtype_for
 
 
 def link(name, cap, timeline, carried=None):
@@ -150,3 +150,21 @@ def test_link_groups_of_bundles_are_those_of_their_links_one_by_one():
     assert [(g[0], g[1]) for g in want] == [("s0->l9", 2), ("s2->l0", 1), ("s3->l0", 1), ("s4->l0", 1),
                                             ("s5->l0", 1), ("x0->y", 5)]
     assert want[-1][2:] == pytest.approx((2e9, 0.2, 0.2))
+
+
+def test_link_kind_tells_nic_links_from_the_fabrics_tiers():
+    """64 DGX H100 on a rail-optimised two-tier fabric: NVLink, PCIe, NIC-to-leaf and leaf/spine links,
+    each kind with the edges' own bandwidths (NDR NIC 400 Gb/s = 50 GB/s; 18 NVLink 4 links x 25 GB/s)."""
+    from hwmodel.systems import build_system
+
+    g = build_system("dgx-h100", num_nodes=64).graph
+    kinds: dict[str, set[float]] = {}
+    for u, v, d in g.edges(data=True):
+        k = link_kind(g, f"{u}->{v}")
+        kinds.setdefault(k, set()).add(d["bandwidth_Bps"])
+        if k == "nic":
+            assert "nic" in (g.nodes[u]["kind"], g.nodes[v]["kind"])
+        elif k in ("leaf-spine", "spine-leaf"):
+            assert {g.nodes[u]["tier"], g.nodes[v]["tier"]} == {"leaf", "spine"}
+    assert set(kinds) == {"nvlink", "pcie", "nic", "leaf-spine", "spine-leaf"}
+    assert kinds["nic"] == {50e9} and kinds["nvlink"] == {450e9}

@@ -41,6 +41,20 @@ def ctx(small):
     return ScreenContext(small)
 
 
+OLD_MEMORY_KEYS = {"peak_memory_bytes", "memory_capacity_bytes", "memory_need_bytes", "memory_verdict", "hbm_bytes",
+                   "memory_bytes", "allocated_bytes", "reserved_bytes"}
+"""Memory keys of earlier releases, each renamed to run --json's name (docs/DESIGN.md)."""
+
+
+def json_keys(doc) -> set[str]:
+    """Every key of a JSON document, at any depth."""
+    if isinstance(doc, dict):
+        return set(doc).union(*(json_keys(v) for v in doc.values()))
+    if isinstance(doc, list):
+        return set().union(*(json_keys(v) for v in doc))
+    return set()
+
+
 def facts(**kw):
     base = {"num_layers": 4, "num_attention_heads": 32, "seq_length": 512, "num_experts": 0, "world_size": 4,
             "gpus_per_node": 4, "global_batch_size": 8}
@@ -219,6 +233,14 @@ def test_cli_search_emits_a_runnable_scenario(tmp_path, capsys):
     assert main(["run", str(out), "--json", str(tmp_path / "run.json")]) == 0
     run = json.loads((tmp_path / "run.json").read_text())
     assert run["iteration_time_s"] == pytest.approx(best_time, rel=1e-9)
+    # one memory vocabulary: search's JSON names each figure as run's does, with run's value
+    assert not json_keys(doc) & OLD_MEMORY_KEYS and not json_keys(run) & OLD_MEMORY_KEYS
+    best = next(p for p in doc["plans"] if p.get("simulated", {}).get("iteration_time_s") == best_time)
+    for k in ("peak_allocated_bytes", "peak_reserved_bytes"):
+        assert best["simulated"][k] == best[k] == run[k] == run["memory"][k] > 0
+    for k in ("verdict_need_bytes", "verdict_capacity_bytes"):
+        assert best[k] == run["memory"][k]
+    assert doc["usable_hbm_bytes"] == run["memory"]["usable_hbm_bytes"] == best["verdict_capacity_bytes"]
     base = doc["speedups"]
     assert base["speedup_over_baseline"] >= 1.0  # never slower than the printed baseline
 

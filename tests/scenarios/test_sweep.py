@@ -188,7 +188,13 @@ def test_memory_column_is_the_verdicts_comparison(tiny_rows):
 
     sw, rows = tiny_rows
     mem = memory_for(prepare(point_scenario(sw.base, rows[0].values, sw.source)))
-    assert rows[0].memory_need_bytes == mem.device_used > mem.total == rows[0].peak_memory_bytes
-    assert rows[0].memory_capacity_bytes == mem.usable_hbm
+    assert rows[0].verdict_need_bytes == mem.device_used > mem.reserved == rows[0].peak_reserved_bytes
+    assert rows[0].peak_reserved_bytes > mem.allocated == rows[0].peak_allocated_bytes > mem.total
+    assert rows[0].verdict_capacity_bytes == mem.usable_hbm
+    row = rows[0].to_json()  # run --json's names, at the row's top and in its run's metrics
+    for k in ("peak_allocated_bytes", "peak_reserved_bytes"):
+        assert row[k] == row["metrics"][k] == row["metrics"]["memory"][k]
+    for k in ("verdict", "verdict_need_bytes", "verdict_capacity_bytes"):
+        assert row[k] == row["metrics"]["memory"][k]
     line = format_rows(sw, rows).splitlines()[3]
     assert line.endswith(f"fits ({mem.device_used / 1e9:.1f} of {mem.usable_hbm / 1e9:.1f} GB)")
