@@ -22,7 +22,8 @@ named ``<stream> (overlap k)``.
 One file holding every rank (:func:`to_chrome_trace`, :func:`write_chrome_trace`) is what Perfetto
 wants. HTA wants a directory with one file per rank whose ``distributedInfo.rank`` says which
 (:func:`write_per_rank_traces`); in the single file, ``distributedInfo.rank`` is 0 and ``world_size``
-the number of ranks in it.
+the caller's (``trainsim run --trace``: the job's GPUs, of which it may hold a few), by default the
+number of ranks in it.
 """
 
 from __future__ import annotations

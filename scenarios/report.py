@@ -373,18 +373,24 @@ def _steady_lines(sim: Mapping[str, Any]) -> list[str]:
 
 def write_trace(rep: Any, path: str | Path, *, max_links: int = TRACE_MAX_LINKS) -> Path:
     """The run's Kineto/Chrome trace (Perfetto, chrome://tracing) with the busiest links as counter
-    tracks. ``.json.gz`` is compressed."""
+    tracks. ``.json.gz`` is compressed. ``distributedInfo.world_size`` is the job's world size (the
+    cluster's GPUs); ``trainsim.simulated_ranks`` the ranks whose GPUs the file holds (a symmetric or
+    hierarchical run simulates a few and mirrors the others)."""
     from plots.chrome_trace import write_chrome_trace  # deferred: the plots package loads matplotlib
 
     res = getattr(rep, "simulated", None) or rep.result  # an extrapolated run: its larger simulated run
+    # distributedInfo.world_size is the job's (every GPU of the cluster, as torch.distributed's); a
+    # symmetric run simulates some ranks and mirrors the rest, so the ranks in the file are listed apart
+    simulated = sorted({e.rank for e in res.events})
     meta = {"traceName": f"trainsim {rep.scenario.name}",
             "trainsim": {"scenario": rep.scenario.name, "iteration_time_s": res.end_time_s,
-                         "mode": rep.mode}}
+                         "mode": rep.mode, "simulated_ranks": simulated}}
     if rep.metrics.get("simulation", {}).get("steady_state"):  # only then: other traces keep their bytes
         meta["trainsim"]["steady_state"] = rep.metrics["simulation"]["steady_state"]
     try:
         return write_chrome_trace(path, res.events, link_series=res.cluster.link_resources(),
                                   max_links=max_links, metadata=meta, iterations=[(0.0, res.end_time_s)],
+                                  world_size=rep.prepared.config.world_size,
                                   collective_dtype="bf16" if rep.prepared.dtype == "fp8" else rep.prepared.dtype)
     except OSError as exc:
         raise ValueError(f"cannot write {path}: {exc.strerror}") from None

@@ -68,6 +68,25 @@ def test_trace_is_kineto_json_with_link_counters(default_run):
     assert len(links) == 16  # the 16 busiest links as counter tracks
 
 
+def test_trace_names_the_jobs_world_size_and_its_simulated_ranks(default_run):
+    """32 GPUs (4 DGX A100), of which the symmetric run simulates a few: ``world_size`` is the job's, the
+    ranks in the file are listed apart, and every process and thread with events is named."""
+    doc = json.loads((default_run["dir"] / "trace.json").read_text())
+    metrics = json.loads((default_run["dir"] / "a.json").read_text())
+    events = doc["traceEvents"]
+    assert doc["distributedInfo"] == {"backend": "nccl", "rank": 0, "world_size": 32}
+    gpu_pids = sorted({e["pid"] for e in events if e.get("ph") == "X"})
+    assert doc["trainsim"]["simulated_ranks"] == gpu_pids == [d["id"] for d in doc["deviceProperties"]]
+    assert len(gpu_pids) == metrics["simulation"]["simulated_ranks"] < 32
+    process = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e["name"] == "process_name"}
+    thread = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
+              if e.get("ph") == "M" and e["name"] == "thread_name"}
+    assert all(process[p] == f"GPU {p}" for p in gpu_pids)
+    assert {process[e["pid"]] for e in events if e.get("ph") == "C"} == {"Network"}
+    streams = {thread[(e["pid"], e["tid"])] for e in events if e.get("ph") == "X"}  # KeyError: an unnamed one
+    assert {"stream 7 compute", "stream 8 dp", "host"} <= streams  # Kineto: "stream <tid> <name>"
+
+
 def test_plots_writes_three_pngs(default_run):
     for name in ("gantt.png", "links.png", "breakdown.png"):
         data = (default_run["dir"] / "plots" / name).read_bytes()
