@@ -27,7 +27,8 @@ def _number(v: Any) -> float | None:
 
 def plot_sweep(rows: Iterable[Mapping[str, Any]], x: str, y: str, path: str | Path, *,
                group: str | None = None, xlabel: str | None = None, ylabel: str | None = None,
-               logx: bool = False, title: str = "", dpi: int = 120) -> list[str]:
+               logx: bool = False, title: str = "", dpi: int = 120,
+               xticks: Mapping[float, str] | None = None) -> list[str]:
     """Lines with markers of ``row[y]`` against ``row[x]``, one line per value of ``row[group]``.
 
     Rows whose ``x`` or ``y`` is missing or not a finite number (an OOM run, say) are skipped; points are
@@ -43,6 +44,7 @@ def plot_sweep(rows: Iterable[Mapping[str, Any]], x: str, y: str, path: str | Pa
             values are labelled with their own values.
         title: figure title.
         dpi: PNG resolution.
+        xticks: x -> tick label: only these ticks, so labelled (a categorical axis: names at 0, 1, 2 ...).
 
     Returns:
         The line labels drawn (group values as strings), in legend order.
@@ -54,10 +56,8 @@ def plot_sweep(rows: Iterable[Mapping[str, Any]], x: str, y: str, path: str | Pa
             continue
         key = row.get(group) if group is not None else None
         lines.setdefault(key, []).append((xv, yv))
-    try:
-        keys = sorted(lines)
-    except TypeError:
-        keys = sorted(lines, key=str)
+    # numbers by value, though spelled as text ("8" before "16"), then names
+    keys = sorted(lines, key=lambda k: (_number(k) is None, _number(k) or 0.0, str(k)))
 
     fig = Figure(figsize=(8, 5), layout="constrained")
     ax = fig.add_subplot()
@@ -76,6 +76,10 @@ def plot_sweep(rows: Iterable[Mapping[str, Any]], x: str, y: str, path: str | Pa
         if 0 < len(ticks) <= 12:  # label the swept values themselves (8, 16, 32 rather than 2^3 ...)
             ax.set_xticks(ticks, [f"{v:g}" for v in ticks])
             ax.set_xticks([], minor=True)
+    if xticks:
+        ax.set_xticks(sorted(xticks), [xticks[v] for v in sorted(xticks)])
+        ax.set_xticks([], minor=True)
+        ax.margins(x=0.1)
     if not keys:
         ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
     import textwrap

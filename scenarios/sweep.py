@@ -51,7 +51,7 @@ from scenarios.scenario import DEFAULT_SCENARIO, apply_overrides, parse_scenario
 
 __all__ = [
     "SWEEP_KEYS", "Sweep", "catalog_dir", "catalog_entries", "catalog_names", "display_source", "format_rows",
-    "is_sweep_file", "load_sweep", "parse_vary", "plot_rows", "run_point", "run_sweep",
+    "is_sweep_file", "load_sweep", "parse_vary", "plot_rows", "run_point", "run_sweep", "x_axis",
 ]
 
 SWEEP_KEYS = ("vary", "x_label", "x_values")
@@ -362,24 +362,35 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
+def x_axis(sweep: Sweep) -> tuple[list[float], str, dict[float, str] | None]:
+    """``(x of each value of the first varied key, axis label, tick labels by x or None)`` of the plots.
+
+    Numbers are plotted at themselves (or at ``x_values``). Names (systems, NICs, dtypes) are a
+    categorical axis: at 0, 1, 2, ... each tick labelled with its name, or, where ``x_values`` give them
+    a quantity (a NIC's Gb/s), at those values, each tick labelled with the value and the name."""
+    key, values = sweep.vary[0]
+    label = sweep.x_label or key
+    if all(_is_number(v) for v in values):
+        return list(sweep.x_values if sweep.x_values is not None else values), label, None
+    names = [_fmt_value(v) for v in values]
+    if sweep.x_values is not None:
+        xs = [float(x) for x in sweep.x_values]
+        return xs, label, {x: f"{x:g}\n{n}" for x, n in zip(xs, names, strict=True)}
+    xs = [float(i) for i in range(len(values))]
+    return xs, label, dict(zip(xs, names, strict=True))
+
+
 def plot_rows(sweep: Sweep, rows: Sequence[PointResult], path: str | Path) -> list[Path]:
     """Plot iteration time (``path``) and TFLOP/s per GPU (``<stem>_tflops.png`` beside it) against the
-    first varied key, one line per value of the second varied key (if any). Names (systems, NICs)
-    without ``x_values`` are plotted at 1, 2, 3, ... with the mapping in the axis label."""
+    first varied key (:func:`x_axis`), one line per value of the second varied key (if any)."""
     from plots.sweep import plot_sweep  # deferred: matplotlib is slow to import, and most sweeps draw nothing
 
     key, values = sweep.vary[0]
     group = sweep.keys[1] if len(sweep.keys) > 1 else None
-    label = sweep.x_label or key
-    if sweep.x_values is not None:
-        xs = list(sweep.x_values)
-    elif all(_is_number(v) for v in values):
-        xs = list(values)
-    else:
-        xs = list(range(1, len(values) + 1))
+    xs, label, ticks = x_axis(sweep)
     xmap = dict(zip(map(repr, values), xs, strict=True))
-    if not all(_is_number(v) for v in values):
-        label += "  (" + ", ".join(f"{x:g} = {v}" for x, v in zip(xs, values, strict=True)) + ")"
+    # named points at quantities spanning octaves (NICs at 100-800 Gb/s): a log axis keeps their names apart
+    logx = bool(ticks) and sweep.x_values is not None and min(xs) > 0 and max(xs) >= 4 * min(xs)
     table = []
     for r in rows:
         table.append({"x": xmap[repr(r.values[key])],
@@ -390,9 +401,9 @@ def plot_rows(sweep: Sweep, rows: Sequence[PointResult], path: str | Path) -> li
     second = path.with_name(f"{path.stem}_tflops{path.suffix or '.png'}")
     try:
         plot_sweep(table, "x", "iteration_ms", path, group=group, xlabel=label, ylabel="iteration time (ms)",
-                   title=f"{sweep.name}: iteration time")
+                   title=f"{sweep.name}: iteration time", xticks=ticks, logx=logx)
         plot_sweep(table, "x", "tflops", second, group=group, xlabel=label, ylabel="TFLOP/s per GPU",
-                   title=f"{sweep.name}: TFLOP/s per GPU")
+                   title=f"{sweep.name}: TFLOP/s per GPU", xticks=ticks, logx=logx)
     except OSError as exc:
         raise ValueError(f"cannot write {path}: {exc.strerror}") from None
     return [path, second]

@@ -198,3 +198,22 @@ def test_memory_column_is_the_verdicts_comparison(tiny_rows):
         assert row[k] == row["metrics"]["memory"][k]
     line = format_rows(sw, rows).splitlines()[3]
     assert line.endswith(f"fits ({mem.device_used / 1e9:.1f} of {mem.usable_hbm / 1e9:.1f} GB)")
+
+
+def test_named_values_are_a_categorical_axis(tmp_path):
+    """Names (dtypes, GPUs) sit at 0, 1, ... labelled with themselves, the axis label said once; names with
+    ``x_values`` (NICs at their Gb/s) at those values, each tick with value and name; numbers at themselves."""
+    from scenarios.sweep import PointResult, plot_rows, x_axis
+
+    fp8 = load_sweep("whatif-fp8-llama3-70b-dgx-h100")
+    xs, label, ticks = x_axis(fp8)
+    assert (xs, ticks) == ([0.0, 1.0], {0.0: "bf16", 1.0: "fp8"}) and label == fp8.x_label and "=" not in label
+    (tmp_path / "tiny.toml").write_text(TINY)
+    gpus = load_sweep(str(tmp_path / "tiny.toml"), ["system.gpu=A100,H100"])
+    assert x_axis(gpus) == ([0.0, 1.0], "system.gpu", {0.0: "A100", 1.0: "H100"})
+    xs, _, ticks = x_axis(load_sweep("whatif-nic-bandwidth"))
+    assert xs == [100, 200, 400, 800] and ticks[100] == "100\nConnectX-5-EDR"
+    assert x_axis(load_sweep("whatif-oversubscription")) == ([1, 2, 3, 4], "leaf uplink oversubscription (k:1)", None)
+    rows = [PointResult(v, 1.0 + i) for i, v in enumerate(gpus.points())]
+    for path in plot_rows(gpus, rows, tmp_path / "gpus.png"):
+        assert path.read_bytes().startswith(b"\x89PNG")
