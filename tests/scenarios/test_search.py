@@ -279,3 +279,12 @@ def test_dask_executor_optional():
         finally:
             close()
         assert Client  # imported lazily by make_executor, present when the extra is installed
+
+
+def test_table_times_have_three_significant_figures():
+    """Plans 0.5 ms apart at 24 ms print apart (whole milliseconds printed both as 24); from 100 ms whole ms."""
+    from scenarios.search.report import _ms
+
+    assert [_ms(t) for t in (0.02418, 0.02467, 0.00512, 0.000523, 0.1234, 1.5)] == \
+        ["24.2", "24.7", "5.12", "0.523", "123", "1,500"]
+    assert _ms(None) == _ms(float("nan")) == "-"
