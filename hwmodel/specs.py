@@ -412,6 +412,8 @@ class _Registry:
         self.field = field
         self.specs: dict[str, Any] = {}
         self.aliases: dict[str, str] = {}
+        self.alias_names: dict[str, list[str]] = {}
+        """Canonical name -> its aliases as written (``trainsim list``)."""
 
     def add(self, spec: Any, aliases: Iterable[str] = (), *, replace: bool = False) -> None:
         old_name = self.aliases.get(_norm(spec.name))
@@ -425,6 +427,7 @@ class _Registry:
                 raise ValueError(f"{self.field} alias {alias!r} already names {owner!r}")
             self.aliases[key] = spec.name
         self.specs[spec.name] = spec
+        self.alias_names[spec.name] = list(aliases)
 
     def get(self, name: Any) -> Any:
         if isinstance(name, (GPUSpec, NICSpec, SwitchSpec)):
@@ -507,6 +510,16 @@ def known_nics() -> list[str]:
     """Canonical names of the known NICs."""
     _ensure_loaded()
     return list(_NICS.specs)
+
+
+def aliases_of(field: str, name: str) -> list[str]:
+    """The aliases registered with the ``field`` (``gpu``, ``nic``, ``switch``) called ``name``, as written."""
+    _ensure_loaded()
+    registries = {"gpu": _GPUS, "nic": _NICS, "switch": _SWITCHES}
+    if field not in registries:
+        raise ValueError(f"field must be one of {', '.join(registries)}, got {field!r}")
+    reg = registries[field]
+    return list(reg.alias_names.get(reg.get(name).name, ()))
 
 
 def known_switches(kind: str | None = None) -> list[str]:

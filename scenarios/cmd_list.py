@@ -5,6 +5,7 @@
     trainsim list systems      # clusters ([system] name)
     trainsim list gpus         # GPUs ([system] gpu) with their main figures
     trainsim list nics         # NICs ([system] nic)
+    trainsim list switches     # switches ([system] fabric_switch: the InfiniBand ones)
     trainsim list scenarios    # the catalog (trainsim run NAME / trainsim sweep NAME)
 """
 
@@ -12,11 +13,11 @@ from __future__ import annotations
 
 import argparse
 
-TOPICS = ("zoo", "systems", "gpus", "nics", "scenarios")
+TOPICS = ("zoo", "systems", "gpus", "nics", "switches", "scenarios")
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("list", help="list zoo models, systems, GPUs, NICs and catalog scenarios",
+    p = subparsers.add_parser("list", help="list zoo models, systems, GPUs, NICs, switches and catalog scenarios",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("topic", nargs="?", choices=TOPICS, default=None, help="what to list (default: everything)")
     p.set_defaults(func=run)
@@ -91,15 +92,43 @@ def gpus_table() -> str:
                       "bf16: dense tensor-core peak. NVLink: all links, per direction."])
 
 
+def _rate(bytes_per_s: float) -> str:
+    """A link rate in both units it is quoted in, each with its unit: ``"100 Gb/s = 12.5 GB/s"`` (Gb/s as
+    sold, GB/s as NCCL reports; ``%g``: EDR's 12.5 GB/s is not rounded to 12)."""
+    return f"{bytes_per_s * 8 / 1e9:g} Gb/s = {bytes_per_s / 1e9:g} GB/s"
+
+
 def nics_table() -> str:
-    """NICs: bandwidth per port and direction."""
+    """NICs: bandwidth per port and direction, in Gb/s (as sold) and GB/s (as NCCL reports), and aliases."""
     from hwmodel.specs import get_nic, known_nics
 
-    rows = [("NIC", "Gb/s", "GB/s")]
+    rows = [("NIC", "bandwidth", "aliases")]
     for name in known_nics():
         n = get_nic(name)
-        rows.append((n.name, f"{n.bandwidth_Bps * 8 / 1e9:.0f}", f"{n.bandwidth_Bps / 1e9:.0f}"))
-    return "\n".join(columns(rows, "<>>", text_last=False))
+        rows.append((n.name, _rate(n.bandwidth_Bps), _aliases("nic", n.name)))
+    return "\n".join([*columns(rows, "<<<"), "bandwidth: per port and direction."])
+
+
+def switches_table() -> str:
+    """Switches: kind, ports, port bandwidth and hop latency, and aliases; ``[system] fabric_switch``
+    takes the InfiniBand ones."""
+    from hwmodel.specs import get_switch, known_switches
+
+    rows = [("switch", "kind", "ports", "port bandwidth", "hop latency", "aliases")]
+    for name in known_switches():
+        w = get_switch(name)
+        rows.append((w.name, w.kind, str(w.radix), _rate(w.port_bandwidth_Bps), f"{w.hop_latency_s * 1e9:g} ns",
+                     _aliases("switch", w.name)))
+    return "\n".join([*columns(rows, "<<><><"),
+                      "kind: ib (InfiniBand: [system] fabric_switch), pcie (in the node), nvswitch. Port bandwidth: "
+                      "per direction."])
+
+
+def _aliases(field: str, canonical: str) -> str:
+    """The other names a scenario may give (:func:`hwmodel.specs.aliases_of`), as the data file writes them."""
+    from hwmodel.specs import aliases_of
+
+    return ", ".join(aliases_of(field, canonical)) or "-"
 
 
 def scenarios_table() -> str:
@@ -113,7 +142,8 @@ def scenarios_table() -> str:
 
 def run(args: argparse.Namespace) -> int:
     tables = {"zoo": ("Zoo models", zoo_table), "systems": ("Systems", systems_table), "gpus": ("GPUs", gpus_table),
-              "nics": ("NICs", nics_table), "scenarios": ("Catalog scenarios", scenarios_table)}
+              "nics": ("NICs", nics_table), "switches": ("Switches", switches_table),
+              "scenarios": ("Catalog scenarios", scenarios_table)}
     topics = [args.topic] if args.topic else list(TOPICS)
     out = []
     for t in topics:

@@ -117,7 +117,8 @@ def test_list_prints_known_names(capsys):
 
 
 @pytest.mark.parametrize(("table", "header", "footnotes"), [
-    ("zoo_table", "arch", 1), ("systems_table", "GPU", 0), ("gpus_table", "arch", 1), ("nics_table", "Gb/s", 0)])
+    ("zoo_table", "arch", 1), ("systems_table", "GPU", 0), ("gpus_table", "arch", 1), ("nics_table", "bandwidth", 1),
+    ("switches_table", "kind", 1)])
 def test_list_columns_stay_aligned_under_long_names(table, header, footnotes):
     """The second column starts where its header does on every row (ends, where right-aligned), even past
     the longest name (qwen3-235b-a22b, meta-llama3-roce-24k, H100-SXM5-96GB-500W used to push their rows
@@ -133,6 +134,19 @@ def test_list_columns_stay_aligned_under_long_names(table, header, footnotes):
         cell = row[first_width:].lstrip()
         at = len(row) - len(cell)
         assert row[first_width:at].strip() == "" and (at == start or at + len(cell.split()[0]) == end), row
+
+
+def test_list_nics_and_switches_print_rates_with_their_units(capsys):
+    """EDR is 100 Gb/s = 12.5 GB/s (not "12"); the switches fabric_switch takes are listed, by name and alias."""
+    assert main(["list", "nics"]) == 0
+    nics = capsys.readouterr().out
+    assert re.search(r"^ConnectX-5-EDR\s+100 Gb/s = 12\.5 GB/s\s+.*\bedr\b", nics, re.M)
+    assert main(["list", "switches"]) == 0
+    switches = capsys.readouterr().out
+    assert re.search(r"^QM9700\s+ib\s+64\s+400 Gb/s = 50 GB/s\s+150 ns\s+quantum-2\b", switches, re.M)
+    assert re.search(r"^SB7800\s+ib\s+36\s+100 Gb/s = 12\.5 GB/s", switches, re.M)
+    assert main(["run", "--set", 'system.fabric_switch="quantum-2"', "--set", "system.nodes=1",
+                 "--set", "parallel.pipeline_model_parallel_size=1", "--set", "model.num_layers=1"]) == 0
 
 
 def test_synth_prints_placements(tmp_path, capsys):
