@@ -279,6 +279,11 @@ def _kind_lines(rep: Any, links: list[Any]) -> list[str]:
     return lines
 
 
+def _plural(n: int, noun: str) -> str:
+    """``1 rank``, ``2 ranks``."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def _flop(x: float) -> str:
     for unit, scale in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9)):
         if x >= scale:
@@ -326,8 +331,9 @@ def format_report(rep: Any, *, max_rank_rows: int = MAX_RANK_ROWS, top_links: in
         lines.append(f"  {label:<22} {_ms(v):>12} {100 * v / T if T else 0.0:>6.1f} %")
     sim = m["simulation"]
     world = m["system"]["gpus"]
-    note = "" if sim["simulated_ranks"] >= world else \
-        f" ({sim['simulated_ranks']} representative ranks simulated; the others mirror them)"
+    n_sim = sim["simulated_ranks"]
+    note = "" if n_sim >= world else \
+        f" ({_plural(n_sim, 'representative rank')} simulated; the others mirror {'it' if n_sim == 1 else 'them'})"
     lines += ["", f"Per rank{note}", *_rank_rows(m["per_rank"], T, max_rank_rows), ""]
     lines += _memory_lines(m["memory"], m["oom"])
     mirrored = "" if sim["simulated_ranks"] >= world else \

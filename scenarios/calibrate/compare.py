@@ -61,7 +61,8 @@ def format_compare(rows: list[dict[str, Any]], m: Matching, step_s: float, simul
             table[key][1] += r["predicted_s"]
     lines = [f"# calibration: {profile}", ""]
     lines += _table("per kernel kind", by_kind) + [""] + _table("per layer", by_layer) + [""]
-    lines.append(f"{TOP_DEVIATIONS} largest deviations (|predicted - measured|)")
+    lines += [f"{TOP_DEVIATIONS} largest deviations (|predicted - measured|)",
+              f"  {'layer':24s} {'task':26s} {'measured':>12s} {'predicted':>12s} {'error':>7s}  longest kernel"]
     for r in sorted(rows, key=lambda r: -abs(r["predicted_s"] - r["measured_s"]))[:TOP_DEVIATIONS]:
         lines.append(f"  {r['layer'][:24]:24s} {r['task'][:26]:26s} {r['measured_s'] * 1e6:9.1f} us "
                      f"{r['predicted_s'] * 1e6:9.1f} us {r['residual']:+7.1%}  {r['kernel'][:48]}")

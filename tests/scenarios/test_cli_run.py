@@ -136,6 +136,13 @@ def test_list_columns_stay_aligned_under_long_names(table, header, footnotes):
         assert row[first_width:at].strip() == "" and (at == start or at + len(cell.split()[0]) == end), row
 
 
+def test_one_representative_rank_is_singular(capsys):
+    """PP 1: one rank simulated for all 32 (TP 8 x DP 4), said in the singular."""
+    assert main(["run", "--set", "parallel.pipeline_model_parallel_size=1", "--set", "model.num_layers=1"]) == 0
+    out = capsys.readouterr().out
+    assert "Per rank (1 representative rank simulated; the others mirror it)" in out
+
+
 def test_list_nics_and_switches_print_rates_with_their_units(capsys):
     """EDR is 100 Gb/s = 12.5 GB/s (not "12"); the switches fabric_switch takes are listed, by name and alias."""
     assert main(["list", "nics"]) == 0

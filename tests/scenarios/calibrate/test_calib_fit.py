@@ -37,6 +37,11 @@ def test_compare_gives_the_optimizer_step_its_own_row(capsys):
     assert "  optimizer step " in layers and not any(line.split()[0] == "pre" for line in layers.splitlines()[1:])
     step = next(line for line in layers.splitlines() if line.startswith("  optimizer step "))
     assert step.split()[2:] == rows["optimizer"].split()[1:]  # the same measured, predicted and error
+    # the deviations table has column headers, each over its column
+    dev = out.split("largest deviations (|predicted - measured|)\n")[1].split("\n\n")[0].splitlines()
+    assert dev[0].split() == ["layer", "task", "measured", "predicted", "error", "longest", "kernel"]
+    for row in dev[1:]:
+        assert row[:dev[0].index(" measured") + 9].endswith(" us") and row[:dev[0].index("error") + 5].endswith("%")
 
 
 def test_fitted_profile_reproduces_the_step(profile):
