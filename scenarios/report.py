@@ -18,8 +18,15 @@ from pathlib import Path
 from typing import Any
 
 from scenarios.catalog import display_source
-from scenarios.metrics import (link_capacity, link_groups, link_kind, link_stats, memory_dict, parallel_dict,
-                               peak_dtype_for)
+from scenarios.metrics import (
+    link_capacity,
+    link_groups,
+    link_kind,
+    link_stats,
+    memory_dict,
+    parallel_dict,
+    peak_dtype_for,
+)
 
 __all__ = [
     "JSON_FLOAT_DIGITS", "MAX_RANK_ROWS", "TRACE_MAX_LINKS", "format_memory_only", "format_report",
@@ -183,9 +190,9 @@ def _memory_lines(mem: Mapping[str, Any] | None, oom: bool) -> list[str]:
         lines.append(f"  at the optimizer step (no activations): + fp32 gradient copies {_gb(step_grads)}; "
                      f"the peak is the larger of the two moments")
     if "peak_reserved_bytes" in mem:  # the framework's memory (workload.allocator)
-        lines += [f"  peak allocated {_gb(mem['peak_allocated_bytes'])} (tensors and cuBLAS workspace), peak reserved "
-                  f"{_gb(mem['peak_reserved_bytes'])} (+ fragmentation {_gb(mem['fragmentation_bytes'])}); CUDA context "
-                  f"{_gb(mem['cuda_context_bytes'])}, NCCL buffers {_gb(mem['nccl_buffers_bytes'])}",
+        lines += [f"  peak allocated {_gb(mem['peak_allocated_bytes'])} (tensors and cuBLAS workspace), peak "
+                  f"reserved {_gb(mem['peak_reserved_bytes'])} (+ fragmentation {_gb(mem['fragmentation_bytes'])}); "
+                  f"CUDA context {_gb(mem['cuda_context_bytes'])}, NCCL buffers {_gb(mem['nccl_buffers_bytes'])}",
                   f"  device {_gb(mem['device_used_bytes'])} of {_gb(mem['usable_hbm_bytes'])} usable HBM "
                   f"({100 * mem['device_used_bytes'] / mem['usable_hbm_bytes']:.0f} %; the datasheet's "
                   f"{_gb(mem['hbm_datasheet_bytes'])} read as GiB, less the driver's share)"]

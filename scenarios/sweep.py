@@ -320,8 +320,9 @@ def format_rows(sweep: Sweep, rows: Sequence[PointResult]) -> str:
             lines.append(f"{vals}  error: {r.error}")
             continue
         # the verdict's own comparison (device use of usable HBM), as run's and search's memory columns
-        mem = "-" if r.verdict_need_bytes is None or r.verdict_capacity_bytes is None else \
-            f"{'OOM' if r.oom else 'fits'} ({r.verdict_need_bytes / 1e9:.1f} of {r.verdict_capacity_bytes / 1e9:.1f} GB)"
+        need, cap = r.verdict_need_bytes, r.verdict_capacity_bytes
+        mem = "-" if need is None or cap is None else \
+            f"{'OOM' if r.oom else 'fits'} ({need / 1e9:.1f} of {cap / 1e9:.1f} GB)"
         if r.iteration_time_s is None:
             lines.append(f"{vals}  {'-':>11} {'-':>12} {'-':>7}  {mem}, not simulated")
         else:
