@@ -248,17 +248,22 @@ def _link_lines(rep: Any, top: int) -> list[str]:
 
 
 LINK_KIND_LABELS = {"nvlink": "NVLink (NVLink domain)", "pcie": "PCIe (GPU/NIC to switch)",
-                    "ib": "network (NIC to fabric)"}
-"""Text report labels of the topology's edge kinds, in the order the per-kind lines show them."""
+                    "nic": "network (NIC and leaf)", "leaf-spine": "fabric (leaf to spine)",
+                    "spine-leaf": "fabric (spine to leaf)", "spine-core": "fabric (spine to core)",
+                    "core-spine": "fabric (core to spine)"}
+"""Text report labels of the link kinds (:func:`scenarios.metrics.link_kind`, as ``--json``'s
+``busiest_links`` names them), in the order the per-kind lines show them."""
 
 
 def _kind_lines(rep: Any, links: list[Any]) -> list[str]:
-    """The busiest link of each edge kind that carried traffic: NVLink-domain traffic and NIC traffic
-    apart, whichever dominates the table above (on an NVL72 the rack's NVLink is rarely the busiest).
+    """The busiest link of each kind (:func:`scenarios.metrics.link_kind`) that carried traffic: NVLink-domain,
+    NIC and fabric traffic apart, whichever dominates the table above (on an NVL72 the rack's NVLink is
+    rarely the busiest).
     ``links``: the cluster's (``link_resources()``, or ``link_bundles()``: a bundle counts its links).
     Busiest as :func:`scenarios.metrics.busiest_links` ranks them, but the utilisation is integrated only
     for each kind's busiest link, not for every link."""
-    adj = rep.result.cluster.topology.graph._adj  # (networkx's plain dicts: off its views)
+    graph = rep.result.cluster.topology.graph
+    adj = graph._adj  # (networkx's plain dicts: off its views)
     end = rep.result.end_time_s
     first: dict[str, tuple[tuple[float, float, str], Any, float, float]] = {}  # kind -> its busiest link
     used: dict[str, int] = {}
@@ -269,7 +274,7 @@ def _kind_lines(rep: Any, links: list[Any]) -> list[str]:
             continue
         u, v = lk.name.split("->", 1)
         data = adj[u][v]
-        kind = data.get("kind", "other")
+        kind = link_kind(graph, lk.name)
         used[kind] = used.get(kind, 0) + getattr(lk, "count", 1)  # (a bundle: its class's links)
         key = (-carried / (float(lk.nominal_capacity) or 1.0), -carried, lk.name)  # busiest_links' order
         if kind not in first or key < first[kind][0]:

@@ -136,6 +136,25 @@ def test_list_columns_stay_aligned_under_long_names(table, header, footnotes):
         assert row[first_width:at].strip() == "" and (at == start or at + len(cell.split()[0]) == end), row
 
 
+def test_links_name_their_kind_in_the_json_and_the_text(tmp_path, capsys):
+    """4 DGX A100 on a two-tier fat tree (2 nodes per leaf): NIC, leaf-to-spine, PCIe and NVLink links, each
+    JSON row with the kind and capacity the text table prints, and a per-kind line for the fabric's tier."""
+    out = tmp_path / "m.json"
+    assert main(["run", "--set", "system.nodes=4", "--set", "system.nodes_per_leaf=2", "--set",
+                 'system.fabric="fat_tree"', "--set", "parallel.pipeline_model_parallel_size=1",
+                 "--set", "model.num_layers=1", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    rows = json.loads(out.read_text())["busiest_links"]
+    kinds = {r["kind"]: r["capacity_Bps"] for r in rows}
+    assert kinds["nic"] == 25e9 and kinds["pcie"] == 32e9 and kinds["nvlink"] == 300e9  # HDR 200 Gb/s; Gen4 x16
+    assert kinds["leaf-spine"] == 16 * 25e9  # a leaf's uplinks carry its 2 nodes' 16 NICs (1:1)
+    for r in rows[:6]:
+        label = r["link"] if r["links"] == 1 else f"{r['link']} (+{r['links'] - 1})"
+        row = rf"^\s+{re.escape(label)}\s+{r['kind']}\s+{r['links']}\s.* {r['capacity_Bps'] / 1e9:.0f} GB/s "
+        assert re.search(row, text, re.M), label
+    assert re.search(r"^\s+fabric \(leaf to spine\)\s+leaf\d->spine\d .* 400 GB/s", text, re.M)
+
+
 def test_one_representative_rank_is_singular(capsys):
     """PP 1: one rank simulated for all 32 (TP 8 x DP 4), said in the singular."""
     assert main(["run", "--set", "parallel.pipeline_model_parallel_size=1", "--set", "model.num_layers=1"]) == 0
