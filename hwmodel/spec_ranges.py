@@ -21,7 +21,7 @@ GPU_RANGES: dict[str, tuple[float, float, str]] = {
     "boost_clock_hz": (1e8, 1e10, "hertz"),                             # 1.41 GHz .. 1.98 GHz
     "fp32_flops": (1e12, 1e16, "FLOP per second"),                      # 15.7 TF .. 80 TF
     "tensor_flops": (1e12, 1e17, "FLOP per second"),                    # 125 TF (V100 fp16) .. 9 PF (B200 fp4)
-    "hbm_capacity_bytes": (1e9, 1e13, "bytes"),                         # 16 GB .. 192 GB
+    "hbm_capacity_bytes": (1e9, 1e13, "bytes"),                         # 32 GB .. 186 GB
     "hbm_bandwidth_Bps": (1e11, 1e14, "bytes per second"),              # 0.9 TB/s .. 8 TB/s
     "l2_bytes": (1e6, 1e10, "bytes"),                                   # 6 MB .. 126 MB
     "nvlink_generation": (0, 10, "generation"),                         # 2 .. 5
