@@ -27,11 +27,12 @@ from tqdm import tqdm
 from hwmodel import calibration_overlay
 from hwmodel.cluster import Cluster
 from hwmodel.costmodel import Calibration, KernelCostModel
+from hwmodel.dtypes import check_gpu_has as check_dtype  # re-exported: the search's screen calls it
 from hwmodel.nccl.engine import NcclEngine
 from hwmodel.nccl.tuner_config import TunerConfigError, load_tuner_config
 from hwmodel.runtime import DEFAULT_HOST_LAUNCH_OVERHEAD_S, RunResult, Runtime
 from hwmodel.spec_ranges import check_gpu_ranges, load_checked_gpu_file
-from hwmodel.specs import get_gpu, known_gpus, with_overrides
+from hwmodel.specs import get_gpu, with_overrides
 from hwmodel.systems import get_system, node_shape
 from hwmodel.topology import Topology, build_system
 from hwmodel.variation import DEFAULT_GPU_SPEED_SPREAD, straggler_slowdown
@@ -372,17 +373,6 @@ def check_async_tp_compile(training: Mapping[str, Any], cfg: ParallelConfig) -> 
     if cfg.async_tp and not training.get("compile", False):
         raise ValueError("[parallel] async_tp = true needs [training] compile = true (torchtitan's async TP is a "
                          "torch.compile pass; torchtitan refuses it without --compile.enable)")
-
-
-def check_dtype(dtype: str, gpu) -> None:
-    """Whether ``gpu`` can train in ``dtype``: fp8 needs FP8 tensor cores (Hopper and later).
-
-    Raises:
-        ValueError: one line naming the field, the GPU and the GPUs that have FP8 tensor cores.
-    """
-    if dtype == "fp8" and "fp8" not in gpu.tensor_flops:
-        have = ", ".join(n for n in known_gpus() if "fp8" in get_gpu(n).tensor_flops)
-        raise ValueError(f"[training] dtype 'fp8' needs FP8 tensor cores ({have}); {gpu.name} has none")
 
 
 @dataclass

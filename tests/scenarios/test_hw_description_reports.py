@@ -92,3 +92,23 @@ def test_cluster_file_gpu_file_gets_the_same_checks(tmp_path):
     with pytest.raises(ValueError, match=r"GPU file gpu.toml: nvlink_bandwidth_per_link_GBps = 2.5e\+10, i.e. "
                                          r"2.5e\+19 bytes per second; .* did you mean 25\?"):
         load_cluster_file(cluster)
+
+
+# -- an input error before the memory verdict -------------------------------------------------------------
+
+def test_bf16_on_a_v100_is_an_input_error_before_the_memory_verdict(capsys):
+    """Before: exit 3, ``OOM: ... needs 2.1 TB > 34.0 GB usable HBM``, though a V100 cannot run bf16 at all."""
+    big = ["--set", "training.micro_batch_size=4096", "--set", "training.global_batch_size=65536"]
+    err = one_line_error(capsys, ["run", "bert-large-dp", "--set", 'system.name="dgx-2-v100"',
+                                  "--set", 'training.dtype="bf16"', *big])
+    assert "[training] dtype 'bf16' needs BF16 tensor cores (A100-SXM4-40GB, A100-SXM4-80GB, H100-SXM5" in err
+    assert err.rstrip().endswith("V100-SXM2 has none; allowed on it: fp16, fp32")
+    assert main(["run", "bert-large-dp", "--set", 'system.name="dgx-2-v100"', "--set", 'training.dtype="fp16"',
+                 *big]) == 3  # the same run in a dtype the V100 has: the memory verdict, as before
+    capsys.readouterr()
+
+
+def test_fp8_on_an_a100_still_names_the_fp8_gpus(capsys):
+    err = one_line_error(capsys, ["run", "--set", 'training.dtype="fp8"'])
+    assert "[training] dtype 'fp8' needs FP8 tensor cores (H100-SXM5, H200-SXM, B200-HGX" in err
+    assert err.rstrip().endswith("A100-SXM4-80GB has none; allowed on it: bf16, fp16, fp32")
