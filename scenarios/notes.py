@@ -10,12 +10,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from hwmodel.power import sustained_clock_fraction
 from hwmodel.specs import get_switch
 from hwmodel.topology import Topology, build_system
 from scenarios.scenario import sp_turned_off
 
-__all__ = ["UNUSED_GPU_FIELDS", "model_notes", "parallel_notes", "what_if_notes"]
+__all__ = ["UNUSED_GPU_FIELDS", "model_notes", "parallel_notes", "tp_span_notes", "what_if_notes"]
 
 UNUSED_GPU_FIELDS = {
     "boost_clock_hz": "the cost model takes peaks in FLOP/s (tensor_flops, fp32_flops), not the clock",
@@ -166,6 +168,35 @@ def parallel_notes(config: Any, parallel: dict[str, Any] | None = None) -> list[
         notes.append("recompute_method = \"block\" with recompute_num_layers = 0 checkpoints no layer: time and "
                      "memory are those of recompute_granularity = \"none\"")
     return notes + _rank_order_notes(config)
+
+
+def tp_span_notes(config: Any, gpus_per_node: int) -> list[str]:
+    """A tensor-parallel group placed across servers (``tensor_model_parallel_size`` not dividing the node's
+    GPUs, e.g. TP 4 on 6-GPU nodes or TP 8 on 4-GPU ones, or ``tp`` not first in ``rank_order``): its
+    per-layer collectives then cross the NIC instead of NVLink. Megatron-LM and torchtitan allow it, so it is
+    a note, not a refusal. Ranks sit on servers in rank order (rank r on server r // gpus_per_node), as the
+    runner places them; the count is closed form over the ranks (numpy), so a 131,072-GPU run pays ~1 ms."""
+    tp, world = int(getattr(config, "tp", 1)), int(getattr(config, "world_size", 1))
+    if tp <= 1 or world <= gpus_per_node:
+        return []
+    stride = 1  # rank distance between TP neighbours: the sizes of the axes placed before tp
+    for axis in str(config.rank_order).split("-"):
+        if axis == "tp":
+            break
+        stride *= {"cp": config.cp, "dp": config.dp, "pp": config.pp}.get(axis, 1)
+    ranks = np.arange(world)
+    first = ranks - (ranks // stride) % tp * stride  # the group's first rank
+    split = np.unique(first[first // gpus_per_node != ranks // gpus_per_node])
+    if not len(split):
+        return []
+    group = [int(split[0]) + k * stride for k in range(tp)]
+    fits = [d for d in range(2, gpus_per_node + 1) if gpus_per_node % d == 0]
+    return [f"[parallel] tensor_model_parallel_size = {tp} on {gpus_per_node}-GPU servers: {len(split)} of "
+            f"{world // tp} TP groups span servers (e.g. ranks {group[0]}..{group[-1]} on servers "
+            f"{group[0] // gpus_per_node}..{group[-1] // gpus_per_node}), so their per-layer all-reduce / "
+            f"all-gather / reduce-scatter cross the NIC instead of NVLink -- allowed, but almost always a "
+            f"mistake; a TP size that divides gpus_per_node ({', '.join(map(str, fits))}), with tp first in "
+            f"rank_order, keeps every group in one server"]
 
 
 def training_notes(training: Any, config: Any) -> list[str]:

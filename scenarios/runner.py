@@ -41,7 +41,7 @@ from scenarios.catalog import scenario_path as scenario_path  # re-exported: run
 from scenarios.hierarchical import macro_programs, step2_mirror
 from scenarios.metrics import peak_dtype_for as peak_dtype_for  # re-exported, as scenario_path
 from scenarios.metrics import run_metrics
-from scenarios.notes import model_notes, parallel_notes, training_notes, what_if_notes
+from scenarios.notes import model_notes, parallel_notes, tp_span_notes, training_notes, what_if_notes
 from scenarios.scenario import MAX_GPUS, MAX_NODES, Scenario, parallel_kwargs
 from scenarios.steady_state import extrapolated, plan_for
 from scenarios.user_code import check_trusted, load_factory
@@ -532,6 +532,7 @@ def _run_prepared(prep: Prepared, memory: Any, *, progress: bool, max_tasks: flo
     report.metrics = run_metrics(report, model_flops(prep, trace))
     notes = (what_if_notes(prep.scenario.system, topo, scenario_dir(prep.scenario), runtime.copies_requested_peak)
              + model_notes(prep.model_cfg) + parallel_notes(prep.config, prep.scenario.parallel)
+             + tp_span_notes(prep.config, topo.gpus_per_node)
              + training_notes(prep.scenario.training, prep.config) + mode_note)
     if notes:  # only then: the JSON of a scenario without notes keeps its bytes
         report.metrics["warnings"] = notes

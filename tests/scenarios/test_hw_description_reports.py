@@ -112,3 +112,36 @@ def test_fp8_on_an_a100_still_names_the_fp8_gpus(capsys):
     err = one_line_error(capsys, ["run", "--set", 'training.dtype="fp8"'])
     assert "[training] dtype 'fp8' needs FP8 tensor cores (H100-SXM5, H200-SXM, B200-HGX" in err
     assert err.rstrip().endswith("A100-SXM4-80GB has none; allowed on it: bf16, fp16, fp32")
+
+
+# -- a TP group across servers: a warning, not a refusal ---------------------------------------------------
+
+def test_tp_group_across_servers_is_named_in_the_warnings(capsys):
+    """Before: TP 4 on 6-GPU servers ran with a TP group over the NIC and no word in the report."""
+    argv = ["run", "--set", 'system.name="dgx-h100"', "--set", "system.nodes=2", "--set", "system.gpus_per_node=6",
+            "--set", "parallel.tensor_model_parallel_size=4", "--set", "parallel.pipeline_model_parallel_size=1",
+            "--set", "model.num_layers=2", "--set", "training.global_batch_size=6"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    # ranks 0-5 on server 0, 6-11 on server 1: TP groups {0-3}, {4-7}, {8-11}; the middle one spans both
+    assert "[parallel] tensor_model_parallel_size = 4 on 6-GPU servers: 1 of 3 TP groups span servers (e.g. " \
+           "ranks 4..7 on servers 0..1)" in out.split("\nWarnings\n")[1]
+
+
+@pytest.mark.parametrize("tp, dp, gpus_per_node, order, spanning", [
+    (8, 1, 4, "tp-cp-ep-dp-pp", 1),    # TP 8 on 4-GPU servers: the one group spans two
+    (4, 3, 6, "tp-cp-ep-dp-pp", 1),    # the newcomer's case
+    (4, 6, 6, "tp-cp-ep-dp-pp", 2),    # 24 ranks on 4 servers: groups 4-7 and 16-19 span, 8-11 and 12-15 not
+    (2, 6, 6, "tp-cp-ep-dp-pp", 0),    # 2 divides 6
+    (2, 4, 4, "dp-tp-cp-ep-pp", 4),    # tp after dp: TP neighbours 4 ranks apart, each pair on two servers
+])
+def test_tp_span_count_is_closed_form(tp, dp, gpus_per_node, order, spanning):
+    from scenarios.notes import tp_span_notes
+    from workload.parallel.config import ParallelConfig
+
+    cfg = ParallelConfig(tensor_model_parallel_size=tp, data_parallel_size=dp, rank_order=order)
+    notes = tp_span_notes(cfg, gpus_per_node)
+    if spanning == 0:
+        assert notes == []
+    else:
+        assert len(notes) == 1 and f": {spanning} of {tp * dp // tp} TP groups span servers" in notes[0]
