@@ -17,7 +17,7 @@ from hwmodel.specs import get_switch
 from hwmodel.topology import Topology, build_system
 from scenarios.scenario import sp_turned_off
 
-__all__ = ["UNUSED_GPU_FIELDS", "model_notes", "parallel_notes", "tp_span_notes", "what_if_notes"]
+__all__ = ["FABRIC_KEYS_READ", "UNUSED_GPU_FIELDS", "model_notes", "parallel_notes", "tp_span_notes", "what_if_notes"]
 
 UNUSED_GPU_FIELDS = {
     "boost_clock_hz": "the cost model takes peaks in FLOP/s (tensor_flops, fp32_flops), not the clock",
@@ -38,6 +38,7 @@ def what_if_notes(system: dict[str, Any], topology: Topology, base_dir: str | Pa
     with ``copies_requested_peak``, the run's :attr:`hwmodel.runtime.Runtime.copies_requested_peak`, a
     ``copy_engines`` that no copy waited for)."""
     notes = _nic_note(system, topology) + _oversubscription_note(system, topology) + _pod_note(system, topology)
+    notes += _fabric_key_notes(system, topology)
     if system.get("gpu_overrides"):
         notes += _unused_gpu_notes(system, topology, base_dir, copies_requested_peak)
     return notes
@@ -90,12 +91,55 @@ def _pod_note(system: dict, topo: Topology) -> list[str]:
     if system.get("leaves_per_pod") is None:  # the preset's pods; the scenario set only the core's ratio
         return [f"core_oversubscription = {float(core):g} has (almost) no effect: all {topo.num_nodes} node(s) "
                 f"({leaves} leaf switch(es)) are in one pod (leaves_per_pod = {per_pod}), so no traffic reaches "
-                f"the core; " + (f"set [system] leaves_per_pod below {leaves}" if leaves > 1 else
-                                 "spread the nodes over leaves (nodes_per_leaf) and set leaves_per_pod below their "
-                                 "number") + " for traffic to cross the core"]
+                f"the core; {_more_pods_hint(g, leaves)} for traffic to cross the core"]
     tail = f", so core_oversubscription = {core:g} has no effect" if core is not None else ""
     return [f"leaves_per_pod = {per_pod} covers all {leaves} leaf switch(es): one pod, no core tier{tail}; "
-            f"set [system] leaves_per_pod below {leaves} for traffic to cross the core"]
+            f"{_more_pods_hint(g, leaves)} for traffic to cross the core"]
+
+
+def _more_pods_hint(g: Any, leaves: int) -> str:
+    """What would give the fabric a second pod: fewer leaves a pod (a rail fabric's pods are whole
+    scalable units, :func:`hwmodel.fabric.rail_optimized`), or more leaves first."""
+    if g.graph.get("fabric") == "rail_optimized":
+        rails = leaves // max(1, len({d.get("su") for _, d in g.nodes(data=True) if d.get("tier") == "leaf"}))
+        if leaves > rails:
+            return f"set [system] leaves_per_pod to a multiple of the {rails} rail leaves below {leaves}"
+        return (f"the nodes fill one scalable unit ({rails} rail leaves); set [system] su_size below the node count "
+                f"and leaves_per_pod = {rails} (one SU a pod)")
+    if leaves > 1:
+        return f"set [system] leaves_per_pod below {leaves}"
+    return "spread the nodes over leaves (nodes_per_leaf) and set leaves_per_pod below their number"
+
+
+FABRIC_KEYS_READ = {
+    "rail_optimized": ("oversubscription", "su_size", "spines", "leaves_per_pod", "core_oversubscription"),
+    "fat_tree": ("oversubscription", "nodes_per_leaf", "spines", "leaves_per_pod", "core_oversubscription"),
+    "single_switch": (),
+    "none": (),
+}
+"""The ``[system]`` fabric keys each fabric reads (:func:`hwmodel.fabric.build_cluster`); the others it ignores."""
+
+_HOW_LEAVES_FILL = {
+    "rail_optimized": "NIC r of every node of a scalable unit goes to that unit's rail-r leaf (su_size nodes a "
+                      "leaf); set su_size, or fabric = \"fat_tree\" for leaves of whole nodes",
+    "fat_tree": "leaves take whole nodes in blocks of nodes_per_leaf; set that instead",
+    "single_switch": "one switch joins every NIC, with no leaves or spines; set fabric = \"fat_tree\" or "
+                     "\"rail_optimized\" for a tree",
+    "none": "no fabric joins the servers",
+}
+
+
+def _fabric_key_notes(system: dict, topo: Topology) -> list[str]:
+    """A ``[system]`` fabric key the scenario sets that its fabric does not read (``nodes_per_leaf`` on a
+    rail-optimised fabric, ``su_size`` on a fat tree, any on a single switch): said, not ignored silently.
+    (``oversubscription`` and ``leaves_per_pod`` on a single switch are refused by the fabric.)"""
+    fabric = topo.graph.graph.get("fabric")
+    if fabric not in FABRIC_KEYS_READ:
+        return []
+    keys = [k for k in ("nodes_per_leaf", "su_size", "spines", "core_oversubscription")
+            if k in system and k not in FABRIC_KEYS_READ[fabric]]
+    return [f"[system] {k} = {system[k]} changes nothing on fabric = \"{fabric}\": {_HOW_LEAVES_FILL[fabric]}"
+            for k in keys]
 
 
 def _unused_gpu_notes(system: dict, topo: Topology, base_dir: str | Path | None,

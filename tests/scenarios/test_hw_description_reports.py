@@ -145,3 +145,62 @@ def test_tp_span_count_is_closed_form(tp, dp, gpus_per_node, order, spanning):
         assert notes == []
     else:
         assert len(notes) == 1 and f": {spanning} of {tp * dp // tp} TP groups span servers" in notes[0]
+
+
+# -- fabric keys: refused where the switch cannot cable them, named where they change nothing ---------------
+
+def fabric_notes(*overrides: str) -> list[str]:
+    from scenarios.notes import what_if_notes
+    from scenarios.runner import prepare
+    from scenarios.scenario import load_scenario
+
+    prep = prepare(load_scenario(None, ["model.num_layers=2", "training.global_batch_size=16",
+                                        'system.name="dgx-h100"', "system.nodes=2", *overrides]))
+    return what_if_notes(prep.scenario.system, prep.topology)
+
+
+def test_nodes_per_leaf_on_a_rail_fabric_is_named():
+    """Before: ``nodes_per_leaf = 2`` on the default rail-optimised fabric changed nothing, without a word."""
+    (note,) = fabric_notes("system.nodes_per_leaf=2")
+    assert note.startswith('[system] nodes_per_leaf = 2 changes nothing on fabric = "rail_optimized": NIC r of '
+                           "every node of a scalable unit goes to that unit's rail-r leaf")
+    (note,) = fabric_notes('system.fabric="fat_tree"', "system.su_size=1")
+    assert note.startswith('[system] su_size = 1 changes nothing on fabric = "fat_tree"')
+    assert fabric_notes('system.fabric="fat_tree"', "system.nodes_per_leaf=1") == []
+
+
+def test_pods_within_one_scalable_unit_are_named_with_what_would_make_two():
+    (note,) = fabric_notes("system.leaves_per_pod=16", "system.core_oversubscription=2")
+    assert note.startswith("leaves_per_pod = 16 covers all 8 leaf switch(es): one pod, no core tier, so "
+                           "core_oversubscription = 2 has no effect; the nodes fill one scalable unit (8 rail leaves)")
+    # one leaf: "below 1" was the advice before
+    (note,) = fabric_notes('system.fabric="fat_tree"', "system.leaves_per_pod=4")
+    assert "covers all 1 leaf switch(es)" in note and "below 1" not in note and "nodes_per_leaf" in note
+
+
+def test_nodes_per_leaf_beyond_the_leaf_radix_is_refused(capsys):
+    """Before: 16 DGX H100 (128 NICs) under one 64-port QM9700 leaf was built as asked."""
+    err = one_line_error(capsys, ["run", "--set", 'system.name="dgx-h100"', "--set", 'system.fabric="fat_tree"',
+                                  "--set", "system.nodes_per_leaf=16"])
+    # k:1 with k = 1: n x 8 downlinks + n x 8 uplinks <= 64 ports -> n <= 4
+    assert "nodes_per_leaf = 16: 128 downlinks (8 NICs a node) + 128 uplinks (oversubscription 1:1) need more " \
+           "than a QM9700 leaf's 64 ports; allowed 1..4" in err
+    err = one_line_error(capsys, ["run", "--set", 'system.name="dgx-h100"', "--set", 'system.fabric="fat_tree"',
+                                  "--set", "system.oversubscription=3", "--set", "system.nodes_per_leaf=7"])
+    assert "allowed 1..6" in err  # 6 x 8 = 48 down + 16 up = 64 ports; 7 nodes: 56 + 19 > 64
+
+
+def test_most_nodes_per_leaf_is_the_port_count_in_closed_form():
+    from hwmodel.fabric import _most_nodes_per_leaf
+
+    assert _most_nodes_per_leaf(8, 1.0, 64) == 4      # 32 down + 32 up
+    assert _most_nodes_per_leaf(8, 7.0, 64) == 7      # 56 down + 8 up
+    assert _most_nodes_per_leaf(1, 1.0, 40) == 20     # QM8700: 20 + 20
+    assert _most_nodes_per_leaf(72, 1.0, 64) == 1     # an NVL72 rack under one leaf, as built
+
+
+def test_partial_scalable_unit_pods_on_a_rail_fabric_are_refused(capsys):
+    """Before: ``leaves_per_pod = 3`` on the rail-optimised fabric put one SU's rails under three pods."""
+    err = one_line_error(capsys, ["run", "--set", 'system.name="dgx-h100"', "--set", "system.leaves_per_pod=3"])
+    assert "leaves_per_pod = 3 on fabric 'rail_optimized': a pod holds whole scalable units of 8 rail leaves" in err
+    assert "allowed: multiples of 8 (8, 16, ...)" in err
