@@ -204,3 +204,29 @@ def test_partial_scalable_unit_pods_on_a_rail_fabric_are_refused(capsys):
     err = one_line_error(capsys, ["run", "--set", 'system.name="dgx-h100"', "--set", "system.leaves_per_pod=3"])
     assert "leaves_per_pod = 3 on fabric 'rail_optimized': a pod holds whole scalable units of 8 rail leaves" in err
     assert "allowed: multiples of 8 (8, 16, ...)" in err
+
+
+# -- ring attention under GQA: K/V blocks of the K/V heads -------------------------------------------------
+
+@pytest.mark.parametrize("separate, kv_heads_per_rank", [(False, 4), (True, 16)])
+def test_ring_attention_block_is_sized_with_the_kv_heads(separate, kv_heads_per_rank):
+    """Llama 3 8B (32 query heads, 8 K/V heads) at TP 2, CP 2, micro-batch 2, 8,192 tokens: each CP hop carries
+    K and V of the rank's 8 / 2 = 4 K/V heads, bytes = 2 x seq/cp x kv_heads x head_dim x 2 (bf16) x
+    micro-batch (Megatron-Core's AttnFuncWithCPAndKVP2P passes K/V as (s/cp, b, g/tp, d)); backward also
+    returns dK/dV: twice that. Before: the 16 query heads, 4x too many bytes. torchtitan's layout copies K/V
+    to the query heads (repeat_kv) before SDPA, so its ring passes 16 heads: that one is unchanged."""
+    from hwmodel.ir import SendRecv
+    from scenarios.runner import prepare
+    from scenarios.scenario import load_scenario
+    from workload.parallel.builder import build_programs
+
+    prep = prepare(load_scenario(None, [
+        'model.name="llama3-8b"', "model.num_layers=1", f"model.separate_projections={str(separate).lower()}",
+        'system.name="dgx-h100"', "system.nodes=1", "parallel.tensor_model_parallel_size=2",
+        "parallel.context_parallel_size=2", "parallel.pipeline_model_parallel_size=1",
+        "training.seq_length=8192", "training.micro_batch_size=2", "training.global_batch_size=4"]))
+    assert prep.model_cfg.num_attention_heads == 32 and prep.model_cfg.num_query_groups == 8
+    sends = {(t.op.tag, t.op.size_bytes) for t in build_programs(prep.trace, prep.config, ranks=[0]).programs[0].tasks
+             if isinstance(t.op, SendRecv) and t.op.name == "cp_kv"}
+    hop = 2 * (8192 // 2) * kv_heads_per_rank * 128 * 2 * 2
+    assert sends == {("cpfwd", hop), ("cpbwd", 2 * hop)}
