@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from hwmodel.spec_units import GPU_KEYS, GPU_TABLE_SCALE
-from hwmodel.specs import GPUSpec, get_gpu, known_gpus, load_gpu_file
+from hwmodel.specs import GPUSpec, get_gpu, load_gpu_file, shipped_gpus
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -99,8 +99,9 @@ def _check(fname: str, value: float, keys: Mapping[str, str] | None = None) -> N
 
 
 def shipped_architectures() -> list[str]:
-    """The architecture names of the shipped GPUs (exact case): the rows the per-architecture tables have."""
-    return sorted({get_gpu(n).architecture for n in known_gpus()})
+    """The architecture names of the shipped GPUs (exact case): the rows the per-architecture tables have
+    (what-if GPUs registered since do not add theirs)."""
+    return sorted({get_gpu(n).architecture for n in shipped_gpus()})
 
 
 def check_gpu_ranges(base: GPUSpec | None, new: GPUSpec, keys: Iterable[str] = ()) -> None:

@@ -482,6 +482,11 @@ def get_gpu(name: str | GPUSpec) -> GPUSpec:
     return _GPUS.get(name)
 
 
+def shipped_gpus() -> list[str]:
+    """Canonical names of the GPUs in ``hwmodel/data/gpus.toml``, not those :func:`register_gpu` added."""
+    return list(_read_data("gpus.toml"))
+
+
 def get_nic(name: str | NICSpec) -> NICSpec:
     """The NIC called ``name`` (e.g. ``ConnectX-7-NDR``, ``ndr``, ``cx6``). Raises UnknownNameError."""
     _ensure_loaded()
