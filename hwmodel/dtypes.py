@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,3 +94,26 @@ def training_dtype(name: str, field: str = "dtype") -> TrainingDtype:
     if not isinstance(name, str) or name not in TRAINING_DTYPES:
         raise ValueError(f"{field}: unknown {name!r}; allowed: {', '.join(TRAINING_DTYPES)}")
     return TRAINING_DTYPES[name]
+
+
+def check_gpu_has(name: str, gpu: Any) -> None:
+    """Whether ``gpu`` (a :class:`hwmodel.specs.GPUSpec`) has the tensor cores a ``[training] dtype`` runs
+    its GEMMs on: bf16 and fp16 their own (a V100 has no bf16), fp8 FP8 ones (Hopper and later) and the
+    bf16 ones of its other layers; fp32 runs on the CUDA cores every GPU has. An input error, so the
+    runner checks it before any memory verdict.
+
+    Raises:
+        ValueError: one line naming the field, the GPUs that have the tensor cores and the dtypes ``gpu``
+            can train in.
+    """
+    from hwmodel.specs import get_gpu, known_gpus
+
+    dt = training_dtype(name, "[training] dtype")
+    needed = ["fp8"] * dt.needs_fp8_tensor_cores + [dt.report_peak_key]
+    for key in needed:
+        if key not in gpu.supported_dtypes:
+            have = ", ".join(n for n in known_gpus() if key in get_gpu(n).supported_dtypes)
+            can = [d for d, t in TRAINING_DTYPES.items() if t.report_peak_key in gpu.supported_dtypes
+                   and not (t.needs_fp8_tensor_cores and "fp8" not in gpu.supported_dtypes)]
+            raise ValueError(f"[training] dtype {name!r} needs {key.upper()} tensor cores ({have}); {gpu.name} "
+                             f"has none; allowed on it: {', '.join(can)}")

@@ -34,6 +34,16 @@ def _spines_for(num_leaves: int, uplink_ports: float, radix: int) -> int:
     return max(1, min(math.floor(uplink_ports), math.ceil(num_leaves * math.ceil(uplink_ports) / radix)))
 
 
+def _most_nodes_per_leaf(nics_per_node: int, oversubscription: float, radix: int) -> int:
+    """Most nodes a fat-tree leaf can take: their downlinks plus the ``downlinks / oversubscription`` uplinks
+    within the switch's ports; at least 1 (a node with more NICs than a leaf has ports, e.g. a 72-GPU
+    NVL72 rack on a 64-port switch, still hangs under one leaf as the model builds it)."""
+    n = 1
+    while (n + 1) * nics_per_node + math.ceil((n + 1) * nics_per_node / oversubscription) <= radix:
+        n += 1
+    return n
+
+
 def _given_spines(num_spines: int, uplink_ports: float) -> int:
     """A user's spine count, checked: each spine takes at least one of a leaf's uplink ports, so at most
     ``floor(uplink_ports)`` spines (>= 1); a larger count would split one leaf's uplink into links no
@@ -162,6 +172,12 @@ def rail_optimized(g: nx.DiGraph, node_nics: Sequence[Sequence[str]], *, nic: NI
     k = _check_oversub(oversubscription)
     if su_size < 1:
         raise ValueError(f"su_size must be >= 1, got {su_size}")
+    rails = max((len(n) for n in node_nics), default=1) or 1
+    if pods is not None and pods.leaves_per_pod % rails:  # a pod of part of an SU: its rails in two pods
+        raise ValueError(f"leaves_per_pod = {pods.leaves_per_pod} on fabric 'rail_optimized': a pod holds whole "
+                         f"scalable units of {rails} rail leaves (one per NIC of a node; DGX SuperPOD RAs group "
+                         f"SUs), so allowed: multiples of {rails} ({rails}, {2 * rails}, ...); "
+                         f"{pods.leaves_per_pod} would put one SU's rails under different pods' spines")
     leaves: dict[str, list[str]] = {}
     bw, half = min(nic.bandwidth_Bps, switch.port_bandwidth_Bps), nic.latency_s / 2  # (_fabric_link's, once)
     names: list[str] = []  # (the current SU's leaf of each rail)
@@ -193,8 +209,12 @@ def fat_tree(g: nx.DiGraph, node_nics: Sequence[Sequence[str]], *, nic: NICSpec,
     nics_per_node = max((len(n) for n in node_nics), default=1) or 1
     if nodes_per_leaf is None:
         nodes_per_leaf = max(1, int(switch.radix * k / (k + 1)) // nics_per_node)
-    if nodes_per_leaf < 1:
-        raise ValueError(f"nodes_per_leaf must be >= 1, got {nodes_per_leaf}")
+    elif not 1 <= nodes_per_leaf <= (most := _most_nodes_per_leaf(nics_per_node, k, switch.radix)):
+        down = nodes_per_leaf * nics_per_node
+        raise ValueError(f"nodes_per_leaf = {nodes_per_leaf}: {down} downlinks ({nics_per_node} NICs a node) + "
+                         f"{math.ceil(down / k)} uplinks (oversubscription {k:g}:1) need more than a {switch.name} "
+                         f"leaf's {switch.radix} ports; allowed 1..{most} (a larger oversubscription or a "
+                         f"higher-radix fabric_switch takes more)")
     leaves: dict[str, list[str]] = {}
     for i, nics in enumerate(node_nics):
         leaf = f"leaf{i // nodes_per_leaf}"

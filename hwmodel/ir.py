@@ -71,6 +71,10 @@ class Compute:
     attention_alibi: bool = False
     """Attention only: the kernel adds an ALiBi bias to the scores in registers (Press et al. 2022,
     arXiv:2108.12409; FlashAttention-2's ``alibi_slopes``), priced as CUDA-core work per score."""
+    attention_kv_heads: int = 0
+    """Attention only: key/value heads the kernel reads -- ``num_query_groups / tp`` under grouped-query
+    attention passed as such (Megatron-Core), the query heads after torchtitan's ``repeat_kv``; 0: as
+    many as the query heads, ``shape[1]``. Context parallelism's ring passes blocks of these heads."""
     attention_kernel: str = ""
     """Attention only: the library kernel that runs it (``flash2``, ``flash3``, ``cudnn``, ``efficient``:
     ``[model] attention_backend``), priced from that kernel's calibration; ``""``: the framework's

@@ -10,10 +10,20 @@ would otherwise give an iteration of millions of seconds, or an overflow, withou
 from __future__ import annotations
 
 import dataclasses
+import sys
+from collections.abc import Iterable, Mapping
+from pathlib import Path
 
-from hwmodel.specs import GPUSpec, get_gpu, known_gpus
+from hwmodel.spec_units import GPU_KEYS, GPU_TABLE_SCALE
+from hwmodel.specs import GPUSpec, get_gpu, load_gpu_file, shipped_gpus
 
-__all__ = ["GPU_RANGES", "check_gpu_ranges"]
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+__all__ = ["GPU_RANGES", "GPU_RANGE_SHIPPED", "check_gpu_ranges", "load_checked_gpu_file",
+           "shipped_architectures"]
 
 GPU_RANGES: dict[str, tuple[float, float, str]] = {
     # field: (low, high, unit); basis: V100 .. B200 figures in hwmodel/data/gpus.toml
@@ -21,7 +31,7 @@ GPU_RANGES: dict[str, tuple[float, float, str]] = {
     "boost_clock_hz": (1e8, 1e10, "hertz"),                             # 1.41 GHz .. 1.98 GHz
     "fp32_flops": (1e12, 1e16, "FLOP per second"),                      # 15.7 TF .. 80 TF
     "tensor_flops": (1e12, 1e17, "FLOP per second"),                    # 125 TF (V100 fp16) .. 9 PF (B200 fp4)
-    "hbm_capacity_bytes": (1e9, 1e13, "bytes"),                         # 16 GB .. 192 GB
+    "hbm_capacity_bytes": (1e9, 1e13, "bytes"),                         # 32 GB .. 186 GB
     "hbm_bandwidth_Bps": (1e11, 1e14, "bytes per second"),              # 0.9 TB/s .. 8 TB/s
     "l2_bytes": (1e6, 1e10, "bytes"),                                   # 6 MB .. 126 MB
     "nvlink_generation": (0, 10, "generation"),                         # 2 .. 5
@@ -34,47 +44,123 @@ GPU_RANGES: dict[str, tuple[float, float, str]] = {
 }
 """SI field -> (lowest, highest plausible value, unit in words)."""
 
-_PREFIXES = ((1e3, "e3"), (1e6, "e6"), (1e9, "e9"), (1e12, "e12"))
+GPU_RANGE_SHIPPED: dict[str, str] = {
+    "sm_count": "80 (V100) .. 148 (B200)",
+    "boost_clock_hz": "1.41 GHz (A100) .. 1.98 GHz (H100, B200)",
+    "fp32_flops": "15.7 TFLOP/s (V100) .. 80 TFLOP/s (B200)",
+    "tensor_flops": "125 TFLOP/s (V100 fp16) .. 10 PFLOP/s (GB200 fp4)",
+    "hbm_capacity_bytes": "32 GB (V100) .. 186 GB (GB200)",
+    "hbm_bandwidth_Bps": "0.9 TB/s (V100) .. 8 TB/s (B200)",
+    "l2_bytes": "6 MiB (V100) .. 126.5 MiB (B200)",
+    "nvlink_generation": "2 (V100) .. 5 (B200)",
+    "nvlink_links": "6 (V100) .. 18 (H100, B200)",
+    "nvlink_bandwidth_per_link_Bps": "25 GB/s (V100 .. H200) .. 50 GB/s (B200)",
+    "nccl_nvlink_bandwidth_per_link_Bps": "20 GB/s (V100, A100) .. 40.1 GB/s (B200), nccl topo.h SMxx_NVLINK_BW",
+    "pcie_generation": "3 (V100) .. 6 (B200)",
+    "pcie_bandwidth_Bps": "16 GB/s (Gen3 x16) .. 128 GB/s (Gen6 x16)",
+    "copy_engines": "3 on every shipped GPU",
+}
+"""SI field -> the shipped GPUs' span (``hwmodel/data/gpus.toml``), the reason an error gives for its range."""
+
+ARCHITECTURE_USE = ("the per-architecture tables (CUDA context, cuBLAS workspace, kernel efficiencies, NCCL's "
+                    "per-generation figures) have rows for these only; describe a new part as the closest one")
+"""Why an architecture outside the shipped GPUs' is refused (the name keys those tables, exact case)."""
+
+_PREFIXES = (1e3, 1e6, 1e9, 1e12)
 
 
-def _check(fname: str, value: float) -> None:
+def _user_unit(fname: str, keys: Mapping[str, str]) -> tuple[str, float]:
+    """The key the user wrote for SI field ``fname`` and its scale to SI (``hbm_bandwidth_GBps``, 1e9)."""
+    key = keys.get(fname, fname)
+    if key in GPU_TABLE_SCALE:
+        return key, GPU_TABLE_SCALE[key]
+    conv = GPU_KEYS.get(key)
+    return key, (float(conv[1](1.0)) if conv is not None and conv[0] == fname else 1.0)
+
+
+def _check(fname: str, value: float, keys: Mapping[str, str] | None = None) -> None:
     low, high, unit = GPU_RANGES[fname]
     if low <= value <= high:
         return
+    key, scale = _user_unit(fname, keys or {})
+    mine = value / scale  # the value in the unit the user wrote
     hint = ""
-    for factor, suffix in _PREFIXES:  # the unit mistake that would put it in range
+    for factor in _PREFIXES:  # the unit mistake that would put it in range, in that unit
         if low <= value * factor <= high:
-            hint = f"; did you mean {value:g}{suffix}?"
+            hint = f"; did you mean {mine:g}e{len(str(int(factor))) - 1}?"
+            break
+        if low <= value / factor <= high:
+            hint = f"; did you mean {mine / factor:g}?"
             break
     shown = str(value) if isinstance(value, int) else f"{value:g}"
-    raise ValueError(f"{fname} = {shown}: {unit}; plausible range {low:g} .. {high:g}{hint}")
+    given = f"{fname} = {shown}: {unit}" if scale == 1.0 else f"{key} = {mine:g}, i.e. {shown} {unit}"
+    raise ValueError(f"{given}; plausible range {low:g} .. {high:g} (about 10x beyond the shipped GPUs' "
+                     f"{GPU_RANGE_SHIPPED[fname]}; outside is a unit mistake or a typo){hint}")
 
 
-def check_gpu_ranges(base: GPUSpec, new: GPUSpec) -> None:
-    """Check the fields that ``new`` changes from ``base`` against :data:`GPU_RANGES`.
+def shipped_architectures() -> list[str]:
+    """The architecture names of the shipped GPUs (exact case): the rows the per-architecture tables have
+    (what-if GPUs registered since do not add theirs)."""
+    return sorted({get_gpu(n).architecture for n in shipped_gpus()})
+
+
+def check_gpu_ranges(base: GPUSpec | None, new: GPUSpec, keys: Iterable[str] = ()) -> None:
+    """Check the fields that ``new`` changes from ``base`` (every field when ``base`` is ``None``: a GPU
+    file that defines a part in full) against :data:`GPU_RANGES`, and its architecture name.
+
+    ``keys`` are the keys the user wrote (``hbm_bandwidth_GBps`` or ``hbm_bandwidth_Bps``), so that the
+    message names the key and the value in the unit given.
 
     Raises:
-        ValueError: one line naming the field, its value, its unit, the range and, where a factor of
-            10^3..10^12 would fit, the likely intended value; an architecture no shipped GPU has.
+        ValueError: one line naming the key, its value, its unit, the range and why, and where a factor of
+            10^3..10^12 would fit, the likely intended value; an architecture no shipped GPU has, with the
+            allowed names.
     """
-    if new.architecture != base.architecture:  # the generation keys per-architecture figures (exact case)
-        archs = sorted({get_gpu(n).architecture for n in known_gpus()})
+    if base is None or new.architecture != base.architecture:  # it keys per-architecture figures (exact case)
+        archs = shipped_architectures()
         if new.architecture not in archs:
-            raise ValueError(f"architecture: unknown {new.architecture!r}; allowed: {', '.join(archs)}")
+            raise ValueError(f"architecture: unknown {new.architecture!r}; allowed: {', '.join(archs)}; "
+                             f"{ARCHITECTURE_USE}")
+    given = {GPU_KEYS[k][0] if k in GPU_KEYS else k: k for k in keys}
     for f in dataclasses.fields(GPUSpec):
         if f.name not in GPU_RANGES:
             continue
-        old, value = getattr(base, f.name), getattr(new, f.name)
+        old, value = (None if base is None else getattr(base, f.name)), getattr(new, f.name)
         if f.name == "tensor_flops":
             for dtype, v in value.items():
-                if old.get(dtype) != v:
-                    _check_tensor(dtype, v)
+                if old is None or old.get(dtype) != v:
+                    _check_tensor(dtype, v, given)
         elif old != value:
-            _check(f.name, value)
+            _check(f.name, value, given)
 
 
-def _check_tensor(dtype: str, value: float) -> None:
+def _check_tensor(dtype: str, value: float, keys: Mapping[str, str]) -> None:
     try:
-        _check("tensor_flops", value)
+        _check("tensor_flops", value, keys)
     except ValueError as exc:
-        raise ValueError(str(exc).replace("tensor_flops", f"tensor_flops.{dtype}", 1)) from None
+        msg = str(exc)
+        for name in ("tensor_TFLOPS", "tensor_flops"):
+            msg = msg.replace(f"{name} = ", f"{name}.{dtype} = ", 1)
+        raise ValueError(msg) from None
+
+
+def load_checked_gpu_file(path: str | Path) -> GPUSpec:
+    """:func:`hwmodel.specs.load_gpu_file` with the checks of ``[system] gpu_overrides``: the fields a file
+    with ``base`` changes, or every field of a file that defines the GPU in full, against
+    :data:`GPU_RANGES`, and the architecture against the shipped GPUs' (:func:`check_gpu_ranges`).
+
+    Raises:
+        ValueError: one line starting ``GPU file <name>:`` (as ``load_gpu_file``'s own errors).
+    """
+    path = Path(path)
+    spec = load_gpu_file(path)
+    with path.open("rb") as fh:
+        data = tomllib.load(fh)
+    if set(data) == {"gpu"} and isinstance(data["gpu"], Mapping):
+        data = data["gpu"]
+    base = data.get("base")
+    try:
+        check_gpu_ranges(None if base is None else get_gpu(base), spec, keys=data)
+    except ValueError as exc:
+        raise ValueError(f"GPU file {path.name}: {exc}") from None
+    return spec

@@ -49,6 +49,27 @@ GPU_KEYS: dict[str, Conv] = {
     "tdp_W": ("tdp_w", _ident),
     "power_limit_W": ("power_limit_w", _ident),
 }
+GPU_KEY_MEANING: dict[str, str] = {
+    "architecture": "Volta, Ampere, Hopper or Blackwell",
+    "compute_capability": 'CUDA compute capability, e.g. "9.0"',
+    "sm_count": "streaming multiprocessors, e.g. 132 (H100)",
+    "boost_clock_MHz": "maximum boost clock, e.g. 1980 (H100)",
+    "tensor_TFLOPS": "dense tensor-core peaks per dtype, e.g. { bf16 = 989.4 } (H100)",
+    "fp32_TFLOPS": "non-tensor FP32 peak, e.g. 66.9 (H100)",
+    "hbm_capacity_GB": "the datasheet's HBM capacity, e.g. 80 (H100)",
+    "hbm_bandwidth_GBps": "HBM peak bandwidth in GB/s, e.g. 3350 (H100)",
+    "l2_MiB": "L2 cache, e.g. 50 (H100)",
+    "nvlink_generation": "NVLink generation, e.g. 4 (H100); 0 without NVLink",
+    "nvlink_links": "NVLink links per GPU, e.g. 18 (H100)",
+    "nvlink_bandwidth_per_link_GBps": "NVLink line rate per link per direction, e.g. 25 (H100)",
+    "nccl_nvlink_bandwidth_per_link_GBps": "NCCL's own per-link NVLink figure, nccl src/graph/topo.h "
+                                           "SMxx_NVLINK_BW: 20.0 Volta/Ampere, 20.6 Hopper, 40.1 Blackwell",
+    "pcie_generation": "PCIe generation of the host link, e.g. 5 (H100)",
+    "pcie_bandwidth_GBps": "raw PCIe x16 rate per direction, e.g. 64 (Gen5)",
+    "copy_engines": "asynchronous copy engines, e.g. 3",
+}
+"""What each required GPU key is, for the error that names a missing one."""
+
 GPU_TABLE_SCALE = {"tensor_TFLOPS": 1e12}
 """Table-valued keys -> the scale of each of their values."""
 

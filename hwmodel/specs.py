@@ -30,6 +30,7 @@ from typing import Any
 
 from hwmodel.power import power_limit_clock_ratio
 from hwmodel.spec_units import (
+    GPU_KEY_MEANING,
     GPU_KEYS,
     GPU_TABLE_SCALE,
     NIC_KEYS,
@@ -367,7 +368,10 @@ def _build(cls: type, table: Mapping[str, Any], where: str, *, default_source: s
     if missing:
         keys, _ = _keys_for(cls)
         hint = {fname: k for k, (fname, _) in keys.items()}
-        raise ValueError(f"{where}: missing keys {[hint.get(m, m) for m in missing]}")
+        named = [hint.get(m, m) for m in missing]
+        what = "; ".join(f"{k}: {GPU_KEY_MEANING[k]}" for k in named if cls is GPUSpec and k in GPU_KEY_MEANING)
+        raise ValueError(f"{where}: missing keys {named}" + (f" ({what}); or give base = \"<a known GPU>\" "
+                                                              f"and only the keys that differ" if what else ""))
     if default_source is not None:
         for fname in fields:
             sources.setdefault(fname, default_source)
@@ -479,6 +483,11 @@ def get_gpu(name: str | GPUSpec) -> GPUSpec:
     """
     _ensure_loaded()
     return _GPUS.get(name)
+
+
+def shipped_gpus() -> list[str]:
+    """Canonical names of the GPUs in ``hwmodel/data/gpus.toml``, not those :func:`register_gpu` added."""
+    return list(_read_data("gpus.toml"))
 
 
 def get_nic(name: str | NICSpec) -> NICSpec:

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from hwmodel.fabric import build_cluster
 from hwmodel.node import generic_node
-from hwmodel.specs import GPUSpec, NICSpec, SwitchSpec, UnknownNameError, get_gpu, load_gpu_file
+from hwmodel.spec_ranges import load_checked_gpu_file
+from hwmodel.specs import GPUSpec, NICSpec, SwitchSpec, UnknownNameError, get_gpu
 
 if TYPE_CHECKING:
     from hwmodel.topology import Topology
@@ -304,7 +305,7 @@ def load_cluster_file(path: str | Path) -> Topology:
         raise ValueError(f"cluster file {path.name}: give 'gpu' or 'gpu_file', not both")
     gpu: str | GPUSpec | None = data.get("gpu")
     if "gpu_file" in data:
-        gpu = load_gpu_file(path.parent / data["gpu_file"])
+        gpu = load_checked_gpu_file(path.parent / data["gpu_file"])
     return build_system(data["system"], data.get("num_nodes", 1), fabric=data.get("fabric"),
                         oversubscription=data.get("oversubscription"), gpu_override=gpu,
                         nic_override=data.get("nic"), su_size=data.get("su_size"),

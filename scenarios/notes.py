@@ -10,12 +10,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from hwmodel.power import sustained_clock_fraction
 from hwmodel.specs import get_switch
 from hwmodel.topology import Topology, build_system
 from scenarios.scenario import sp_turned_off
 
-__all__ = ["UNUSED_GPU_FIELDS", "model_notes", "parallel_notes", "what_if_notes"]
+__all__ = ["FABRIC_KEYS_READ", "UNUSED_GPU_FIELDS", "model_notes", "parallel_notes", "tp_span_notes", "what_if_notes"]
 
 UNUSED_GPU_FIELDS = {
     "boost_clock_hz": "the cost model takes peaks in FLOP/s (tensor_flops, fp32_flops), not the clock",
@@ -36,6 +38,7 @@ def what_if_notes(system: dict[str, Any], topology: Topology, base_dir: str | Pa
     with ``copies_requested_peak``, the run's :attr:`hwmodel.runtime.Runtime.copies_requested_peak`, a
     ``copy_engines`` that no copy waited for)."""
     notes = _nic_note(system, topology) + _oversubscription_note(system, topology) + _pod_note(system, topology)
+    notes += _fabric_key_notes(system, topology)
     if system.get("gpu_overrides"):
         notes += _unused_gpu_notes(system, topology, base_dir, copies_requested_peak)
     return notes
@@ -88,12 +91,55 @@ def _pod_note(system: dict, topo: Topology) -> list[str]:
     if system.get("leaves_per_pod") is None:  # the preset's pods; the scenario set only the core's ratio
         return [f"core_oversubscription = {float(core):g} has (almost) no effect: all {topo.num_nodes} node(s) "
                 f"({leaves} leaf switch(es)) are in one pod (leaves_per_pod = {per_pod}), so no traffic reaches "
-                f"the core; " + (f"set [system] leaves_per_pod below {leaves}" if leaves > 1 else
-                                 "spread the nodes over leaves (nodes_per_leaf) and set leaves_per_pod below their "
-                                 "number") + " for traffic to cross the core"]
+                f"the core; {_more_pods_hint(g, leaves)} for traffic to cross the core"]
     tail = f", so core_oversubscription = {core:g} has no effect" if core is not None else ""
     return [f"leaves_per_pod = {per_pod} covers all {leaves} leaf switch(es): one pod, no core tier{tail}; "
-            f"set [system] leaves_per_pod below {leaves} for traffic to cross the core"]
+            f"{_more_pods_hint(g, leaves)} for traffic to cross the core"]
+
+
+def _more_pods_hint(g: Any, leaves: int) -> str:
+    """What would give the fabric a second pod: fewer leaves a pod (a rail fabric's pods are whole
+    scalable units, :func:`hwmodel.fabric.rail_optimized`), or more leaves first."""
+    if g.graph.get("fabric") == "rail_optimized":
+        rails = leaves // max(1, len({d.get("su") for _, d in g.nodes(data=True) if d.get("tier") == "leaf"}))
+        if leaves > rails:
+            return f"set [system] leaves_per_pod to a multiple of the {rails} rail leaves below {leaves}"
+        return (f"the nodes fill one scalable unit ({rails} rail leaves); set [system] su_size below the node count "
+                f"and leaves_per_pod = {rails} (one SU a pod)")
+    if leaves > 1:
+        return f"set [system] leaves_per_pod below {leaves}"
+    return "spread the nodes over leaves (nodes_per_leaf) and set leaves_per_pod below their number"
+
+
+FABRIC_KEYS_READ = {
+    "rail_optimized": ("oversubscription", "su_size", "spines", "leaves_per_pod", "core_oversubscription"),
+    "fat_tree": ("oversubscription", "nodes_per_leaf", "spines", "leaves_per_pod", "core_oversubscription"),
+    "single_switch": (),
+    "none": (),
+}
+"""The ``[system]`` fabric keys each fabric reads (:func:`hwmodel.fabric.build_cluster`); the others it ignores."""
+
+_HOW_LEAVES_FILL = {
+    "rail_optimized": "NIC r of every node of a scalable unit goes to that unit's rail-r leaf (su_size nodes a "
+                      "leaf); set su_size, or fabric = \"fat_tree\" for leaves of whole nodes",
+    "fat_tree": "leaves take whole nodes in blocks of nodes_per_leaf; set that instead",
+    "single_switch": "one switch joins every NIC, with no leaves or spines; set fabric = \"fat_tree\" or "
+                     "\"rail_optimized\" for a tree",
+    "none": "no fabric joins the servers",
+}
+
+
+def _fabric_key_notes(system: dict, topo: Topology) -> list[str]:
+    """A ``[system]`` fabric key the scenario sets that its fabric does not read (``nodes_per_leaf`` on a
+    rail-optimised fabric, ``su_size`` on a fat tree, any on a single switch): said, not ignored silently.
+    (``oversubscription`` and ``leaves_per_pod`` on a single switch are refused by the fabric.)"""
+    fabric = topo.graph.graph.get("fabric")
+    if fabric not in FABRIC_KEYS_READ:
+        return []
+    keys = [k for k in ("nodes_per_leaf", "su_size", "spines", "core_oversubscription")
+            if k in system and k not in FABRIC_KEYS_READ[fabric]]
+    return [f"[system] {k} = {system[k]} changes nothing on fabric = \"{fabric}\": {_HOW_LEAVES_FILL[fabric]}"
+            for k in keys]
 
 
 def _unused_gpu_notes(system: dict, topo: Topology, base_dir: str | Path | None,
@@ -166,6 +212,35 @@ def parallel_notes(config: Any, parallel: dict[str, Any] | None = None) -> list[
         notes.append("recompute_method = \"block\" with recompute_num_layers = 0 checkpoints no layer: time and "
                      "memory are those of recompute_granularity = \"none\"")
     return notes + _rank_order_notes(config)
+
+
+def tp_span_notes(config: Any, gpus_per_node: int) -> list[str]:
+    """A tensor-parallel group placed across servers (``tensor_model_parallel_size`` not dividing the node's
+    GPUs, e.g. TP 4 on 6-GPU nodes or TP 8 on 4-GPU ones, or ``tp`` not first in ``rank_order``): its
+    per-layer collectives then cross the NIC instead of NVLink. Megatron-LM and torchtitan allow it, so it is
+    a note, not a refusal. Ranks sit on servers in rank order (rank r on server r // gpus_per_node), as the
+    runner places them; the count is closed form over the ranks (numpy), so a 131,072-GPU run pays ~1 ms."""
+    tp, world = int(getattr(config, "tp", 1)), int(getattr(config, "world_size", 1))
+    if tp <= 1 or world <= gpus_per_node:
+        return []
+    stride = 1  # rank distance between TP neighbours: the sizes of the axes placed before tp
+    for axis in str(config.rank_order).split("-"):
+        if axis == "tp":
+            break
+        stride *= {"cp": config.cp, "dp": config.dp, "pp": config.pp}.get(axis, 1)
+    ranks = np.arange(world)
+    first = ranks - (ranks // stride) % tp * stride  # the group's first rank
+    split = np.unique(first[first // gpus_per_node != ranks // gpus_per_node])
+    if not len(split):
+        return []
+    group = [int(split[0]) + k * stride for k in range(tp)]
+    fits = [d for d in range(2, gpus_per_node + 1) if gpus_per_node % d == 0]
+    return [f"[parallel] tensor_model_parallel_size = {tp} on {gpus_per_node}-GPU servers: {len(split)} of "
+            f"{world // tp} TP groups span servers (e.g. ranks {group[0]}..{group[-1]} on servers "
+            f"{group[0] // gpus_per_node}..{group[-1] // gpus_per_node}), so their per-layer all-reduce / "
+            f"all-gather / reduce-scatter cross the NIC instead of NVLink -- allowed, but almost always a "
+            f"mistake; a TP size that divides gpus_per_node ({', '.join(map(str, fits))}), with tp first in "
+            f"rank_order, keeps every group in one server"]
 
 
 def training_notes(training: Any, config: Any) -> list[str]:

@@ -27,11 +27,12 @@ from tqdm import tqdm
 from hwmodel import calibration_overlay
 from hwmodel.cluster import Cluster
 from hwmodel.costmodel import Calibration, KernelCostModel
+from hwmodel.dtypes import check_gpu_has as check_dtype  # re-exported: the search's screen calls it
 from hwmodel.nccl.engine import NcclEngine
 from hwmodel.nccl.tuner_config import TunerConfigError, load_tuner_config
 from hwmodel.runtime import DEFAULT_HOST_LAUNCH_OVERHEAD_S, RunResult, Runtime
-from hwmodel.spec_ranges import check_gpu_ranges
-from hwmodel.specs import get_gpu, known_gpus, load_gpu_file, with_overrides
+from hwmodel.spec_ranges import check_gpu_ranges, load_checked_gpu_file
+from hwmodel.specs import get_gpu, with_overrides
 from hwmodel.systems import get_system, node_shape
 from hwmodel.topology import Topology, build_system
 from hwmodel.variation import DEFAULT_GPU_SPEED_SPREAD, straggler_slowdown
@@ -40,7 +41,7 @@ from scenarios.catalog import scenario_path as scenario_path  # re-exported: run
 from scenarios.hierarchical import macro_programs, step2_mirror
 from scenarios.metrics import peak_dtype_for as peak_dtype_for  # re-exported, as scenario_path
 from scenarios.metrics import run_metrics
-from scenarios.notes import model_notes, parallel_notes, training_notes, what_if_notes
+from scenarios.notes import model_notes, parallel_notes, tp_span_notes, training_notes, what_if_notes
 from scenarios.scenario import MAX_GPUS, MAX_NODES, Scenario, parallel_kwargs
 from scenarios.steady_state import extrapolated, plan_for
 from scenarios.user_code import check_trusted, load_factory
@@ -98,7 +99,7 @@ def system_gpu(system: dict, base_dir: str | Path | None = None):
     if "gpu_file" in system:
         path = resolve_input_path("[system] gpu_file", system["gpu_file"], base_dir, (".toml",))
         try:
-            gpu = load_gpu_file(path)
+            gpu = load_checked_gpu_file(path)  # the checks of gpu_overrides, on every field it sets
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise ValueError(f"[system] gpu_file {path}: malformed TOML: {exc}") from None
         except ValueError as exc:
@@ -113,7 +114,7 @@ def system_gpu(system: dict, base_dir: str | Path | None = None):
         base = gpu or build_system(system["name"], 1).gpu_spec
         try:
             gpu = with_overrides(base, **system["gpu_overrides"])
-            check_gpu_ranges(base, gpu)
+            check_gpu_ranges(base, gpu, keys=system["gpu_overrides"])
         except ValueError as exc:
             raise ValueError(f"[system] gpu_overrides: {exc}") from None
     if gpu is not None and gpu.nvlink_links == 0 and system.get("gpus_per_node") != 1:
@@ -374,17 +375,6 @@ def check_async_tp_compile(training: Mapping[str, Any], cfg: ParallelConfig) -> 
                          "torch.compile pass; torchtitan refuses it without --compile.enable)")
 
 
-def check_dtype(dtype: str, gpu) -> None:
-    """Whether ``gpu`` can train in ``dtype``: fp8 needs FP8 tensor cores (Hopper and later).
-
-    Raises:
-        ValueError: one line naming the field, the GPU and the GPUs that have FP8 tensor cores.
-    """
-    if dtype == "fp8" and "fp8" not in gpu.tensor_flops:
-        have = ", ".join(n for n in known_gpus() if "fp8" in get_gpu(n).tensor_flops)
-        raise ValueError(f"[training] dtype 'fp8' needs FP8 tensor cores ({have}); {gpu.name} has none")
-
-
 @dataclass
 class RunReport:
     """Everything a run produced, with :meth:`to_json` for machines."""
@@ -542,6 +532,7 @@ def _run_prepared(prep: Prepared, memory: Any, *, progress: bool, max_tasks: flo
     report.metrics = run_metrics(report, model_flops(prep, trace))
     notes = (what_if_notes(prep.scenario.system, topo, scenario_dir(prep.scenario), runtime.copies_requested_peak)
              + model_notes(prep.model_cfg) + parallel_notes(prep.config, prep.scenario.parallel)
+             + tp_span_notes(prep.config, topo.gpus_per_node)
              + training_notes(prep.scenario.training, prep.config) + mode_note)
     if notes:  # only then: the JSON of a scenario without notes keeps its bytes
         report.metrics["warnings"] = notes

@@ -39,7 +39,10 @@ five 16 GiB HBM3 stacks), and the driver keeps part of it: ``cudaGetDeviceProper
 is 85,045,477,376 B on an H100 SXM5 80 GB and 85,100,068,864 B on an A100 SXM4 80 GB (deviceQuery,
 thamada/nvidia-smi ``nvsim/H100SXMx8_deviceQuery.py``, ``gls/A100SXMx4_deviceQuery.py``), i.e. 80 GiB
 less 814 and 762 MiB. Other GPUs: the nominal capacity in GiB less :data:`DRIVER_RESERVE_FRACTION`
-(the larger of those two, 0.99 %).
+(the larger of those two, 0.99 %). The nominal capacity must be the ENABLED one: a B200 is built with
+8 x 24 GiB = 192 GiB of HBM3e but enables ~180 (a deviceQuery-style output shows 182,631 MiB, project
+hardware reference), and the rule on 180 gives 182,488 MiB, 0.08 % off that measurement, which it was
+not fitted to (on 192 it gave 204.1 GB, more than the part has).
 """
 
 from __future__ import annotations

@@ -224,7 +224,8 @@ class ScreenContext:
                     s = self.cost_model.cost(k).solo_time_s
                     if k.kind == "attention" and c.cp > 1:  # ring attention: cp steps of the chunk
                         b, h, _, skv, d = k.shape if len(k.shape) == 5 else (1, 1, 1, 1, 1)
-                        kv = 2 * b * h * skv * d * ELEM_BYTES.get(k.dtype, 2) * (2 if phase == "bwd" else 1)
+                        kv = (2 * b * (k.attention_kv_heads or h) * skv * d * ELEM_BYTES.get(k.dtype, 2)
+                              * (2 if phase == "bwd" else 1))  # K and V of the kernel's heads, as the builder
                         attn[phase] = (s, kv)
                         s *= c.cp
                     per.append(s)

@@ -60,7 +60,7 @@ def test_fp8_on_a100_is_one_line_naming_the_field_and_the_gpus(capsys):
     assert err.count("\n") == 0 and "Traceback" not in err
     # the GPUs with an fp8 peak (what-if GPUs loaded by other tests may follow the shipped ones)
     assert "[training] dtype 'fp8' needs FP8 tensor cores (H100-SXM5, H200-SXM, B200-HGX" in err
-    assert err.endswith("); A100-SXM4-80GB has none")
+    assert err.endswith("); A100-SXM4-80GB has none; allowed on it: bf16, fp16, fp32")
 
 
 def test_unknown_dtype_lists_the_allowed_ones(capsys):

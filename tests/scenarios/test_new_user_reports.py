@@ -145,11 +145,12 @@ def test_shipped_catalog_is_trusted_unless_its_factory_is_overridden():
     ("system.gpu_overrides.hbm_bandwidth_Bps=nan", "[system] gpu_overrides.hbm_bandwidth_Bps must be a finite"),
     ("model.hidden_dropout=-inf", "[model] hidden_dropout must be a finite number, got -inf"),
     ("system.gpu_overrides.hbm_bandwidth_Bps=1000",
-     "[system] gpu_overrides: hbm_bandwidth_Bps = 1000: bytes per second; plausible range 1e+11 .. 1e+14; "
+     "[system] gpu_overrides: hbm_bandwidth_Bps = 1000: bytes per second; plausible range 1e+11 .. 1e+14 "
+     "(about 10x beyond the shipped GPUs' 0.9 TB/s (V100) .. 8 TB/s (B200); outside is a unit mistake or a typo); "
      "did you mean 1000e9?"),
     ("system.gpu_overrides.nvlink_links=9223372036854775807",
      "nvlink_links = 9223372036854775807: links; plausible range 0 .. 144"),
-    ("system.gpu_overrides.tensor_TFLOPS={bf16=1e9}", "tensor_flops.bf16 = 1e+21: FLOP per second"),
+    ("system.gpu_overrides.tensor_TFLOPS={bf16=1e9}", "tensor_TFLOPS.bf16 = 1e+09, i.e. 1e+21 FLOP per second"),
     ("system.nodes_per_leaf=0", "[system] nodes_per_leaf must be >= 1, got 0"),
     ("system.spines=0", "[system] spines must be >= 1, got 0"),
 ])

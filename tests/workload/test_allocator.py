@@ -52,6 +52,17 @@ def test_usable_hbm_is_total_global_mem():
     assert allocator.usable_hbm_bytes(small) == pytest.approx(2 * 85_100_068_864 / 80)
 
 
+def test_b200_usable_hbm_is_its_devicequery_not_more_than_its_stacks():
+    """Newcomer report: a B200 had 204.1 GB usable, more than its 8 x 24 GiB stacks (192 read as GiB). The
+    rule, applied as to every GPU without a deviceQuery, on the enabled 180 GiB gives a deviceQuery-style
+    output's 182,631 MiB (project hardware reference), which it was not fitted to, within 0.1 %."""
+    b200 = specs.get_gpu("B200")
+    assert b200.name not in allocator.MEASURED_TOTAL_GLOBAL_MEM  # the rule is checked, not a copy of the row
+    usable = allocator.usable_hbm_bytes(b200)
+    assert usable == pytest.approx(182_631 * MIB, rel=1e-3)
+    assert usable < 192 * GIB and usable / 1e9 == pytest.approx(191.35, abs=0.01)
+
+
 def test_reserved_adds_fragmentation_on_activations_and_the_verdict_uses_it():
     gpu = specs.get_gpu("A100-SXM4-80GB")
     bare = MemoryBreakdown(parameters=40e9, gradients=10e9, optimizer_states=10e9, activations=20e9)

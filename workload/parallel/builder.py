@@ -356,7 +356,7 @@ class RankBuilder:
         and receive together as it starts: a receive posted earlier would hold its SMs from the pass before."""
         cp = self.cfg.cp
         b, h, sq, skv, d = task.shape if len(task.shape) == 5 else (1, 1, 1, 1, 1)
-        kv_bytes = 2 * b * h * skv * d * ELEM_BYTES.get(task.dtype, 2)
+        kv_bytes = 2 * b * (task.attention_kv_heads or h) * skv * d * ELEM_BYTES.get(task.dtype, 2)  # K and V
         block = kv_bytes * (2 if task.phase == "bwd" else 1)
         recv_prev = None
         for j in range(cp):

@@ -157,7 +157,7 @@ def _record(o: dict, index: int, layer: str, part: str, block: int | None, deps:
         kernel_flops=o["kernel_flops"],
         bytes_accessed=o["bytes"], dtype=o["dtype"], shape=o["shape"], in_shapes=o["in_shapes"],
         out_shapes=o["out_shapes"], deps=tuple(sorted(deps)), causal=o["causal"], window=window, sinks=sinks,
-        alibi=bool(pattern and pattern.alibi))
+        alibi=bool(pattern and pattern.alibi), kv_heads=o.get("kv_heads", 0))
 
 
 def assemble(raw: list[dict], num_blocks: int, attr: str, block_inputs: set[int] | None = None,

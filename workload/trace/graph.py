@@ -66,6 +66,9 @@ class OpRecord:
     """Attention only, with ``window``: attention sinks (StreamingLLM's first keys, always visible)."""
     alibi: bool = False
     """Attention only: ALiBi bias on the scores (priced by the cost model, no FLOPs here)."""
+    kv_heads: int = 0
+    """Attention only: key/value heads the kernel reads (:func:`workload.trace.kinds.attention_kv_heads`);
+    0: as many as the query heads, ``shape[1]``."""
 
     def to_compute(self, *, causal_discount: bool = True) -> Compute:
         """This op as a :class:`hwmodel.ir.Compute` kernel, marked :attr:`~hwmodel.ir.Compute.causal` for
@@ -82,7 +85,7 @@ class OpRecord:
         return Compute(name=self.name, kind=self.kind, flops=flops, bytes_accessed=self.bytes_accessed,
                        dtype=self.dtype, shape=self.shape, layer=self.layer, phase=self.phase,
                        causal=self.causal, fp8_scaling=self.fp8_scaling, attention_window=self.window,
-                       attention_sinks=self.sinks, attention_alibi=self.alibi,
+                       attention_sinks=self.sinks, attention_alibi=self.alibi, attention_kv_heads=self.kv_heads,
                        conv_stride=conv_stride(self.name, self.in_shapes, self.out_shapes))
 
 

@@ -109,6 +109,14 @@ def attention_info(name: str, args: Sequence[Any], kwargs: dict) -> tuple[tuple[
     return (q.shape[0], q.shape[2], q.shape[1], k.shape[1], q.shape[3]), causal  # (B, S, H, D)
 
 
+def attention_kv_heads(name: str, args: Sequence[Any]) -> int:
+    """Key/value heads of a fused attention op as its kernel reads them: fewer than the query heads under
+    grouped-query attention passed as such (``enable_gqa``, Megatron-Core's layout), as many when the
+    model copied K/V to the query heads first (torchtitan's ``repeat_kv``)."""
+    k = args[2] if name in ATTENTION_BWD_OPS else args[1]
+    return int(k.shape[1] if k.dim() == 4 and name.startswith("_scaled_dot_product") else k.shape[2])
+
+
 def tensor_bytes(t: torch.Tensor) -> int:
     """Bytes of a tensor's storage footprint, broadcast (stride-0) dims counted once."""
     n = t.element_size()

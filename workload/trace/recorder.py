@@ -124,11 +124,13 @@ class Recorder(TorchDispatchMode):
         kind = kinds.kernel_kind(name, func, self.phase)
         shape: tuple[int, ...] = ()
         causal = False
+        kv_heads = 0
         model_flops = flops
         if name in kinds.GEMM_OPS:
             shape = kinds.gemm_shape(name, args, out)
         elif name in kinds.ATTENTION_FWD_OPS or name in kinds.ATTENTION_BWD_OPS:
             shape, causal = kinds.attention_info(name, args, kwargs)
+            kv_heads = kinds.attention_kv_heads(name, args)
             if name in kinds.ATTENTION_BWD_OPS:
                 model_flops = flops * 0.8  # 5 GEMMs incl. the recomputed QK^T -> the 4 of a plain bwd
         pattern = self._attention_pattern(name, ins, outs)
@@ -148,7 +150,7 @@ class Recorder(TorchDispatchMode):
             "flops": model_flops,
             "kernel_flops": flops, "bytes": nbytes,
             "dtype": kinds.dtype_name(floats[0].dtype) if floats else kinds.dtype_name((ins + outs)[0].dtype),
-            "shape": tuple(int(s) for s in shape), "causal": causal, "pattern": pattern,
+            "shape": tuple(int(s) for s in shape), "causal": causal, "pattern": pattern, "kv_heads": kv_heads,
             "in_shapes": tuple(tuple(t.shape) for t in ins), "out_shapes": tuple(tuple(t.shape) for t in outs),
             "deps": tuple(sorted({d for d in (self.producer.get(t) for t in ins) if d is not None})),
         })

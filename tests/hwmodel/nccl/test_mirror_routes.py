@@ -54,12 +54,12 @@ def _rings(nodes: int, per_node: int = 1, op: str = "all_reduce"):
     return make
 
 
-CASES = {
+CASES = {  # three tiers: pods of one SU's 8 rail leaves (a rail pod holds whole SUs, hwmodel.fabric)
     "rail, sends": (lambda: build_system("dgx-h100", 16, su_size=4), _sends(4, extra=((3, 70), (70, 5)))),
     "rail, rings": (lambda: build_system("dgx-h100", 16, su_size=4), _rings(16)),
-    "three tiers, sends": (lambda: build_system("dgx-h100", 64, leaves_per_pod=4, oversubscription=2.0),
+    "three tiers, sends": (lambda: build_system("dgx-h100", 64, leaves_per_pod=8, oversubscription=2.0),
                            _sends(32)),
-    "three tiers, rings": (lambda: build_system("dgx-h100", 64, leaves_per_pod=4), _rings(64, op="all_gather")),
+    "three tiers, rings": (lambda: build_system("dgx-h100", 64, leaves_per_pod=8), _rings(64, op="all_gather")),
     "shared NICs, sends": (lambda: build_system("dgx-h100", 8, nics_per_node=4, su_size=2), _sends(2)),
     "shared NICs, rings": (lambda: build_system("dgx-h100", 8, nics_per_node=4, su_size=2), _rings(8)),
     "two GPUs of a node per ring": (lambda: build_system("dgx-a100", 8, su_size=2), _rings(8, per_node=2)),
@@ -126,7 +126,7 @@ def _groups(groups):
 
 @pytest.mark.parametrize(("build", "make_plans", "merged"), [
     (lambda: build_system("dgx-h100", 16, su_size=4), _sends(4, extra=((3, 70), (70, 5))), True),
-    (lambda: build_system("dgx-h100", 64, leaves_per_pod=4, oversubscription=2.0), _sends(32), True),
+    (lambda: build_system("dgx-h100", 64, leaves_per_pod=8, oversubscription=2.0), _sends(32), True),
     (lambda: build_system("dgx-h100", 8, nics_per_node=4, su_size=2), _sends(2), True),
     # a mirror inside a node: another latency, another group -- left to the plans' merge
     (lambda: build_system("dgx-h100", 8, su_size=2), _sends(2, extra=((1, 3),)), False),
