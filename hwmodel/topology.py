@@ -41,7 +41,7 @@ import heapq
 import json
 import math
 import zlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import repeat
 from operator import and_, eq
 from pathlib import Path
@@ -53,6 +53,7 @@ import networkx as nx
 from hwmodel.fabric import FABRICS, build_cluster, fat_tree, rail_optimized, single_switch
 from hwmodel.node import NodeSpec, generic_node
 from hwmodel.routing import ROUTE_COST, ClosRoutes, CostRows, NodeClasses
+from hwmodel.servers import AttributeTable, ServerTable, servers_of
 from hwmodel.specs import GPUSpec, NICSpec, get_gpu, get_nic
 from hwmodel.systems import SystemSpec, build_system, dgx_a100, dgx_h100, get_system, known_systems, load_cluster_file
 
@@ -96,7 +97,8 @@ class Topology:
         # (networkx's plain node and successor dicts, in its iteration order: off its views, which cost
         # more than the checks on a 100,000-GPU cluster)
         node_data, adj = graph._node, graph._adj
-        for n, data in node_data.items():
+        servers = servers_of(graph)  # (servers made on demand: checked as the template they copy)
+        for n, data in dict.items(node_data) if servers is not None else node_data.items():
             if "kind" not in data:
                 raise ValueError(f"topology node {n!r} has no 'kind' attribute")
         for u, nbrs in () if links_checked else adj.items():
@@ -108,13 +110,15 @@ class Topology:
                     if attr not in data:
                         raise ValueError(f"topology edge {u!r}->{v!r} has no {attr!r} attribute")
                 raise ValueError(f"topology edge {u!r}->{v!r}: bandwidth_Bps must be > 0 and latency_s >= 0")
-        gpus = [n for n, d in node_data.items() if d["kind"] == "gpu"]
-        for n in gpus:
-            for attr in ("node", "index"):
-                if node_data[n].get(attr) is None:
-                    raise ValueError(f"GPU node {n!r} has no {attr!r} attribute")
-        self._gpus: tuple[str, ...] = tuple(
-            sorted(gpus, key=lambda n: (node_data[n]["node"], node_data[n]["index"], n)))
+        if servers is not None:  # (node-major, in the template's order: the sort below, by construction)
+            self._gpus: tuple[str, ...] = tuple(servers.gpu_names())
+        else:
+            gpus = [n for n, d in node_data.items() if d["kind"] == "gpu"]
+            for n in gpus:
+                for attr in ("node", "index"):
+                    if node_data[n].get(attr) is None:
+                        raise ValueError(f"GPU node {n!r} has no {attr!r} attribute")
+            self._gpus = tuple(sorted(gpus, key=lambda n: (node_data[n]["node"], node_data[n]["index"], n)))
         self._gpu_index = {g: i for i, g in enumerate(self._gpus)}
         self._routes: dict[Edge, tuple[Edge, ...]] = {}
         self._route_tables: tuple | None = None
@@ -130,7 +134,7 @@ class Topology:
         """Device -> (its node, its exit NIC, the segment from it to the device)."""
         self._private: dict[Any, bool] = {}
         self._private_nics: dict[int, tuple[tuple[str, str], ...] | None] = {}
-        self._edge_offsets: dict[str, int] | None = None
+        self._edge_offsets: Mapping[str, int] | None = None
         self._num_links = 0
         self._gpu_nodes: dict[str, int] | None = None
         self._by_kind: dict[str, list[str]] | None = None
@@ -226,8 +230,8 @@ class Topology:
     def gpus_per_node(self) -> int:
         """GPUs per node; ValueError if nodes differ."""
         counts: dict[int, int] = {}
-        for g in self._gpus:
-            counts[self.graph.nodes[g]["node"]] = counts.get(self.graph.nodes[g]["node"], 0) + 1
+        for node in self.gpu_nodes().values():
+            counts[node] = counts.get(node, 0) + 1
         sizes = set(counts.values())
         if len(sizes) > 1:
             raise ValueError(f"nodes have different GPU counts: {sorted(sizes)}")
@@ -236,6 +240,9 @@ class Topology:
     @property
     def nics_per_node(self) -> int:
         """Compute NICs per node (0 for a single node without a fabric)."""
+        servers = servers_of(self.graph)
+        if self._nics_per_node is None and servers is not None:  # (the first GPU's node: server 0, a copy)
+            self._nics_per_node = len(servers.nics) if self._gpus else 0
         if self._nics_per_node is None:  # (the NICs of the first GPU's node, by C-level scans of the tables)
             kinds, nodes, _ = self._tables()
             node = self.graph.nodes[self._gpus[0]]["node"] if self._gpus else None
@@ -254,6 +261,11 @@ class Topology:
     def nodes_of_kind(self, kind: str, **attrs: Any) -> list[str]:
         """Names of devices of ``kind`` (e.g. ``ib_switch``) whose attributes match ``attrs``."""
         node_data = self.graph._node
+        servers = servers_of(self.graph)
+        if self._by_kind is None and servers is not None:  # (names by arithmetic: no server made)
+            self._by_kind = {k: servers.names_of_kind(k) for k in dict.fromkeys(servers.kind.values())}
+            for n in servers.fabric_names():
+                self._by_kind.setdefault(node_data[n]["kind"], []).append(n)
         if self._by_kind is None:  # (built once, of names: a (name, attributes) pair stays tracked by the gc)
             self._by_kind = {}
             for n, d in node_data.items():
@@ -264,9 +276,14 @@ class Topology:
             names = [n for n in names if node_data[n].get(k) == v]
         return list(names)
 
-    def edge_offsets(self) -> dict[str, int]:
+    def edge_offsets(self) -> Mapping[str, int]:
         """Device -> position of its first out-going link in ``graph.edges()`` order (cached), so that a
-        link's position is ``offset[u]`` + its place among ``u``'s successors without listing all links."""
+        link's position is ``offset[u]`` + its place among ``u``'s successors without listing all links.
+        Servers made on demand: by arithmetic over the template (:meth:`ServerTable.edge_offsets`)."""
+        servers = servers_of(self.graph)
+        if self._edge_offsets is None and servers is not None:
+            offset, self._num_links = servers.edge_offsets()
+            self._edge_offsets = _Offsets(offset)
         if self._edge_offsets is None:
             total = 0
             self._edge_offsets = {}
@@ -284,6 +301,9 @@ class Topology:
 
     def gpu_nodes(self) -> dict[str, int]:
         """GPU name -> its node index, for every GPU (built once; treat it as read-only)."""
+        servers = servers_of(self.graph)
+        if self._gpu_nodes is None and servers is not None:
+            self._gpu_nodes = servers.gpu_nodes()
         if self._gpu_nodes is None:
             nodes = self.graph._node
             self._gpu_nodes = {g: int(nodes[g]["node"]) for g in self._gpus}
@@ -416,7 +436,9 @@ class Topology:
     def _classes(self) -> NodeClasses:
         if self._node_classes is None:
             kinds, nodes, _ = self._tables()
-            self._node_classes = NodeClasses(kinds, nodes, self._succ_cost(), self.graph._succ, self._node_copies)
+            servers = servers_of(self.graph)
+            self._node_classes = NodeClasses(kinds, nodes, self._succ_cost(), self.graph._succ, self._node_copies,
+                                             None if servers is None else servers.first_devices())
         return self._node_classes
 
     def constructed_fabric(self) -> ClosRoutes | None:
@@ -523,6 +545,10 @@ class Topology:
         """(device -> kind, device -> node index, device -> {predecessor: routing cost}), built once:
         plain dicts keep the Dijkstra loops off networkx's views. A device's routing costs are read from
         the graph when first asked (:class:`CostRows`): constructed routes ask few devices."""
+        servers = servers_of(self.graph)
+        if self._route_tables is None and servers is not None:  # (a server device's from its name)
+            self._route_tables = (AttributeTable(servers, "kind"), AttributeTable(servers, "node"),
+                                  CostRows(self.graph._pred))
         if self._route_tables is None:
             node_data = self.graph._node  # (networkx's plain dicts, in its order: off its views)
             kinds = {n: d["kind"] for n, d in node_data.items()}
@@ -605,7 +631,11 @@ class Topology:
         return out, unique
 
     def clear_route_cache(self) -> None:
-        """Forget cached routes; call after changing :attr:`graph` (treat it as read-only otherwise)."""
+        """Forget cached routes; call after changing :attr:`graph` (treat it as read-only otherwise).
+        Servers made on demand are all made first: the graph may no longer be their copies."""
+        servers = getattr(self.graph, "on_demand", None)
+        if isinstance(servers, ServerTable):
+            servers.complete()
         self._routes.clear()
         self._dist.clear()
         self._segments.clear()
@@ -665,6 +695,22 @@ class Topology:
 
 class _NoPath(Exception):
     pass
+
+
+class _Offsets(dict):
+    """Device -> position of its first out-going link (:meth:`Topology.edge_offsets`), each found by
+    ``offset(device)`` on first use (None: not a device, KeyError)."""
+
+    def __init__(self, offset: Callable[[str], int | None]) -> None:
+        super().__init__()
+        self._offset = offset
+
+    def __missing__(self, key: str) -> int:
+        hit = self._offset(key)
+        if hit is None:
+            raise KeyError(key)
+        self[key] = hit
+        return hit
 
 
 def iter_links(topo: Topology, kind: str | None = None) -> Iterable[tuple[str, str, dict[str, Any]]]:
