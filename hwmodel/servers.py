@@ -180,6 +180,18 @@ class ServerTable:
         mine = [d for d in self.local if self.kind[d] == kind]
         return [f"n{i}.{d}" for i in range(self.num_nodes) for d in mine] if mine else []
 
+    def made(self, i: int) -> bool:
+        """Whether server ``i``'s devices are in the graph already (else they are the template's, renamed)."""
+        return bool(self._made[i])
+
+    def gpu_nic(self, gpu: str) -> str | None:
+        """A server GPU's ``nic`` attribute, its server not made (None: not a server GPU, or no NIC)."""
+        hit = self.split(gpu)
+        if hit is None or self.kind[hit[1]] != "gpu":
+            return None
+        nic = self._attrs[self.local.index(hit[1])].get("nic")
+        return None if nic is None else f"n{hit[0]}.{nic[len('n0.'):]}"
+
     def first_devices(self) -> list[str]:
         """Server 0's devices in graph order."""
         return [f"n0.{d}" for d in self.local]

@@ -137,6 +137,7 @@ class Topology:
         self._edge_offsets: Mapping[str, int] | None = None
         self._num_links = 0
         self._gpu_nodes: dict[str, int] | None = None
+        self._gpu_nics: Mapping[str, str | None] | None = None
         self._by_kind: dict[str, list[str]] | None = None
         self._node_copies = node_copies
         self.route_by_construction = True
@@ -200,6 +201,24 @@ class Topology:
         if nic is None:
             raise ValueError(f"GPU {gpu!r} has no NIC in this topology")
         return str(nic)
+
+    def gpu_nics(self) -> Mapping[str, str | None]:
+        """GPU -> its ``nic`` attribute (None: none), each read on first use (servers made on demand: from
+        the template, the server not made). KeyError for a name that is not a GPU's."""
+        if self._gpu_nics is None:
+            servers, node_data = servers_of(self.graph), self.graph._node
+
+            def nic(gpu: str) -> str | None:
+                if gpu not in self._gpu_index:
+                    raise KeyError(gpu)
+                if servers is not None and servers.sealed():
+                    hit = servers.split(gpu)
+                    if hit is not None and not servers.made(hit[0]):
+                        return servers.gpu_nic(gpu)
+                return node_data[gpu].get("nic")
+
+            self._gpu_nics = _Lookup(nic)
+        return self._gpu_nics
 
     def pcie_switch_of(self, gpu: str) -> str:
         """The PCIe switch ``gpu`` hangs off."""
@@ -372,11 +391,15 @@ class Topology:
                 fabric = clos.route_between(up[1], down[1], src, dst)
                 if fabric is not None:
                     return up[2] + fabric + down[2]
-        sd, dd = self._check_node(src), self._check_node(dst)
+        nodes = self._tables()[1]  # (a device's node: a server's made on demand is not made for it)
+        if src not in nodes:
+            self._check_node(src)
+        if dst not in nodes:
+            self._check_node(dst)
         if src == dst:
             return []
         hkey = f"{src}|{dst}"
-        s_node, d_node = sd.get("node"), dd.get("node")
+        s_node, d_node = nodes[src], nodes[dst]
         try:
             if s_node is not None and s_node == d_node:
                 return self._local(src, dst, s_node, hkey)
@@ -487,6 +510,10 @@ class Topology:
         nics = self._private_nics[cid]
         if nics is None:
             return False
+        servers = servers_of(self.graph)
+        if servers is not None and type(node) is int and 0 <= node < servers.num_nodes \
+                and not servers.made(node):  # (a copy of server 0, its GPUs' NICs those of its class)
+            return True
         p, node_data = f"n{node}.", self.graph._node
         return all(node_data[p + g].get("nic") == p + nic for g, nic in nics)
 
@@ -528,13 +555,15 @@ class Topology:
 
     def _exit_nic(self, n: str) -> str:
         """The NIC node-local device ``n`` uses to leave its node."""
-        data = self.graph._node[n]
-        if data["kind"] == "nic":
+        kind = self._tables()[0][n]
+        if kind == "nic":
             return n
-        if data["kind"] == "gpu":
-            if data.get("nic") is None:
+        if kind == "gpu":  # (its NIC attribute, its server not made: gpu_nics)
+            nic = self.gpu_nics()[n]
+            if nic is None:
                 raise _NoPath(f"GPU {n!r} has no NIC")
-            return str(data["nic"])
+            return str(nic)
+        data = self.graph._node[n]
         nics = [m for m, d in self.graph.nodes(data=True)
                 if d["kind"] == "nic" and d.get("node") == data["node"]]
         if not nics:
@@ -651,6 +680,7 @@ class Topology:
         self._edge_offsets = None
         self._gpu_nodes = None
         self._by_kind = None
+        self._gpu_nics = None
 
     # -- save / load --------------------------------------------------------------------------------
 
@@ -710,6 +740,18 @@ class _Offsets(dict):
         if hit is None:
             raise KeyError(key)
         self[key] = hit
+        return hit
+
+
+class _Lookup(dict):
+    """A dict whose value for a key is ``find(key)`` (KeyError: none), found on first use and kept."""
+
+    def __init__(self, find: Callable[[Any], Any]) -> None:
+        super().__init__()
+        self._find = find
+
+    def __missing__(self, key: Any) -> Any:
+        hit = self[key] = self._find(key)
         return hit
 
 

@@ -131,7 +131,7 @@ def _routes(topo: Any, pairs: list[tuple[str, str]], own: dict[Edge, float],
     clos = topo.constructed_fabric()
     if clos is None:
         return [route(a, b) for a, b in pairs]
-    gpu_nodes, node_data = topo.gpu_nodes(), topo.graph._node
+    gpu_nodes, nic_of = topo.gpu_nodes(), topo.gpu_nics()  # (GPU -> NIC, the server not made: hwmodel.servers)
     srcs, dsts = list(map(itemgetter(0), pairs)), list(map(itemgetter(1), pairs))
     src_nodes, dst_nodes = list(map(gpu_nodes.get, srcs)), list(map(gpu_nodes.get, dsts))  # (None: not a GPU)
     busy, own_nodes = _nodes_in_full(topo, pairs, own, ends, (src_nodes, dst_nodes))
@@ -156,12 +156,12 @@ def _routes(topo: Any, pairs: list[tuple[str, str]], own: dict[Edge, float],
     # None, as for pairs the fabric does not join; those are searched)
     if not busy and privates.issuperset(src_nodes) and privates.issuperset(dst_nodes):
         # (no pair inside a node or at a device that is not a GPU: every pair's nodes differ)
-        nics_a, nics_b = [node_data[a]["nic"] for a in srcs], [node_data[b]["nic"] for b in dsts]
+        nics_a, nics_b = [nic_of[a] for a in srcs], [nic_of[b] for b in dsts]
     else:
         fabric = [na != nb and na in privates and nb in privates
                   for na, nb in zip(src_nodes, dst_nodes, strict=True)]
-        nics_a = [node_data[a]["nic"] if f else "" for a, f in zip(srcs, fabric, strict=True)]
-        nics_b = [node_data[b]["nic"] if f else "" for b, f in zip(dsts, fabric, strict=True)]
+        nics_a = [nic_of[a] if f else "" for a, f in zip(srcs, fabric, strict=True)]
+        nics_b = [nic_of[b] if f else "" for b, f in zip(dsts, fabric, strict=True)]
     hops = clos.routes_between(nics_a, nics_b, srcs, dsts)
     if not whole_up and not whole_down and None not in hops:  # (every end left out: the fabric's hops)
         return cast(list[tuple[Edge, ...]], hops)
