@@ -30,12 +30,9 @@ The links report lists every link of a class under its own name with the class's
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import Any
 
 from hwmodel.fluid import Activity, FluidSystem, Resource
-
-if TYPE_CHECKING:
-    import networkx as nx
 
 Edge = tuple[str, str]
 
@@ -116,16 +113,17 @@ class LinkClasses:
 
     Args:
         fs: the cluster's fluid system.
-        graph: the topology graph (edge ``bandwidth_Bps`` and ``kind``).
+        link_data: a link's attributes (``bandwidth_Bps``, ``kind``): :meth:`hwmodel.topology.Topology.link_data`.
         edge_index: a link's solver tie-break index (its position in topology edge order).
         pinned: the link resources made for single use (:attr:`hwmodel.cluster.Cluster.links`).
         link: the cluster's link resource of an edge (made, pinned, on first use).
         enabled: False keeps every link its own resource (the reference the classes are tested against).
     """
 
-    def __init__(self, fs: FluidSystem, graph: nx.DiGraph, edge_index: Callable[[Edge], int],
-                 pinned: Mapping[Edge, Resource], link: Callable[[Edge], Resource], enabled: bool = True) -> None:
-        self._fs, self._adj, self._edge_index, self._pinned = fs, graph._adj, edge_index, pinned
+    def __init__(self, fs: FluidSystem, link_data: Callable[[str, str], dict[str, Any]],
+                 edge_index: Callable[[Edge], int], pinned: Mapping[Edge, Resource], link: Callable[[Edge], Resource],
+                 enabled: bool = True) -> None:
+        self._fs, self._data, self._edge_index, self._pinned = fs, link_data, edge_index, pinned
         self._link, self.enabled = link, enabled
         self._class_of: dict[Edge, LinkClass] = {}
         self._class_by_rep: dict[Resource, LinkClass] = {}
@@ -142,13 +140,13 @@ class LinkClasses:
             return {self._link(e): w for e, w in weights.items()}
         by_class: dict[LinkClass, dict[float, list[Edge]]] = {}
         fresh: dict[tuple[float, str, float], list[Edge]] = {}
-        adj, class_of, pinned = self._adj, self._class_of, self._pinned
+        data_of, class_of, pinned = self._data, self._class_of, self._pinned
         for e, w in weights.items():
             if e in pinned:
                 continue
             k = class_of.get(e)
             if k is None:
-                data = adj[e[0]][e[1]]
+                data = data_of(*e)
                 fresh.setdefault((float(data["bandwidth_Bps"]), data.get("kind", ""), w), []).append(e)
             else:
                 by_class.setdefault(k, {}).setdefault(w, []).append(e)
@@ -162,7 +160,7 @@ class LinkClasses:
         for (_, kind, _), edges in fresh.items():
             edges.sort(key=self._edge_index)
             u, v = edges[0]
-            data = adj[u][v]
+            data = data_of(u, v)
             rep = self._fs.add_resource(f"{u}->{v}", float(data["bandwidth_Bps"]), meta=("link", u, v, kind))
             rep.index = self._edge_index(edges[0])
             k = LinkClass(rep, edges)

@@ -130,6 +130,8 @@ class ServerTable:
         """The server's NICs by local name, in order."""
         self._gpus = [d for d in self.local if self.kind[d] == "gpu"]
         self._template_degree = [len(s) for s in self._succ]
+        self._succ_data = {d: dict(links) for d, links in zip(self.local, self._succ, strict=True)}
+        """Local name -> {local successor: the template's link attributes} (read, never handed to the graph)."""
         self._extra: dict[str, list[tuple[str, dict, dict]]] = {}
         """Device of a server not made yet -> its links to the fabric (other end, data out, data in)."""
         self._extra_degree: dict[str, int] = {}
@@ -191,6 +193,36 @@ class ServerTable:
             return None
         nic = self._attrs[self.local.index(hit[1])].get("nic")
         return None if nic is None else f"n{hit[0]}.{nic[len('n0.'):]}"
+
+    def edge_data(self, u: Any, v: Any) -> dict[str, Any] | None:
+        """The attributes of link ``u -> v`` when ``u``'s server is not made: the template's dict (the
+        same values as the link's own; read-only), else None (read the graph; so for a link it lacks)."""
+        if self.whole or dict.__contains__(self._succd, u):
+            return None
+        hit = self.split(u)
+        if hit is None:
+            return None
+        p = f"n{hit[0]}."
+        if type(v) is str and v.startswith(p):
+            data = self._succ_data[hit[1]].get(v[len(p):])
+            if data is not None:
+                return data
+        for w, d_out, _ in self._extra.get(u, ()):
+            if w == v:
+                return d_out
+        return None
+
+    def successor_positions(self, u: Any) -> dict[str, int] | None:
+        """``u``'s successors -> their place in its successor dict, when ``u``'s server is not made (else
+        None: read the graph)."""
+        if self.whole or dict.__contains__(self._succd, u):
+            return None
+        hit = self.split(u)
+        if hit is None:
+            return None
+        p = f"n{hit[0]}."
+        names = [p + v for v, _ in self._succ[self.local.index(hit[1])]] + [w for w, _, _ in self._extra.get(u, ())]
+        return {w: k for k, w in enumerate(names)}
 
     def first_devices(self) -> list[str]:
         """Server 0's devices in graph order."""

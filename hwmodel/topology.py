@@ -97,7 +97,7 @@ class Topology:
         # (networkx's plain node and successor dicts, in its iteration order: off its views, which cost
         # more than the checks on a 100,000-GPU cluster)
         node_data, adj = graph._node, graph._adj
-        servers = servers_of(graph)  # (servers made on demand: checked as the template they copy)
+        servers = self._on_demand = servers_of(graph)  # (servers made on demand: checked as their template)
         for n, data in dict.items(node_data) if servers is not None else node_data.items():
             if "kind" not in data:
                 raise ValueError(f"topology node {n!r} has no 'kind' attribute")
@@ -328,6 +328,32 @@ class Topology:
             self._gpu_nodes = {g: int(nodes[g]["node"]) for g in self._gpus}
         return self._gpu_nodes
 
+    def link_data(self, u: str, v: str) -> dict[str, Any]:
+        """Attributes of the directed link ``u -> v`` for reading (KeyError if absent): a server made on
+        demand (:mod:`hwmodel.servers`) is not made for it, its template's attributes are read. Do not
+        change the dict (:meth:`link` is the graph's own)."""
+        servers = self._on_demand
+        if servers is not None:
+            hit = servers.edge_data(u, v)
+            if hit is not None:
+                return hit
+        return self.graph._adj[u][v]
+
+    def has_link(self, u: str, v: str) -> bool:
+        """Whether the directed link ``u -> v`` exists (as :meth:`link_data`, no server made for it)."""
+        try:
+            self.link_data(u, v)
+        except (KeyError, TypeError):
+            return False
+        return True
+
+    def successor_positions(self, u: str) -> dict[str, int]:
+        """``u``'s successors -> their place among its out-going links in ``graph.edges()`` order (a server
+        made on demand is not made for it)."""
+        servers = self._on_demand
+        hit = None if servers is None else servers.successor_positions(u)
+        return hit if hit is not None else {w: i for i, w in enumerate(self.graph._adj[u])}
+
     def link(self, u: str, v: str) -> dict[str, Any]:
         """Attributes of the directed link ``u -> v`` (KeyError naming it if absent)."""
         try:
@@ -355,6 +381,11 @@ class Topology:
         """Device -> its kind (``gpu``, ``nic``, ``ib_switch``, ...), as a plain dict (built once)."""
         return self._tables()[0]
 
+    def device_nodes(self) -> dict[str, Any]:
+        """Device -> its node index (None for a fabric device), as a plain dict (built once; servers made on
+        demand: each entry found from the device's name, the server not made)."""
+        return self._tables()[1]
+
     def route_edges(self, src: str, dst: str) -> tuple[Edge, ...]:
         """:meth:`route` as a tuple, from the cache when there, else computed and NOT cached: for the
         routes of symmetric mirrors, asked once each, whose cache would grow with the cluster."""
@@ -363,13 +394,13 @@ class Topology:
 
     def path_latency_s(self, route: Sequence[Edge]) -> float:
         """Sum of the links' latencies along ``route`` (s)."""
-        edges = self.graph.edges
-        return sum(edges[u, v]["latency_s"] for u, v in route)
+        data = self.link_data
+        return sum(data(u, v)["latency_s"] for u, v in route)
 
     def bottleneck_Bps(self, route: Sequence[Edge]) -> float:
         """Smallest link bandwidth along ``route`` (bytes/s per direction); ``inf`` for an empty route."""
-        edges = self.graph.edges
-        return min((edges[u, v]["bandwidth_Bps"] for u, v in route), default=math.inf)
+        data = self.link_data
+        return min((data(u, v)["bandwidth_Bps"] for u, v in route), default=math.inf)
 
     def _check_node(self, n: str) -> dict[str, Any]:
         data = self.graph._node.get(n)  # (networkx's plain node dict: off its views, once per route end)
@@ -665,6 +696,7 @@ class Topology:
         servers = getattr(self.graph, "on_demand", None)
         if isinstance(servers, ServerTable):
             servers.complete()
+        self._on_demand = None
         self._routes.clear()
         self._dist.clear()
         self._segments.clear()

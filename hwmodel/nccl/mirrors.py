@@ -83,10 +83,10 @@ def _add_edge_weights(engine: NcclEngine, plan: Plan, flows: Laid, efficiency: d
         for frac, edges in flows:
             for e in edges:
                 per_byte[e] = per_byte.get(e, 0.0) + frac
-    adj = engine.cluster.topology.graph._adj  # (networkx's plain successor dicts: off its views)
+    data_of = engine.cluster.topology.link_data  # (no server made on demand for it: hwmodel.servers)
     pairs = per_byte.items() if isinstance(per_byte, dict) else ((e, 1.0) for e in per_byte)
     for e, w in pairs:
-        kind = adj[e[0]][e[1]].get("kind", "")
+        kind = data_of(*e).get("kind", "")
         eff = efficiency.get(kind)
         if eff is None:
             eff = efficiency[kind] = engine.link_efficiency_of_kind(kind)
@@ -196,7 +196,7 @@ def _nodes_in_full(topo: Any, pairs: list[tuple[str, str]], own: dict[Edge, floa
     there compared with ``own``): not the edges of its GPUs' own segments, which the segments of the
     other GPUs of their (private) nodes do not cross. ``nodes``: the node of each pair's source and of
     its destination (None: not a GPU), when the caller has them."""
-    gpu_nodes, node_data = topo.gpu_nodes(), topo.graph._node
+    gpu_nodes, node_of = topo.gpu_nodes(), topo.device_nodes()  # (no server made on demand: hwmodel.servers)
     if nodes is None:
         nodes = [gpu_nodes.get(a) for a, _ in pairs], [gpu_nodes.get(b) for _, b in pairs]
     busy: set[Any] = set()
@@ -205,8 +205,8 @@ def _nodes_in_full(topo: Any, pairs: list[tuple[str, str]], own: dict[Edge, floa
         pairs = []  # (every pair between GPUs of two nodes: no node is busy)
     for (a, b), na, nb in zip(pairs, *nodes, strict=False):
         if na is None or nb is None or na == nb:
-            busy.add(node_data.get(a, {}).get("node") if na is None else na)
-            busy.add(node_data.get(b, {}).get("node") if nb is None else nb)
+            busy.add(node_of.get(a) if na is None else na)
+            busy.add(node_of.get(b) if nb is None else nb)
     own_rest = set(own)
     for g in ends:
         n = gpu_nodes.get(g)
@@ -215,8 +215,8 @@ def _nodes_in_full(topo: Any, pairs: list[tuple[str, str]], own: dict[Edge, floa
             own_rest.difference_update(topo.end_segment(g, False))
     own_nodes = set()  # (a segment's edges join devices of its node: a NIC's link to its leaf is not one)
     for u, v in own_rest:
-        n = node_data[u].get("node")
-        if n is not None and node_data[v].get("node") == n:
+        n = node_of[u]
+        if n is not None and node_of[v] == n:
             own_nodes.add(n)
     return busy, own_nodes
 
@@ -256,13 +256,13 @@ def _pairs_kept(engine: NcclEngine, proto_w: float, pairs: list[tuple[str, ...]]
         return None  # (a route that is empty or crosses an edge twice; by map: a thousand routes a merge)
     counts: Counter[Edge] = Counter()  # (first use order, as the edge-by-edge loop: a dict)
     counts.update(chain.from_iterable(routes))
-    adj = engine.cluster.topology.graph._adj
+    data_of = engine.cluster.topology.link_data
     kinds = engine.cluster.topology.device_kinds()
     x_of_kind: dict[str, float] = {}
     efficiency: dict[str, float] = {}
 
     def x_of(e: Edge) -> float:
-        kind = adj[e[0]][e[1]].get("kind", "")
+        kind = data_of(*e).get("kind", "")
         x = x_of_kind.get(kind)
         if x is None:
             eff = efficiency[kind] = efficiency.get(kind) or engine.link_efficiency_of_kind(kind)
