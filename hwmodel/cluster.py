@@ -86,8 +86,8 @@ class Cluster:
             topology.num_links, self._make_link)
         """Directed edge -> resource (capacity in bytes/s), made on first use (a link of a class is
         pinned: taken out of it, see :mod:`hwmodel.link_classes`)."""
-        self.link_classes = LinkClasses(self.fs, topology.link_data, self._edge_index, self.links._made, self.links.__getitem__,
-                                        link_classes)
+        self.link_classes = LinkClasses(self.fs, topology.link_data, self._edge_index, self.links._made,
+                                        self.links.__getitem__, link_classes)
         """The links only merged mirrored traffic loads, in classes of equivalent links."""
         self._cost_model = cost_model or KernelCostModel(topology.gpu_spec, sustained=True)
         gpu_names = topology.gpus()

@@ -67,19 +67,19 @@ class OnDemandDict(dict):
         self._all()
         return dict.__iter__(self)
 
-    def keys(self):  # type: ignore[override]
+    def keys(self):
         self._all()
         return dict.keys(self)
 
-    def values(self):  # type: ignore[override]
+    def values(self):
         self._all()
         return dict.values(self)
 
-    def items(self):  # type: ignore[override]
+    def items(self):
         self._all()
         return dict.items(self)
 
-    def copy(self) -> dict:  # type: ignore[override]
+    def copy(self) -> dict:
         self._all()
         return dict(dict.items(self))
 
@@ -92,7 +92,7 @@ class OnDemandDict(dict):
     def __ne__(self, other: object) -> bool:
         return not self == other
 
-    __hash__ = None  # type: ignore[assignment]
+    __hash__ = None
 
     def __repr__(self) -> str:
         self._all()
@@ -187,12 +187,25 @@ class ServerTable:
         return bool(self._made[i])
 
     def gpu_nic(self, gpu: str) -> str | None:
-        """A server GPU's ``nic`` attribute, its server not made (None: not a server GPU, or no NIC)."""
+        """A server GPU's ``nic`` attribute (None: none), its server not made (KeyError: not a GPU)."""
         hit = self.split(gpu)
         if hit is None or self.kind[hit[1]] != "gpu":
-            return None
+            raise KeyError(gpu)
+        if self._made[hit[0]] or self.whole:
+            return dict.__getitem__(self._node, gpu).get("nic")
         nic = self._attrs[self.local.index(hit[1])].get("nic")
         return None if nic is None else f"n{hit[0]}.{nic[len('n0.'):]}"
+
+    def copy_of_0(self, node: Any) -> bool:
+        """Whether ``node`` is a server not made (yet): a renamed copy of server 0, attributes included."""
+        return type(node) is int and 0 <= node < self.num_nodes and not self._made[node] and not self.whole
+
+    def names_by_kind(self) -> dict[str, list[str]]:
+        """Kind -> every device of it (servers' by index, then the fabric's), no server made."""
+        out = {k: self.names_of_kind(k) for k in dict.fromkeys(self.kind.values())}
+        for n in self.fabric_names():
+            out.setdefault(dict.__getitem__(self._node, n)["kind"], []).append(n)
+        return out
 
     def edge_data(self, u: Any, v: Any) -> dict[str, Any] | None:
         """The attributes of link ``u -> v`` when ``u``'s server is not made: the template's dict (the
@@ -320,10 +333,11 @@ class ServerTable:
 
     # -- the graph's order, by arithmetic -------------------------------------------------------------
 
-    def edge_offsets(self) -> tuple[Callable[[str], int | None], int]:
+    def edge_offsets(self) -> tuple[dict[str, int], int]:
         """(device -> position of its first out-going link in ``graph.edges()`` order of the full graph,
-        number of links), without making a server. Needs :meth:`seal` to have kept the servers on demand."""
-        assert self._fabric is not None and not self.whole
+        each found on first use; number of links), without making a server. Needs :meth:`seal` to have
+        kept the servers on demand."""
+        assert self._fabric is not None  # (sealed: the arithmetic holds while the graph is unchanged)
         first, total = {}, 0
         for d, deg in zip(self.local, self._template_degree, strict=True):
             first[d] = total
@@ -335,14 +349,16 @@ class ServerTable:
             fabric[name] = total
             total += len(dict.__getitem__(succd, name))
 
-        def offset(name: str) -> int | None:
+        def offset(name: str) -> int:
             hit = fabric.get(name)
             if hit is not None:
                 return hit
             s = self.split(name)
-            return None if s is None else s[0] * per_server + first[s[1]]
+            if s is None:
+                raise KeyError(name)
+            return s[0] * per_server + first[s[1]]
 
-        return offset, total
+        return Lookup(offset), total
 
     def fabric_names(self) -> list[str]:
         """The devices other than the servers', in graph order (the fabric's switches)."""
@@ -358,6 +374,18 @@ def servers_of(g: nx.DiGraph) -> ServerTable | None:
     """The graph's :class:`ServerTable` while its servers are on demand (sealed, not made whole), else None."""
     sv = getattr(g, "on_demand", None)
     return sv if isinstance(sv, ServerTable) and sv.sealed() else None
+
+
+class Lookup(dict):
+    """A dict whose value for a missing key is ``find(key)`` (KeyError: none), found once and kept."""
+
+    def __init__(self, find: Callable[[Any], Any]) -> None:
+        super().__init__()
+        self._find = find
+
+    def __missing__(self, key: Any) -> Any:
+        hit = self[key] = self._find(key)
+        return hit
 
 
 class AttributeTable(OnDemandDict):

@@ -38,13 +38,11 @@ The builders live beside this module and are re-exported here: :mod:`hwmodel.nod
 from __future__ import annotations
 
 import heapq
-import json
 import math
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import repeat
 from operator import and_, eq
-from pathlib import Path
 from typing import Any
 
 import networkx as nx
@@ -53,22 +51,22 @@ import networkx as nx
 from hwmodel.fabric import FABRICS, build_cluster, fat_tree, rail_optimized, single_switch
 from hwmodel.node import NodeSpec, generic_node
 from hwmodel.routing import ROUTE_COST, ClosRoutes, CostRows, NodeClasses
-from hwmodel.servers import AttributeTable, ServerTable, servers_of
-from hwmodel.specs import GPUSpec, NICSpec, get_gpu, get_nic
+from hwmodel.servers import AttributeTable, Lookup, ServerTable, servers_of
+from hwmodel.specs import GPUSpec, NICSpec
 from hwmodel.systems import SystemSpec, build_system, dgx_a100, dgx_h100, get_system, known_systems, load_cluster_file
+from hwmodel.topology_file import TopologyFile
 
 Edge = tuple[str, str]
 
 _LOCAL_TRANSIT = frozenset({"nvswitch", "pcie_switch", "cpu"})
 _FABRIC_TRANSIT = frozenset({"ib_switch"})
-_FORMAT = "trainsim-topology"
 
 
 # ----------------------------------------------------------------------------------------------------
 # The topology
 
 
-class Topology:
+class Topology(TopologyFile):
     """A cluster: ``graph`` (nx.DiGraph of typed devices and directed links) plus the specs it uses.
 
     Args:
@@ -97,7 +95,7 @@ class Topology:
         # (networkx's plain node and successor dicts, in its iteration order: off its views, which cost
         # more than the checks on a 100,000-GPU cluster)
         node_data, adj = graph._node, graph._adj
-        servers = self._on_demand = servers_of(graph)  # (servers made on demand: checked as their template)
+        servers = self._on_demand = servers_of(graph)  # (servers made on demand: hwmodel.servers)
         for n, data in dict.items(node_data) if servers is not None else node_data.items():
             if "kind" not in data:
                 raise ValueError(f"topology node {n!r} has no 'kind' attribute")
@@ -110,15 +108,13 @@ class Topology:
                     if attr not in data:
                         raise ValueError(f"topology edge {u!r}->{v!r} has no {attr!r} attribute")
                 raise ValueError(f"topology edge {u!r}->{v!r}: bandwidth_Bps must be > 0 and latency_s >= 0")
-        if servers is not None:  # (node-major, in the template's order: the sort below, by construction)
-            self._gpus: tuple[str, ...] = tuple(servers.gpu_names())
-        else:
-            gpus = [n for n, d in node_data.items() if d["kind"] == "gpu"]
-            for n in gpus:
-                for attr in ("node", "index"):
-                    if node_data[n].get(attr) is None:
-                        raise ValueError(f"GPU node {n!r} has no {attr!r} attribute")
-            self._gpus = tuple(sorted(gpus, key=lambda n: (node_data[n]["node"], node_data[n]["index"], n)))
+        gpus = [n for n, d in node_data.items() if d["kind"] == "gpu"] if servers is None else []
+        for n in gpus:
+            for attr in ("node", "index"):
+                if node_data[n].get(attr) is None:
+                    raise ValueError(f"GPU node {n!r} has no {attr!r} attribute")
+        self._gpus: tuple[str, ...] = tuple(servers.gpu_names()) if servers is not None else tuple(  # (as sorted)
+            sorted(gpus, key=lambda n: (node_data[n]["node"], node_data[n]["index"], n)))
         self._gpu_index = {g: i for i, g in enumerate(self._gpus)}
         self._routes: dict[Edge, tuple[Edge, ...]] = {}
         self._route_tables: tuple | None = None
@@ -203,21 +199,11 @@ class Topology:
         return str(nic)
 
     def gpu_nics(self) -> Mapping[str, str | None]:
-        """GPU -> its ``nic`` attribute (None: none), each read on first use (servers made on demand: from
-        the template, the server not made). KeyError for a name that is not a GPU's."""
+        """GPU -> its ``nic`` attribute (None: none; KeyError: not a GPU), read on first use, no server made."""
         if self._gpu_nics is None:
-            servers, node_data = servers_of(self.graph), self.graph._node
-
-            def nic(gpu: str) -> str | None:
-                if gpu not in self._gpu_index:
-                    raise KeyError(gpu)
-                if servers is not None and servers.sealed():
-                    hit = servers.split(gpu)
-                    if hit is not None and not servers.made(hit[0]):
-                        return servers.gpu_nic(gpu)
-                return node_data[gpu].get("nic")
-
-            self._gpu_nics = _Lookup(nic)
+            node_data, index = self.graph._node, self._gpu_index
+            self._gpu_nics = Lookup(self._on_demand.gpu_nic if self._on_demand is not None
+                                    else lambda g: node_data[g].get("nic") if g in index else index[g])
         return self._gpu_nics
 
     def pcie_switch_of(self, gpu: str) -> str:
@@ -259,9 +245,8 @@ class Topology:
     @property
     def nics_per_node(self) -> int:
         """Compute NICs per node (0 for a single node without a fabric)."""
-        servers = servers_of(self.graph)
-        if self._nics_per_node is None and servers is not None:  # (the first GPU's node: server 0, a copy)
-            self._nics_per_node = len(servers.nics) if self._gpus else 0
+        if self._nics_per_node is None and self._on_demand is not None:  # (the first GPU's: server 0's)
+            self._nics_per_node = len(self._on_demand.nics) if self._gpus else 0
         if self._nics_per_node is None:  # (the NICs of the first GPU's node, by C-level scans of the tables)
             kinds, nodes, _ = self._tables()
             node = self.graph.nodes[self._gpus[0]]["node"] if self._gpus else None
@@ -280,11 +265,8 @@ class Topology:
     def nodes_of_kind(self, kind: str, **attrs: Any) -> list[str]:
         """Names of devices of ``kind`` (e.g. ``ib_switch``) whose attributes match ``attrs``."""
         node_data = self.graph._node
-        servers = servers_of(self.graph)
-        if self._by_kind is None and servers is not None:  # (names by arithmetic: no server made)
-            self._by_kind = {k: servers.names_of_kind(k) for k in dict.fromkeys(servers.kind.values())}
-            for n in servers.fabric_names():
-                self._by_kind.setdefault(node_data[n]["kind"], []).append(n)
+        if self._by_kind is None and self._on_demand is not None:  # (names by arithmetic: no server made)
+            self._by_kind = self._on_demand.names_by_kind()
         if self._by_kind is None:  # (built once, of names: a (name, attributes) pair stays tracked by the gc)
             self._by_kind = {}
             for n, d in node_data.items():
@@ -297,12 +279,10 @@ class Topology:
 
     def edge_offsets(self) -> Mapping[str, int]:
         """Device -> position of its first out-going link in ``graph.edges()`` order (cached), so that a
-        link's position is ``offset[u]`` + its place among ``u``'s successors without listing all links.
-        Servers made on demand: by arithmetic over the template (:meth:`ServerTable.edge_offsets`)."""
-        servers = servers_of(self.graph)
-        if self._edge_offsets is None and servers is not None:
-            offset, self._num_links = servers.edge_offsets()
-            self._edge_offsets = _Offsets(offset)
+        link's position is ``offset[u]`` + its place among ``u``'s successors without listing all links
+        (servers made on demand: by arithmetic, :meth:`ServerTable.edge_offsets`)."""
+        if self._edge_offsets is None and self._on_demand is not None:
+            self._edge_offsets, self._num_links = self._on_demand.edge_offsets()
         if self._edge_offsets is None:
             total = 0
             self._edge_offsets = {}
@@ -320,38 +300,30 @@ class Topology:
 
     def gpu_nodes(self) -> dict[str, int]:
         """GPU name -> its node index, for every GPU (built once; treat it as read-only)."""
-        servers = servers_of(self.graph)
-        if self._gpu_nodes is None and servers is not None:
-            self._gpu_nodes = servers.gpu_nodes()
+        if self._gpu_nodes is None and self._on_demand is not None:
+            self._gpu_nodes = self._on_demand.gpu_nodes()
         if self._gpu_nodes is None:
             nodes = self.graph._node
             self._gpu_nodes = {g: int(nodes[g]["node"]) for g in self._gpus}
         return self._gpu_nodes
 
     def link_data(self, u: str, v: str) -> dict[str, Any]:
-        """Attributes of the directed link ``u -> v`` for reading (KeyError if absent): a server made on
-        demand (:mod:`hwmodel.servers`) is not made for it, its template's attributes are read. Do not
-        change the dict (:meth:`link` is the graph's own)."""
-        servers = self._on_demand
-        if servers is not None:
-            hit = servers.edge_data(u, v)
-            if hit is not None:
-                return hit
-        return self.graph._adj[u][v]
+        """Attributes of the directed link ``u -> v`` to read, not change (KeyError if absent); no server
+        made on demand is made for it (:mod:`hwmodel.servers`): its template's are read."""
+        hit = None if self._on_demand is None else self._on_demand.edge_data(u, v)
+        return hit if hit is not None else self.graph._adj[u][v]
 
     def has_link(self, u: str, v: str) -> bool:
         """Whether the directed link ``u -> v`` exists (as :meth:`link_data`, no server made for it)."""
         try:
-            self.link_data(u, v)
+            return self.link_data(u, v) is not None
         except (KeyError, TypeError):
             return False
-        return True
 
     def successor_positions(self, u: str) -> dict[str, int]:
         """``u``'s successors -> their place among its out-going links in ``graph.edges()`` order (a server
         made on demand is not made for it)."""
-        servers = self._on_demand
-        hit = None if servers is None else servers.successor_positions(u)
+        hit = None if self._on_demand is None else self._on_demand.successor_positions(u)
         return hit if hit is not None else {w: i for i, w in enumerate(self.graph._adj[u])}
 
     def link(self, u: str, v: str) -> dict[str, Any]:
@@ -382,8 +354,7 @@ class Topology:
         return self._tables()[0]
 
     def device_nodes(self) -> dict[str, Any]:
-        """Device -> its node index (None for a fabric device), as a plain dict (built once; servers made on
-        demand: each entry found from the device's name, the server not made)."""
+        """Device -> its node index (None for a fabric device), as :meth:`device_kinds` (built once)."""
         return self._tables()[1]
 
     def route_edges(self, src: str, dst: str) -> tuple[Edge, ...]:
@@ -490,9 +461,8 @@ class Topology:
     def _classes(self) -> NodeClasses:
         if self._node_classes is None:
             kinds, nodes, _ = self._tables()
-            servers = servers_of(self.graph)
             self._node_classes = NodeClasses(kinds, nodes, self._succ_cost(), self.graph._succ, self._node_copies,
-                                             None if servers is None else servers.first_devices())
+                                             None if self._on_demand is None else self._on_demand.first_devices())
         return self._node_classes
 
     def constructed_fabric(self) -> ClosRoutes | None:
@@ -541,9 +511,7 @@ class Topology:
         nics = self._private_nics[cid]
         if nics is None:
             return False
-        servers = servers_of(self.graph)
-        if servers is not None and type(node) is int and 0 <= node < servers.num_nodes \
-                and not servers.made(node):  # (a copy of server 0, its GPUs' NICs those of its class)
+        if self._on_demand is not None and self._on_demand.copy_of_0(node):  # (its GPUs' NICs: its class's)
             return True
         p, node_data = f"n{node}.", self.graph._node
         return all(node_data[p + g].get("nic") == p + nic for g, nic in nics)
@@ -605,7 +573,7 @@ class Topology:
         """(device -> kind, device -> node index, device -> {predecessor: routing cost}), built once:
         plain dicts keep the Dijkstra loops off networkx's views. A device's routing costs are read from
         the graph when first asked (:class:`CostRows`): constructed routes ask few devices."""
-        servers = servers_of(self.graph)
+        servers = self._on_demand
         if self._route_tables is None and servers is not None:  # (a server device's from its name)
             self._route_tables = (AttributeTable(servers, "kind"), AttributeTable(servers, "node"),
                                   CostRows(self.graph._pred))
@@ -691,11 +659,9 @@ class Topology:
         return out, unique
 
     def clear_route_cache(self) -> None:
-        """Forget cached routes; call after changing :attr:`graph` (treat it as read-only otherwise).
-        Servers made on demand are all made first: the graph may no longer be their copies."""
-        servers = getattr(self.graph, "on_demand", None)
-        if isinstance(servers, ServerTable):
-            servers.complete()
+        """Forget cached routes (and make every server made on demand); call after changing :attr:`graph`."""
+        if isinstance(getattr(self.graph, "on_demand", None), ServerTable):
+            self.graph.on_demand.complete()
         self._on_demand = None
         self._routes.clear()
         self._dist.clear()
@@ -714,77 +680,9 @@ class Topology:
         self._by_kind = None
         self._gpu_nics = None
 
-    # -- save / load --------------------------------------------------------------------------------
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able dict: networkx node-link data plus the specs (inverse: :meth:`from_dict`)."""
-        data = nx.node_link_data(self.graph, edges="links")
-        return {"format": _FORMAT, "version": 1, "gpu_spec": self.gpu_spec.to_dict(),
-                "nic_spec": None if self.nic_spec is None else self.nic_spec.to_dict(), "topology": data}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Topology:
-        """Inverse of :meth:`to_dict`. ``gpu_spec`` may also be a GPU name (e.g. ``"H100"``)."""
-        if d.get("format") != _FORMAT:
-            raise ValueError(f"not a trainsim topology (format {d.get('format')!r}, expected {_FORMAT!r})")
-        graph = nx.node_link_graph(d["topology"], directed=True, multigraph=False, edges="links")
-        gs = d["gpu_spec"]
-        gpu = get_gpu(gs) if isinstance(gs, str) else GPUSpec.from_dict(gs)
-        ns = d.get("nic_spec")
-        nic = None if ns is None else (get_nic(ns) if isinstance(ns, str) else NICSpec.from_dict(ns))
-        return cls(graph, gpu, nic)
-
-    def save(self, path: str | Path) -> None:
-        """Write the topology as JSON (node-link data) so users can describe their own clusters."""
-        Path(path).write_text(json.dumps(self.to_dict(), indent=1), encoding="utf-8")
-
-    @classmethod
-    def load(cls, path: str | Path) -> Topology:
-        """Read a topology written by :meth:`save` (or by hand in the same format)."""
-        return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Topology):
-            return NotImplemented
-        return (self.gpu_spec == other.gpu_spec and self.nic_spec == other.nic_spec
-                and self.graph.graph == other.graph.graph
-                and dict(self.graph.nodes(data=True)) == dict(other.graph.nodes(data=True))
-                and {(u, v): d for u, v, d in self.graph.edges(data=True)}
-                == {(u, v): d for u, v, d in other.graph.edges(data=True)})
-
-    __hash__ = None  # type: ignore[assignment]
-
 
 class _NoPath(Exception):
     pass
-
-
-class _Offsets(dict):
-    """Device -> position of its first out-going link (:meth:`Topology.edge_offsets`), each found by
-    ``offset(device)`` on first use (None: not a device, KeyError)."""
-
-    def __init__(self, offset: Callable[[str], int | None]) -> None:
-        super().__init__()
-        self._offset = offset
-
-    def __missing__(self, key: str) -> int:
-        hit = self._offset(key)
-        if hit is None:
-            raise KeyError(key)
-        self[key] = hit
-        return hit
-
-
-class _Lookup(dict):
-    """A dict whose value for a key is ``find(key)`` (KeyError: none), found on first use and kept."""
-
-    def __init__(self, find: Callable[[Any], Any]) -> None:
-        super().__init__()
-        self._find = find
-
-    def __missing__(self, key: Any) -> Any:
-        hit = self[key] = self._find(key)
-        return hit
 
 
 def iter_links(topo: Topology, kind: str | None = None) -> Iterable[tuple[str, str, dict[str, Any]]]:
