@@ -82,11 +82,11 @@ class Cluster:
         self._edge_pos: dict[str, dict[str, int]] = {}
         self._num_edges = topology.num_links()
         self.links: OnDemand[tuple[str, str], Resource] = OnDemand(
-            lambda e: isinstance(e, tuple) and len(e) == 2 and topology.has_link(*e), lambda: iter(g.edges()),
+            self._has_link, lambda: iter(g.edges()),
             topology.num_links, self._make_link)
         """Directed edge -> resource (capacity in bytes/s), made on first use (a link of a class is
         pinned: taken out of it, see :mod:`hwmodel.link_classes`)."""
-        self.link_classes = LinkClasses(self.fs, topology.link_data, self._edge_index, self.links._made,
+        self.link_classes = LinkClasses(self.fs, topology.link_rows(), self._edge_index, self.links._made,
                                         self.links.__getitem__, link_classes)
         """The links only merged mirrored traffic loads, in classes of equivalent links."""
         self._cost_model = cost_model or KernelCostModel(topology.gpu_spec, sustained=True)
@@ -111,8 +111,15 @@ class Cluster:
         u, v = edge
         pos = self._edge_pos.get(u)
         if pos is None:
-            pos = self._edge_pos[u] = self.topology.successor_positions(u)
+            pos = self._edge_pos[u] = {w: i for i, w in enumerate(self.topology.link_rows()[u])}
         return self._edge_base[u] + pos[v]
+
+    def _has_link(self, edge: object) -> bool:
+        """Whether ``edge`` is a directed link (:meth:`Topology.link_rows`: no server made on demand for it)."""
+        try:
+            return isinstance(edge, tuple) and len(edge) == 2 and edge[1] in self.topology.link_rows()[edge[0]]
+        except (KeyError, TypeError):
+            return False
 
     def _make_gpu(self, name: str) -> GPU:
         gpu = GPU(self.fs, name, self.topology.gpu_spec, self._cost_model)

@@ -113,17 +113,18 @@ class LinkClasses:
 
     Args:
         fs: the cluster's fluid system.
-        link_data: a link's attributes (``bandwidth_Bps``, ``kind``): :meth:`hwmodel.topology.Topology.link_data`.
+        adj: device -> {successor: link attributes} (``bandwidth_Bps``, ``kind``; read only):
+            :meth:`hwmodel.topology.Topology.link_rows`.
         edge_index: a link's solver tie-break index (its position in topology edge order).
         pinned: the link resources made for single use (:attr:`hwmodel.cluster.Cluster.links`).
         link: the cluster's link resource of an edge (made, pinned, on first use).
         enabled: False keeps every link its own resource (the reference the classes are tested against).
     """
 
-    def __init__(self, fs: FluidSystem, link_data: Callable[[str, str], dict[str, Any]],
+    def __init__(self, fs: FluidSystem, adj: Mapping[str, Mapping[str, dict[str, Any]]],
                  edge_index: Callable[[Edge], int], pinned: Mapping[Edge, Resource], link: Callable[[Edge], Resource],
                  enabled: bool = True) -> None:
-        self._fs, self._data, self._edge_index, self._pinned = fs, link_data, edge_index, pinned
+        self._fs, self._adj, self._edge_index, self._pinned = fs, adj, edge_index, pinned
         self._link, self.enabled = link, enabled
         self._class_of: dict[Edge, LinkClass] = {}
         self._class_by_rep: dict[Resource, LinkClass] = {}
@@ -140,13 +141,13 @@ class LinkClasses:
             return {self._link(e): w for e, w in weights.items()}
         by_class: dict[LinkClass, dict[float, list[Edge]]] = {}
         fresh: dict[tuple[float, str, float], list[Edge]] = {}
-        data_of, class_of, pinned = self._data, self._class_of, self._pinned
+        adj, class_of, pinned = self._adj, self._class_of, self._pinned
         for e, w in weights.items():
             if e in pinned:
                 continue
             k = class_of.get(e)
             if k is None:
-                data = data_of(*e)
+                data = adj[e[0]][e[1]]
                 fresh.setdefault((float(data["bandwidth_Bps"]), data.get("kind", ""), w), []).append(e)
             else:
                 by_class.setdefault(k, {}).setdefault(w, []).append(e)
@@ -160,7 +161,7 @@ class LinkClasses:
         for (_, kind, _), edges in fresh.items():
             edges.sort(key=self._edge_index)
             u, v = edges[0]
-            data = data_of(u, v)
+            data = adj[u][v]
             rep = self._fs.add_resource(f"{u}->{v}", float(data["bandwidth_Bps"]), meta=("link", u, v, kind))
             rep.index = self._edge_index(edges[0])
             k = LinkClass(rep, edges)

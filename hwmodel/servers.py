@@ -130,8 +130,7 @@ class ServerTable:
         """The server's NICs by local name, in order."""
         self._gpus = [d for d in self.local if self.kind[d] == "gpu"]
         self._template_degree = [len(s) for s in self._succ]
-        self._succ_data = {d: dict(links) for d, links in zip(self.local, self._succ, strict=True)}
-        """Local name -> {local successor: the template's link attributes} (read, never handed to the graph)."""
+        self._at = {d: k for k, d in enumerate(self.local)}
         self._extra: dict[str, list[tuple[str, dict, dict]]] = {}
         """Device of a server not made yet -> its links to the fabric (other end, data out, data in)."""
         self._extra_degree: dict[str, int] = {}
@@ -193,7 +192,7 @@ class ServerTable:
             raise KeyError(gpu)
         if self._made[hit[0]] or self.whole:
             return dict.__getitem__(self._node, gpu).get("nic")
-        nic = self._attrs[self.local.index(hit[1])].get("nic")
+        nic = self._attrs[self._at[hit[1]]].get("nic")
         return None if nic is None else f"n{hit[0]}.{nic[len('n0.'):]}"
 
     def copy_of_0(self, node: Any) -> bool:
@@ -207,35 +206,20 @@ class ServerTable:
             out.setdefault(dict.__getitem__(self._node, n)["kind"], []).append(n)
         return out
 
-    def edge_data(self, u: Any, v: Any) -> dict[str, Any] | None:
-        """The attributes of link ``u -> v`` when ``u``'s server is not made: the template's dict (the
-        same values as the link's own; read-only), else None (read the graph; so for a link it lacks)."""
+    def row(self, u: Any) -> dict[str, dict[str, Any]]:
+        """``u``'s successor dict (successor -> link attributes, in the graph's order) for reading: the
+        graph's own, or for a device of a server not made a renamed one of the template's (the same
+        attribute values, the template's dicts: read-only). KeyError: not a device."""
         if self.whole or dict.__contains__(self._succd, u):
-            return None
+            return dict.__getitem__(self._succd, u)
         hit = self.split(u)
         if hit is None:
-            return None
+            raise KeyError(u)
         p = f"n{hit[0]}."
-        if type(v) is str and v.startswith(p):
-            data = self._succ_data[hit[1]].get(v[len(p):])
-            if data is not None:
-                return data
+        out = {p + v: data for v, data in self._succ[self._at[hit[1]]]}
         for w, d_out, _ in self._extra.get(u, ()):
-            if w == v:
-                return d_out
-        return None
-
-    def successor_positions(self, u: Any) -> dict[str, int] | None:
-        """``u``'s successors -> their place in its successor dict, when ``u``'s server is not made (else
-        None: read the graph)."""
-        if self.whole or dict.__contains__(self._succd, u):
-            return None
-        hit = self.split(u)
-        if hit is None:
-            return None
-        p = f"n{hit[0]}."
-        names = [p + v for v, _ in self._succ[self.local.index(hit[1])]] + [w for w, _, _ in self._extra.get(u, ())]
-        return {w: k for k, w in enumerate(names)}
+            out[w] = d_out
+        return out
 
     def first_devices(self) -> list[str]:
         """Server 0's devices in graph order."""

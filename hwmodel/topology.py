@@ -134,6 +134,7 @@ class Topology(TopologyFile):
         self._num_links = 0
         self._gpu_nodes: dict[str, int] | None = None
         self._gpu_nics: Mapping[str, str | None] | None = None
+        self._link_rows: Mapping[str, dict[str, dict[str, Any]]] = adj if servers is None else Lookup(servers.row)
         self._by_kind: dict[str, list[str]] | None = None
         self._node_copies = node_copies
         self.route_by_construction = True
@@ -307,24 +308,14 @@ class Topology(TopologyFile):
             self._gpu_nodes = {g: int(nodes[g]["node"]) for g in self._gpus}
         return self._gpu_nodes
 
+    def link_rows(self) -> Mapping[str, dict[str, dict[str, Any]]]:
+        """Device -> {successor: link attributes} in the graph's order, to read, not change: the graph's
+        successor dicts, where no server made on demand is made for a read (:meth:`ServerTable.row`)."""
+        return self._link_rows
+
     def link_data(self, u: str, v: str) -> dict[str, Any]:
-        """Attributes of the directed link ``u -> v`` to read, not change (KeyError if absent); no server
-        made on demand is made for it (:mod:`hwmodel.servers`): its template's are read."""
-        hit = None if self._on_demand is None else self._on_demand.edge_data(u, v)
-        return hit if hit is not None else self.graph._adj[u][v]
-
-    def has_link(self, u: str, v: str) -> bool:
-        """Whether the directed link ``u -> v`` exists (as :meth:`link_data`, no server made for it)."""
-        try:
-            return self.link_data(u, v) is not None
-        except (KeyError, TypeError):
-            return False
-
-    def successor_positions(self, u: str) -> dict[str, int]:
-        """``u``'s successors -> their place among its out-going links in ``graph.edges()`` order (a server
-        made on demand is not made for it)."""
-        hit = None if self._on_demand is None else self._on_demand.successor_positions(u)
-        return hit if hit is not None else {w: i for i, w in enumerate(self.graph._adj[u])}
+        """Attributes of the directed link ``u -> v`` to read (KeyError if absent): :meth:`link_rows`."""
+        return self._link_rows[u][v]
 
     def link(self, u: str, v: str) -> dict[str, Any]:
         """Attributes of the directed link ``u -> v`` (KeyError naming it if absent)."""
@@ -663,6 +654,7 @@ class Topology(TopologyFile):
         if isinstance(getattr(self.graph, "on_demand", None), ServerTable):
             self.graph.on_demand.complete()
         self._on_demand = None
+        self._link_rows = self.graph._adj
         self._routes.clear()
         self._dist.clear()
         self._segments.clear()

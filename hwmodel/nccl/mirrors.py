@@ -83,10 +83,10 @@ def _add_edge_weights(engine: NcclEngine, plan: Plan, flows: Laid, efficiency: d
         for frac, edges in flows:
             for e in edges:
                 per_byte[e] = per_byte.get(e, 0.0) + frac
-    data_of = engine.cluster.topology.link_data  # (no server made on demand for it: hwmodel.servers)
+    adj = engine.cluster.topology.link_rows()  # (plain successor dicts; no server made on demand for them)
     pairs = per_byte.items() if isinstance(per_byte, dict) else ((e, 1.0) for e in per_byte)
     for e, w in pairs:
-        kind = data_of(*e).get("kind", "")
+        kind = adj[e[0]][e[1]].get("kind", "")
         eff = efficiency.get(kind)
         if eff is None:
             eff = efficiency[kind] = engine.link_efficiency_of_kind(kind)
@@ -256,13 +256,13 @@ def _pairs_kept(engine: NcclEngine, proto_w: float, pairs: list[tuple[str, ...]]
         return None  # (a route that is empty or crosses an edge twice; by map: a thousand routes a merge)
     counts: Counter[Edge] = Counter()  # (first use order, as the edge-by-edge loop: a dict)
     counts.update(chain.from_iterable(routes))
-    data_of = engine.cluster.topology.link_data
+    adj = engine.cluster.topology.link_rows()
     kinds = engine.cluster.topology.device_kinds()
     x_of_kind: dict[str, float] = {}
     efficiency: dict[str, float] = {}
 
     def x_of(e: Edge) -> float:
-        kind = data_of(*e).get("kind", "")
+        kind = adj[e[0]][e[1]].get("kind", "")
         x = x_of_kind.get(kind)
         if x is None:
             eff = efficiency[kind] = efficiency.get(kind) or engine.link_efficiency_of_kind(kind)
