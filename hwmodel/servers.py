@@ -131,6 +131,7 @@ class ServerTable:
         self._gpus = [d for d in self.local if self.kind[d] == "gpu"]
         self._template_degree = [len(s) for s in self._succ]
         self._at = {d: k for k, d in enumerate(self.local)}
+        self._split: dict[str, tuple[int, str] | None] = {}
         self._extra: dict[str, list[tuple[str, dict, dict]]] = {}
         """Device of a server not made yet -> its links to the fabric (other end, data out, data in)."""
         self._extra_degree: dict[str, int] = {}
@@ -153,15 +154,19 @@ class ServerTable:
 
     def split(self, name: Any) -> tuple[int, str] | None:
         """``(server, local name)`` of a server device's name ``n{server}.{local}``, else None."""
-        if type(name) is not str or not name.startswith("n"):
+        if type(name) is not str:
             return None
+        hit = self._split.get(name, _MISSING)  # (a device's name is read for its row, kind, node and NIC)
+        if hit is not _MISSING:
+            return hit  # type: ignore[return-value]
+        hit = None
         dot = name.find(".")
         num = name[1:dot]
-        if dot < 2 or not num.isdigit() or (num[0] == "0" and len(num) > 1):
-            return None
-        local = name[dot + 1:]
-        i = int(num)
-        return (i, local) if i < self.num_nodes and local in self.kind else None
+        if name.startswith("n") and dot >= 2 and num.isdigit() and (num[0] != "0" or len(num) == 1):
+            local, i = name[dot + 1:], int(num)
+            hit = (i, local) if i < self.num_nodes and local in self.kind else None
+        self._split[name] = hit
+        return hit
 
     def kind_of(self, name: Any) -> str | None:
         """A server device's kind, its server not made (None: not a server device)."""
