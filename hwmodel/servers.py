@@ -150,6 +150,10 @@ class ServerTable:
         g._node, g._succ, g._adj, g._pred = self._node, self._succd, self._succd, self._predd
         g.on_demand = self  # (read by hwmodel.node.add_link and by servers_of)
 
+    def __getstate__(self) -> dict[str, Any]:
+        self.complete()  # (pickled or copied whole: the graph's dicts go as plain dicts)
+        return self.__dict__
+
     # -- names --------------------------------------------------------------------------------------
 
     def split(self, name: Any) -> tuple[int, str] | None:

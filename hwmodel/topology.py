@@ -202,10 +202,12 @@ class Topology(TopologyFile):
     def gpu_nics(self) -> Mapping[str, str | None]:
         """GPU -> its ``nic`` attribute (None: none; KeyError: not a GPU), read on first use, no server made."""
         if self._gpu_nics is None:
-            node_data, index = self.graph._node, self._gpu_index
-            self._gpu_nics = Lookup(self._on_demand.gpu_nic if self._on_demand is not None
-                                    else lambda g: node_data[g].get("nic") if g in index else index[g])
+            self._gpu_nics = Lookup(self._on_demand.gpu_nic if self._on_demand is not None else self._nic_attr)
         return self._gpu_nics
+
+    def _nic_attr(self, gpu: str) -> str | None:
+        self._gpu_index[gpu]  # (KeyError: not a GPU)
+        return self.graph._node[gpu].get("nic")
 
     def pcie_switch_of(self, gpu: str) -> str:
         """The PCIe switch ``gpu`` hangs off."""

@@ -108,6 +108,12 @@ def test_counts_and_copies_of_a_graph_on_demand(monkeypatch):
                   build_system("dgx-h100", 12, su_size=4).graph.copy()):
         assert list(other.edges(data=True)) == list(full.graph.edges(data=True))
     assert lazy.graph.number_of_edges() == full.graph.number_of_edges()
+    topo = build_system("dgx-h100", 12, su_size=4)
+    topo.route("n0.gpu0", "n11.gpu7")
+    topo.gpu_nics()["n5.gpu1"]
+    again = pickle.loads(pickle.dumps(topo))
+    assert again == full and servers_of(again.graph) is None
+    assert again.route("n0.gpu0", "n11.gpu7") == full.route("n0.gpu0", "n11.gpu7")
 
 
 def test_a_changed_server_is_its_own_after_clear_route_cache():
