@@ -82,12 +82,12 @@ class Cluster:
         self._edge_pos: dict[str, dict[str, int]] = {}
         self._num_edges = topology.num_links()
         self.links: OnDemand[tuple[str, str], Resource] = OnDemand(
-            lambda e: isinstance(e, tuple) and len(e) == 2 and g.has_edge(*e), lambda: iter(g.edges()),
+            self._has_link, lambda: iter(g.edges()),
             topology.num_links, self._make_link)
         """Directed edge -> resource (capacity in bytes/s), made on first use (a link of a class is
         pinned: taken out of it, see :mod:`hwmodel.link_classes`)."""
-        self.link_classes = LinkClasses(self.fs, g, self._edge_index, self.links._made, self.links.__getitem__,
-                                        link_classes)
+        self.link_classes = LinkClasses(self.fs, topology.link_rows(), self._edge_index, self.links._made,
+                                        self.links.__getitem__, link_classes)
         """The links only merged mirrored traffic loads, in classes of equivalent links."""
         self._cost_model = cost_model or KernelCostModel(topology.gpu_spec, sustained=True)
         gpu_names = topology.gpus()
@@ -101,7 +101,7 @@ class Cluster:
         if edge in self.link_classes:
             return self.link_classes.pin(edge)
         u, v = edge
-        data = self.topology.graph.edges[u, v]
+        data = self.topology.link_data(u, v)
         r = self.fs.add_resource(f"{u}->{v}", float(data["bandwidth_Bps"]), meta=("link", u, v, data.get("kind", "")))
         r.index = self._edge_index(edge)
         return r
@@ -111,8 +111,15 @@ class Cluster:
         u, v = edge
         pos = self._edge_pos.get(u)
         if pos is None:
-            pos = self._edge_pos[u] = {w: i for i, w in enumerate(self.topology.graph.adj[u])}
+            pos = self._edge_pos[u] = {w: i for i, w in enumerate(self.topology.link_rows()[u])}
         return self._edge_base[u] + pos[v]
+
+    def _has_link(self, edge: object) -> bool:
+        """Whether ``edge`` is a directed link (:meth:`Topology.link_rows`: no server made on demand for it)."""
+        try:
+            return isinstance(edge, tuple) and len(edge) == 2 and edge[1] in self.topology.link_rows()[edge[0]]
+        except (KeyError, TypeError):
+            return False
 
     def _make_gpu(self, name: str) -> GPU:
         gpu = GPU(self.fs, name, self.topology.gpu_spec, self._cost_model)

@@ -20,6 +20,7 @@ import networkx as nx
 
 from hwmodel.node import NodeSpec, add_link, add_nodes
 from hwmodel.routing import ClosRoutes
+from hwmodel.servers import ServerTable
 from hwmodel.specs import NICSpec, SwitchSpec, get_switch, known_switches
 
 if TYPE_CHECKING:
@@ -27,6 +28,10 @@ if TYPE_CHECKING:
 
 FABRICS: tuple[str, ...] = ("rail_optimized", "fat_tree", "single_switch", "none")
 """Multi-node fabric kinds :func:`build_cluster` understands."""
+
+ON_DEMAND = True
+""":func:`build_cluster` makes a server's devices and links when the run first reads one of them
+(:mod:`hwmodel.servers`); False: every server up front (the same graph, as the reference of the tests)."""
 
 
 def _spines_for(num_leaves: int, uplink_ports: float, radix: int) -> int:
@@ -273,7 +278,9 @@ def build_cluster(node: NodeSpec, num_nodes: int = 1, *, fabric: str = "rail_opt
         g.graph.update(leaves_per_pod=leaves_per_pod, core_oversubscription=pods.core_oversubscription)
     router: ClosRoutes | None = None
     with _collector_paused():
-        node_nics = add_nodes(g, node, num_nodes)
+        servers = ServerTable(g, node, num_nodes) if ON_DEMAND else None  # (hwmodel.servers)
+        node_nics = ([[f"n{i}.{n}" for n in servers.nics] for i in range(num_nodes)] if servers is not None
+                     else add_nodes(g, node, num_nodes))
         if fabric != "none" and node.nics_per_node > 0:
             assert node.nic is not None
             if fabric == "rail_optimized":
@@ -287,6 +294,8 @@ def build_cluster(node: NodeSpec, num_nodes: int = 1, *, fabric: str = "rail_opt
                     raise ValueError("oversubscription and leaves_per_pod apply to tree fabrics, "
                                      "not to 'single_switch'")
                 router = single_switch(g, node_nics, nic=node.nic, switch=sw)
+        if servers is not None:
+            servers.seal()
         return Topology(g, node.gpu, node.nic, node_copies=num_nodes, fabric_routes=router, links_checked=True)
 
 

@@ -30,12 +30,9 @@ The links report lists every link of a class under its own name with the class's
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import Any
 
 from hwmodel.fluid import Activity, FluidSystem, Resource
-
-if TYPE_CHECKING:
-    import networkx as nx
 
 Edge = tuple[str, str]
 
@@ -116,16 +113,18 @@ class LinkClasses:
 
     Args:
         fs: the cluster's fluid system.
-        graph: the topology graph (edge ``bandwidth_Bps`` and ``kind``).
+        adj: device -> {successor: link attributes} (``bandwidth_Bps``, ``kind``; read only):
+            :meth:`hwmodel.topology.Topology.link_rows`.
         edge_index: a link's solver tie-break index (its position in topology edge order).
         pinned: the link resources made for single use (:attr:`hwmodel.cluster.Cluster.links`).
         link: the cluster's link resource of an edge (made, pinned, on first use).
         enabled: False keeps every link its own resource (the reference the classes are tested against).
     """
 
-    def __init__(self, fs: FluidSystem, graph: nx.DiGraph, edge_index: Callable[[Edge], int],
-                 pinned: Mapping[Edge, Resource], link: Callable[[Edge], Resource], enabled: bool = True) -> None:
-        self._fs, self._adj, self._edge_index, self._pinned = fs, graph._adj, edge_index, pinned
+    def __init__(self, fs: FluidSystem, adj: Mapping[str, Mapping[str, dict[str, Any]]],
+                 edge_index: Callable[[Edge], int], pinned: Mapping[Edge, Resource], link: Callable[[Edge], Resource],
+                 enabled: bool = True) -> None:
+        self._fs, self._adj, self._edge_index, self._pinned = fs, adj, edge_index, pinned
         self._link, self.enabled = link, enabled
         self._class_of: dict[Edge, LinkClass] = {}
         self._class_by_rep: dict[Resource, LinkClass] = {}

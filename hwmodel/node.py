@@ -115,6 +115,13 @@ def add_link(g: nx.DiGraph, u: str, v: str, bandwidth_Bps: float, kind: str, lat
     if not (bandwidth_Bps > 0 and lat_uv >= 0 and (lat_vu is None or lat_vu >= 0)):
         bad = (u, v) if not (bandwidth_Bps > 0 and lat_uv >= 0) else (v, u)
         raise ValueError(f"topology edge {bad[0]!r}->{bad[1]!r}: bandwidth_Bps must be > 0 and latency_s >= 0")
+    on_demand = getattr(g, "on_demand", None)
+    if on_demand is not None:  # (a fabric link of a server not made yet: hwmodel.servers)
+        d_uv = {"bandwidth_Bps": float(bandwidth_Bps), "latency_s": float(lat_uv), "kind": kind}
+        d_vu = {"bandwidth_Bps": float(bandwidth_Bps), "latency_s": float(lat_uv if lat_vu is None else lat_vu),
+                "kind": kind}
+        if on_demand.defer_link(u, v, d_uv, d_vu):
+            return
     succ, pred = g._succ, g._pred
     if u in succ and v in succ and v not in succ[u] and u not in succ[v]:
         # two new edges between existing devices: networkx's dicts written as its add_edge writes them

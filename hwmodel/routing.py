@@ -307,12 +307,15 @@ class NodeClasses:
         copies: nodes ``1 .. copies - 1`` are renamed copies of node 0, links, attributes and their order
             included (:func:`hwmodel.node.add_nodes`), so their signature is node 0's and is not built
             (with ``adj`` only: the signature it keys). 0: every node's signature is built.
+        first: node 0's devices in graph order, where listing them would read every device (servers made
+            on demand, :mod:`hwmodel.servers`); None: found in ``nodes``.
     """
 
     def __init__(self, kinds: dict[str, str], nodes: dict[str, Any],
                  succ_cost: dict[str, dict[str, float]], adj: dict[str, dict[str, dict]] | None = None,
-                 copies: int = 0) -> None:
+                 copies: int = 0, first: list[str] | None = None) -> None:
         self._kinds = kinds
+        self._first = first
         self._copies = copies if adj is not None else 0
         self._nodes = nodes
         self._succ = succ_cost
@@ -327,7 +330,8 @@ class NodeClasses:
 
     def _signature(self, node: Any) -> tuple | None:
         if self._copies and self._members is None:  # (node 0 alone is asked: its devices, by one C-level scan)
-            devices = list(compress(self._nodes, map(eq, self._nodes.values(), repeat(node))))
+            devices = (list(self._first) if node == 0 and self._first is not None
+                       else list(compress(self._nodes, map(eq, self._nodes.values(), repeat(node)))))
         else:
             if self._members is None:
                 self._members = {}

@@ -38,13 +38,11 @@ The builders live beside this module and are re-exported here: :mod:`hwmodel.nod
 from __future__ import annotations
 
 import heapq
-import json
 import math
 import zlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import repeat
 from operator import and_, eq
-from pathlib import Path
 from typing import Any
 
 import networkx as nx
@@ -53,21 +51,22 @@ import networkx as nx
 from hwmodel.fabric import FABRICS, build_cluster, fat_tree, rail_optimized, single_switch
 from hwmodel.node import NodeSpec, generic_node
 from hwmodel.routing import ROUTE_COST, ClosRoutes, CostRows, NodeClasses
-from hwmodel.specs import GPUSpec, NICSpec, get_gpu, get_nic
+from hwmodel.servers import AttributeTable, Lookup, ServerTable, servers_of
+from hwmodel.specs import GPUSpec, NICSpec
 from hwmodel.systems import SystemSpec, build_system, dgx_a100, dgx_h100, get_system, known_systems, load_cluster_file
+from hwmodel.topology_file import TopologyFile
 
 Edge = tuple[str, str]
 
 _LOCAL_TRANSIT = frozenset({"nvswitch", "pcie_switch", "cpu"})
 _FABRIC_TRANSIT = frozenset({"ib_switch"})
-_FORMAT = "trainsim-topology"
 
 
 # ----------------------------------------------------------------------------------------------------
 # The topology
 
 
-class Topology:
+class Topology(TopologyFile):
     """A cluster: ``graph`` (nx.DiGraph of typed devices and directed links) plus the specs it uses.
 
     Args:
@@ -96,7 +95,8 @@ class Topology:
         # (networkx's plain node and successor dicts, in its iteration order: off its views, which cost
         # more than the checks on a 100,000-GPU cluster)
         node_data, adj = graph._node, graph._adj
-        for n, data in node_data.items():
+        servers = self._on_demand = servers_of(graph)  # (servers made on demand: hwmodel.servers)
+        for n, data in dict.items(node_data) if servers is not None else node_data.items():
             if "kind" not in data:
                 raise ValueError(f"topology node {n!r} has no 'kind' attribute")
         for u, nbrs in () if links_checked else adj.items():
@@ -108,12 +108,12 @@ class Topology:
                     if attr not in data:
                         raise ValueError(f"topology edge {u!r}->{v!r} has no {attr!r} attribute")
                 raise ValueError(f"topology edge {u!r}->{v!r}: bandwidth_Bps must be > 0 and latency_s >= 0")
-        gpus = [n for n, d in node_data.items() if d["kind"] == "gpu"]
+        gpus = [n for n, d in node_data.items() if d["kind"] == "gpu"] if servers is None else []
         for n in gpus:
             for attr in ("node", "index"):
                 if node_data[n].get(attr) is None:
                     raise ValueError(f"GPU node {n!r} has no {attr!r} attribute")
-        self._gpus: tuple[str, ...] = tuple(
+        self._gpus: tuple[str, ...] = tuple(servers.gpu_names()) if servers is not None else tuple(  # (as sorted)
             sorted(gpus, key=lambda n: (node_data[n]["node"], node_data[n]["index"], n)))
         self._gpu_index = {g: i for i, g in enumerate(self._gpus)}
         self._routes: dict[Edge, tuple[Edge, ...]] = {}
@@ -130,9 +130,11 @@ class Topology:
         """Device -> (its node, its exit NIC, the segment from it to the device)."""
         self._private: dict[Any, bool] = {}
         self._private_nics: dict[int, tuple[tuple[str, str], ...] | None] = {}
-        self._edge_offsets: dict[str, int] | None = None
+        self._edge_offsets: Mapping[str, int] | None = None
         self._num_links = 0
         self._gpu_nodes: dict[str, int] | None = None
+        self._gpu_nics: Mapping[str, str | None] | None = None
+        self._link_rows: Mapping[str, dict[str, dict[str, Any]]] = adj if servers is None else Lookup(servers.row)
         self._by_kind: dict[str, list[str]] | None = None
         self._node_copies = node_copies
         self.route_by_construction = True
@@ -197,6 +199,16 @@ class Topology:
             raise ValueError(f"GPU {gpu!r} has no NIC in this topology")
         return str(nic)
 
+    def gpu_nics(self) -> Mapping[str, str | None]:
+        """GPU -> its ``nic`` attribute (None: none; KeyError: not a GPU), read on first use, no server made."""
+        if self._gpu_nics is None:
+            self._gpu_nics = Lookup(self._on_demand.gpu_nic if self._on_demand is not None else self._nic_attr)
+        return self._gpu_nics
+
+    def _nic_attr(self, gpu: str) -> str | None:
+        self._gpu_index[gpu]  # (KeyError: not a GPU)
+        return self.graph._node[gpu].get("nic")
+
     def pcie_switch_of(self, gpu: str) -> str:
         """The PCIe switch ``gpu`` hangs off."""
         self._check_gpu(gpu)
@@ -226,8 +238,8 @@ class Topology:
     def gpus_per_node(self) -> int:
         """GPUs per node; ValueError if nodes differ."""
         counts: dict[int, int] = {}
-        for g in self._gpus:
-            counts[self.graph.nodes[g]["node"]] = counts.get(self.graph.nodes[g]["node"], 0) + 1
+        for node in self.gpu_nodes().values():
+            counts[node] = counts.get(node, 0) + 1
         sizes = set(counts.values())
         if len(sizes) > 1:
             raise ValueError(f"nodes have different GPU counts: {sorted(sizes)}")
@@ -236,6 +248,8 @@ class Topology:
     @property
     def nics_per_node(self) -> int:
         """Compute NICs per node (0 for a single node without a fabric)."""
+        if self._nics_per_node is None and self._on_demand is not None:  # (the first GPU's: server 0's)
+            self._nics_per_node = len(self._on_demand.nics) if self._gpus else 0
         if self._nics_per_node is None:  # (the NICs of the first GPU's node, by C-level scans of the tables)
             kinds, nodes, _ = self._tables()
             node = self.graph.nodes[self._gpus[0]]["node"] if self._gpus else None
@@ -254,6 +268,8 @@ class Topology:
     def nodes_of_kind(self, kind: str, **attrs: Any) -> list[str]:
         """Names of devices of ``kind`` (e.g. ``ib_switch``) whose attributes match ``attrs``."""
         node_data = self.graph._node
+        if self._by_kind is None and self._on_demand is not None:  # (names by arithmetic: no server made)
+            self._by_kind = self._on_demand.names_by_kind()
         if self._by_kind is None:  # (built once, of names: a (name, attributes) pair stays tracked by the gc)
             self._by_kind = {}
             for n, d in node_data.items():
@@ -264,9 +280,12 @@ class Topology:
             names = [n for n in names if node_data[n].get(k) == v]
         return list(names)
 
-    def edge_offsets(self) -> dict[str, int]:
+    def edge_offsets(self) -> Mapping[str, int]:
         """Device -> position of its first out-going link in ``graph.edges()`` order (cached), so that a
-        link's position is ``offset[u]`` + its place among ``u``'s successors without listing all links."""
+        link's position is ``offset[u]`` + its place among ``u``'s successors without listing all links
+        (servers made on demand: by arithmetic, :meth:`ServerTable.edge_offsets`)."""
+        if self._edge_offsets is None and self._on_demand is not None:
+            self._edge_offsets, self._num_links = self._on_demand.edge_offsets()
         if self._edge_offsets is None:
             total = 0
             self._edge_offsets = {}
@@ -284,10 +303,21 @@ class Topology:
 
     def gpu_nodes(self) -> dict[str, int]:
         """GPU name -> its node index, for every GPU (built once; treat it as read-only)."""
+        if self._gpu_nodes is None and self._on_demand is not None:
+            self._gpu_nodes = self._on_demand.gpu_nodes()
         if self._gpu_nodes is None:
             nodes = self.graph._node
             self._gpu_nodes = {g: int(nodes[g]["node"]) for g in self._gpus}
         return self._gpu_nodes
+
+    def link_rows(self) -> Mapping[str, dict[str, dict[str, Any]]]:
+        """Device -> {successor: link attributes} in the graph's order, to read, not change: the graph's
+        successor dicts, where no server made on demand is made for a read (:meth:`ServerTable.row`)."""
+        return self._link_rows
+
+    def link_data(self, u: str, v: str) -> dict[str, Any]:
+        """Attributes of the directed link ``u -> v`` to read (KeyError if absent): :meth:`link_rows`."""
+        return self._link_rows[u][v]
 
     def link(self, u: str, v: str) -> dict[str, Any]:
         """Attributes of the directed link ``u -> v`` (KeyError naming it if absent)."""
@@ -316,6 +346,10 @@ class Topology:
         """Device -> its kind (``gpu``, ``nic``, ``ib_switch``, ...), as a plain dict (built once)."""
         return self._tables()[0]
 
+    def device_nodes(self) -> dict[str, Any]:
+        """Device -> its node index (None for a fabric device), as :meth:`device_kinds` (built once)."""
+        return self._tables()[1]
+
     def route_edges(self, src: str, dst: str) -> tuple[Edge, ...]:
         """:meth:`route` as a tuple, from the cache when there, else computed and NOT cached: for the
         routes of symmetric mirrors, asked once each, whose cache would grow with the cluster."""
@@ -324,13 +358,13 @@ class Topology:
 
     def path_latency_s(self, route: Sequence[Edge]) -> float:
         """Sum of the links' latencies along ``route`` (s)."""
-        edges = self.graph.edges
-        return sum(edges[u, v]["latency_s"] for u, v in route)
+        data = self.link_data
+        return sum(data(u, v)["latency_s"] for u, v in route)
 
     def bottleneck_Bps(self, route: Sequence[Edge]) -> float:
         """Smallest link bandwidth along ``route`` (bytes/s per direction); ``inf`` for an empty route."""
-        edges = self.graph.edges
-        return min((edges[u, v]["bandwidth_Bps"] for u, v in route), default=math.inf)
+        data = self.link_data
+        return min((data(u, v)["bandwidth_Bps"] for u, v in route), default=math.inf)
 
     def _check_node(self, n: str) -> dict[str, Any]:
         data = self.graph._node.get(n)  # (networkx's plain node dict: off its views, once per route end)
@@ -352,11 +386,15 @@ class Topology:
                 fabric = clos.route_between(up[1], down[1], src, dst)
                 if fabric is not None:
                     return up[2] + fabric + down[2]
-        sd, dd = self._check_node(src), self._check_node(dst)
+        nodes = self._tables()[1]  # (a device's node: a server's made on demand is not made for it)
+        if src not in nodes:
+            self._check_node(src)
+        if dst not in nodes:
+            self._check_node(dst)
         if src == dst:
             return []
         hkey = f"{src}|{dst}"
-        s_node, d_node = sd.get("node"), dd.get("node")
+        s_node, d_node = nodes[src], nodes[dst]
         try:
             if s_node is not None and s_node == d_node:
                 return self._local(src, dst, s_node, hkey)
@@ -416,7 +454,8 @@ class Topology:
     def _classes(self) -> NodeClasses:
         if self._node_classes is None:
             kinds, nodes, _ = self._tables()
-            self._node_classes = NodeClasses(kinds, nodes, self._succ_cost(), self.graph._succ, self._node_copies)
+            self._node_classes = NodeClasses(kinds, nodes, self._succ_cost(), self.graph._succ, self._node_copies,
+                                             None if self._on_demand is None else self._on_demand.first_devices())
         return self._node_classes
 
     def constructed_fabric(self) -> ClosRoutes | None:
@@ -465,6 +504,8 @@ class Topology:
         nics = self._private_nics[cid]
         if nics is None:
             return False
+        if self._on_demand is not None and self._on_demand.copy_of_0(node):  # (its GPUs' NICs: its class's)
+            return True
         p, node_data = f"n{node}.", self.graph._node
         return all(node_data[p + g].get("nic") == p + nic for g, nic in nics)
 
@@ -506,13 +547,15 @@ class Topology:
 
     def _exit_nic(self, n: str) -> str:
         """The NIC node-local device ``n`` uses to leave its node."""
-        data = self.graph._node[n]
-        if data["kind"] == "nic":
+        kind = self._tables()[0][n]
+        if kind == "nic":
             return n
-        if data["kind"] == "gpu":
-            if data.get("nic") is None:
+        if kind == "gpu":  # (its NIC attribute, its server not made: gpu_nics)
+            nic = self.gpu_nics()[n]
+            if nic is None:
                 raise _NoPath(f"GPU {n!r} has no NIC")
-            return str(data["nic"])
+            return str(nic)
+        data = self.graph._node[n]
         nics = [m for m, d in self.graph.nodes(data=True)
                 if d["kind"] == "nic" and d.get("node") == data["node"]]
         if not nics:
@@ -523,6 +566,10 @@ class Topology:
         """(device -> kind, device -> node index, device -> {predecessor: routing cost}), built once:
         plain dicts keep the Dijkstra loops off networkx's views. A device's routing costs are read from
         the graph when first asked (:class:`CostRows`): constructed routes ask few devices."""
+        servers = self._on_demand
+        if self._route_tables is None and servers is not None:  # (a server device's from its name)
+            self._route_tables = (AttributeTable(servers, "kind"), AttributeTable(servers, "node"),
+                                  CostRows(self.graph._pred))
         if self._route_tables is None:
             node_data = self.graph._node  # (networkx's plain dicts, in its order: off its views)
             kinds = {n: d["kind"] for n, d in node_data.items()}
@@ -605,7 +652,11 @@ class Topology:
         return out, unique
 
     def clear_route_cache(self) -> None:
-        """Forget cached routes; call after changing :attr:`graph` (treat it as read-only otherwise)."""
+        """Forget cached routes (and make every server made on demand); call after changing :attr:`graph`."""
+        if isinstance(getattr(self.graph, "on_demand", None), ServerTable):
+            self.graph.on_demand.complete()
+        self._on_demand = None
+        self._link_rows = self.graph._adj
         self._routes.clear()
         self._dist.clear()
         self._segments.clear()
@@ -621,46 +672,7 @@ class Topology:
         self._edge_offsets = None
         self._gpu_nodes = None
         self._by_kind = None
-
-    # -- save / load --------------------------------------------------------------------------------
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able dict: networkx node-link data plus the specs (inverse: :meth:`from_dict`)."""
-        data = nx.node_link_data(self.graph, edges="links")
-        return {"format": _FORMAT, "version": 1, "gpu_spec": self.gpu_spec.to_dict(),
-                "nic_spec": None if self.nic_spec is None else self.nic_spec.to_dict(), "topology": data}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Topology:
-        """Inverse of :meth:`to_dict`. ``gpu_spec`` may also be a GPU name (e.g. ``"H100"``)."""
-        if d.get("format") != _FORMAT:
-            raise ValueError(f"not a trainsim topology (format {d.get('format')!r}, expected {_FORMAT!r})")
-        graph = nx.node_link_graph(d["topology"], directed=True, multigraph=False, edges="links")
-        gs = d["gpu_spec"]
-        gpu = get_gpu(gs) if isinstance(gs, str) else GPUSpec.from_dict(gs)
-        ns = d.get("nic_spec")
-        nic = None if ns is None else (get_nic(ns) if isinstance(ns, str) else NICSpec.from_dict(ns))
-        return cls(graph, gpu, nic)
-
-    def save(self, path: str | Path) -> None:
-        """Write the topology as JSON (node-link data) so users can describe their own clusters."""
-        Path(path).write_text(json.dumps(self.to_dict(), indent=1), encoding="utf-8")
-
-    @classmethod
-    def load(cls, path: str | Path) -> Topology:
-        """Read a topology written by :meth:`save` (or by hand in the same format)."""
-        return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Topology):
-            return NotImplemented
-        return (self.gpu_spec == other.gpu_spec and self.nic_spec == other.nic_spec
-                and self.graph.graph == other.graph.graph
-                and dict(self.graph.nodes(data=True)) == dict(other.graph.nodes(data=True))
-                and {(u, v): d for u, v, d in self.graph.edges(data=True)}
-                == {(u, v): d for u, v, d in other.graph.edges(data=True)})
-
-    __hash__ = None  # type: ignore[assignment]
+        self._gpu_nics = None
 
 
 class _NoPath(Exception):

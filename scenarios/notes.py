@@ -64,7 +64,7 @@ def _oversubscription_note(system: dict, topo: Topology) -> list[str]:
     g = topo.graph
     fabric = g.graph.get("fabric")
     if fabric == "fat_tree":
-        leaves = sum(1 for _, d in g.nodes(data=True) if d.get("tier") == "leaf")
+        leaves = len(_switches(topo, "leaf"))
         if leaves > 1:
             return []
         return [f"oversubscription = {k:g} has no effect: all {topo.num_nodes} node(s) sit under one leaf switch, "
@@ -77,6 +77,11 @@ def _oversubscription_note(system: dict, topo: Topology) -> list[str]:
     return []
 
 
+def _switches(topo: Topology, tier: str) -> list[str]:
+    """The fabric's switches of ``tier`` (leaf, spine, core): the switches alone are read, not every device."""
+    return topo.nodes_of_kind("ib_switch", tier=tier)
+
+
 def _pod_note(system: dict, topo: Topology) -> list[str]:
     """A pod that holds every leaf: ``leaves_per_pod`` (the scenario's) or ``core_oversubscription`` (the
     scenario's, over a system preset's pods) then builds no core tier to oversubscribe."""
@@ -85,8 +90,8 @@ def _pod_note(system: dict, topo: Topology) -> list[str]:
     core = system.get("core_oversubscription")
     if per_pod is None or (system.get("leaves_per_pod") is None and (core is None or float(core) == 1)):
         return []
-    leaves = sum(1 for _, d in g.nodes(data=True) if d.get("tier") == "leaf")
-    if any(d.get("tier") == "core" for _, d in g.nodes(data=True)):
+    leaves = len(_switches(topo, "leaf"))
+    if _switches(topo, "core"):
         return []
     if system.get("leaves_per_pod") is None:  # the preset's pods; the scenario set only the core's ratio
         return [f"core_oversubscription = {float(core):g} has (almost) no effect: all {topo.num_nodes} node(s) "

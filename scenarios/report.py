@@ -263,7 +263,7 @@ def _kind_lines(rep: Any, links: list[Any]) -> list[str]:
     Busiest as :func:`scenarios.metrics.busiest_links` ranks them, but the utilisation is integrated only
     for each kind's busiest link, not for every link."""
     graph = rep.result.cluster.topology.graph
-    adj = graph._adj  # (networkx's plain dicts: off its views)
+    adj = rep.result.cluster.topology.link_rows()  # (plain dicts: off networkx's views; no server made)
     end = rep.result.end_time_s
     first: dict[str, tuple[tuple[float, float, str], Any, float, float]] = {}  # kind -> its busiest link
     used: dict[str, int] = {}

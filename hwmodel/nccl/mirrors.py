@@ -83,7 +83,7 @@ def _add_edge_weights(engine: NcclEngine, plan: Plan, flows: Laid, efficiency: d
         for frac, edges in flows:
             for e in edges:
                 per_byte[e] = per_byte.get(e, 0.0) + frac
-    adj = engine.cluster.topology.graph._adj  # (networkx's plain successor dicts: off its views)
+    adj = engine.cluster.topology.link_rows()  # (plain successor dicts; no server made on demand for them)
     pairs = per_byte.items() if isinstance(per_byte, dict) else ((e, 1.0) for e in per_byte)
     for e, w in pairs:
         kind = adj[e[0]][e[1]].get("kind", "")
@@ -131,7 +131,7 @@ def _routes(topo: Any, pairs: list[tuple[str, str]], own: dict[Edge, float],
     clos = topo.constructed_fabric()
     if clos is None:
         return [route(a, b) for a, b in pairs]
-    gpu_nodes, node_data = topo.gpu_nodes(), topo.graph._node
+    gpu_nodes, nic_of = topo.gpu_nodes(), topo.gpu_nics()  # (GPU -> NIC, the server not made: hwmodel.servers)
     srcs, dsts = list(map(itemgetter(0), pairs)), list(map(itemgetter(1), pairs))
     src_nodes, dst_nodes = list(map(gpu_nodes.get, srcs)), list(map(gpu_nodes.get, dsts))  # (None: not a GPU)
     busy, own_nodes = _nodes_in_full(topo, pairs, own, ends, (src_nodes, dst_nodes))
@@ -156,12 +156,12 @@ def _routes(topo: Any, pairs: list[tuple[str, str]], own: dict[Edge, float],
     # None, as for pairs the fabric does not join; those are searched)
     if not busy and privates.issuperset(src_nodes) and privates.issuperset(dst_nodes):
         # (no pair inside a node or at a device that is not a GPU: every pair's nodes differ)
-        nics_a, nics_b = [node_data[a]["nic"] for a in srcs], [node_data[b]["nic"] for b in dsts]
+        nics_a, nics_b = [nic_of[a] for a in srcs], [nic_of[b] for b in dsts]
     else:
         fabric = [na != nb and na in privates and nb in privates
                   for na, nb in zip(src_nodes, dst_nodes, strict=True)]
-        nics_a = [node_data[a]["nic"] if f else "" for a, f in zip(srcs, fabric, strict=True)]
-        nics_b = [node_data[b]["nic"] if f else "" for b, f in zip(dsts, fabric, strict=True)]
+        nics_a = [nic_of[a] if f else "" for a, f in zip(srcs, fabric, strict=True)]
+        nics_b = [nic_of[b] if f else "" for b, f in zip(dsts, fabric, strict=True)]
     hops = clos.routes_between(nics_a, nics_b, srcs, dsts)
     if not whole_up and not whole_down and None not in hops:  # (every end left out: the fabric's hops)
         return cast(list[tuple[Edge, ...]], hops)
@@ -196,7 +196,7 @@ def _nodes_in_full(topo: Any, pairs: list[tuple[str, str]], own: dict[Edge, floa
     there compared with ``own``): not the edges of its GPUs' own segments, which the segments of the
     other GPUs of their (private) nodes do not cross. ``nodes``: the node of each pair's source and of
     its destination (None: not a GPU), when the caller has them."""
-    gpu_nodes, node_data = topo.gpu_nodes(), topo.graph._node
+    gpu_nodes, node_of = topo.gpu_nodes(), topo.device_nodes()  # (no server made on demand: hwmodel.servers)
     if nodes is None:
         nodes = [gpu_nodes.get(a) for a, _ in pairs], [gpu_nodes.get(b) for _, b in pairs]
     busy: set[Any] = set()
@@ -205,8 +205,8 @@ def _nodes_in_full(topo: Any, pairs: list[tuple[str, str]], own: dict[Edge, floa
         pairs = []  # (every pair between GPUs of two nodes: no node is busy)
     for (a, b), na, nb in zip(pairs, *nodes, strict=False):
         if na is None or nb is None or na == nb:
-            busy.add(node_data.get(a, {}).get("node") if na is None else na)
-            busy.add(node_data.get(b, {}).get("node") if nb is None else nb)
+            busy.add(node_of.get(a) if na is None else na)
+            busy.add(node_of.get(b) if nb is None else nb)
     own_rest = set(own)
     for g in ends:
         n = gpu_nodes.get(g)
@@ -215,8 +215,8 @@ def _nodes_in_full(topo: Any, pairs: list[tuple[str, str]], own: dict[Edge, floa
             own_rest.difference_update(topo.end_segment(g, False))
     own_nodes = set()  # (a segment's edges join devices of its node: a NIC's link to its leaf is not one)
     for u, v in own_rest:
-        n = node_data[u].get("node")
-        if n is not None and node_data[v].get("node") == n:
+        n = node_of[u]
+        if n is not None and node_of[v] == n:
             own_nodes.add(n)
     return busy, own_nodes
 
@@ -256,7 +256,7 @@ def _pairs_kept(engine: NcclEngine, proto_w: float, pairs: list[tuple[str, ...]]
         return None  # (a route that is empty or crosses an edge twice; by map: a thousand routes a merge)
     counts: Counter[Edge] = Counter()  # (first use order, as the edge-by-edge loop: a dict)
     counts.update(chain.from_iterable(routes))
-    adj = engine.cluster.topology.graph._adj
+    adj = engine.cluster.topology.link_rows()
     kinds = engine.cluster.topology.device_kinds()
     x_of_kind: dict[str, float] = {}
     efficiency: dict[str, float] = {}

@@ -75,6 +75,7 @@ def test_clusters_equal_networkx_built(system, nodes, keys, monkeypatch):
         m.setattr(node, "add_link", _networkx_link)
         m.setattr(fabric, "add_link", _networkx_link)
         m.setattr(fabric, "add_nodes", _one_by_one)
+        m.setattr(fabric, "ON_DEMAND", False)
         reference = build_system(system, nodes, **keys)
     assert fast.graph.graph == reference.graph.graph
     _assert_same(reference.graph, fast.graph)
