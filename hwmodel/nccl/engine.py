@@ -593,7 +593,7 @@ def simulate_nccl_tests(topology: Topology, collective: str, sizes: Iterable[int
                         gpus_per_thread: int = 1, gpus: Sequence[str] | None = None, dtype: str = "float",
                         algorithm: str | None = None, protocol: str | None = None,
                         fidelity: str = "flow", tuner_config: TunerConfig | None = None,
-                        p2p_read_cost: bool = False) -> list[_nt.NcclTestsRow]:
+                        p2p_read_cost: bool = False, ib_qps_per_connection: int = 1) -> list[_nt.NcclTestsRow]:
     """Emulate an nccl-tests sweep on the hardware model: one row per size, as nccl-tests prints it.
 
     Each size runs once on an otherwise idle cluster (``fidelity`` flow, step or chunked). The reported time is
@@ -615,7 +615,7 @@ def simulate_nccl_tests(topology: Topology, collective: str, sizes: Iterable[int
         algorithm, protocol: force NCCL's choice (``NCCL_ALGO`` / ``NCCL_PROTO``).
         tuner_config: tuner-plugin rules (``NCCL_TUNER_CONFIG_FILE``), applied after ``algorithm`` /
             ``protocol`` restrict the enabled pairs.
-        p2p_read_cost: charge the P2P-read slice cost (see :class:`NcclEngine`).
+        p2p_read_cost, ib_qps_per_connection: see :class:`NcclEngine` (``NCCL_IB_QPS_PER_CONNECTION``).
 
     Returns:
         :class:`hwmodel.nccl.nccltests.NcclTestsRow` per size (SI units).
@@ -634,7 +634,8 @@ def simulate_nccl_tests(topology: Topology, collective: str, sizes: Iterable[int
         raise ValueError("simulate_nccl_tests needs at least one GPU")
     cluster = Cluster(topology, record=False)
     eng = NcclEngine(cluster, fidelity=fidelity, algorithm=algorithm, protocol=protocol,
-                     tuner_config=tuner_config, p2p_read_cost=p2p_read_cost)
+                     tuner_config=tuner_config, p2p_read_cost=p2p_read_cost,
+                     ib_qps_per_connection=ib_qps_per_connection)
     env = cluster.env
     host_launch = _calibration.host_launch_per_gpu_s()
     host_per_channel = _calibration.host_per_channel_per_gpu_s()
