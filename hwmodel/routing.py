@@ -30,9 +30,11 @@ point-to-point traffic of a large cluster cost O(NICs) per route (issue 14: 75 %
 from __future__ import annotations
 
 import zlib
-from itertools import compress, repeat
+from itertools import chain, compress, repeat
 from operator import eq
 from typing import Any, cast
+
+from hwmodel.ecmp import RouteElement, Spread, combine, subflow_hkey
 
 Edge = tuple[str, str]
 
@@ -64,6 +66,7 @@ class ClosRoutes:
         self._nic_down: dict[str, Edge] = {}
         self._leaf_up: dict[str, tuple[Edge, ...]] = {}
         self._leaf_down: dict[str, tuple[Edge, ...]] = {}
+        self._spread_memo: dict[tuple, Spread] = {}
 
     @classmethod
     def detect(cls, kinds: dict[str, str], succ_cost: dict[str, dict[str, float]],
@@ -171,11 +174,33 @@ class ClosRoutes:
         t = self.spine_to_pod[(c, self.pod_of[lb])]
         return ((a, la), (la, s), (s, c), (c, t), (t, lb), (lb, b))
 
+    def spread_between(self, a: str, b: str, src: str, dst: str,
+                       subflows: int) -> tuple[RouteElement, ...] | None:
+        """:meth:`route_between` of a pair whose traffic is ``subflows`` sub-flows (:mod:`hwmodel.ecmp`):
+        sub-flow ``j`` hashes :func:`~hwmodel.ecmp.subflow_hkey` as the search would, and the hops where they part are
+        one :class:`~hwmodel.ecmp.Spread`. ``subflows <= 1``: :meth:`route_between` itself."""
+        if subflows <= 1:
+            return self.route_between(a, b, src, dst)
+        if a == b:
+            return None
+        routes = []
+        for j in range(subflows):
+            r = self.route(a, b, subflow_hkey(src, dst, j))
+            if r is None:
+                return None
+            routes.append(r)
+        return combine(routes)
+
     def routes_between(self, nics_a: list[str], nics_b: list[str], srcs: list[str],
-                       dsts: list[str]) -> list[tuple[Edge, ...] | None]:
+                       dsts: list[str], subflows: int = 1) -> list[tuple[RouteElement, ...] | None]:
         """:meth:`route_between` of each ``(nics_a[i], nics_b[i], srcs[i], dsts[i])``, in one loop: the
         same routes (the same hash per ECMP choice), without a call per route. A merge asks it once
-        for all its mirrors (16,384 H100: a thousand per pipeline send)."""
+        for all its mirrors (16,384 H100: a thousand per pipeline send). ``subflows > 1``: each pair's
+        :meth:`spread_between`."""
+        if subflows > 1:
+            if self.cores is not None or not isinstance(self.spines, tuple) or len(self.spines) == 0:
+                return [self.spread_between(*q, subflows) for q in zip(nics_a, nics_b, srcs, dsts, strict=True)]
+            return self._spreads_two_tier(nics_a, nics_b, srcs, dsts, subflows)
         if self.cores is not None or not isinstance(self.spines, tuple):
             return [self.route_between(*q) for q in zip(nics_a, nics_b, srcs, dsts, strict=True)]
         n = len(self.spines)
@@ -203,6 +228,46 @@ class ClosRoutes:
             if ups is None or downs is None:
                 ups, downs = self._leaf_edges(la, lb)
             append((ea, ups[i], downs[i], eb))
+        return out
+
+    def _spreads_two_tier(self, nics_a: list[str], nics_b: list[str], srcs: list[str], dsts: list[str],
+                          subflows: int) -> list[tuple[RouteElement, ...] | None]:
+        """:meth:`routes_between` with ``subflows`` > 1 on a two-tier Clos: per pair, the spine of each
+        sub-flow (the hash :meth:`spread_between` takes), counted, and the up and down hops of each spine
+        used as one :class:`~hwmodel.ecmp.Spread` (kept per leaf pair and counts: mirrors repeat them)."""
+        n = len(self.spines)
+        crc = zlib.crc32
+        memo = self._spread_memo
+        out: list[tuple[RouteElement, ...] | None] = []
+        append = out.append
+        for a, b, src, dst in zip(nics_a, nics_b, srcs, dsts, strict=True):
+            ea, eb = self._nic_up.get(a), self._nic_down.get(b)
+            if ea is None or eb is None or a == b:
+                ea, eb = self._nic_edges(a, b)
+                if ea is None or eb is None or a == b:
+                    append(None)
+                    continue
+            la, lb = ea[1], eb[0]
+            if la == lb:
+                append((ea, eb))
+                continue
+            counts: dict[int, int] = {}
+            for j in range(subflows):
+                i = crc(f"{subflow_hkey(src, dst, j)}|{la}".encode()) % n
+                counts[i] = counts.get(i, 0) + 1
+            ups, downs = self._leaf_up.get(la), self._leaf_down.get(lb)
+            if ups is None or downs is None:
+                ups, downs = self._leaf_edges(la, lb)
+            if len(counts) == 1:
+                i = next(iter(counts))
+                append((ea, ups[i], downs[i], eb))
+                continue
+            key = (la, lb, tuple(counts.items()))
+            sp = memo.get(key)
+            if sp is None:
+                sp = memo[key] = Spread(chain.from_iterable(
+                    ((ups[i], c / subflows), (downs[i], c / subflows)) for i, c in counts.items()))
+            append((ea, sp, eb))
         return out
 
     def _nic_edges(self, a: str, b: str) -> tuple[Edge | None, Edge | None]:

@@ -48,6 +48,7 @@ from typing import Any
 import networkx as nx
 
 # Re-exported: the builders live in their own modules (they import Topology only where they build one).
+from hwmodel.ecmp import RouteElement, combine, subflow_hkey
 from hwmodel.fabric import FABRICS, build_cluster, fat_tree, rail_optimized, single_switch
 from hwmodel.node import NodeSpec, generic_node
 from hwmodel.routing import ROUTE_COST, ClosRoutes, CostRows, NodeClasses
@@ -356,6 +357,15 @@ class Topology(TopologyFile):
         hit = self._routes.get((src, dst))
         return hit if hit is not None else tuple(self._compute_route(src, dst))
 
+    def route_spread(self, src: str, dst: str, subflows: int) -> tuple[RouteElement, ...]:
+        """:meth:`route_edges` of traffic that crosses the fabric as ``subflows`` sub-flows, each hashed
+        on its own (NCCL's channels x QPs between two NICs: :mod:`hwmodel.ecmp`); the fabric hops where
+        they part are one :class:`~hwmodel.ecmp.Spread`. Segments inside a node are the route's own.
+        ``subflows <= 1``: :meth:`route_edges`. Not cached (asked once per plan or mirror)."""
+        if subflows <= 1:
+            return self.route_edges(src, dst)
+        return tuple(self._compute_route(src, dst, subflows))
+
     def path_latency_s(self, route: Sequence[Edge]) -> float:
         """Sum of the links' latencies along ``route`` (s)."""
         data = self.link_data
@@ -376,14 +386,14 @@ class Topology(TopologyFile):
             raise ValueError(f"unknown device {n!r} in topology {self.name!r}")
         return self.graph.nodes[n]
 
-    def _compute_route(self, src: str, dst: str) -> list[Edge] | tuple[Edge, ...]:
+    def _compute_route(self, src: str, dst: str, subflows: int = 1) -> list[Any] | tuple[Any, ...]:
         up = self._ends_up.get(src)
         if up is not None:  # two nodes' known end segments and the fabric's constructed hops
             down = self._ends_down.get(dst)
             clos = self._clos
             if down is not None and up[0] != down[0] and self.route_by_construction \
                     and isinstance(clos, ClosRoutes):
-                fabric = clos.route_between(up[1], down[1], src, dst)
+                fabric = clos.spread_between(up[1], down[1], src, dst, subflows)
                 if fabric is not None:
                     return up[2] + fabric + down[2]
         nodes = self._tables()[1]  # (a device's node: a server's made on demand is not made for it)
@@ -398,7 +408,7 @@ class Topology(TopologyFile):
         try:
             if s_node is not None and s_node == d_node:
                 return self._local(src, dst, s_node, hkey)
-            out: list[Edge] = []
+            out: list[Any] = []
             a = src
             if s_node is not None:
                 a = self._exit_nic(src)
@@ -407,7 +417,10 @@ class Topology(TopologyFile):
             b = dst
             if d_node is not None:
                 b = self._exit_nic(dst)
-            out += self._fabric(a, b, hkey)
+            if subflows > 1 and a != b:  # (sub-flow j's key as ClosRoutes.spread_between hashes it)
+                out += combine([self._fabric(a, b, subflow_hkey(src, dst, j)) for j in range(subflows)])
+            else:
+                out += self._fabric(a, b, hkey)
             if d_node is not None:
                 out += self._local(b, dst, d_node, hkey)
                 self._remember_end(dst, b, d_node, False)

@@ -11,6 +11,7 @@
               # nccl_tuner_config (a path: NCCL tuner-plugin CSV rules), host_launch_overhead_s, record_links,
               # gpu_speed_spread (per-GPU compute-time variation, default 0.02: hwmodel/variation.py),
               # steady_state (auto/off: extrapolate the steady pipeline period, scenarios/steady_state.py)
+              # nccl_ib_qps_per_connection (1..128, default 1: QPs per NCCL connection, hwmodel/ecmp.py)
 ```
 
 Unknown sections and keys are rejected by name with the allowed ones listed; values are type-checked.
@@ -33,6 +34,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from hwmodel.dtypes import TRAINING_DTYPES
+from hwmodel.ecmp import check_qps_per_connection
 from workload.fp8 import DEFAULT_RECIPE, get_recipe
 from workload.parallel.config import ParallelConfig
 
@@ -51,7 +53,7 @@ arguments); :func:`parallel_kwargs` joins them to ``[parallel]``."""
 SIMULATION_KEYS = {
     "fidelity": str, "mode": str, "host_launch_overhead_s": (int, float), "nccl_algo": str, "nccl_proto": str,
     "record_links": bool, "nccl_tuner_config": str, "calibration": str, "gpu_speed_spread": (int, float),
-    "steady_state": str,
+    "steady_state": str, "nccl_ib_qps_per_connection": int,
 }
 MAX_NODES = 16384
 MAX_GPUS = 131072
@@ -179,6 +181,8 @@ def _check_ranges(system: dict, simulation: dict) -> None:
     for key in ("nodes_per_leaf", "spines", "leaves_per_pod"):
         if key in system and system[key] < 1:
             raise ValueError(f"[system] {key} must be >= 1, got {system[key]}")
+    if "nccl_ib_qps_per_connection" in simulation:  # (NCCL_IB_QPS_PER_CONNECTION: 1..NCCL_IB_MAX_QPS)
+        check_qps_per_connection(simulation["nccl_ib_qps_per_connection"])
     if not 0 <= simulation.get("gpu_speed_spread", 0) < 0.5:
         raise ValueError(f"[simulation] gpu_speed_spread must be in [0, 0.5) (coefficient of variation of "
                          f"per-GPU compute time), got {simulation['gpu_speed_spread']}")

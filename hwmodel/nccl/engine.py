@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING
 
 import simpy
 
+from hwmodel import ecmp as _ecmp
 from hwmodel.cluster import Cluster
 from hwmodel.fluid import Resource
 from hwmodel.ir import COLLECTIVE_OPS, Collective
@@ -146,7 +147,8 @@ class NcclEngine:
 
     def __init__(self, cluster: Cluster, *, fidelity: str = "flow", algorithm: str | None = None,
                  protocol: str | None = None, nvlink_efficiency: float | None = None,
-                 tuner_config: TunerConfig | None = None, p2p_read_cost: bool = False) -> None:
+                 tuner_config: TunerConfig | None = None, p2p_read_cost: bool = False,
+                 ib_qps_per_connection: int = 1) -> None:
         if fidelity not in FIDELITIES:
             raise ValueError(f"fidelity: unknown value {fidelity!r}; allowed: {', '.join(FIDELITIES)}")
         self.cluster = cluster
@@ -157,6 +159,8 @@ class NcclEngine:
         self.tuner_config = tuner_config
         """Tuner-plugin rules of this engine (``None``: the module-wide ones, if any)."""
         self.p2p_read_cost = p2p_read_cost
+        self.ib_qps_per_connection = _ecmp.check_qps_per_connection(ib_qps_per_connection)  # (ecmp.plan_subflows)
+        self._rails_of: dict[tuple[str, ...], int] = {}  # (communicator -> rails; 0: inside one node)
         topo = cluster.topology
         spec = topo.gpu_spec
         if nvlink_efficiency is None:
@@ -314,7 +318,8 @@ class NcclEngine:
         would undo what merging them saves (:mod:`hwmodel.nccl.mirrors`). Where two groups of one shape
         sit on links of different speeds, the second's ramp uses the first's rate; its bandwidth is
         still bound by its own links, which its activity loads."""
-        key = (plan.op, plan.algorithm, plan.protocol, id(ct))  # (ct: one object per shape, kept in a cache)
+        # (ct: one object per shape, kept in a cache)
+        key = (plan.op, plan.algorithm, plan.protocol, id(ct), _ecmp.plan_subflows(self, plan))
         rate = self._shape_rate_cache.get(key)
         if rate is None:
             rate = self._shape_rate_cache[key] = self._idle_link_rate_Bps(plan)
@@ -430,7 +435,8 @@ class NcclEngine:
             groups.setdefault((work, p.latency_s, p.rate_bound_Bps), []).append(p)
         out: list[_MergedGroup] = []
         for (work, lat, bound), members in groups.items():
-            key = tuple((p.op, p.algorithm, p.protocol, p.gpus, p.root, p.busbw_correction) for p in members)
+            k = _ecmp.plan_subflows(self, members[0])
+            key = (k, *((p.op, p.algorithm, p.protocol, p.gpus, p.root, p.busbw_correction) for p in members))
             hit = self._merged_cache.get(key)
             if hit is None:
                 # HBM side loads only for the first plan: mirrors run on GPUs whose kernels are not
@@ -438,7 +444,7 @@ class NcclEngine:
                 side = dict(self._flow(members[0])[2]) if members[0] is first else {}
                 ends = set(members[0].gpus) if members[0] is first else set()
                 self._flow(members[0])  # (its links' classes first: the merge adds to them)
-                weights = _mirrors.merged_weights(self, members, self.edge_weights(members[0]), ends)
+                weights = _mirrors.merged_weights(self, members, self.edge_weights(members[0]), ends, k)
                 hit = self._merged_cache[key] = (weights, side)
             out.append((work, lat, bound, hit[0], hit[1], first in members))
         return out
@@ -462,7 +468,8 @@ class NcclEngine:
 
     def _flow(self, plan: Plan) -> tuple[float, dict[Resource, float], dict[Resource, float]]:
         """Work (payload bytes per member per edge) and link/HBM weights of a planned collective."""
-        key = (plan.op, plan.algorithm, plan.protocol, plan.gpus, plan.root, plan.busbw_correction)
+        key = (plan.op, plan.algorithm, plan.protocol, plan.gpus, plan.root, plan.busbw_correction,
+               _ecmp.plan_subflows(self, plan))
         hit = self._weights_cache.get(key)
         if hit is None:
             hit = self._weights_cache[key] = self._weights(plan)
@@ -477,10 +484,11 @@ class NcclEngine:
     def edge_weights(self, plan: Plan) -> dict[_mirrors.Edge, float]:
         """Topology edge -> bytes on it per byte of per-rank progress of ``plan`` (cached), the figures
         :meth:`_link_weights` gives per link resource (:func:`hwmodel.nccl.mirrors.edge_weights`)."""
-        key = (plan.op, plan.algorithm, plan.protocol, plan.gpus, plan.root, plan.busbw_correction)
+        k = _ecmp.plan_subflows(self, plan)
+        key = (plan.op, plan.algorithm, plan.protocol, plan.gpus, plan.root, plan.busbw_correction, k)
         hit = self._edge_weights_cache.get(key)
         if hit is None:
-            ctx = _mirrors.EdgeContext(self)
+            ctx = _mirrors.EdgeContext(self, k)
             hit = self._edge_weights_cache[key] = _mirrors.edge_weights(self, ctx, plan, self._eff_of_kind)
         return hit
 
@@ -585,7 +593,7 @@ def simulate_nccl_tests(topology: Topology, collective: str, sizes: Iterable[int
                         gpus_per_thread: int = 1, gpus: Sequence[str] | None = None, dtype: str = "float",
                         algorithm: str | None = None, protocol: str | None = None,
                         fidelity: str = "flow", tuner_config: TunerConfig | None = None,
-                        p2p_read_cost: bool = False) -> list[_nt.NcclTestsRow]:
+                        p2p_read_cost: bool = False, ib_qps_per_connection: int = 1) -> list[_nt.NcclTestsRow]:
     """Emulate an nccl-tests sweep on the hardware model: one row per size, as nccl-tests prints it.
 
     Each size runs once on an otherwise idle cluster (``fidelity`` flow, step or chunked). The reported time is
@@ -607,7 +615,7 @@ def simulate_nccl_tests(topology: Topology, collective: str, sizes: Iterable[int
         algorithm, protocol: force NCCL's choice (``NCCL_ALGO`` / ``NCCL_PROTO``).
         tuner_config: tuner-plugin rules (``NCCL_TUNER_CONFIG_FILE``), applied after ``algorithm`` /
             ``protocol`` restrict the enabled pairs.
-        p2p_read_cost: charge the P2P-read slice cost (see :class:`NcclEngine`).
+        p2p_read_cost, ib_qps_per_connection: see :class:`NcclEngine` (``NCCL_IB_QPS_PER_CONNECTION``).
 
     Returns:
         :class:`hwmodel.nccl.nccltests.NcclTestsRow` per size (SI units).
@@ -626,7 +634,8 @@ def simulate_nccl_tests(topology: Topology, collective: str, sizes: Iterable[int
         raise ValueError("simulate_nccl_tests needs at least one GPU")
     cluster = Cluster(topology, record=False)
     eng = NcclEngine(cluster, fidelity=fidelity, algorithm=algorithm, protocol=protocol,
-                     tuner_config=tuner_config, p2p_read_cost=p2p_read_cost)
+                     tuner_config=tuner_config, p2p_read_cost=p2p_read_cost,
+                     ib_qps_per_connection=ib_qps_per_connection)
     env = cluster.env
     host_launch = _calibration.host_launch_per_gpu_s()
     host_per_channel = _calibration.host_per_channel_per_gpu_s()

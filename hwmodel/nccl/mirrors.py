@@ -17,6 +17,7 @@ from itertools import chain
 from operator import eq, itemgetter
 from typing import TYPE_CHECKING, Any, cast
 
+from hwmodel import ecmp as _ecmp
 from hwmodel.fluid import Resource
 from hwmodel.nccl import algorithms as _algorithms
 
@@ -29,13 +30,18 @@ Edge = tuple[str, str]
 class EdgeContext:
     """The engine's flow context (:class:`hwmodel.nccl.algorithms.base.FlowContext`) with ``path``
     returning topology edges, not link resources; routes are not cached (a mirror's route is asked once
-    per merged group)."""
+    per merged group). ``subflows``: the sub-flows NCCL's connections make of each NIC pair's traffic
+    (:mod:`hwmodel.ecmp`); above 1, a route's fabric hops where they part are one
+    :class:`~hwmodel.ecmp.Spread` (the weights below expand it)."""
 
-    def __init__(self, engine: NcclEngine) -> None:
+    def __init__(self, engine: NcclEngine, subflows: int = 1) -> None:
         self._engine = engine
         self._topo = engine.cluster.topology
+        self.subflows = subflows
 
     def path(self, a: str, b: str) -> tuple[Edge, ...]:
+        if self.subflows > 1:
+            return cast(tuple[Edge, ...], self._topo.route_spread(a, b, self.subflows))
         return self._topo.route_edges(a, b)
 
     def rails(self, ppn: int) -> int:
@@ -55,12 +61,12 @@ class EdgeContext:
 def edge_weights(engine: NcclEngine, ctx: EdgeContext, plan: Plan,
                  efficiency: dict[str, float]) -> dict[Edge, float]:
     """Edge -> bytes on it per byte of per-rank progress of ``plan``: the same figures, in the same order,
-    as ``engine._link_weights(plan)`` gives per link resource. ``efficiency``: a cache, edge kind -> NCCL's
-    link efficiency (:meth:`NcclEngine.link_efficiency_of_kind`)."""
+    as ``engine._link_weights(plan)`` gives per link resource (with ``ctx.subflows`` 1). ``efficiency``: a
+    cache, edge kind -> NCCL's link efficiency (:meth:`NcclEngine.link_efficiency_of_kind`)."""
     out: dict[Edge, float] = {}
     flows = _algorithms.get(plan.algorithm).flows(ctx, plan.op, plan.gpus, plan.root)  # type: ignore[arg-type]
     _add_edge_weights(engine, plan, [(f.frac, cast(tuple[Edge, ...], f.path)) for f in flows], efficiency, out,
-                      None)
+                      None, ctx.subflows > 1)
     return out
 
 
@@ -69,20 +75,25 @@ Laid = list[tuple[float, tuple[Edge, ...]]]
 
 
 def _add_edge_weights(engine: NcclEngine, plan: Plan, flows: Laid, efficiency: dict[str, float],
-                      into: dict[Edge, float], shared: set[Edge] | None) -> None:
+                      into: dict[Edge, float], shared: set[Edge] | None, spread: bool = False) -> None:
     """:func:`edge_weights` of ``plan`` (laid out as ``flows``) added into ``into`` edge by edge (each new
     edge appended, as a dict update would), without the intermediate dict: a merge adds thousands of
     mirrors' weights. ``shared``: where given, the edges ``into`` already had (used by an earlier member)
-    are added to it."""
+    are added to it. ``spread``: the paths may hold :class:`~hwmodel.ecmp.Spread` hops, summed as one
+    element first and then split over their edges by share."""
     proto_w = engine.proto_weight(plan)
     path = flows[0][1] if len(flows) == 1 else ()
-    if flows and path and flows[0][0] == 1.0 and len(set(path)) == len(path):
+    if flows and path and flows[0][0] == 1.0 and len(set(path)) == len(path) and not spread:
         per_byte: dict[Edge, float] | tuple[Edge, ...] = path  # (a send: each edge once, 0.0 + 1.0 == 1.0)
     else:
         per_byte = {}
         for frac, edges in flows:
             for e in edges:
                 per_byte[e] = per_byte.get(e, 0.0) + frac
+        if spread:
+            expanded: dict[Edge, float] = {}
+            _ecmp.expand_into(per_byte, expanded)
+            per_byte = expanded
     adj = engine.cluster.topology.link_rows()  # (plain successor dicts; no server made on demand for them)
     pairs = per_byte.items() if isinstance(per_byte, dict) else ((e, 1.0) for e in per_byte)
     for e, w in pairs:
@@ -105,8 +116,8 @@ class _Recorder(EdgeContext):
     asked (``pairs[i] == (a, b)``): the members' flows are laid out first, their routes after, once it is
     known which routes the merge needs in full (:class:`_Routes`). Algorithms only concatenate paths."""
 
-    def __init__(self, engine: NcclEngine) -> None:
-        super().__init__(engine)
+    def __init__(self, engine: NcclEngine, subflows: int = 1) -> None:
+        super().__init__(engine, subflows)
         self.pairs: list[tuple[str, str]] = []
 
     def path(self, a: str, b: str) -> tuple[Edge, ...]:
@@ -115,7 +126,7 @@ class _Recorder(EdgeContext):
 
 
 def _routes(topo: Any, pairs: list[tuple[str, str]], own: dict[Edge, float],
-            ends: set[str]) -> list[tuple[Edge, ...]]:
+            ends: set[str], subflows: int = 1) -> list[tuple[Edge, ...]]:
     """The route of each of ``pairs`` (a merge's mirrors' routes, in the order their flows ask them),
     less the node-local segments the merge would drop. Between GPUs of two nodes whose ends are *private*
     (:meth:`hwmodel.topology.Topology.private_ends`: each GPU's segment to and from its NIC fixed, and
@@ -126,8 +137,10 @@ def _routes(topo: Any, pairs: list[tuple[str, str]], own: dict[Edge, float],
     Each of its edges is then crossed by this route alone, in all the merge: the merge drops it (kept:
     the first member's edges, edges several members share, edges between fabric switches and those
     touching ``ends``), and leaving it out changes neither a weight nor the order of the edges kept. So
-    a mirrored send or ring costs the fabric's hashes, not every GPU's segments."""
-    route = topo.route_edges  # (EdgeContext.path: the uncached route)
+    a mirrored send or ring costs the fabric's hashes, not every GPU's segments. ``subflows`` > 1: each
+    route's fabric hops spread over the pair's sub-flows (:meth:`~hwmodel.topology.Topology.route_spread`)."""
+    def route(a: str, b: str) -> tuple[Edge, ...]:  # (EdgeContext.path: the uncached route)
+        return cast(tuple[Edge, ...], topo.route_spread(a, b, subflows))
     clos = topo.constructed_fabric()
     if clos is None:
         return [route(a, b) for a, b in pairs]
@@ -162,7 +175,7 @@ def _routes(topo: Any, pairs: list[tuple[str, str]], own: dict[Edge, float],
                   for na, nb in zip(src_nodes, dst_nodes, strict=True)]
         nics_a = [nic_of[a] if f else "" for a, f in zip(srcs, fabric, strict=True)]
         nics_b = [nic_of[b] if f else "" for b, f in zip(dsts, fabric, strict=True)]
-    hops = clos.routes_between(nics_a, nics_b, srcs, dsts)
+    hops = cast(list[tuple[Edge, ...] | None], clos.routes_between(nics_a, nics_b, srcs, dsts, subflows))
     if not whole_up and not whole_down and None not in hops:  # (every end left out: the fabric's hops)
         return cast(list[tuple[Edge, ...]], hops)
     out: list[tuple[Edge, ...]] = []
@@ -292,7 +305,7 @@ def _pairs_kept(engine: NcclEngine, proto_w: float, pairs: list[tuple[str, ...]]
 
 
 def merged_weights(engine: NcclEngine, members: list[Plan], own: dict[Edge, float],
-                   ends: set[str]) -> dict[Resource, float]:
+                   ends: set[str], subflows: int | None = None) -> dict[Resource, float]:
     """Link weights of ``members`` (one plan and its mirrors) merged into one activity: weights added per
     link, in order of first use. ``own``: the first member's edge weights
     (:meth:`~hwmodel.nccl.engine.NcclEngine.edge_weights`). Kept: the first member's links, links
@@ -303,20 +316,24 @@ def merged_weights(engine: NcclEngine, members: list[Plan], own: dict[Edge, floa
     by symmetry, loaded exactly like its counterpart on the first member's path: it adds no constraint.
     Only kept links get a resource: one per class of links the merges load alike
     (:meth:`hwmodel.link_classes.LinkClasses.resolve`), or the link's own where anything else uses it.
-    The mirrors' routes are laid out only as far as the merge needs them (:func:`_routes`)."""
+    The mirrors' routes are laid out only as far as the merge needs them (:func:`_routes`). ``subflows``:
+    the sub-flows of each NIC pair's traffic (default: :func:`hwmodel.ecmp.plan_subflows` of the first
+    member, as ``own`` was laid out; sends are one flow)."""
     if len(members) > 1:
         sends = _sends_kept(engine, members[1:], own, ends)
         if sends is not None:
             return engine.cluster.link_classes.resolve(sends)
-    rec = _Recorder(engine)
+    if subflows is None:
+        subflows = _ecmp.plan_subflows(engine, members[0])
+    rec = _Recorder(engine, subflows)
     laid = [(p, _algorithms.get(p.algorithm).flows(rec, p.op, p.gpus, p.root)) for p in members[1:]]  # type: ignore[arg-type]
-    routes = _routes(engine.cluster.topology, rec.pairs, own, ends)
+    routes = _routes(engine.cluster.topology, rec.pairs, own, ends, subflows)
     efficiency: dict[str, float] = {}
     weights: dict[Edge, float] = dict(own)
     shared: set[Edge] = set()  # edges several members use
     for p, flows in laid:
         paths = [(f.frac, _resolved(cast(tuple[int, ...], f.path), routes)) for f in flows]
-        _add_edge_weights(engine, p, paths, efficiency, weights, shared)
+        _add_edge_weights(engine, p, paths, efficiency, weights, shared, subflows > 1)
     kinds = engine.cluster.topology.device_kinds()
     kept: dict[Edge, float] = {}
     for e, x in weights.items():

@@ -14,8 +14,8 @@ from hwmodel.topology import build_cluster, build_system
 MiB = 1 << 20
 
 
-def _whole_routes(topo, pairs, own, ends):
-    return [topo.route_edges(a, b) for a, b in pairs]
+def _whole_routes(topo, pairs, own, ends, subflows=1):
+    return [topo.route_spread(a, b, subflows) for a, b in pairs]
 
 
 def _merge(topo, make_plans, *, whole: bool, monkeypatch):
