@@ -24,15 +24,12 @@ Modelling choices (see also ``docs/DESIGN.md``):
   pod), so the flow solver stays small.
 - **Latency.** An edge leaving a switch pays that switch's hop latency; each NIC<->fabric-switch edge
   pays half the NIC's base latency (~1 us NIC to NIC, perftest issue 131).
-- **Routing.** Deterministic shortest paths by routing cost (hops; a PCIe hop costs 1.5 so that an
-  NVLink path beats an equally short PCIe path, as NCCL's path order NVL < PIX). Among equal-cost next
-  hops (ECMP) the choice is a stable CRC32 hash of (source, destination, current node). GPUs,
-  NICs and CPUs never forward other nodes' traffic; inter-node GPU traffic goes GPU -> PCIe switch ->
-  its own NIC -> fabric -> NIC -> PCIe switch -> GPU.
+- **Routing.** Deterministic shortest paths by routing cost (hops; a PCIe hop costs 1.5: NCCL's path
+  order NVL < PIX). Among equal-cost next hops (ECMP) a stable CRC32 hash of (source, destination, current
+  node) chooses, per NCCL sub-flow (:mod:`hwmodel.ecmp`). GPUs, NICs and CPUs never forward other nodes'
+  traffic: GPU -> PCIe switch -> its own NIC -> fabric -> NIC -> PCIe switch -> GPU.
 
-The builders live beside this module and are re-exported here: :mod:`hwmodel.node` (:class:`NodeSpec`,
-:func:`generic_node`), :mod:`hwmodel.fabric` (:data:`FABRICS`, :func:`build_cluster` and the fabrics),
-:mod:`hwmodel.systems` (the named systems of ``data/systems.toml``, :func:`build_system`, cluster files).
+Builders, re-exported here: :mod:`hwmodel.node`, :mod:`hwmodel.fabric`, :mod:`hwmodel.systems`.
 """
 
 from __future__ import annotations
@@ -358,10 +355,8 @@ class Topology(TopologyFile):
         return hit if hit is not None else tuple(self._compute_route(src, dst))
 
     def route_spread(self, src: str, dst: str, subflows: int) -> tuple[RouteElement, ...]:
-        """:meth:`route_edges` of traffic that crosses the fabric as ``subflows`` sub-flows, each hashed
-        on its own (NCCL's channels x QPs between two NICs: :mod:`hwmodel.ecmp`); the fabric hops where
-        they part are one :class:`~hwmodel.ecmp.Spread`. Segments inside a node are the route's own.
-        ``subflows <= 1``: :meth:`route_edges`. Not cached (asked once per plan or mirror)."""
+        """:meth:`route_edges` of traffic crossing the fabric as ``subflows`` sub-flows hashed each on its
+        own (:mod:`hwmodel.ecmp`), their parting hops one :class:`~hwmodel.ecmp.Spread`. Not cached."""
         if subflows <= 1:
             return self.route_edges(src, dst)
         return tuple(self._compute_route(src, dst, subflows))
