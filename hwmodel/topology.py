@@ -22,8 +22,7 @@ Modelling choices (see also ``docs/DESIGN.md``):
   leaves (three tiers, ``leaves_per_pod``), or a single switch. The parallel cables between two
   switches are ONE edge with their summed bandwidth, and every leaf connects to every spine (of its
   pod), so the flow solver stays small.
-- **Latency.** An edge leaving a switch pays that switch's hop latency; each NIC<->fabric-switch edge
-  pays half the NIC's base latency (~1 us NIC to NIC, perftest issue 131).
+- **Latency.** An edge leaving a switch pays its hop latency; a NIC<->switch edge half the NIC's (perftest #131).
 - **Routing.** Deterministic shortest paths by routing cost (hops; a PCIe hop costs 1.5: NCCL's path
   order NVL < PIX). Among equal-cost next hops (ECMP) a stable CRC32 hash of (source, destination, current
   node) chooses, per NCCL sub-flow (:mod:`hwmodel.ecmp`). GPUs, NICs and CPUs never forward other nodes'
