@@ -176,6 +176,18 @@ def add_node(g: nx.DiGraph, spec: NodeSpec, i: int, rank0: int) -> list[str]:
     return nics
 
 
+def server_attrs(template: dict, i: int, rank0: int, prefix: str) -> dict:
+    """Server ``i``'s copy of a device's attributes on server 0 (``template``): its node index, its rank
+    (``rank0`` + the template's) and its NIC's name under ``prefix`` (``"n{i}."``)."""
+    attrs = dict(template)
+    attrs["node"] = i
+    if "rank" in attrs:
+        attrs["rank"] = rank0 + attrs["rank"]
+    if attrs.get("nic") is not None:
+        attrs["nic"] = prefix + attrs["nic"][len("n0."):]
+    return attrs
+
+
 def add_nodes(g: nx.DiGraph, spec: NodeSpec, num_nodes: int) -> list[list[str]]:
     """:func:`add_node` for servers ``0 .. num_nodes - 1`` (ranks node-major), giving the same graph --
     devices, links, attributes and the order of each -- without networkx's per-call overhead: server 0
@@ -197,13 +209,7 @@ def add_nodes(g: nx.DiGraph, spec: NodeSpec, num_nodes: int) -> list[list[str]]:
         names = [p + d for d in local]
         name_of = dict(zip(local, names, strict=True))  # (one string per device, shared by its links' keys)
         for name, t_a in zip(names, t_attrs, strict=True):
-            attrs = dict(t_a)
-            attrs["node"] = i
-            if "rank" in attrs:
-                attrs["rank"] = rank0 + attrs["rank"]
-            if attrs.get("nic") is not None:
-                attrs["nic"] = p + attrs["nic"][cut:]
-            succ[name], pred[name], node_attr[name] = {}, {}, attrs
+            succ[name], pred[name], node_attr[name] = {}, {}, server_attrs(t_a, i, rank0, p)
         for name, links in zip(names, t_succ, strict=True):
             succ[name] = {name_of[v]: dict(data) for v, data in links}
         for name, froms in zip(names, t_pred, strict=True):  # (a link's one data dict, both ways)

@@ -30,6 +30,7 @@ point-to-point traffic of a large cluster cost O(NICs) per route (issue 14: 75 %
 from __future__ import annotations
 
 import zlib
+from collections.abc import Iterator
 from itertools import chain, compress, repeat
 from operator import eq
 from typing import Any, cast
@@ -208,27 +209,32 @@ class ClosRoutes:
             return [self.route_between(*q) for q in zip(nics_a, nics_b, srcs, dsts, strict=True)]
         # the edges as shared tuples, made once per NIC and per leaf (fewer objects; and a dict counting
         # them finds each key by identity)
-        up_nic, down_nic, up, down = self._nic_up, self._nic_down, self._leaf_up, self._leaf_down
+        up, down = self._leaf_up, self._leaf_down
         crc = zlib.crc32
-        out: list[tuple[Edge, ...] | None] = []
-        append = out.append
-        for a, b, src, dst in zip(nics_a, nics_b, srcs, dsts, strict=True):
-            ea, eb = up_nic.get(a), down_nic.get(b)
-            if ea is None or eb is None or a == b:
-                ea, eb = self._nic_edges(a, b)
-                if ea is None or eb is None or a == b:
-                    append(None)
-                    continue
+        out: list[tuple[Edge, ...] | None] = [None] * len(nics_a)
+        for k, ea, eb in self._crossing_spines(nics_a, nics_b, out):
             la, lb = ea[1], eb[0]
-            if la == lb:
-                append((ea, eb))
-                continue
-            i = crc(f"{src}|{dst}|{la}".encode()) % n if n > 1 else 0
+            i = crc(f"{srcs[k]}|{dsts[k]}|{la}".encode()) % n if n > 1 else 0
             ups, downs = up.get(la), down.get(lb)
             if ups is None or downs is None:
                 ups, downs = self._leaf_edges(la, lb)
-            append((ea, ups[i], downs[i], eb))
+            out[k] = (ea, ups[i], downs[i], eb)
         return out
+
+    def _crossing_spines(self, nics_a: list[str], nics_b: list[str],
+                         out: list[Any]) -> Iterator[tuple[int, Edge, Edge]]:
+        """For each pair ``k`` of NICs ``(nics_a[k], nics_b[k])``: ``out[k]`` stays None where there is no
+        fabric route, becomes (NIC up, NIC down) under one leaf; the others, which cross the spines, are
+        yielded as ``(k, edge NIC a -> its leaf, edge leaf -> NIC b)``."""
+        for k, (a, b) in enumerate(zip(nics_a, nics_b, strict=True)):
+            ends = self._pair_nic_edges(a, b)
+            if ends is None:
+                continue
+            ea, eb = ends
+            if ea[1] == eb[0]:
+                out[k] = ends
+            else:
+                yield k, ea, eb
 
     def _spreads_two_tier(self, nics_a: list[str], nics_b: list[str], srcs: list[str], dsts: list[str],
                           subflows: int) -> list[tuple[RouteElement, ...] | None]:
@@ -238,19 +244,9 @@ class ClosRoutes:
         n = len(self.spines)
         crc = zlib.crc32
         memo = self._spread_memo
-        out: list[tuple[RouteElement, ...] | None] = []
-        append = out.append
-        for a, b, src, dst in zip(nics_a, nics_b, srcs, dsts, strict=True):
-            ea, eb = self._nic_up.get(a), self._nic_down.get(b)
-            if ea is None or eb is None or a == b:
-                ea, eb = self._nic_edges(a, b)
-                if ea is None or eb is None or a == b:
-                    append(None)
-                    continue
-            la, lb = ea[1], eb[0]
-            if la == lb:
-                append((ea, eb))
-                continue
+        out: list[tuple[RouteElement, ...] | None] = [None] * len(nics_a)
+        for k, ea, eb in self._crossing_spines(nics_a, nics_b, out):
+            src, dst, la, lb = srcs[k], dsts[k], ea[1], eb[0]
             counts: dict[int, int] = {}
             for j in range(subflows):
                 i = crc(f"{subflow_hkey(src, dst, j)}|{la}".encode()) % n
@@ -260,19 +256,31 @@ class ClosRoutes:
                 ups, downs = self._leaf_edges(la, lb)
             if len(counts) == 1:
                 i = next(iter(counts))
-                append((ea, ups[i], downs[i], eb))
+                out[k] = (ea, ups[i], downs[i], eb)
                 continue
             key = (la, lb, tuple(counts.items()))
             sp = memo.get(key)
             if sp is None:
                 sp = memo[key] = Spread(chain.from_iterable(
                     ((ups[i], c / subflows), (downs[i], c / subflows)) for i, c in counts.items()))
-            append((ea, sp, eb))
+            out[k] = (ea, sp, eb)
         return out
 
+    def _pair_nic_edges(self, a: str, b: str) -> tuple[Edge, Edge] | None:
+        """NIC ``a``'s edge up to its leaf and NIC ``b``'s down from its leaf, from the kept tables or
+        :meth:`_nic_edges`; None where there is no fabric route (not NICs here, or ``a == b``)."""
+        ea, eb = self._nic_up.get(a), self._nic_down.get(b)
+        if ea is None or eb is None or a == b:
+            ea, eb = self._nic_edges(a, b)
+            if ea is None or eb is None:
+                return None
+        return ea, eb
+
     def _nic_edges(self, a: str, b: str) -> tuple[Edge | None, Edge | None]:
-        """The edge from NIC ``a`` to its leaf and from its leaf to NIC ``b`` (None: not a NIC here),
-        kept for :meth:`routes_between`."""
+        """The edge from NIC ``a`` to its leaf and from its leaf to NIC ``b`` (None: not a NIC here, and
+        both None for ``a == b``: no route), kept for :meth:`routes_between`."""
+        if a == b:
+            return None, None
         la, lb = self.leaf_of.get(a), self.leaf_of.get(b)
         ea = None if la is None else self._nic_up.setdefault(a, (a, la))
         eb = None if lb is None else self._nic_down.setdefault(b, (lb, b))

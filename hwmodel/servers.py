@@ -26,7 +26,7 @@ from typing import Any
 
 import networkx as nx
 
-from hwmodel.node import NodeSpec, add_node
+from hwmodel.node import NodeSpec, add_node, server_attrs
 
 _MISSING = object()
 
@@ -281,18 +281,12 @@ class ServerTable:
         rank0 = i * self.gpus_per_node
         names = [p + d for d in self.local]
         name_of = dict(zip(self.local, names, strict=True))
-        cut = len("n0.")
         succ: dict[str, dict] = {}
         for name, links in zip(names, self._succ, strict=True):
             succ[name] = {name_of[v]: dict(data) for v, data in links}
         node_attr, succd, predd = self._node, self._succd, self._predd
         for name, t_a, froms in zip(names, self._attrs, self._pred, strict=True):
-            attrs = dict(t_a)
-            attrs["node"] = i
-            if "rank" in attrs:
-                attrs["rank"] = rank0 + attrs["rank"]
-            if attrs.get("nic") is not None:
-                attrs["nic"] = p + attrs["nic"][cut:]
+            attrs = server_attrs(t_a, i, rank0, p)
             s = succ[name]
             pr = {name_of[u]: succ[name_of[u]][name] for u in froms}
             for v, d_out, d_in in self._extra.pop(name, ()):
