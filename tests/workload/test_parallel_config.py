@@ -96,3 +96,13 @@ def test_uneven_split_messages_name_the_condition_that_fails():
                          num_layers_in_last_pipeline_stage=65)
     with pytest.raises(ValueError, match=r"leaves 1 layers for the other 2 stages .*need at least one layer each$"):
         cfg.stage_layers(126)
+
+
+def test_tp_not_dividing_the_vocabulary_is_a_config_error_not_a_trace_failure():
+    """BERT-Large's 30,522 tokens: the vocab-parallel embedding shards V unpadded, so TP 4 is refused up front
+    (the search lists it among the rejected plans instead of aborting), TP 2 passes."""
+    model = SimpleNamespace(num_attention_heads=16, ffn_hidden_size=4096, num_layers=24, seq_length=512,
+                            num_query_groups=16, vocab_size=30522)
+    with pytest.raises(ValueError, match="tensor_model_parallel_size=4 does not divide vocab_size=30522"):
+        ParallelConfig(tensor_model_parallel_size=4).validate_model(model)
+    ParallelConfig(tensor_model_parallel_size=2).validate_model(model)

@@ -380,7 +380,8 @@ class ParallelConfig:
             ValueError: naming the model field, its value and the parallel size that does not divide it.
         """
         tp = self.tp
-        for fname in ("num_attention_heads", "num_query_groups", "ffn_hidden_size"):
+        # (and the vocabulary: the zoo's VocabParallelEmbedding shards V unpadded, so a run would fail at trace)
+        for fname in ("num_attention_heads", "num_query_groups", "ffn_hidden_size", "vocab_size"):
             v = getattr(model, fname, None)
             if v and v % tp:
                 raise ValueError(f"tensor_model_parallel_size={tp} does not divide {fname}={v}")
