@@ -68,16 +68,21 @@ def register(subparsers) -> None:
                         "matching rule overrides NCCL's model")
     p.add_argument("--fidelity", default="flow", choices=FIDELITIES,
                    help="flow (default), step, or chunked (NCCL's chunk/slice pipeline)")
+    p.add_argument("--ib-qps-per-connection", type=int, default=None, metavar="N",
+                   help="NCCL_IB_QPS_PER_CONNECTION: QPs per connection, each hashed onto the fabric on its own "
+                        "(default: the scenario's [simulation] nccl_ib_qps_per_connection, else 1)")
     p.add_argument("--json", metavar="PATH", default=None, help="also write the rows as JSON to PATH")
     p.set_defaults(func=run)
 
 
-def _system(args: argparse.Namespace) -> tuple[dict, Path | None]:
-    """The ``[system]`` section the options describe (from ``--scenario``, then the options), and the
-    folder its relative paths are taken from."""
+def _system(args: argparse.Namespace) -> tuple[dict, Path | None, int]:
+    """The ``[system]`` section the options describe (from ``--scenario``, then the options), the
+    folder its relative paths are taken from, and the QPs per NCCL connection (``--ib-qps-per-connection``,
+    else the scenario's ``[simulation] nccl_ib_qps_per_connection``, else NCCL's default 1)."""
     from scenarios.scenario import parse_scenario
 
     system: dict = {"name": "dgx-a100"}
+    simulation: dict = {}
     base_dir = None
     if args.scenario is not None:
         from scenarios.cmd_run import load
@@ -85,16 +90,21 @@ def _system(args: argparse.Namespace) -> tuple[dict, Path | None]:
         path = Path(args.scenario)
         if path.suffix == ".toml" and path.is_file() and "model" not in _read_toml(path):  # [system] is enough
             system, base_dir = dict(_read_toml(path).get("system", {})), path.parent
+            simulation = {k: v for k, v in _read_toml(path).get("simulation", {}).items()
+                          if k == "nccl_ib_qps_per_connection"}
         else:
             sc = load(None if args.scenario == "default" and not Path("default").exists() else args.scenario, [])
             system, base_dir = dict(sc.system), Path(sc.source).parent if Path(sc.source).is_file() else None
+            simulation = {k: v for k, v in sc.simulation.items() if k == "nccl_ib_qps_per_connection"}
+    if args.ib_qps_per_connection is not None:
+        simulation["nccl_ib_qps_per_connection"] = args.ib_qps_per_connection
     for key, value in (("name", args.system), ("nodes", args.nodes), ("nic", args.nic), ("fabric", args.fabric),
                        ("oversubscription", args.oversubscription), ("nodes_per_leaf", args.nodes_per_leaf)):
         if value is not None:
             system[key] = value
     # the scenario schema checks them (finite, >= 1, ...): one set of rules for both commands
-    parse_scenario({"system": system, "model": {"name": "gpt-1.7b"}})
-    return system, base_dir
+    parse_scenario({"system": system, "model": {"name": "gpt-1.7b"}, "simulation": simulation})
+    return system, base_dir, int(simulation.get("nccl_ib_qps_per_connection", 1))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -108,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     if args.ngpus < 1:
         raise UserError(f"-g must be >= 1, got {args.ngpus}")
     json_path = output_file("--json", args.json) if args.json else None
-    system, base_dir = _system(args)
+    system, base_dir, qps = _system(args)
     topo = build_topology(system, base_dir)
     nodes = topo.num_nodes
     per_node = topo.gpus_per_node
@@ -137,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
     with recording_corrections() as used_curves:
         rows = simulate_nccl_tests(topo, coll, sizes, gpus_per_thread=args.ngpus, dtype=args.datatype,
                                    algorithm=args.algo, protocol=args.proto, fidelity=args.fidelity,
-                                   gpus=gpus, tuner_config=rules)
+                                   gpus=gpus, tuner_config=rules, ib_qps_per_connection=qps)
     profile = calibration_overlay.active()
     applying = _profile_applies(profile, topo, args.fidelity, used_curves) if profile else ()
     print(f"# trainsim nccl-tests: {topo.name}, {nodes} node(s) x {args.ngpus} GPU(s), "

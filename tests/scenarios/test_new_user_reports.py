@@ -396,3 +396,16 @@ def test_a_faster_nvlink_link_alone_names_nccls_per_link_figure():
     assert len(notes) == 1 and "nccl_nvlink_bandwidth_per_link_GBps = 20 " in notes[0]
     assert notes_for("system.gpu_overrides.nvlink_bandwidth_per_link_GBps=50",
                      "system.gpu_overrides.nccl_nvlink_bandwidth_per_link_GBps=40")[0] == []
+
+
+def test_nccl_tests_takes_the_qps_per_connection_of_its_scenario_or_its_flag(tmp_path, capsys):
+    """4 DGX H100, one per leaf, 4 spines: with 16 QPs per connection a NIC pair's ring traffic is hashed as
+    more sub-flows, fewer collide on a spine, and busbw rises; the flag overrides the scenario's key."""
+    sc = tmp_path / "nt.toml"
+    sc.write_text('[system]\nname = "dgx-h100"\nnodes = 4\nfabric = "fat_tree"\nnodes_per_leaf = 1\nspines = 4\n'
+                  '[simulation]\nnccl_ib_qps_per_connection = 16\n')
+    many = nccl_busbw(capsys, tmp_path, "--scenario", str(sc))
+    one = nccl_busbw(capsys, tmp_path, "--scenario", str(sc), "--ib-qps-per-connection", "1")
+    assert many > 1.2 * one  # (256 MiB: 247 vs 193 GB/s)
+    assert main(["nccl-tests", "all_reduce", "--ib-qps-per-connection", "0"]) == 2
+    assert "nccl_ib_qps_per_connection = 0" in capsys.readouterr().err
