@@ -68,6 +68,17 @@ class ClosRoutes:
         self._leaf_up: dict[str, tuple[Edge, ...]] = {}
         self._leaf_down: dict[str, tuple[Edge, ...]] = {}
         self._spread_memo: dict[tuple, Spread] = {}
+        self._switches: frozenset[str] | None = None
+
+    @property
+    def switches(self) -> frozenset[str]:
+        """Every switch of the fabric: its leaves, spines and cores (found once)."""
+        if self._switches is None:
+            spines = self.spines
+            found = set(self.leaf_of.values()).union(
+                spines if isinstance(spines, tuple) else chain.from_iterable(spines.values()))
+            self._switches = frozenset(found.union(*(self.cores or {}).values()))
+        return self._switches
 
     @classmethod
     def detect(cls, kinds: dict[str, str], succ_cost: dict[str, dict[str, float]],
