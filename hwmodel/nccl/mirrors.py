@@ -351,7 +351,8 @@ def merged_weights(engine: NcclEngine, members: list[Plan], own: dict[Edge, floa
     if subflows is None:
         subflows = _ecmp.plan_subflows(engine, members[0])
     rec = _Recorder(engine, subflows)
-    laid, owners = [], []
+    laid: list[tuple[Plan, Any]] = []
+    owners: list[int] = []
     for i, p in enumerate(members[1:]):
         laid.append((p, _algorithms.get(p.algorithm).flows(rec, p.op, p.gpus, p.root)))  # type: ignore[arg-type]
         owners.extend([i] * (len(rec.pairs) - len(owners)))
