@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import networkx as nx
 
-from hwmodel.node import NodeSpec, add_link, add_nodes
+from hwmodel.node import NodeSpec, add_link, add_links, add_nodes
 from hwmodel.routing import ClosRoutes
 from hwmodel.servers import ServerTable
 from hwmodel.specs import NICSpec, SwitchSpec, get_switch, known_switches
@@ -85,10 +85,8 @@ def _add_tree(g: nx.DiGraph, leaves: dict[str, list[str]], leaf_uplink_Bps: floa
     names = [f"spine{s}" for s in range(spines)]
     for s, name in enumerate(names):
         g.add_node(name, kind="ib_switch", tier="spine", index=s, spec=swspec.name)
-    bw, hop = leaf_uplink_Bps / spines, swspec.hop_latency_s
-    for leaf in leaves:
-        for name in names:
-            add_link(g, leaf, name, bw, "ib", hop)
+    add_links(g, [(leaf, name) for leaf in leaves for name in names], leaf_uplink_Bps / spines, "ib",
+              swspec.hop_latency_s)
     return _router(leaves, tuple(sorted(f"spine{s}" for s in range(spines))))
 
 
@@ -186,6 +184,7 @@ def rail_optimized(g: nx.DiGraph, node_nics: Sequence[Sequence[str]], *, nic: NI
     leaves: dict[str, list[str]] = {}
     bw, half = min(nic.bandwidth_Bps, switch.port_bandwidth_Bps), nic.latency_s / 2  # (_fabric_link's, once)
     names: list[str] = []  # (the current SU's leaf of each rail)
+    links: list[tuple[str, str]] = []  # (NIC, its leaf)
     for i, nics in enumerate(node_nics):
         u = i // su_size
         if i % su_size == 0 or len(names) < len(nics):
@@ -199,7 +198,8 @@ def rail_optimized(g: nx.DiGraph, node_nics: Sequence[Sequence[str]], *, nic: NI
                 g.add_node(leaf, kind="ib_switch", tier="leaf", su=u, rail=r, spec=switch.name)
                 on = leaves[leaf] = []
             on.append(n)
-            add_link(g, n, leaf, bw, "ib", half, half + switch.hop_latency_s)
+            links.append((n, leaf))
+    add_links(g, links, bw, "ib", half, half + switch.hop_latency_s)  # (after its leaves: the same graph)
     port = min(nic.bandwidth_Bps, switch.port_bandwidth_Bps)
     return _add_tree(g, leaves, su_size * port / k, su_size / k, switch, num_spines, pods)
 

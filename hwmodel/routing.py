@@ -68,6 +68,17 @@ class ClosRoutes:
         self._leaf_up: dict[str, tuple[Edge, ...]] = {}
         self._leaf_down: dict[str, tuple[Edge, ...]] = {}
         self._spread_memo: dict[tuple, Spread] = {}
+        self._switches: frozenset[str] | None = None
+
+    @property
+    def switches(self) -> frozenset[str]:
+        """Every switch of the fabric: its leaves, spines and cores (found once)."""
+        if self._switches is None:
+            spines = self.spines
+            found = set(self.leaf_of.values()).union(
+                spines if isinstance(spines, tuple) else chain.from_iterable(spines.values()))
+            self._switches = frozenset(found.union(*(self.cores or {}).values()))
+        return self._switches
 
     @classmethod
     def detect(cls, kinds: dict[str, str], succ_cost: dict[str, dict[str, float]],
@@ -209,11 +220,21 @@ class ClosRoutes:
             return [self.route_between(*q) for q in zip(nics_a, nics_b, srcs, dsts, strict=True)]
         # the edges as shared tuples, made once per NIC and per leaf (fewer objects; and a dict counting
         # them finds each key by identity)
-        up, down = self._leaf_up, self._leaf_down
+        up, down, nic_up, nic_down = self._leaf_up, self._leaf_down, self._nic_up, self._nic_down
         crc = zlib.crc32
         out: list[tuple[Edge, ...] | None] = [None] * len(nics_a)
-        for k, ea, eb in self._crossing_spines(nics_a, nics_b, out):
+        # (_crossing_spines inlined: a merge's thousand pairs, each otherwise two calls)
+        for k, (a, b, ea, eb) in enumerate(zip(nics_a, nics_b, map(nic_up.get, nics_a), map(nic_down.get, nics_b),
+                                               strict=True)):
+            if ea is None or eb is None or a == b:
+                ends = self._pair_nic_edges(a, b)
+                if ends is None:
+                    continue
+                ea, eb = ends
             la, lb = ea[1], eb[0]
+            if la == lb:
+                out[k] = (ea, eb)
+                continue
             i = crc(f"{srcs[k]}|{dsts[k]}|{la}".encode()) % n if n > 1 else 0
             ups, downs = up.get(la), down.get(lb)
             if ups is None or downs is None:

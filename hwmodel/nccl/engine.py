@@ -184,6 +184,7 @@ class NcclEngine:
         self._eff_cache: dict[Resource, float] = {}
         self._edge_weights_cache: dict[tuple, dict[_mirrors.Edge, float]] = {}
         self._eff_of_kind: dict[str, float] = {}
+        self.side_load_gpus: set[str] | None = None  # (whose HBM collectives load: a mirrored Runtime's ranks')
 
     # -- planning ------------------------------------------------------------------------------
     def comm_topology(self, gpus: tuple[str, ...]) -> _tuner.CommTopology:
@@ -497,8 +498,8 @@ class NcclEngine:
         # are one resource
         weights = self.cluster.link_classes.resolve(self.edge_weights(plan))
         hbm = HBM_BYTES_PER_BYTE.get(plan.op, 2.0)
-        side = {self.cluster.gpus[g].hbm: hbm for g in plan.gpus}
-        return weights, side
+        sims, gpus = self.side_load_gpus, self.cluster.gpus
+        return weights, {gpus[g].hbm: hbm for g in plan.gpus if sims is None or g in sims}
 
     def _link_weights(self, plan: Plan, flows: list[Flow] | None = None) -> dict[Resource, float]:
         """Link -> bytes on it per byte of per-rank progress of ``plan`` (its flows uncached if not given)."""
