@@ -31,7 +31,7 @@ from hwmodel.dtypes import check_gpu_has as check_dtype  # re-exported: the sear
 from hwmodel.nccl.engine import NcclEngine
 from hwmodel.nccl.tuner_config import TunerConfigError, load_tuner_config
 from hwmodel.runtime import DEFAULT_HOST_LAUNCH_OVERHEAD_S, RunResult, Runtime
-from hwmodel.spec_ranges import check_gpu_ranges, load_checked_gpu_file
+from hwmodel.spec_ranges import check_gpu_ranges, check_rated_power, load_checked_gpu_file
 from hwmodel.specs import get_gpu, with_overrides
 from hwmodel.systems import get_system, node_shape
 from hwmodel.topology import Topology, build_system
@@ -113,6 +113,7 @@ def system_gpu(system: dict, base_dir: str | Path | None = None):
     if system.get("gpu_overrides"):
         base = gpu or build_system(system["name"], 1).gpu_spec
         try:
+            check_rated_power(system["gpu_overrides"])  # before the spec's power_limit_W check reads it
             gpu = with_overrides(base, **system["gpu_overrides"])
             check_gpu_ranges(base, gpu, keys=system["gpu_overrides"])
         except ValueError as exc:
