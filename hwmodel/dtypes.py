@@ -14,7 +14,7 @@ FP8 Linear GEMMs (``workload.fp8``), which need FP8 tensor cores (Hopper and lat
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from types import MappingProxyType
 from typing import Any
 
@@ -134,7 +134,7 @@ def _has(gpu: Any, key: str) -> bool:
     return key == "fp32" or arch is None or key in arch
 
 
-@lru_cache(maxsize=None)
+@cache
 def _architecture_dtypes(architecture: str) -> frozenset[str] | None:
     """The tensor dtypes the shipped GPUs of ``architecture`` list (``None``: no shipped GPU has it)."""
     from hwmodel.specs import get_gpu, shipped_gpus
