@@ -97,3 +97,86 @@ def test_the_dtype_check_reads_the_architecture_in_the_library():
     with pytest.raises(ValueError, match=r"BF16 tensor cores .*as architecture 'Volta' .*allowed on it: fp16, fp32$"):
         check_gpu_has("bf16", with_overrides(h100, architecture="Volta"))
 
+
+
+# -- fabric keys: one line named as [system] keys, and spine keys that change nothing or split unevenly ----
+
+def notes_for(*overrides: str) -> list[str]:
+    from scenarios.notes import what_if_notes
+    from scenarios.runner import prepare
+    from scenarios.scenario import load_scenario
+
+    prep = prepare(load_scenario(None, ["model.num_layers=2", "training.global_batch_size=16", *overrides]))
+    return what_if_notes(prep.scenario.system, prep.topology, simulation=prep.scenario.simulation)
+
+
+def test_fabric_errors_are_named_as_system_keys(capsys):
+    """Before: ``system.spines = 9: ...`` beside ``[system] spines must be >= 1``; now one style."""
+    h100 = ["--set", 'system.name="dgx-h100"', "--set", 'system.fabric="fat_tree"', "--set", "system.nodes_per_leaf=1"]
+    err = one_line_error(capsys, [*RUN, *h100, "--set", "system.spines=9"])
+    assert err == ("trainsim run: error: [system] spines = 9: a leaf has 8 uplink port(s) here (its downlinks / "
+                   "oversubscription), one per spine at least; allowed 1..8\n")
+    err = one_line_error(capsys, ["run", *h100, "--set", "system.nodes=64", "--set", "system.spines=1",
+                                  "--set", "model.num_layers=2", "--set", "training.global_batch_size=64"])
+    assert err.startswith("trainsim run: error: [system] spines = 1: the nodes present use 512 leaf uplinks ")
+    err = one_line_error(capsys, [*RUN, *h100[:4], "--set", "system.nodes_per_leaf=9"])
+    assert err.startswith("trainsim run: error: [system] nodes_per_leaf = 9: 72 downlinks")
+    err = one_line_error(capsys, [*RUN, "--set", "system.core_oversubscription=2"])
+    assert err == "trainsim run: error: [system] core_oversubscription needs leaves_per_pod (a core layer above " \
+                  "pods of leaves)\n"
+
+
+ONE = ("system.nodes=1", "parallel.pipeline_model_parallel_size=1")
+NO_INTER_NODE = "changes nothing here: one node, no inter-node traffic (its GPUs talk over NVLink)"
+
+
+def test_spine_keys_on_one_node_say_they_change_nothing():
+    """Before: only ``sweep`` said so; ``run`` was silent."""
+    assert notes_for(*ONE, "system.spines=1", "simulation.nccl_ib_qps_per_connection=4") == [
+        f"[system] spines = 1 {NO_INTER_NODE}", f"[simulation] nccl_ib_qps_per_connection = 4 {NO_INTER_NODE}"]
+    assert notes_for(*ONE, "simulation.nccl_ib_qps_per_connection=1") == []  # NCCL's default
+
+
+def test_spine_keys_in_one_scalable_unit_or_under_one_leaf_say_so():
+    one_su = notes_for("system.nodes=4", "system.spines=2")
+    assert one_su == ["[system] spines = 2 changes (almost) nothing here: all 4 nodes are in one scalable unit "
+                      "(su_size = 20), so rail-aligned traffic stays under the leaves and only traffic between rails "
+                      "crosses a spine; set [system] su_size below 4 to cross the spines"]
+    one_leaf = notes_for("system.nodes=2", 'system.fabric="fat_tree"', "simulation.nccl_ib_qps_per_connection=2")
+    assert one_leaf == ["[simulation] nccl_ib_qps_per_connection = 2 changes nothing here: all 2 nodes sit under one "
+                        "leaf switch, no traffic crosses a spine; set [system] nodes_per_leaf below 2"]
+    one_spine = notes_for("system.nodes=2", 'system.fabric="fat_tree"', "system.nodes_per_leaf=1", "system.spines=1",
+                          "simulation.nccl_ib_qps_per_connection=2")
+    assert one_spine == ["[simulation] nccl_ib_qps_per_connection = 2 changes nothing here: with one spine every "
+                         "sub-flow of a connection takes the same path"]
+
+
+def test_spine_keys_where_traffic_crosses_the_spines_say_nothing():
+    assert notes_for("system.nodes=2", 'system.fabric="fat_tree"', "system.nodes_per_leaf=1", "system.spines=4",
+                     "simulation.nccl_ib_qps_per_connection=4") == []
+
+
+def test_spines_that_do_not_divide_a_leafs_uplinks_are_named():
+    """Before: ``spines = 3`` over 8 uplinks ran silently; a leaf's cables cannot split 8 over 3 evenly."""
+    tree = ['system.name="dgx-h100"', "system.nodes=2", 'system.fabric="fat_tree"', "system.nodes_per_leaf=1"]
+    assert notes_for(*tree, "system.spines=3") == [
+        "[system] spines = 3 does not divide a leaf's 8 uplinks: the model gives each leaf-spine link 8/3 = 2.67 "
+        "uplinks' capacity, as if a cable could be split; a real leaf cables 3 to 2 spine(s) and 2 to the other 1, "
+        "whose links fill first under ECMP's equal shares, so this reads fast; spines that cable evenly here: "
+        "1, 2, 4, 8"]
+    assert notes_for(*tree, "system.spines=4") == []
+
+
+def test_the_tp_span_note_suggests_only_tp_sizes_the_model_takes():
+    """Before: TP 4 on 6-GPU servers suggested 2, 3, 6; GPT-3 175B's vocabulary (51,200) refuses 3 and 6."""
+    from scenarios.notes import tp_span_notes
+    from workload.parallel.config import ParallelConfig
+    from workload.zoo import get_model_config
+
+    cfg = ParallelConfig(tensor_model_parallel_size=4, data_parallel_size=3)
+    model = get_model_config("gpt3-175b")
+    assert "a TP size that divides gpus_per_node (2), with tp first" in tp_span_notes(cfg, 6, model)[0]
+    assert "gpus_per_node (2, 3, 6), with" in tp_span_notes(cfg, 6)[0]  # without the model: the divisors
+    for tp in (3, 6):
+        with pytest.raises(ValueError, match=f"tensor_model_parallel_size={tp} does not divide vocab_size=51200"):
+            ParallelConfig(tensor_model_parallel_size=tp).validate_model(model)
