@@ -280,7 +280,8 @@ def build_cluster(node: NodeSpec, num_nodes: int = 1, *, fabric: str = "rail_opt
     the rail-optimised scalable unit in nodes; ``num_spines`` overrides the spine count (per pod).
     ``leaves_per_pod`` makes a tree fabric three-tier when it has more leaves than that (:class:`Pods`;
     ``core_oversubscription`` k': spine uplink capacity = spine downlink capacity / k'). Bad values
-    raise ValueError naming the argument; an unknown switch raises UnknownNameError.
+    raise ValueError naming the argument (``num_spines`` by the scenario's key, ``spines``, with its allowed
+    range: :func:`_given_spines`); an unknown switch raises UnknownNameError.
     """
     from hwmodel.topology import Topology  # here, not at the top: hwmodel.topology re-exports this module
 

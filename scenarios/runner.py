@@ -189,7 +189,8 @@ def node_shape_keys(system: dict) -> dict[str, int]:
 
 
 def build_topology(system: dict, base_dir: str | Path | None = None, gpu=None) -> Topology:
-    """The cluster of a ``[system]`` section (``gpu``: its GPU from :func:`system_gpu`, when known)."""
+    """The cluster of a ``[system]`` section (``gpu``: its GPU from :func:`system_gpu`, when known). Raises
+    ValueError naming the ``[system]`` key (the fabric's errors prefixed ``[system] ``), UnknownNameError."""
     if gpu is None:
         gpu = system_gpu(system, base_dir)
     nodes = check_nodes(system)
