@@ -87,7 +87,7 @@ def ranking(rows_: list[Row]) -> dict[str, dict[str, Any]]:
     N GPUs"`` where split by GPU count) -> ``{"tau", "rows"}``; a scaling series also gets
     ``slope_points_per_doubling`` (signed error in percentage points per doubling of GPUs) and, for
     iteration times, ``time_vs_microbatches`` (:func:`time_vs_microbatches`). Under
-    ``"MegaScale Table 2"``: the slope over all its rows (both series pooled)."""
+    ``"MegaScale Table 2"``: the slope and the line over all its rows (both series pooled)."""
     out: dict[str, dict[str, Any]] = {}
     for table, by_gpus in RANKED_TABLES.items():
         done = [r for r in rows_ if r.table == table and r.expressible]
@@ -108,6 +108,8 @@ def ranking(rows_: list[Row]) -> dict[str, dict[str, Any]]:
             out[table] = {"slope_points_per_doubling": stats.slope_per_doubling([r.gpus for r in done],
                                                                                  [r.error for r in done]),
                           "rows": len(done)}
+            if (line := time_vs_microbatches(done)) is not None:
+                out[table]["time_vs_microbatches"] = line
     return out
 
 
@@ -171,10 +173,10 @@ def format_table(rows_: list[Row]) -> str:
         slope_text = "   -  " if slope is None or math.isnan(slope) else f"{slope:+.2f}"
         if "tau" not in rk:
             lines.append(f"{name}: error slope {slope_text} points per doubling of GPUs ({rk['rows']} rows, pooled)")
-            continue
-        tau = "  -  " if math.isnan(rk["tau"]) else f"{rk['tau']:+.2f}"
-        lines.append(f"{name}: Kendall tau (predicted vs measured) {tau} over {rk['rows']} plans"
-                     + (f"; error slope {slope_text} points per doubling of GPUs" if slope is not None else ""))
+        else:
+            tau = "  -  " if math.isnan(rk["tau"]) else f"{rk['tau']:+.2f}"
+            lines.append(f"{name}: Kendall tau (predicted vs measured) {tau} over {rk['rows']} plans"
+                         + (f"; error slope {slope_text} points per doubling of GPUs" if slope is not None else ""))
         if (line := rk.get("time_vs_microbatches")) is not None:
             fits = [f"{side} {line[side]['per_microbatch_s']:.3f} s x m {line[side]['per_iteration_s']:+.2f} s"
                     for side in ("measured", "predicted")]

@@ -201,6 +201,10 @@ def test_megascale_series_split_into_per_microbatch_and_per_iteration_time():
     assert line["measured"] == {"per_microbatch_s": pytest.approx(a), "per_iteration_s": pytest.approx(b)}
     assert a == pytest.approx(0.195, abs=5e-4) and b == pytest.approx(2.6, abs=0.05)
     assert "measured 0.195 s x m +2.61 s, predicted 0.200 s x m +1.00 s" in format_table(rs)
+    pooled = rk["MegaScale Table 2"]["time_vs_microbatches"]  # all 8 rows, DP 4..192, on one line
+    assert pooled["predicted"]["per_iteration_s"] == pytest.approx(1.0)
+    assert pooled["measured"]["per_microbatch_s"] == pytest.approx(0.198, abs=5e-4)
+    assert pooled["measured"]["per_iteration_s"] == pytest.approx(2.45, abs=0.05)
     t2 = rows(("sc21t2",))
     for r in t2:
         r.predicted = r.measured
