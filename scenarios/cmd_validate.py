@@ -17,7 +17,9 @@ No row is tuned. Rows named by a ``fitted_to`` list in ``hwmodel/data/calibratio
 in-sample; the report splits every table's error into in- and out-of-sample, gives the
 leave-one-source-out error (:mod:`scenarios.validation.provenance`), Kendall's tau between predicted
 and measured per group of plans (one model on one cluster, or one scaling series), and the error trend
-per doubling of GPUs of each scaling series (MegaScale's two global batches, SC'21 Table 2's models).
+per doubling of GPUs of each scaling series (MegaScale's two global batches, SC'21 Table 2's models);
+a series of iteration times is also fitted as a line in micro-batches per pipeline (per micro-batch and
+per iteration cost, measured and predicted).
 """
 
 from __future__ import annotations
