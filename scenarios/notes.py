@@ -151,10 +151,11 @@ def _fabric_key_notes(system: dict, topo: Topology) -> list[str]:
 
 
 def _spine_traffic_notes(system: dict, simulation: dict, topo: Topology) -> list[str]:
-    """``[system] spines`` and ``[simulation] nccl_ib_qps_per_connection`` (QPs only split traffic over the
-    spines' ECMP paths, :mod:`hwmodel.ecmp`) where no traffic crosses a spine: one node (its GPUs talk over
-    NVLink), one fat-tree leaf, one switch, one spine (for the QPs), and -- almost -- one rail-optimised
-    scalable unit, whose rail-aligned traffic stays under its leaves. (``spines`` on a fabric without
+    """``[system] spines``, ``[simulation] nccl_ib_qps_per_connection`` and ``nccl_ib_adaptive_routing``
+    (both only split traffic over the spines' paths, :mod:`hwmodel.ecmp`) where no traffic crosses a
+    spine: one node (its GPUs talk over NVLink), one fat-tree leaf, one switch, one spine (for the QPs and
+    the adaptive routing), and -- almost -- one rail-optimised scalable unit, whose rail-aligned traffic
+    stays under its leaves. (``spines`` on a fabric without
     spines is :func:`_fabric_key_notes`'.)"""
     g = topo.graph.graph
     fabric = g.get("fabric")
@@ -163,6 +164,8 @@ def _spine_traffic_notes(system: dict, simulation: dict, topo: Topology) -> list
     qps = simulation.get("nccl_ib_qps_per_connection", 1)
     if qps != 1:
         keys.append(f"[simulation] nccl_ib_qps_per_connection = {qps}")
+    if simulation.get("nccl_ib_adaptive_routing"):
+        keys.append("[simulation] nccl_ib_adaptive_routing = true")
     if not keys:
         return []
     spines = _switches(topo, "spine")

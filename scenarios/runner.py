@@ -604,7 +604,8 @@ def _engine_factory(sim: dict, base_dir: Path | None = None) -> Callable[[Cluste
     def engine(cluster: Cluster) -> NcclEngine:
         return NcclEngine(cluster, fidelity=sim.get("fidelity", "flow"), algorithm=sim.get("nccl_algo"),
                           protocol=sim.get("nccl_proto"), tuner_config=tuner_rules,
-                          ib_qps_per_connection=sim.get("nccl_ib_qps_per_connection", 1))
+                          ib_qps_per_connection=sim.get("nccl_ib_qps_per_connection", 1),
+                          ib_adaptive_routing=sim.get("nccl_ib_adaptive_routing", False))
 
     return engine
 

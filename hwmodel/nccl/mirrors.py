@@ -40,7 +40,7 @@ class EdgeContext:
         self.subflows = subflows
 
     def path(self, a: str, b: str) -> tuple[Edge, ...]:
-        if self.subflows > 1:
+        if _ecmp.spreads(self.subflows):
             return cast(tuple[Edge, ...], self._topo.route_spread(a, b, self.subflows))
         return self._topo.route_edges(a, b)
 
@@ -66,7 +66,7 @@ def edge_weights(engine: NcclEngine, ctx: EdgeContext, plan: Plan,
     out: dict[Edge, float] = {}
     flows = _algorithms.get(plan.algorithm).flows(ctx, plan.op, plan.gpus, plan.root)  # type: ignore[arg-type]
     _add_edge_weights(engine, plan, [(f.frac, cast(tuple[Edge, ...], f.path)) for f in flows], efficiency, out,
-                      None, ctx.subflows > 1)
+                      None, _ecmp.spreads(ctx.subflows))
     return out
 
 
@@ -344,12 +344,12 @@ def merged_weights(engine: NcclEngine, members: list[Plan], own: dict[Edge, floa
     The mirrors' routes are laid out only as far as the merge needs them (:func:`_routes`). ``subflows``:
     the sub-flows of each NIC pair's traffic (default: :func:`hwmodel.ecmp.plan_subflows` of the first
     member, as ``own`` was laid out; sends are one flow)."""
-    if len(members) > 1:
+    if subflows is None:
+        subflows = _ecmp.plan_subflows(engine, members[0])
+    if len(members) > 1 and subflows == 1:  # (sends spread by adaptive routing: laid out below)
         sends = _sends_kept(engine, members[1:], own, ends)
         if sends is not None:
             return engine.cluster.link_classes.resolve(sends)
-    if subflows is None:
-        subflows = _ecmp.plan_subflows(engine, members[0])
     rec = _Recorder(engine, subflows)
     laid: list[tuple[Plan, Any]] = []
     owners: list[int] = []
@@ -362,7 +362,7 @@ def merged_weights(engine: NcclEngine, members: list[Plan], own: dict[Edge, floa
     shared: set[Edge] = set()  # edges several members use
     for p, flows in laid:
         paths = [(f.frac, _resolved(cast(tuple[int, ...], f.path), routes)) for f in flows]
-        _add_edge_weights(engine, p, paths, efficiency, weights, shared, subflows > 1)
+        _add_edge_weights(engine, p, paths, efficiency, weights, shared, _ecmp.spreads(subflows))
     switches = _fabric_switches(engine)
     kept: dict[Edge, float] = {}
     for e, x in weights.items():
@@ -386,6 +386,8 @@ def merged_sends(engine: NcclEngine, plan: Plan, pairs: list[tuple[str, ...]]) -
     one plan of each kind stands for the mirrors of that kind (a pipeline send on 16,384 GPUs has 1,023
     mirrors). None where the members would not be one group of sends of one protocol weight (a mirror
     inside a node with a latency of its own, say): the caller then plans every mirror."""
+    if _ecmp.plan_subflows(engine, plan) != 1:  # (adaptive routing spreads each send: the general merge)
+        return None
     node_of, size = engine._node_of, plan.size_bytes
     local = list(map(eq, map(node_of.__getitem__, map(itemgetter(0), pairs)),
                      map(node_of.__getitem__, map(itemgetter(1), pairs))))  # (by map: a thousand mirrors)
