@@ -194,18 +194,13 @@ def _routes(topo: Any, pairs: list[tuple[str, str]], own: dict[Edge, float],
 
 
 def _users(devices: list[str], owners: list[int] | None) -> Counter[str]:
-    """For :func:`_routes`: device -> how many members' routes leave (or reach) it, as 1 or more than 1:
-    each route is its own member without ``owners`` (a route per member and device: the count itself).
+    """For :func:`_routes`: device -> how many members' routes leave (or reach) it (each route its own
+    member without ``owners``).
     A segment only one member crosses is, by symmetry, loaded as its counterpart on the first member's
     path, however many of that member's routes cross it (a ring's channels)."""
     if owners is None:
         return Counter(devices)
-    first: dict[str, int] = {}
-    uses: Counter[str] = Counter()
-    for d, o in zip(devices, owners, strict=True):
-        had = first.setdefault(d, o)
-        uses[d] = 1 if had == o and uses.get(d, 1) == 1 else 2
-    return uses
+    return Counter(map(itemgetter(0), set(zip(devices, owners, strict=True))))  # (distinct (device, member))
 
 
 def _whole_ends(uses: Counter[str], n: int, ends: set[str], gpu_nodes: dict[str, int], full: set[Any]) -> set[str]:
