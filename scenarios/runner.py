@@ -41,6 +41,8 @@ from scenarios.catalog import scenario_path as scenario_path  # re-exported: run
 from scenarios.hierarchical import macro_programs, step2_mirror
 from scenarios.metrics import peak_dtype_for as peak_dtype_for  # re-exported, as scenario_path
 from scenarios.metrics import run_metrics
+from scenarios.modes import estimate_tasks as estimate_tasks  # re-exported: runner.estimate_tasks is API
+from scenarios.modes import simulation_mode
 from scenarios.notes import model_notes, parallel_notes, tp_span_notes, training_notes, what_if_notes
 from scenarios.scenario import MAX_GPUS, MAX_NODES, Scenario, parallel_kwargs
 from scenarios.steady_state import extrapolated, plan_for
@@ -58,10 +60,6 @@ from workload.zoo.config import ResNetConfig, TransformerConfig
 from workload.zoo.hf import config_from_hf
 
 MODEL_SPECIAL_KEYS = ("name", "factory", "hf_config", "factory_args")
-SYMMETRY_THRESHOLD_GPUS = 16
-"""Above this many GPUs, ``mode = "auto"`` simulates one representative rank per pipeline stage."""
-HIERARCHICAL_THRESHOLD_TASKS = 100_000
-"""Above this many tasks on the representative ranks, ``auto`` uses the hierarchical engine."""
 DEFAULT_MAX_TASKS = 2_000_000
 """Default bound on the estimated tasks of one run (``trainsim run --max-tasks``): about four times the
 largest catalog scenario (sc21-gpt-1t, about 524,000 tasks in 117 s), i.e. minutes, not hours."""
@@ -512,7 +510,8 @@ def _run_prepared(prep: Prepared, memory: Any, *, progress: bool, max_tasks: flo
     trace = prep.trace if prep.trace is not None else trace_rank(
         prep.model_cfg, cfg, **trace_options(prep.scenario.training))
     layout = Layout(cfg)
-    mode, mode_note = resolved or _simulation_mode(prep, trace)
+    mode, mode_note = resolved or simulation_mode(cfg, sim, trace, topo.gpus_per_node,
+                                                  getattr(prep.model_cfg, "name", "the model"))
     if (steady := plan_for(cfg, sim)) is not None:  # a few micro-batches simulated in the real run's mode
         return extrapolated(replace(prep, trace=trace), steady, model_flops(prep, trace), lambda p: _run_prepared(
             p, memory, progress=progress, max_tasks=max_tasks, resolved=(mode, mode_note)))
@@ -543,37 +542,6 @@ def _run_prepared(prep: Prepared, memory: Any, *, progress: bool, max_tasks: flo
     if notes:  # only then: the JSON of a scenario without notes keeps its bytes
         report.metrics["warnings"] = notes
     return report
-
-
-def _simulation_mode(prep: Prepared, trace) -> tuple[str, list[str]]:
-    """``[simulation] mode`` resolved, and the report's note on it: ``auto`` picks full, symmetric or
-    hierarchical by size. The hierarchical engine is exact wherever its blocks are alike: context parallelism's
-    ring stays inside its layer pass, and a pass whose TP-overlap pipelines run on into the next is timed as the
-    second of two in a row (``tests/scenarios/test_mode_equivalence.py``, within 0.3 %). Not where a CP ring
-    crosses servers: its ranks meet the network differently and one is timed for all (a TP 4 x CP 4 case on two
-    servers read 3 % fast), which the note says.
-
-    Raises:
-        ValueError: hierarchical asked for a model whose blocks differ.
-    """
-    cfg, sim = prep.config, prep.scenario.simulation
-    asked = sim.get("mode", "auto")
-    uniform = trace.params_per_block is None  # the hierarchical engine times one block for all
-    if asked == "hierarchical" and not uniform:
-        raise ValueError(f"[simulation] mode = 'hierarchical' times one block and reuses it for every block; "
-                         f"{getattr(prep.model_cfg, 'name', 'the model')}'s blocks differ: use auto, full or "
-                         f"symmetric")
-    cp_note = [f"mode hierarchical with context parallelism across servers (TP {cfg.tp} x CP {cfg.cp} > "
-               f"{prep.topology.gpus_per_node} GPUs per server): one rank's layer pass stands for ranks whose ring "
-               f"crosses the network differently, which can read a few % fast; mode = \"full\" or \"symmetric\" "
-               f"simulates each"] if cfg.cp > 1 and cfg.tp * cfg.cp > prep.topology.gpus_per_node else []
-    if asked != "auto":
-        return asked, cp_note if asked == "hierarchical" else []
-    mode = "full" if cfg.world_size <= SYMMETRY_THRESHOLD_GPUS else "symmetric"
-    ranks = 0 if mode == "full" else len(Layout(cfg).representatives())
-    if uniform and estimate_tasks(trace, cfg, ranks) > HIERARCHICAL_THRESHOLD_TASKS:
-        return "hierarchical", cp_note
-    return mode, []
 
 
 def run_cost_model(prep: Prepared) -> KernelCostModel:
@@ -629,16 +597,6 @@ def _progress_bar(enabled: bool, desc: str) -> Iterator[Callable[[int, int], Non
         yield tick
     finally:
         bar.close()
-
-
-def estimate_tasks(trace, cfg: ParallelConfig, ranks: int) -> float:
-    """Tasks the per-op programs of ``ranks`` ranks would hold (to pick the engine without building)."""
-    g = trace.graph
-    if not g.num_blocks:
-        return ranks * cfg.num_microbatches * len(g.ops)
-    per_layer = len(g.block_ops(0, "fwd")) * (2 if cfg.recompute_granularity == "full" else 1) + \
-        len(g.block_ops(0, "bwd"))
-    return ranks * cfg.num_microbatches * per_layer * trace.num_layers / cfg.pp
 
 
 def check_task_budget(prep: Prepared, trace, mode: str, max_tasks: float) -> None:

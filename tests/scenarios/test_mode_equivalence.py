@@ -151,10 +151,10 @@ def test_hierarchical_iteration_agrees_with_the_full_simulation(full_runs, case)
                                   "three-tier"])
 def test_auto_picks_the_hierarchical_engine_by_size(monkeypatch, case):
     """Sized for the hierarchical engine (thresholds lowered), auto runs it, CP and TP overlap included."""
-    import scenarios.runner as runner
+    import scenarios.modes as modes
 
-    monkeypatch.setattr(runner, "SYMMETRY_THRESHOLD_GPUS", 0)
-    monkeypatch.setattr(runner, "HIERARCHICAL_THRESHOLD_TASKS", 0)
+    monkeypatch.setattr(modes, "SYMMETRY_THRESHOLD_GPUS", 0)
+    monkeypatch.setattr(modes, "HIERARCHICAL_THRESHOLD_TASKS", 0)
     rep = _report(case, "auto")
     assert rep.mode == "hierarchical" and not any("exact" in w for w in rep.metrics.get("warnings", []))
 

@@ -1,0 +1,95 @@
+"""Which engine a run uses: ``[simulation] mode`` resolved (``auto`` picks by size and by placement).
+
+``full`` simulates every rank; ``symmetric`` one rank per pipeline stage (every CP rank), its data- and
+tensor-parallel peers as mirrors of it; ``hierarchical`` one layer pass per block, reused. The two last
+are exact only where every mirror is placed like the rank it copies: a tensor-parallel group that fits a
+server on one rank and straddles two on another (TP 4 on 6-GPU servers; TP 8 on a 36-GPU NVL36 tray set)
+meets NVLink on one and the network on the other, and one timed for all reads fast (a newcomer measured
+-10 % and -22 %). :func:`placement_asymmetry` finds such layouts; ``auto`` then simulates every rank where
+that stays affordable, and says so either way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from workload.parallel.config import ParallelConfig
+from workload.parallel.placement import Layout
+
+SYMMETRY_THRESHOLD_GPUS = 16
+"""Above this many GPUs, ``mode = "auto"`` simulates one representative rank per pipeline stage."""
+HIERARCHICAL_THRESHOLD_TASKS = 100_000
+"""Above this many tasks on the representative ranks, ``auto`` uses the hierarchical engine; and the
+most tasks ``auto`` gives the full simulation of a layout whose mirrors are not placed alike."""
+
+
+def estimate_tasks(trace: Any, cfg: ParallelConfig, ranks: int) -> float:
+    """Tasks the per-op programs of ``ranks`` ranks would hold (to pick the engine without building)."""
+    g = trace.graph
+    if not g.num_blocks:
+        return ranks * cfg.num_microbatches * len(g.ops)
+    per_layer = len(g.block_ops(0, "fwd")) * (2 if cfg.recompute_granularity == "full" else 1) + \
+        len(g.block_ops(0, "bwd"))
+    return ranks * cfg.num_microbatches * per_layer * trace.num_layers / cfg.pp
+
+
+def placement_asymmetry(cfg: ParallelConfig, gpus_per_node: int) -> str | None:
+    """Why the mirrors of a symmetric run would not be placed like the ranks they copy, or None.
+
+    Ranks fill servers in order (rank *i* on GPU *i*) and Megatron's rank order (``cfg.rank_order``,
+    e.g. ``tp-cp-ep-dp-pp``) makes each axis's groups blocks of consecutive ranks of the sizes before it:
+    a block of ``u`` ranks sits alike on every server when ``u`` divides ``gpus_per_node`` (whole blocks
+    in a server) or ``gpus_per_node`` divides ``u`` (whole servers in a block). The first block that does
+    neither is named (``"tensor-parallel groups of 4 GPUs on 6-GPU servers"``)."""
+    sizes = {"tp": cfg.tp, "cp": cfg.cp, "dp": cfg.dp, "pp": cfg.pp, "ep": cfg.ep}  # (dp counts ep's ranks)
+    names = {"tp": "tensor-parallel groups", "cp": "context-parallel blocks", "ep": "expert-parallel blocks",
+             "dp": "pipeline stages' ranks"}
+    unit = 1
+    for axis in cfg.rank_order.split("-"):
+        # (expert parallelism is carved out of the data-parallel axis: its block is checked, not counted)
+        block = unit * sizes[axis]
+        if sizes[axis] > 1 and block < cfg.world_size and block % gpus_per_node and gpus_per_node % block:
+            return f"{names.get(axis, axis)} of {block} GPUs on {gpus_per_node}-GPU servers"
+        if axis != "ep":
+            unit = block
+    return None
+
+
+def simulation_mode(cfg: ParallelConfig, sim: dict, trace: Any, gpus_per_node: int,
+                    model_name: str = "the model") -> tuple[str, list[str]]:
+    """``[simulation] mode`` resolved, and the report's notes on it: ``auto`` picks full, symmetric or
+    hierarchical by size, and full where the mirrors would not be placed alike
+    (:func:`placement_asymmetry`) while the full run stays under :data:`HIERARCHICAL_THRESHOLD_TASKS`.
+    The hierarchical engine is exact wherever its blocks are alike: context parallelism's ring stays
+    inside its layer pass, and a pass whose TP-overlap pipelines run on into the next is timed as the
+    second of two in a row (``tests/scenarios/test_mode_equivalence.py``, within 0.3 %). Not where a CP
+    ring crosses servers: its ranks meet the network differently and one is timed for all (a TP 4 x CP 4
+    case on two servers read 3 % fast), which the note says.
+
+    Raises:
+        ValueError: hierarchical asked for a model whose blocks differ.
+    """
+    asked = sim.get("mode", "auto")
+    uniform = trace.params_per_block is None  # the hierarchical engine times one block for all
+    if asked == "hierarchical" and not uniform:
+        raise ValueError(f"[simulation] mode = 'hierarchical' times one block and reuses it for every block; "
+                         f"{model_name}'s blocks differ: use auto, full or symmetric")
+    cp_note = [f"mode hierarchical with context parallelism across servers (TP {cfg.tp} x CP {cfg.cp} > "
+               f"{gpus_per_node} GPUs per server): one rank's layer pass stands for ranks whose ring "
+               f"crosses the network differently, which can read a few % fast; mode = \"full\" or \"symmetric\" "
+               f"simulates each"] if cfg.cp > 1 and cfg.tp * cfg.cp > gpus_per_node else []
+    skew = placement_asymmetry(cfg, gpus_per_node)
+    skew_note = [f"mode {{mode}}: {skew} sit differently on different servers (NVLink for some groups, the "
+                 f"network for others), and one simulated rank stands for all, so the iteration time can read "
+                 f"fast (10-20 % in cases measured); mode = \"full\" simulates every rank"] if skew else []
+    if asked != "auto":
+        notes = (cp_note if asked == "hierarchical" else []) + ([] if asked == "full" else skew_note)
+        return asked, [n.replace("{mode}", asked) for n in notes]
+    mode = "full" if cfg.world_size <= SYMMETRY_THRESHOLD_GPUS else "symmetric"
+    if skew and mode != "full" and estimate_tasks(trace, cfg, cfg.world_size) <= HIERARCHICAL_THRESHOLD_TASKS:
+        return "full", [f"mode full (auto's choice): {skew} sit differently on different servers, so no rank "
+                        f"stands for the others; every rank is simulated"]
+    ranks = 0 if mode == "full" else len(Layout(cfg).representatives())
+    if uniform and estimate_tasks(trace, cfg, ranks) > HIERARCHICAL_THRESHOLD_TASKS:
+        return "hierarchical", [n.replace("{mode}", "hierarchical (auto's choice)") for n in cp_note + skew_note]
+    return mode, [n.replace("{mode}", f"{mode} (auto's choice)") for n in skew_note] if mode != "full" else []
