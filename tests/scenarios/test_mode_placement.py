@@ -52,7 +52,8 @@ def test_auto_warns_where_the_full_run_is_too_big(monkeypatch):
     monkeypatch.setattr(modes, "HIERARCHICAL_THRESHOLD_TASKS", 0)  # (no full run is affordable)
     rep = run_scenario(load(None, SKEWED))
     assert rep.mode in ("symmetric", "hierarchical")
-    assert any(f"mode {rep.mode} (auto's choice): tensor-parallel groups of 4 GPUs" in w for w in rep.metrics["warnings"])
+    note = f"mode {rep.mode} (auto's choice): tensor-parallel groups of 4 GPUs"
+    assert any(note in w for w in rep.metrics["warnings"])
 
 
 def test_aligned_layouts_keep_auto_symmetric_and_quiet():
