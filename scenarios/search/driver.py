@@ -320,10 +320,12 @@ def run_search(scenario: Scenario, *, fix: Sequence[str] = (), space: Sequence[s
     estimates, rate, trace_s = screen_all(ctx, cands, progress)
     screen_s = time.perf_counter() - t0
     fit = sorted((e for e in estimates if e.fits), key=lambda e: (e.iteration_time_s, e.candidate))
-    t_refine = time.process_time()
+    t_refine, w_refine = time.process_time(), time.perf_counter()
     with _bar(progress, min(len(fit), REFINE_PLANS), "re-pricing the fastest plans", "plan") as bar:
-        fit = refine(ctx, fit, progress=bar.update)  # the fastest plans as the simulator times them
-    refine_cpu_s = time.process_time() - t_refine
+        fit = refine(ctx, fit, progress=bar.update, executor=executor)  # the fastest plans as the simulator times them
+    # CPU of this process and of the executor's runs (each run reports its own), whatever else the machine runs
+    refine_cpu_s = time.process_time() - t_refine + getattr(ctx, "refine_worker_cpu_s", 0.0)
+    refine_wall_s = time.perf_counter() - w_refine
     if not fit:
         close = min(estimates, key=lambda e: (e.memory_bytes, e.candidate))
         raise NoFeasiblePlan(f"no plan fits in {close.hbm_bytes / 1e9:.1f} GB per GPU; closest: "
@@ -350,7 +352,7 @@ def run_search(scenario: Scenario, *, fix: Sequence[str] = (), space: Sequence[s
                         info={"candidates": len(cands), "fitting": len(fit), "top_k": top_k,
                               "top_k_rule": top_k_rule, "picked": len(picks), "max_tasks": max_tasks,
                               "shapes_picked": sum(1 for v in picks.values() if v == "shape"),
-                              "enumerate_s": enumerate_s, "refine_cpu_s": refine_cpu_s,
+                              "enumerate_s": enumerate_s, "refine_cpu_s": refine_cpu_s, "refine_wall_s": refine_wall_s,
                               "refine_runs": getattr(ctx, "refine_runs", 0),
                               "refined": min(len(fit), REFINE_PLANS), "usable_hbm_bytes": usable_hbm_bytes(ctx.gpu)},
                         picks=picks, num_layers=ctx.facts.num_layers,
