@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     from scenarios.runner import DEFAULT_MAX_TASKS
     from scenarios.search.driver import NoFeasiblePlan, run_search
     from scenarios.search.report import emit_scenario, format_search, plot_pareto, search_json
-    from scenarios.search.simulate import make_executor
+    from scenarios.search.simulate import CACHE_SCHEMA, make_executor, stale_records
     from scenarios.search.space import parse_knobs
 
     if args.top_k < 1:
@@ -93,6 +93,11 @@ def run(args: argparse.Namespace) -> int:
     outputs = {opt: output_file(opt, v) for opt, v in (("--json", args.json), ("--plot", args.plot),
                                                         ("--emit-scenario", args.emit_scenario)) if v}
     scenario = load(args.scenario, args.overrides, args.trust_code)
+    stale = stale_records(args.cache)
+    if stale:  # said once, here: each round of simulations re-reads the cache
+        print(f"trainsim search: --cache {args.cache}: {stale} cached plan{'s' if stale != 1 else ''} written by an "
+              f"older trainsim (cache schema other than {CACHE_SCHEMA}) ignored; simulated again where picked",
+              file=sys.stderr)
     executor, close = (None, None) if args.executor is None and args.workers == 1 else make_executor(
         args.executor, args.workers)
     try:

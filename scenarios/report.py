@@ -5,8 +5,10 @@ report converts to ms, GB, GB/s, TFLOP/s and percent. The JSON keeps SI, with un
 where the runner gives them (``iteration_time_s``, ``peak_allocated_bytes``).
 
 The JSON is reproducible: keys sorted, floats written with 12 significant digits (far below the
-simulator's resolution, far above the last-bit noise of float summation order), and no wall-clock
-times -- running one scenario twice gives byte-identical files.
+simulator's resolution, far above the last-bit noise of float summation order), byte counts (keys
+ending ``_bytes``) as whole numbers, and no wall-clock times -- running one scenario twice gives
+byte-identical files. Every command's ``--json`` (``run``, ``sweep``, ``search``, ``synth``) is written
+by :func:`write_json`, so they share this formatting.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from scenarios.metrics import (
     memory_dict,
     parallel_dict,
     peak_dtype_for,
+    unrecorded_utilisation,
 )
 
 __all__ = [
@@ -42,20 +45,23 @@ TRACE_MAX_LINKS = 16
 _WALL_CLOCK_KEYS = ("wall_s", "wall_time_s")
 
 
-def _round_floats(obj: Any) -> Any:
-    """A copy of ``obj`` with floats rounded to :data:`JSON_FLOAT_DIGITS` significant digits, tuples
-    as lists, wall-clock keys dropped, and non-finite floats as None (JSON has no NaN)."""
+def _round_floats(obj: Any, key: str = "") -> Any:
+    """A copy of ``obj`` with floats rounded to :data:`JSON_FLOAT_DIGITS` significant digits (under a
+    key ending ``_bytes``: to the nearest whole byte), tuples as lists, wall-clock keys dropped, and
+    non-finite floats as None (JSON has no NaN). ``key``: the key ``obj`` is the value of."""
     if isinstance(obj, bool) or obj is None or isinstance(obj, (int, str)):
         return obj
     if isinstance(obj, float):
         if not math.isfinite(obj):
             return None
+        if key.endswith("_bytes"):  # a byte count: whole bytes (a model's bytes are sums of fractions)
+            return round(obj)
         r = float(f"{obj:.{JSON_FLOAT_DIGITS}g}")
         return int(r) if r.is_integer() and abs(r) < 2**53 else r
     if isinstance(obj, Mapping):
-        return {str(k): _round_floats(v) for k, v in obj.items() if k not in _WALL_CLOCK_KEYS}
+        return {str(k): _round_floats(v, str(k)) for k, v in obj.items() if k not in _WALL_CLOCK_KEYS}
     if isinstance(obj, (list, tuple)):
-        return [_round_floats(v) for v in obj]
+        return [_round_floats(v, key) for v in obj]
     return str(obj)
 
 
@@ -237,9 +243,12 @@ def _link_lines(rep: Any, top: int) -> list[str]:
     for name, n, carried, mean, peak in groups:  # kind and capacity as --json's busiest_links give them
         label = name if n == 1 else f"{name} (+{n - 1})"
         cap = link_capacity(links, name)
+        peak_text = f"{100 * peak:>6.1f}%" if peak is not None else f"{'-':>7}"
         lines.append(f"  {label:<34} {link_kind(graph, name):<10} {n:>5} {_gb(carried):>13} {cap / 1e9:>6.0f} GB/s "
-                     f"{100 * mean:>6.1f}% {100 * peak:>6.1f}%")
-    lines.append("  (+k): k more links with the same load; capacity per direction")
+                     f"{100 * mean:>6.1f}% {peak_text}")
+    lines.append("  (+k): k more links with the same load; capacity per direction"
+                 + ("; peak -: no load timeline kept ([simulation] record_links = false)"
+                    if any(g[4] is None for g in groups) else ""))
     lines += _kind_lines(rep, links)
     if rep.mode == "hierarchical":  # macro tasks carry time, not traffic (docs/DESIGN.md, hierarchical engine)
         lines.append("  (hierarchical mode: collectives inside a layer pass -- TP, CP -- are timed in its macro task "
@@ -281,7 +290,8 @@ def _kind_lines(rep: Any, links: list[Any]) -> list[str]:
             first[kind] = (key, lk, carried, data["bandwidth_Bps"])
     if len(first) < 2:
         return []
-    best = {kind: (link_stats(lk.timeline, float(lk.nominal_capacity), end)[1], carried, lk.name, cap)
+    best = {kind: ((link_stats(lk.timeline, float(lk.nominal_capacity), end)[1] if lk.timeline else
+                    unrecorded_utilisation(carried, float(lk.nominal_capacity), end)[0]), carried, lk.name, cap)
             for kind, (_, lk, carried, cap) in first.items()}
     lines = ["  busiest link of each kind:"]
     for kind in sorted(best, key=lambda k: (list(LINK_KIND_LABELS).index(k) if k in LINK_KIND_LABELS else 9, k)):
