@@ -322,7 +322,7 @@ def run_search(scenario: Scenario, *, fix: Sequence[str] = (), space: Sequence[s
     fit = sorted((e for e in estimates if e.fits), key=lambda e: (e.iteration_time_s, e.candidate))
     t_refine, w_refine = time.process_time(), time.perf_counter()
     with _bar(progress, min(len(fit), REFINE_PLANS), "re-pricing the fastest plans", "plan") as bar:
-        fit = refine(ctx, fit, progress=bar.update, executor=executor)  # the fastest plans as the simulator times them
+        fit = refine(ctx, fit, progress=bar.update, executor=executor, cache=cache)  # as the simulator times them
     # CPU of this process and of the executor's runs (each run reports its own), whatever else the machine runs
     refine_cpu_s = time.process_time() - t_refine + getattr(ctx, "refine_worker_cpu_s", 0.0)
     refine_wall_s = time.perf_counter() - w_refine

@@ -41,6 +41,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor, Future, as_completed
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from hwmodel.cluster import Cluster
@@ -49,7 +50,7 @@ from hwmodel.runtime import DEFAULT_HOST_LAUNCH_OVERHEAD_S, Runtime
 from scenarios.hierarchical import PassProfile, pass_profiles, step2_mirror
 from scenarios.runner import _engine_factory, scenario_dir, trace_options
 from scenarios.search.estimate import Estimate
-from scenarios.search.simulate import candidate_data, scenario_key, simulate_plan
+from scenarios.search.simulate import append_cache, candidate_data, load_cache, scenario_key, simulate_plan
 from scenarios.search.space import Candidate
 from workload.parallel.placement import Layout
 from workload.parallel.rank_trace import trace_rank
@@ -154,11 +155,20 @@ def _sampled_data(ctx, c: Candidate, layers: int) -> dict[str, Any]:
     return data
 
 
-def _record_run(ctx, key: str, result: dict[str, Any]) -> float | None:
-    """Keep one sampled run's iteration time in ``ctx`` (``None``: refused), and count it."""
+def _runs(ctx) -> dict[str, float | None]:
+    """``ctx``'s sampled runs: run key -> iteration time (``None``: refused)."""
+    runs: dict[str, float | None] = ctx.__dict__.setdefault("_runs", {})
+    return runs
+
+
+def _record_run(ctx, key: str, result: dict[str, Any], plan: Candidate, layers: int) -> float | None:
+    """Keep one sampled run's iteration time in ``ctx`` (``None``: refused), count it, and append it to
+    the search's cache (``ctx.run_cache``, :func:`refine`'s ``cache``)."""
     t = result.get("iteration_time_s")
     ctx.refine_runs = getattr(ctx, "refine_runs", 0) + 1
-    hit = ctx.__dict__.setdefault("_runs", {})[key] = float(t) if t is not None else None
+    if not result.get("over_budget"):
+        append_cache(getattr(ctx, "run_cache", None), key, plan, result, sampled_layers=layers)
+    hit = _runs(ctx)[key] = float(t) if t is not None else None
     return hit
 
 
@@ -167,10 +177,10 @@ def _simulated_s(ctx, c: Candidate, layers: int) -> float | None:
     cached in ``ctx`` by the run's :func:`scenario_key`."""
     data = _sampled_data(ctx, c, layers)
     key = scenario_key(data)
-    runs = ctx.__dict__.setdefault("_runs", {})
+    runs = _runs(ctx)
     if key in runs:
         return runs[key]
-    return _record_run(ctx, key, simulate_plan(data, ctx.scenario.source or ""))
+    return _record_run(ctx, key, simulate_plan(data, ctx.scenario.source or ""), c, layers)
 
 
 def sampled_runs(ctx, c: Candidate) -> Iterator[tuple[Candidate, int]]:
@@ -241,13 +251,22 @@ def refined_estimate(ctx, c: Candidate) -> Estimate:
 
 
 def refine(ctx, fit: Sequence[Estimate], n: int = REFINE_PLANS, progress: Callable[[int], Any] | None = None,
-           executor: Executor | None = None) -> list[Estimate]:
+           executor: Executor | None = None, cache: str | Path | None = None) -> list[Estimate]:
     """``fit`` (fitting estimates, fastest first) with its first ``n`` re-priced by
     :func:`refined_estimate`, fastest first again; ``progress(1)`` after each plan (a tqdm ``update``).
 
     ``executor`` (``None``: all here, one after the other): the sampled-layer runs of the plans without
     pipeline stages are submitted to it first, the pipelines are re-priced here meanwhile, and then the
-    runs are collected; the result is the same either way (each run is one deterministic simulation)."""
+    runs are collected; the result is the same either way (each run is one deterministic simulation).
+    ``cache``: the search's JSONL cache (:mod:`scenarios.search.simulate`): runs found there are read
+    back, and each new one is appended as it arrives, so that a resumed search re-prices without
+    simulating again (kept for the searches that follow on ``ctx``)."""
+    if cache is not None:
+        ctx.run_cache = cache
+        runs = _runs(ctx)
+        for key, result in load_cache(cache).items():
+            t = result.get("iteration_time_s")
+            runs.setdefault(key, float(t) if t is not None else None)
     head = [e.candidate for e in fit[:n]]
     pooled = [c for c in head if sampled(c) and ctx.estimate(c).fits] if executor is not None else []
     waits, futures = _submit_sampled(ctx, pooled, executor) if executor is not None else ({}, {})
@@ -263,14 +282,14 @@ def refine(ctx, fit: Sequence[Estimate], n: int = REFINE_PLANS, progress: Callab
 
 
 def _submit_sampled(ctx, plans: Sequence[Candidate], executor: Executor
-                    ) -> tuple[dict[Candidate, set[str]], dict[Future, str]]:
+                    ) -> tuple[dict[Candidate, set[str]], dict[Future, tuple[str, Candidate, int]]]:
     """Submit the sampled-layer runs of ``plans`` (:func:`sampled_runs`; each distinct run once, none
     already cached in ``ctx``) to ``executor``. Returns plan -> the run keys it waits for, and the
-    futures with their run keys."""
-    runs = ctx.__dict__.setdefault("_runs", {})
+    futures with their run keys and (plan, layers) runs."""
+    runs = _runs(ctx)
     source = ctx.scenario.source or ""
     waits: dict[Candidate, set[str]] = {}
-    futures: dict[Future, str] = {}
+    futures: dict[Future, tuple[str, Candidate, int]] = {}
     submitted: set[str] = set()
     for c in plans:
         waits[c] = set()
@@ -282,11 +301,11 @@ def _submit_sampled(ctx, plans: Sequence[Candidate], executor: Executor
             waits[c].add(key)
             if key not in submitted:
                 submitted.add(key)
-                futures[executor.submit(simulate_plan, data, source)] = key
+                futures[executor.submit(simulate_plan, data, source)] = key, p, layers
     return waits, futures
 
 
-def _collect(ctx, waits: dict[Candidate, set[str]], futures: dict[Future, str],
+def _collect(ctx, waits: dict[Candidate, set[str]], futures: dict[Future, tuple[str, Candidate, int]],
              progress: Callable[[int], Any] | None) -> None:
     """Cache the runs of ``futures`` in ``ctx`` as they finish (:func:`_submit_sampled`), adding their
     CPU to ``ctx.refine_worker_cpu_s``; ``progress(1)`` as each plan of ``waits`` has all of its runs."""
@@ -298,8 +317,8 @@ def _collect(ctx, waits: dict[Candidate, set[str]], futures: dict[Future, str],
         if not keys and progress is not None:
             progress(1)
     for fut in as_completed(futures):
-        key, result = futures[fut], fut.result()
-        _record_run(ctx, key, result)
+        (key, plan, layers), result = futures[fut], fut.result()
+        _record_run(ctx, key, result, plan, layers)
         ctx.refine_worker_cpu_s = getattr(ctx, "refine_worker_cpu_s", 0.0) + float(result.get("cpu_s", 0.0))
         for c in plans_of[key]:
             left[c] -= 1

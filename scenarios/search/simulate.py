@@ -101,6 +101,16 @@ def load_cache(path: str | Path | None) -> dict[str, dict[str, Any]]:
     return {rec["key"]: rec["result"] for rec in _records(path) if rec.get("schema") == CACHE_SCHEMA}
 
 
+def append_cache(path: str | Path | None, key: str, plan: Candidate, result: Mapping[str, Any], **extra: Any) -> None:
+    """Append one record (``key``, :data:`CACHE_SCHEMA`, ``plan``, ``result``, and ``extra`` fields such as
+    ``sampled_layers``) to the JSONL cache at ``path`` (``None``: no cache)."""
+    if path is None:
+        return
+    rec = {"key": key, "schema": CACHE_SCHEMA, "plan": plan.to_dict(), "result": dict(result), **extra}
+    with Path(path).open("a", encoding="utf-8") as fh:
+        fh.write(json.dumps(rec, sort_keys=True) + "\n")
+
+
 def stale_records(path: str | Path | None) -> int:
     """How many plans of a JSONL cache have only records of another :data:`CACHE_SCHEMA` (an older
     trainsim's): :func:`simulate_plans` simulates them again when the search picks them."""
@@ -164,10 +174,8 @@ def simulate_plans(base: Scenario, cands: Iterable[Candidate], *, executor: Exec
 
     def record(c: Candidate, result: dict[str, Any]) -> None:
         out[c] = result
-        if cache is not None and not result.get("over_budget"):  # written as it arrives: an interruption loses none
-            with Path(cache).open("a", encoding="utf-8") as fh:
-                fh.write(json.dumps({"key": keyed[c], "schema": CACHE_SCHEMA, "plan": c.to_dict(), "result": result},
-                                    sort_keys=True) + "\n")
+        if not result.get("over_budget"):  # written as it arrives: an interruption loses none
+            append_cache(cache, keyed[c], c, result)
         bar.update()
 
     try:
