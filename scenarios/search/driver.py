@@ -44,6 +44,8 @@ DEFAULT_TOP_K = 20
 TOP_K_RULES = ("shapes", "screen")
 """How the top K are picked (:func:`pick_top_k`): ``shapes`` (default) half by plan shape, half by
 variants of the shapes that simulated fastest; ``screen``: the screen's K fastest as they come."""
+MAX_EMPTY_REASONS = 3
+"""A space without a valid plan is refused naming this many of its rejections' reasons, most common first."""
 VARIANTS_PER_SHAPE = 4
 """Round 2 of the ``shapes`` rule simulates at most this many more variants of one shape."""
 
@@ -314,8 +316,12 @@ def run_search(scenario: Scenario, *, fix: Sequence[str] = (), space: Sequence[s
     if not cands:  # bad input (exit 2), not a memory verdict
         if not rejections:  # the values given leave no factorisation of the cluster
             raise ValueError(empty_space_reason(ctx.facts, knobs))
-        raise ValueError(f"no valid plan in the space ({sum(r.count for r in rejections)} rejected); "
-                         f"the most common reason: {rejections[0].reason}")
+        # every plan may fail for another reason than the most common one: the first few, with their counts
+        shown = "; ".join(f"{r.reason} ({r.count:,} plan{'s' if r.count != 1 else ''})"
+                          for r in rejections[:MAX_EMPTY_REASONS])
+        more = f"; {len(rejections) - MAX_EMPTY_REASONS} more reasons" if len(rejections) > MAX_EMPTY_REASONS else ""
+        raise ValueError(f"no valid plan in the space ({sum(r.count for r in rejections):,} rejected); "
+                         f"the most common reasons: {shown}{more}")
     t0 = time.perf_counter()
     estimates, rate, trace_s = screen_all(ctx, cands, progress)
     screen_s = time.perf_counter() - t0

@@ -339,3 +339,13 @@ def test_table_times_have_three_significant_figures():
     assert [_ms(t) for t in (0.02418, 0.02467, 0.00512, 0.000523, 0.1234, 1.5)] == \
         ["24.2", "24.7", "5.12", "0.523", "123", "1,500"]
     assert _ms(None) == _ms(float("nan")) == "-"
+
+
+def test_a_space_without_a_valid_plan_names_its_reasons(capsys):
+    """Async TP pinned beside the distributed optimizer: most plans fail for want of SP, but those with SP
+    fail for the stack conflict, which the one line must name too (it named only the first)."""
+    assert main(["search", "llama3-8b-tp2-dgx-h100", "--fix", "parallel.async_tp=true",
+                 "--fix", "parallel.zero_stage=1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "async_tp=true needs sequence_parallel=true" in err
+    assert "conflicts with use_distributed_optimizer / zero_stage 1-2" in err and "(234 plans)" in err
