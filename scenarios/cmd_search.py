@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     from scenarios.runner import DEFAULT_MAX_TASKS
     from scenarios.search.driver import NoFeasiblePlan, run_search
     from scenarios.search.report import emit_scenario, format_search, plot_pareto, search_json
-    from scenarios.search.simulate import CACHE_SCHEMA, make_executor, stale_records
+    from scenarios.search.simulate import CACHE_SCHEMA, check_cache, make_executor, stale_records
     from scenarios.search.space import parse_knobs
 
     if args.top_k < 1:
@@ -91,7 +91,10 @@ def run(args: argparse.Namespace) -> int:
     parse_knobs(args.fix, args.space)  # bad keys and values fail before any tracing
     # output paths too, before minutes of search (a typo must not become a new tree of folders)
     outputs = {opt: output_file(opt, v) for opt, v in (("--json", args.json), ("--plot", args.plot),
-                                                        ("--emit-scenario", args.emit_scenario)) if v}
+                                                        ("--emit-scenario", args.emit_scenario),
+                                                        ("--cache", args.cache)) if v}
+    if args.cache:
+        check_cache(args.cache)
     scenario = load(args.scenario, args.overrides, args.trust_code)
     stale = stale_records(args.cache)
     if stale:  # said once, here: each round of simulations re-reads the cache

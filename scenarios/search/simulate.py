@@ -111,6 +111,29 @@ def append_cache(path: str | Path | None, key: str, plan: Candidate, result: Map
         fh.write(json.dumps(rec, sort_keys=True) + "\n")
 
 
+def check_cache(path: str | Path) -> None:
+    """Refuse, before any work, a ``--cache`` file that is not a search cache (a ``--json`` output given by
+    mistake would have records appended to it): its first line must be a record.
+
+    Raises:
+        ValueError: one line naming the file.
+    """
+    p = Path(path)
+    if not p.is_file():
+        return
+    with p.open(encoding="utf-8", errors="replace") as fh:
+        first = fh.readline().strip()
+    if not first:
+        return
+    try:
+        rec = json.loads(first)
+    except json.JSONDecodeError:
+        rec = None
+    if not (isinstance(rec, dict) and "key" in rec and "result" in rec):
+        raise ValueError(f"--cache {path}: not a trainsim search cache (its first line is not a record); "
+                         f"give a new file or one an earlier search wrote")
+
+
 def stale_records(path: str | Path | None) -> int:
     """How many plans of a JSONL cache have only records of another :data:`CACHE_SCHEMA` (an older
     trainsim's): :func:`simulate_plans` simulates them again when the search picks them."""

@@ -349,3 +349,16 @@ def test_a_space_without_a_valid_plan_names_its_reasons(capsys):
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "async_tp=true needs sequence_parallel=true" in err
     assert "conflicts with use_distributed_optimizer / zero_stage 1-2" in err and "(234 plans)" in err
+
+
+@pytest.mark.parametrize("what", ["missing folder", "a --json file", "a folder"])
+def test_cli_bad_cache_path_exits_2_before_any_work(what, tmp_path, capsys):
+    """A --cache the search could not append to, or one that is not a cache (a --json output given by
+    mistake, which the search would append records to), is refused in one line before minutes of search."""
+    js = tmp_path / "s.json"
+    js.write_text('{\n "plans": []\n}\n')
+    path = {"missing folder": tmp_path / "no" / "c.jsonl", "a --json file": js, "a folder": tmp_path}[what]
+    assert main(["search", "llama3-8b-tp2-dgx-h100", "--cache", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"--cache {path}" in err
+    assert js.read_text() == '{\n "plans": []\n}\n'
