@@ -326,11 +326,11 @@ def run_search(scenario: Scenario, *, fix: Sequence[str] = (), space: Sequence[s
     estimates, rate, trace_s = screen_all(ctx, cands, progress)
     screen_s = time.perf_counter() - t0
     fit = sorted((e for e in estimates if e.fits), key=lambda e: (e.iteration_time_s, e.candidate))
-    t_refine, w_refine = time.process_time(), time.perf_counter()
+    t_refine, w_refine, c_workers = time.process_time(), time.perf_counter(), getattr(ctx, "refine_worker_cpu_s", 0.0)
     with _bar(progress, min(len(fit), REFINE_PLANS), "re-pricing the fastest plans", "plan") as bar:
         fit = refine(ctx, fit, progress=bar.update, executor=executor, cache=cache)  # as the simulator times them
     # CPU of this process and of the executor's runs (each run reports its own), whatever else the machine runs
-    refine_cpu_s = time.process_time() - t_refine + getattr(ctx, "refine_worker_cpu_s", 0.0)
+    refine_cpu_s = time.process_time() - t_refine + getattr(ctx, "refine_worker_cpu_s", 0.0) - c_workers
     refine_wall_s = time.perf_counter() - w_refine
     if not fit:
         close = min(estimates, key=lambda e: (e.memory_bytes, e.candidate))
