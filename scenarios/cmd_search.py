@@ -11,7 +11,8 @@ divide the layers), DP with ZeRO 0-3 (3 = FSDP, also with PP), micro-batch size,
 gradient-reduce and parameter-gather overlap, TP communication overlap (tp_comm_overlap or async_tp),
 rank order -- is checked (invalid plans are
 reported by reason) and estimated by an analytic screen (memory model, kernel cost model, NCCL's tuner,
-the pipeline-bubble closed form); ``--top-k`` plans that fit (the best of the screen's K/2 fastest shapes,
+the pipeline-bubble closed form), and its 300 fastest re-priced by short simulations on the ``--workers``
+pool; ``--top-k`` plans that fit (the best of the screen's K/2 fastest shapes,
 then K/2 variants of the shapes that simulated fastest), the baseline (plain DP or FSDP if it fits, else
 Megatron-LM's recipe) and the scenario's plan are then co-simulated in parallel, and ranked.
 
@@ -63,7 +64,8 @@ def register(subparsers) -> None:
     p.add_argument("--executor", default=None, metavar="SPEC",
                    help="'process' (default: a local pool of --workers) or dask://HOST:PORT (needs trainsim[dask])")
     p.add_argument("--cache", metavar="PATH", default=None,
-                   help="JSONL cache of simulated plans: an interrupted search resumes from it")
+                   help="JSONL cache of the simulations (the top K's and the re-pricing's): an interrupted "
+                        "search resumes from it")
     p.add_argument("--json", metavar="PATH", default=None, help="write every plan's estimate (and simulation)")
     p.add_argument("--plot", metavar="PATH", default=None, help="PNG: time vs memory of the plans, Pareto front")
     p.add_argument("--emit-scenario", metavar="PATH", default=None, help="write the best plan as a scenario file")
