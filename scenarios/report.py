@@ -6,9 +6,9 @@ where the runner gives them (``iteration_time_s``, ``peak_allocated_bytes``).
 
 The JSON is reproducible: keys sorted, floats written with 12 significant digits (far below the
 simulator's resolution, far above the last-bit noise of float summation order), byte counts (keys
-ending ``_bytes``) as whole numbers, and no wall-clock times -- running one scenario twice gives
-byte-identical files. Every command's ``--json`` (``run``, ``sweep``, ``search``, ``synth``) is written
-by :func:`write_json`, so they share this formatting.
+ending ``_bytes``) as whole numbers, seconds (keys ending ``_s``) to the picosecond, and no wall-clock
+times -- running one scenario twice gives byte-identical files. Every command's ``--json`` (``run``,
+``sweep``, ``search``, ``synth``) is written by :func:`write_json`, so they share this formatting.
 """
 
 from __future__ import annotations
@@ -32,12 +32,16 @@ from scenarios.metrics import (
 )
 
 __all__ = [
-    "JSON_FLOAT_DIGITS", "MAX_RANK_ROWS", "TRACE_MAX_LINKS", "format_memory_only", "format_report",
-    "stable_json", "write_json", "write_plots", "write_trace",
+    "JSON_FLOAT_DIGITS", "JSON_TIME_DECIMALS", "MAX_RANK_ROWS", "TRACE_MAX_LINKS", "format_memory_only",
+    "format_report", "stable_json", "write_json", "write_plots", "write_trace",
 ]
 
 JSON_FLOAT_DIGITS = 12
 """Significant digits of floats in the JSON outputs."""
+JSON_TIME_DECIMALS = 12
+"""Seconds in the JSON outputs are rounded to this many decimals (1 ps) before their significant digits: a
+small time that is the difference of two iteration-long sums (a rank's idle time, 4e-6 s out of 1.5 s)
+carries their last-bit noise (1e-16 s), which 12 significant digits of it would print (3.99999999989e-06)."""
 MAX_RANK_ROWS = 16
 """The per-rank table shows at most this many ranks (the first and the last ones)."""
 TRACE_MAX_LINKS = 16
@@ -47,8 +51,9 @@ _WALL_CLOCK_KEYS = ("wall_s", "wall_time_s")
 
 def _round_floats(obj: Any, key: str = "") -> Any:
     """A copy of ``obj`` with floats rounded to :data:`JSON_FLOAT_DIGITS` significant digits (under a
-    key ending ``_bytes``: to the nearest whole byte), tuples as lists, wall-clock keys dropped, and
-    non-finite floats as None (JSON has no NaN). ``key``: the key ``obj`` is the value of."""
+    key ending ``_bytes``: to the nearest whole byte; ending ``_s``, seconds, first to
+    :data:`JSON_TIME_DECIMALS` decimals), tuples as lists, wall-clock keys dropped, and non-finite floats
+    as None (JSON has no NaN). ``key``: the key ``obj`` is the value of."""
     if isinstance(obj, bool) or obj is None or isinstance(obj, (int, str)):
         return obj
     if isinstance(obj, float):
@@ -56,6 +61,8 @@ def _round_floats(obj: Any, key: str = "") -> Any:
             return None
         if key.endswith("_bytes"):  # a byte count: whole bytes (a model's bytes are sums of fractions)
             return round(obj)
+        if key.endswith("_s") and not key.endswith("_per_s"):  # seconds: to the picosecond, then the digits
+            obj = round(obj, JSON_TIME_DECIMALS) + 0.0  # (+ 0.0: -0.0 is 0)
         r = float(f"{obj:.{JSON_FLOAT_DIGITS}g}")
         return int(r) if r.is_integer() and abs(r) < 2**53 else r
     if isinstance(obj, Mapping):
