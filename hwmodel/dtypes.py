@@ -14,6 +14,7 @@ FP8 Linear GEMMs (``workload.fp8``), which need FP8 tensor cores (Hopper and lat
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 from types import MappingProxyType
 from typing import Any
 
@@ -99,8 +100,10 @@ def training_dtype(name: str, field: str = "dtype") -> TrainingDtype:
 def check_gpu_has(name: str, gpu: Any) -> None:
     """Whether ``gpu`` (a :class:`hwmodel.specs.GPUSpec`) has the tensor cores a ``[training] dtype`` runs
     its GEMMs on: bf16 and fp16 their own (a V100 has no bf16), fp8 FP8 ones (Hopper and later) and the
-    bf16 ones of its other layers; fp32 runs on the CUDA cores every GPU has. An input error, so the
-    runner checks it before any memory verdict.
+    bf16 ones of its other layers; fp32 runs on the CUDA cores every GPU has. A GPU has a tensor dtype
+    when its ``tensor_flops`` lists it and its architecture has it (some shipped GPU of that architecture
+    lists it): a what-if H100 described as ``architecture = "Ampere"`` has no FP8, as no A100 has. An
+    input error, so the runner checks it before any memory verdict.
 
     Raises:
         ValueError: one line naming the field, the GPUs that have the tensor cores and the dtypes ``gpu``
@@ -111,9 +114,30 @@ def check_gpu_has(name: str, gpu: Any) -> None:
     dt = training_dtype(name, "[training] dtype")
     needed = ["fp8"] * dt.needs_fp8_tensor_cores + [dt.report_peak_key]
     for key in needed:
-        if key not in gpu.supported_dtypes:
-            have = ", ".join(n for n in known_gpus() if key in get_gpu(n).supported_dtypes)
-            can = [d for d, t in TRAINING_DTYPES.items() if t.report_peak_key in gpu.supported_dtypes
-                   and not (t.needs_fp8_tensor_cores and "fp8" not in gpu.supported_dtypes)]
-            raise ValueError(f"[training] dtype {name!r} needs {key.upper()} tensor cores ({have}); {gpu.name} "
-                             f"has none; allowed on it: {', '.join(can)}")
+        if not _has(gpu, key):
+            have = ", ".join(n for n in known_gpus() if _has(get_gpu(n), key))
+            can = [d for d, t in TRAINING_DTYPES.items() if _has(gpu, t.report_peak_key)
+                   and not (t.needs_fp8_tensor_cores and not _has(gpu, "fp8"))]
+            arch = ("" if key not in gpu.supported_dtypes else
+                    f" as architecture {gpu.architecture!r} (no shipped {gpu.architecture} GPU lists {key})")
+            raise ValueError(f"[training] dtype {name!r} needs {key.upper()} tensor cores ({have}); {gpu.name}"
+                             f"{arch} has none; allowed on it: {', '.join(can)}")
+
+
+def _has(gpu: Any, key: str) -> bool:
+    """Whether ``gpu`` has tensor dtype ``key`` (``fp32``: CUDA cores, always): its ``tensor_flops`` lists
+    it and so does some shipped GPU of its architecture (an architecture no shipped GPU has: the table
+    alone)."""
+    if key not in gpu.supported_dtypes:
+        return False
+    arch = _architecture_dtypes(gpu.architecture)
+    return key == "fp32" or arch is None or key in arch
+
+
+@cache
+def _architecture_dtypes(architecture: str) -> frozenset[str] | None:
+    """The tensor dtypes the shipped GPUs of ``architecture`` list (``None``: no shipped GPU has it)."""
+    from hwmodel.specs import get_gpu, shipped_gpus
+
+    same = [get_gpu(n) for n in shipped_gpus() if get_gpu(n).architecture == architecture]
+    return frozenset(d for g in same for d in g.supported_dtypes) if same else None

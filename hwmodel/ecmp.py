@@ -33,6 +33,20 @@ Edge = tuple[str, str]
 MAX_QPS_PER_CONNECTION = 128
 """NCCL's ``NCCL_IB_MAX_QPS``: the most queue pairs one connection may open."""
 
+ADAPTIVE = -1
+"""The ``subflows`` value that stands for adaptive routing (``[simulation] nccl_ib_adaptive_routing``):
+the switches choose each packet's (or flowlet's) next hop among the equal-cost ports by their load
+(InfiniBand AR, configured by the subnet manager; Spectrum-X on RoCE), not by a hash of the flow, and
+NCCL marks its transfers as allowed to arrive out of order (``NCCL_IB_ADAPTIVE_ROUTING``). Modelled as
+the ideal it approaches under symmetric load: every NIC pair's traffic split evenly over every
+equal-cost path (:meth:`hwmodel.routing.ClosRoutes.adaptive_between`), so no hash collides."""
+
+
+def spreads(subflows: int) -> bool:
+    """Whether a route of ``subflows`` sub-flows may hold a :class:`Spread`: several hashed sub-flows, or
+    adaptive routing (:data:`ADAPTIVE`)."""
+    return subflows > 1 or subflows == ADAPTIVE
+
 
 class Spread(tuple):
     """The hops of a route where its sub-flows part: ``((edge, share), ...)`` in order of first use,
@@ -115,14 +129,38 @@ def plan_subflows(engine: Any, plan: Any) -> int:
     """Sub-flows of each NIC pair's traffic of ``plan`` on ``engine`` (an
     :class:`~hwmodel.nccl.engine.NcclEngine`): :func:`subflows_per_pair` of its channels, the rails its
     rings use (``engine.rails`` of its GPUs per node) and the engine's ``ib_qps_per_connection``; 1 for
-    a send (one peer connection, the per-flow hash) and for a communicator inside one node."""
-    if plan.algorithm in ("p2p", "none"):
+    a send (one peer connection, the per-flow hash) and for a communicator inside one node. With the
+    engine's ``ib_adaptive_routing``: :data:`ADAPTIVE` for every plan that crosses nodes, sends too."""
+    adaptive = getattr(engine, "ib_adaptive_routing", False)
+    if plan.algorithm == "none" or (plan.algorithm == "p2p" and not adaptive):
         return 1
     rails = engine._rails_of.get(plan.gpus)
     if rails is None:
         nodes = len(engine.nodes_of(plan.gpus))
         rails = engine._rails_of[plan.gpus] = 0 if nodes < 2 else engine.rails(len(plan.gpus) // nodes)
-    return subflows_per_pair(plan.n_channels, rails, engine.ib_qps_per_connection) if rails else 1
+    if not rails:
+        return 1
+    return ADAPTIVE if adaptive else subflows_per_pair(plan.n_channels, rails, engine.ib_qps_per_connection)
+
+
+def check_adaptive_routing(value: object, topology: Any, fidelity: str) -> bool:
+    """``[simulation] nccl_ib_adaptive_routing``, checked against the cluster it routes.
+
+    Raises:
+        ValueError: not a boolean; true with a fidelity other than ``flow`` (the step and chunked
+            pipelines lay each hop on one link), or on a fabric whose routes are searched, not built
+            (a user's topology file: its equal-cost paths are not enumerated).
+    """
+    if not isinstance(value, bool):
+        raise ValueError(f"[simulation] nccl_ib_adaptive_routing = {value!r}: allowed true or false "
+                         "(NCCL_IB_ADAPTIVE_ROUTING: the fabric spreads each flow over every equal-cost path)")
+    if value and fidelity != "flow":
+        raise ValueError(f"[simulation] nccl_ib_adaptive_routing = true needs fidelity = \"flow\" (got {fidelity!r}): "
+                         "the step and chunked pipelines route each hop over one link")
+    if value and topology.constructed_fabric() is None and topology.nodes_of_kind("ib_switch"):
+        raise ValueError("[simulation] nccl_ib_adaptive_routing = true needs a fabric built from [system] keys "
+                         "(rail_optimized, fat_tree, single_switch): this cluster's routes are searched")
+    return value
 
 
 def check_qps_per_connection(value: object) -> int:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import networkx as nx
 
-from hwmodel.node import NodeSpec, add_link, add_nodes
+from hwmodel.node import NodeSpec, add_link, add_links, add_nodes
 from hwmodel.routing import ClosRoutes
 from hwmodel.servers import ServerTable
 from hwmodel.specs import NICSpec, SwitchSpec, get_switch, known_switches
@@ -49,19 +49,39 @@ def _most_nodes_per_leaf(nics_per_node: int, oversubscription: float, radix: int
     return n
 
 
-def _given_spines(num_spines: int, uplink_ports: float) -> int:
-    """A user's spine count, checked: each spine takes at least one of a leaf's uplink ports, so at most
-    ``floor(uplink_ports)`` spines (>= 1); a larger count would split one leaf's uplink into links no
-    cable provides.
+def _given_spines(g: nx.DiGraph, num_spines: int, uplink_ports: float, pods: Sequence[Sequence[Sequence[str]]],
+                  k: float, swspec: SwitchSpec) -> int:
+    """A user's spine count (per pod), checked against both ends of the cables. At most
+    ``floor(uplink_ports)`` (>= 1): each spine takes at least one of a leaf's uplink ports, and more
+    spines would split one leaf's uplink into links no cable provides. At least enough spines for the
+    uplinks in use at the spine switch's radix: a leaf uses ``ceil(NICs under it / k)`` uplinks for the
+    nodes present (not a full scalable unit's cabling), summed over the leaves of a pod (``pods``: each
+    pod's leaves, each leaf's NICs), ``ceil(that / radix)`` spines -- capped at the most, as the default
+    count (:func:`_spines_for`) is, where no count fits (a spine then has more ports than its radix).
+    A count that does not divide the leaf's uplinks is allowed (the model splits a leaf's uplink capacity
+    evenly over the spines, as its default count may too; the run says so, :mod:`scenarios.notes`). The
+    range is recorded as the graph's ``spines_allowed``.
 
     Raises:
-        ValueError: ``spines`` outside 1 .. ``floor(uplink_ports)``.
+        ValueError: ``spines = N: ...`` naming the allowed range, ``fewest..most``.
     """
     most = max(1, math.floor(uplink_ports))
-    if num_spines < 1 or num_spines > most:
-        raise ValueError(f"system.spines = {num_spines}: a leaf has {most} uplink port(s) here (its downlinks / "
-                         f"oversubscription), one per spine at least; allowed 1..{most}")
-    return num_spines
+    used = max(sum(math.ceil(len(nics) / k - 1e-9) for nics in pod) for pod in pods)
+    fewest = min(most, max(1, math.ceil(used / swspec.radix)))
+    g.graph["spines_allowed"] = (fewest, most)
+    if fewest <= num_spines <= most:
+        return num_spines
+    if 1 <= num_spines < fewest:
+        leaves = max(len(pod) for pod in pods)
+        each = max(math.ceil(len(nics) / k - 1e-9) for pod in pods for nics in pod)
+        why = (f"the nodes present use {used} leaf uplinks ({leaves} leaves{' a pod' if len(pods) > 1 else ''}, up "
+               f"to {each} each: the NICs under a leaf / oversubscription), more than {num_spines} {swspec.name} "
+               f"spine(s) of {swspec.radix} ports take")
+    else:
+        why = (f"a leaf has {most} uplink port(s) here (its downlinks / oversubscription), one per spine at "
+               f"least")
+    allowed = f"{fewest}..{most}" if fewest < most else f"{most} only"
+    raise ValueError(f"spines = {num_spines}: {why}; allowed {allowed}")
 
 
 def _fabric_link(g: nx.DiGraph, nic: str, sw: str, nic_spec: NICSpec, swspec: SwitchSpec) -> None:
@@ -71,24 +91,24 @@ def _fabric_link(g: nx.DiGraph, nic: str, sw: str, nic_spec: NICSpec, swspec: Sw
 
 
 def _add_tree(g: nx.DiGraph, leaves: dict[str, list[str]], leaf_uplink_Bps: float, uplink_ports: float,
-              swspec: SwitchSpec, num_spines: int | None, pods: Pods | None = None) -> ClosRoutes:
+              swspec: SwitchSpec, num_spines: int | None, pods: Pods | None = None, k: float = 1.0) -> ClosRoutes:
     """Spines above ``leaves`` (leaf -> its NICs): each leaf joins every spine by ONE edge of uplink
     capacity / spines. With ``pods`` (and more than one pod), each pod of consecutive leaves gets its own
     spines and a core layer joins the pods (:func:`_add_core`). Returns the fabric's router by
-    construction (:func:`_router`)."""
+    construction (:func:`_router`). ``k``: the oversubscription, for the uplinks a leaf uses
+    (:func:`_given_spines`); the leaf's uplink count is recorded as the graph's ``leaf_uplink_ports``."""
+    g.graph["leaf_uplink_ports"] = uplink_ports
     if pods is not None and len(leaves) > pods.leaves_per_pod:
-        return _add_pods(g, leaves, leaf_uplink_Bps, uplink_ports, swspec, num_spines, pods)
-    spines = (_given_spines(num_spines, uplink_ports) if num_spines is not None
-              else _spines_for(len(leaves), uplink_ports, swspec.radix))
+        return _add_pods(g, leaves, leaf_uplink_Bps, uplink_ports, swspec, num_spines, pods, k)
+    spines = (_given_spines(g, num_spines, uplink_ports, [list(leaves.values())], k, swspec)
+              if num_spines is not None else _spines_for(len(leaves), uplink_ports, swspec.radix))
     if len(leaves) < 2 and num_spines is None:
         return _router(leaves, ())
     names = [f"spine{s}" for s in range(spines)]
     for s, name in enumerate(names):
         g.add_node(name, kind="ib_switch", tier="spine", index=s, spec=swspec.name)
-    bw, hop = leaf_uplink_Bps / spines, swspec.hop_latency_s
-    for leaf in leaves:
-        for name in names:
-            add_link(g, leaf, name, bw, "ib", hop)
+    add_links(g, [(leaf, name) for leaf in leaves for name in names], leaf_uplink_Bps / spines, "ib",
+              swspec.hop_latency_s)
     return _router(leaves, tuple(sorted(f"spine{s}" for s in range(spines))))
 
 
@@ -113,7 +133,7 @@ class Pods:
 
 
 def _add_pods(g: nx.DiGraph, leaf_nics: dict[str, list[str]], leaf_uplink_Bps: float, uplink_ports: float,
-              swspec: SwitchSpec, num_spines: int | None, pods: Pods) -> ClosRoutes:
+              swspec: SwitchSpec, num_spines: int | None, pods: Pods, k: float = 1.0) -> ClosRoutes:
     """A three-tier Clos (leaf / spine / core), as the DGX SuperPOD RAs above 4 SUs and Meta's Llama 3
     clusters (arXiv:2407.21783 sec. 3.3.1): pod *p* holds leaves ``p*L .. p*L+L-1`` and spines
     ``pod{p}.spine{s}`` (each joined to every leaf of its pod, as the two-tier tree); spine *s* of every
@@ -124,7 +144,9 @@ def _add_pods(g: nx.DiGraph, leaf_nics: dict[str, list[str]], leaf_uplink_Bps: f
     leaves = list(leaf_nics)
     per_pod = pods.leaves_per_pod
     num_pods = math.ceil(len(leaves) / per_pod)
-    spines = (_given_spines(num_spines, uplink_ports) if num_spines is not None
+    nics = list(leaf_nics.values())
+    spines = (_given_spines(g, num_spines, uplink_ports, [nics[p:p + per_pod] for p in range(0, len(nics), per_pod)],
+                            k, swspec) if num_spines is not None
               else _spines_for(per_pod, uplink_ports, swspec.radix))
     spine_down_Bps = per_pod * leaf_uplink_Bps / spines  # a full pod's cabling, as a partly filled SU
     spine_up_ports = per_pod * uplink_ports / spines / pods.core_oversubscription
@@ -186,6 +208,7 @@ def rail_optimized(g: nx.DiGraph, node_nics: Sequence[Sequence[str]], *, nic: NI
     leaves: dict[str, list[str]] = {}
     bw, half = min(nic.bandwidth_Bps, switch.port_bandwidth_Bps), nic.latency_s / 2  # (_fabric_link's, once)
     names: list[str] = []  # (the current SU's leaf of each rail)
+    links: list[tuple[str, str]] = []  # (NIC, its leaf)
     for i, nics in enumerate(node_nics):
         u = i // su_size
         if i % su_size == 0 or len(names) < len(nics):
@@ -199,9 +222,10 @@ def rail_optimized(g: nx.DiGraph, node_nics: Sequence[Sequence[str]], *, nic: NI
                 g.add_node(leaf, kind="ib_switch", tier="leaf", su=u, rail=r, spec=switch.name)
                 on = leaves[leaf] = []
             on.append(n)
-            add_link(g, n, leaf, bw, "ib", half, half + switch.hop_latency_s)
+            links.append((n, leaf))
+    add_links(g, links, bw, "ib", half, half + switch.hop_latency_s)  # (after its leaves: the same graph)
     port = min(nic.bandwidth_Bps, switch.port_bandwidth_Bps)
-    return _add_tree(g, leaves, su_size * port / k, su_size / k, switch, num_spines, pods)
+    return _add_tree(g, leaves, su_size * port / k, su_size / k, switch, num_spines, pods, k)
 
 
 def fat_tree(g: nx.DiGraph, node_nics: Sequence[Sequence[str]], *, nic: NICSpec, switch: SwitchSpec,
@@ -231,7 +255,7 @@ def fat_tree(g: nx.DiGraph, node_nics: Sequence[Sequence[str]], *, nic: NICSpec,
             _fabric_link(g, n, leaf, nic, switch)
     port = min(nic.bandwidth_Bps, switch.port_bandwidth_Bps)
     down = nodes_per_leaf * nics_per_node
-    return _add_tree(g, leaves, down * port / k, down / k, switch, num_spines, pods)
+    return _add_tree(g, leaves, down * port / k, down / k, switch, num_spines, pods, k)
 
 
 def single_switch(g: nx.DiGraph, node_nics: Sequence[Sequence[str]], *, nic: NICSpec,
@@ -256,7 +280,8 @@ def build_cluster(node: NodeSpec, num_nodes: int = 1, *, fabric: str = "rail_opt
     the rail-optimised scalable unit in nodes; ``num_spines`` overrides the spine count (per pod).
     ``leaves_per_pod`` makes a tree fabric three-tier when it has more leaves than that (:class:`Pods`;
     ``core_oversubscription`` k': spine uplink capacity = spine downlink capacity / k'). Bad values
-    raise ValueError naming the argument; an unknown switch raises UnknownNameError.
+    raise ValueError naming the argument (``num_spines`` by the scenario's key, ``spines``, with its allowed
+    range: :func:`_given_spines`); an unknown switch raises UnknownNameError.
     """
     from hwmodel.topology import Topology  # here, not at the top: hwmodel.topology re-exports this module
 

@@ -138,6 +138,38 @@ def add_link(g: nx.DiGraph, u: str, v: str, bandwidth_Bps: float, kind: str, lat
                latency_s=float(lat_uv if lat_vu is None else lat_vu), kind=kind)
 
 
+def add_links(g: nx.DiGraph, links: list[tuple[str, str]], bandwidth_Bps: float, kind: str, lat_uv: float,
+              lat_vu: float | None = None) -> None:
+    """:func:`add_link` of each ``(u, v)`` of ``links``, in order, all of one bandwidth and latencies: the
+    values checked once, and a fabric's links to servers made on demand taken in one loop
+    (:meth:`hwmodel.servers.ServerTable.defer_links`; 16,384 H100: 16,384 NIC links)."""
+    if not links:
+        return
+    u0, v0 = links[0]
+    add_link(g, u0, v0, bandwidth_Bps, kind, lat_uv, lat_vu)  # (checks the values, once for all)
+    d_uv = {"bandwidth_Bps": float(bandwidth_Bps), "latency_s": float(lat_uv), "kind": kind}
+    d_vu = {"bandwidth_Bps": float(bandwidth_Bps), "latency_s": float(lat_uv if lat_vu is None else lat_vu),
+            "kind": kind}
+    succ, pred, has = g._succ, g._pred, dict.__contains__
+
+    def add(u: str, v: str) -> None:  # (add_link's path for two existing devices, without its checks)
+        if has(succ, u) and has(succ, v) and v not in succ[u] and u not in succ[v]:
+            succ[u][v] = pred[v][u] = d_uv.copy()
+            succ[v][u] = pred[u][v] = d_vu.copy()
+        else:
+            add_link(g, u, v, bandwidth_Bps, kind, lat_uv, lat_vu)
+
+    on_demand = getattr(g, "on_demand", None)
+    if on_demand is not None:
+        on_demand.defer_links(links[1:], d_uv, d_vu, add)
+    else:
+        for u, v in links[1:]:
+            add(u, v)
+    cache = getattr(g, "__networkx_cache__", None)
+    if cache:
+        cache.clear()
+
+
 def add_node(g: nx.DiGraph, spec: NodeSpec, i: int, rank0: int) -> list[str]:
     """Add server ``i``'s devices and internal links (its GPUs get ranks ``rank0 ...``); return its NIC
     names in order. An edge leaving a switch pays that switch's hop latency."""

@@ -35,7 +35,7 @@ from itertools import chain, compress, repeat
 from operator import eq
 from typing import Any, cast
 
-from hwmodel.ecmp import RouteElement, Spread, combine, subflow_hkey
+from hwmodel.ecmp import ADAPTIVE, RouteElement, Spread, combine, subflow_hkey
 
 Edge = tuple[str, str]
 
@@ -67,7 +67,18 @@ class ClosRoutes:
         self._nic_down: dict[str, Edge] = {}
         self._leaf_up: dict[str, tuple[Edge, ...]] = {}
         self._leaf_down: dict[str, tuple[Edge, ...]] = {}
-        self._spread_memo: dict[tuple, Spread] = {}
+        self._spread_memo: dict[tuple, Any] = {}
+        self._switches: frozenset[str] | None = None
+
+    @property
+    def switches(self) -> frozenset[str]:
+        """Every switch of the fabric: its leaves, spines and cores (found once)."""
+        if self._switches is None:
+            spines = self.spines
+            found = set(self.leaf_of.values()).union(
+                spines if isinstance(spines, tuple) else chain.from_iterable(spines.values()))
+            self._switches = frozenset(found.union(*(self.cores or {}).values()))
+        return self._switches
 
     @classmethod
     def detect(cls, kinds: dict[str, str], succ_cost: dict[str, dict[str, float]],
@@ -179,7 +190,10 @@ class ClosRoutes:
                        subflows: int) -> tuple[RouteElement, ...] | None:
         """:meth:`route_between` of a pair whose traffic is ``subflows`` sub-flows (:mod:`hwmodel.ecmp`):
         sub-flow ``j`` hashes :func:`~hwmodel.ecmp.subflow_hkey` as the search would, and the hops where they part are
-        one :class:`~hwmodel.ecmp.Spread`. ``subflows <= 1``: :meth:`route_between` itself."""
+        one :class:`~hwmodel.ecmp.Spread`. ``subflows <= 1``: :meth:`route_between` itself;
+        :data:`~hwmodel.ecmp.ADAPTIVE`: :meth:`adaptive_between`."""
+        if subflows == ADAPTIVE:
+            return self.adaptive_between(a, b)
         if subflows <= 1:
             return self.route_between(a, b, src, dst)
         if a == b:
@@ -192,12 +206,44 @@ class ClosRoutes:
             routes.append(r)
         return combine(routes)
 
+    def adaptive_between(self, a: str, b: str) -> tuple[RouteElement, ...] | None:
+        """The route from NIC ``a`` to NIC ``b`` under adaptive routing (:data:`hwmodel.ecmp.ADAPTIVE`):
+        their leaf links and, between two leaves, one :class:`~hwmodel.ecmp.Spread` of every equal-cost
+        path's hops, each path an equal share (through each spine of the leaf's pod, and on three tiers
+        each core of that spine to the destination pod's spine below it); kept per pair of leaves. None
+        as :meth:`route_between`."""
+        if a == b:
+            return None
+        la, lb = self.leaf_of.get(a), self.leaf_of.get(b)
+        if la is None or lb is None:
+            return None
+        ea, eb = self._nic_up.setdefault(a, (a, la)), self._nic_down.setdefault(b, (lb, b))
+        if la == lb:
+            return ea, eb
+        key = ("adaptive", la, lb)
+        hops = self._spread_memo.get(key)
+        if hops is None:
+            spines = self.spines if isinstance(self.spines, tuple) else self.spines[la]
+            if not spines:
+                return None
+            paths: list[tuple[Edge, ...]]
+            if self.cores is None or self.pod_of[la] == self.pod_of[lb]:
+                paths = [((la, s), (s, lb)) for s in spines]
+            else:
+                pod = self.pod_of[lb]
+                paths = [((la, s), (s, c), (c, self.spine_to_pod[(c, pod)]), (self.spine_to_pod[(c, pod)], lb))
+                         for s in spines for c in self.cores[s]]
+            hops = self._spread_memo[key] = combine(paths)
+        return (ea, *hops, eb)
+
     def routes_between(self, nics_a: list[str], nics_b: list[str], srcs: list[str],
                        dsts: list[str], subflows: int = 1) -> list[tuple[RouteElement, ...] | None]:
         """:meth:`route_between` of each ``(nics_a[i], nics_b[i], srcs[i], dsts[i])``, in one loop: the
         same routes (the same hash per ECMP choice), without a call per route. A merge asks it once
-        for all its mirrors (16,384 H100: a thousand per pipeline send). ``subflows > 1``: each pair's
-        :meth:`spread_between`."""
+        for all its mirrors (16,384 H100: a thousand per pipeline send). ``subflows > 1`` (or
+        :data:`~hwmodel.ecmp.ADAPTIVE`): each pair's :meth:`spread_between`."""
+        if subflows == ADAPTIVE:
+            return [self.adaptive_between(a, b) for a, b in zip(nics_a, nics_b, strict=True)]
         if subflows > 1:
             if self.cores is not None or not isinstance(self.spines, tuple) or len(self.spines) == 0:
                 return [self.spread_between(*q, subflows) for q in zip(nics_a, nics_b, srcs, dsts, strict=True)]
@@ -209,11 +255,21 @@ class ClosRoutes:
             return [self.route_between(*q) for q in zip(nics_a, nics_b, srcs, dsts, strict=True)]
         # the edges as shared tuples, made once per NIC and per leaf (fewer objects; and a dict counting
         # them finds each key by identity)
-        up, down = self._leaf_up, self._leaf_down
+        up, down, nic_up, nic_down = self._leaf_up, self._leaf_down, self._nic_up, self._nic_down
         crc = zlib.crc32
         out: list[tuple[Edge, ...] | None] = [None] * len(nics_a)
-        for k, ea, eb in self._crossing_spines(nics_a, nics_b, out):
+        # (_crossing_spines inlined: a merge's thousand pairs, each otherwise two calls)
+        for k, (a, b, ea, eb) in enumerate(zip(nics_a, nics_b, map(nic_up.get, nics_a), map(nic_down.get, nics_b),
+                                               strict=True)):
+            if ea is None or eb is None or a == b:
+                ends = self._pair_nic_edges(a, b)
+                if ends is None:
+                    continue
+                ea, eb = ends
             la, lb = ea[1], eb[0]
+            if la == lb:
+                out[k] = (ea, eb)
+                continue
             i = crc(f"{srcs[k]}|{dsts[k]}|{la}".encode()) % n if n > 1 else 0
             ups, downs = up.get(la), down.get(lb)
             if ups is None or downs is None:

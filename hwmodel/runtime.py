@@ -143,6 +143,8 @@ class Runtime:
             from hwmodel.nccl.engine import NcclEngine
             nccl = NcclEngine(cluster)
         self.nccl = nccl
+        if mirror is not None:  # (a mirror's HBM has no simulated kernel to slow: its side loads change nothing)
+            nccl.side_load_gpus = {self.placement[r] for r in self.programs}
         self.events: list[TraceEvent] = []
         self._finished: dict[int, bytearray] = {r: bytearray(len(p.tasks)) for r, p in self.programs.items()}
         self._task_events: dict[tuple[int, int], simpy.Event] = {}

@@ -253,6 +253,32 @@ class ServerTable:
         dict.__getitem__(self._predd, v)[u] = data_uv
         return True
 
+    def defer_links(self, links: list[tuple[str, str]], data_uv: dict, data_vu: dict,
+                    otherwise: Callable[[str, str], None]) -> None:
+        """:meth:`defer_link` of each ``(u, v)`` of ``links`` in order, each with its own copies of the two
+        data dicts, and ``otherwise(u, v)`` for a link it does not take: one loop, not a call per link."""
+        if self._fabric is not None or self.whole:
+            for u, v in links:
+                otherwise(u, v)
+            return
+        has, succd, predd, extra, split = dict.__contains__, self._succd, self._predd, self._extra, self.split
+        links_of, most, get = self._links_of, self._most, dict.__getitem__
+        for u, v in links:
+            if has(succd, u) or not has(succd, v) or split(u) is None:
+                otherwise(u, v)
+                continue
+            d_uv, d_vu = data_uv.copy(), data_vu.copy()
+            mine = extra.get(u)
+            if mine is None:
+                mine = extra[u] = []
+            mine.append((v, d_uv, d_vu))
+            d = u[u.index(".") + 1:]
+            links_of[d] = links_of.get(d, 0) + 1
+            if len(mine) > most.get(d, 0):
+                most[d] = len(mine)
+            get(succd, v)[u] = d_vu
+            get(predd, v)[u] = d_uv
+
     def seal(self) -> None:
         """The build is over: what the graph holds now besides servers is its fabric, in order. If the
         fabric links are not the same for every server's device of a local name (the arithmetic of

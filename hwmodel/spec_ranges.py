@@ -22,7 +22,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-__all__ = ["GPU_RANGES", "GPU_RANGE_SHIPPED", "check_gpu_ranges", "load_checked_gpu_file",
+__all__ = ["GPU_RANGES", "GPU_RANGE_SHIPPED", "check_gpu_ranges", "check_rated_power", "load_checked_gpu_file",
            "shipped_architectures"]
 
 GPU_RANGES: dict[str, tuple[float, float, str]] = {
@@ -41,6 +41,7 @@ GPU_RANGES: dict[str, tuple[float, float, str]] = {
     "pcie_generation": (1, 10, "generation"),                           # 3 .. 6
     "pcie_bandwidth_Bps": (1e9, 1e12, "bytes per second"),              # 16 GB/s .. 64 GB/s (x16)
     "copy_engines": (0, 64, "copy engines"),
+    "tdp_w": (10, 1e4, "watts"),                                        # 300 W (V100) .. 1200 W (GB200)
 }
 """SI field -> (lowest, highest plausible value, unit in words)."""
 
@@ -59,6 +60,7 @@ GPU_RANGE_SHIPPED: dict[str, str] = {
     "pcie_generation": "3 (V100) .. 6 (B200)",
     "pcie_bandwidth_Bps": "16 GB/s (Gen3 x16) .. 128 GB/s (Gen6 x16)",
     "copy_engines": "3 on every shipped GPU",
+    "tdp_w": "300 W (V100) .. 1200 W (GB200)",
 }
 """SI field -> the shipped GPUs' span (``hwmodel/data/gpus.toml``), the reason an error gives for its range."""
 
@@ -67,6 +69,9 @@ ARCHITECTURE_USE = ("the per-architecture tables (CUDA context, cuBLAS workspace
 """Why an architecture outside the shipped GPUs' is refused (the name keys those tables, exact case)."""
 
 _PREFIXES = (1e3, 1e6, 1e9, 1e12)
+
+_COUNTS = frozenset({"sm_count", "nvlink_generation", "nvlink_links", "pcie_generation", "copy_engines"})
+"""Fields that are counts, not measures: no unit prefix puts them in range (``sm_count = 1`` is not 1e3)."""
 
 
 def _user_unit(fname: str, keys: Mapping[str, str]) -> tuple[str, float]:
@@ -85,7 +90,7 @@ def _check(fname: str, value: float, keys: Mapping[str, str] | None = None) -> N
     key, scale = _user_unit(fname, keys or {})
     mine = value / scale  # the value in the unit the user wrote
     hint = ""
-    for factor in _PREFIXES:  # the unit mistake that would put it in range, in that unit
+    for factor in () if fname in _COUNTS else _PREFIXES:  # the unit mistake that would put it in range, in that unit
         if low <= value * factor <= high:
             hint = f"; did you mean {mine:g}e{len(str(int(factor))) - 1}?"
             break
@@ -93,7 +98,7 @@ def _check(fname: str, value: float, keys: Mapping[str, str] | None = None) -> N
             hint = f"; did you mean {mine / factor:g}?"
             break
     shown = str(value) if isinstance(value, int) else f"{value:g}"
-    given = f"{fname} = {shown}: {unit}" if scale == 1.0 else f"{key} = {mine:g}, i.e. {shown} {unit}"
+    given = f"{key} = {shown}: {unit}" if scale == 1.0 else f"{key} = {mine:g}, i.e. {shown} {unit}"
     raise ValueError(f"{given}; plausible range {low:g} .. {high:g} (about 10x beyond the shipped GPUs' "
                      f"{GPU_RANGE_SHIPPED[fname]}; outside is a unit mistake or a typo){hint}")
 
@@ -119,7 +124,9 @@ def check_gpu_ranges(base: GPUSpec | None, new: GPUSpec, keys: Iterable[str] = (
     if base is None or new.architecture != base.architecture:  # it keys per-architecture figures (exact case)
         archs = shipped_architectures()
         if new.architecture not in archs:
-            raise ValueError(f"architecture: unknown {new.architecture!r}; allowed: {', '.join(archs)}; "
+            near = [a for a in archs if a.lower() == str(new.architecture).strip().lower()]
+            hint = f" (did you mean {near[0]!r}? the name is case-sensitive)" if near else ""
+            raise ValueError(f"architecture: unknown {new.architecture!r}{hint}; allowed: {', '.join(archs)}; "
                              f"{ARCHITECTURE_USE}")
     given = {GPU_KEYS[k][0] if k in GPU_KEYS else k: k for k in keys}
     for f in dataclasses.fields(GPUSpec):
@@ -130,8 +137,22 @@ def check_gpu_ranges(base: GPUSpec | None, new: GPUSpec, keys: Iterable[str] = (
             for dtype, v in value.items():
                 if old is None or old.get(dtype) != v:
                     _check_tensor(dtype, v, given)
-        elif old != value:
+        elif old != value and value is not None:  # (tdp_w None: a what-if GPU without power data)
             _check(f.name, value, given)
+
+
+def check_rated_power(table: Mapping[str, object]) -> None:
+    """Check a user table's rated power (``tdp_W`` or ``tdp_w``) against :data:`GPU_RANGES` before the
+    spec is built: the spec's own ``power_limit_W`` check scales from it, so an implausible rated power
+    would otherwise be reported as a bad power limit. Non-numbers are left to the spec's own checks.
+
+    Raises:
+        ValueError: one line naming the key, as :func:`check_gpu_ranges`.
+    """
+    for key in ("tdp_W", "tdp_w"):
+        value = table.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            _check("tdp_w", value, {"tdp_w": key})
 
 
 def _check_tensor(dtype: str, value: float, keys: Mapping[str, str]) -> None:
@@ -147,20 +168,45 @@ def _check_tensor(dtype: str, value: float, keys: Mapping[str, str]) -> None:
 def load_checked_gpu_file(path: str | Path) -> GPUSpec:
     """:func:`hwmodel.specs.load_gpu_file` with the checks of ``[system] gpu_overrides``: the fields a file
     with ``base`` changes, or every field of a file that defines the GPU in full, against
-    :data:`GPU_RANGES`, and the architecture against the shipped GPUs' (:func:`check_gpu_ranges`).
+    :data:`GPU_RANGES` (the rated power first, :func:`check_rated_power`), and the architecture against the
+    shipped GPUs' (:func:`check_gpu_ranges`); and its ``name`` may not be a shipped GPU's (or alias) unless
+    the figures are that GPU's.
 
     Raises:
         ValueError: one line starting ``GPU file <name>:`` (as ``load_gpu_file``'s own errors).
     """
     path = Path(path)
-    spec = load_gpu_file(path)
     with path.open("rb") as fh:
         data = tomllib.load(fh)
     if set(data) == {"gpu"} and isinstance(data["gpu"], Mapping):
         data = data["gpu"]
+    try:
+        check_rated_power(data)
+    except ValueError as exc:
+        raise ValueError(f"GPU file {path.name}: {exc}") from None
+    spec = load_gpu_file(path)
     base = data.get("base")
     try:
         check_gpu_ranges(None if base is None else get_gpu(base), spec, keys=data)
+        _check_not_a_shipped_name(spec)
     except ValueError as exc:
         raise ValueError(f"GPU file {path.name}: {exc}") from None
     return spec
+
+
+def _check_not_a_shipped_name(spec: GPUSpec) -> None:
+    """A what-if GPU may not take a shipped GPU's name (or alias) with other figures: every report, trace
+    and JSON would label the what-if's numbers with the shipped part's name."""
+    try:
+        shipped = get_gpu(spec.name)
+    except KeyError:  # (UnknownNameError)
+        return
+    if shipped.name not in shipped_gpus():
+        return
+    differ = [f.name for f in dataclasses.fields(GPUSpec)
+              if f.name not in ("name", "sources") and getattr(spec, f.name) != getattr(shipped, f.name)]
+    if differ:
+        raise ValueError(f"name {spec.name!r} is the shipped GPU {shipped.name!r}, with other figures "
+                         f"({', '.join(differ[:4])}{', ...' if len(differ) > 4 else ''}); rename it "
+                         f"(e.g. name = \"{shipped.name}-whatif\") or set [system] gpu = \"{shipped.name}\" "
+                         f"with gpu_overrides")

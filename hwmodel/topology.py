@@ -44,7 +44,7 @@ from typing import Any
 import networkx as nx
 
 # Re-exported: the builders live in their own modules (they import Topology only where they build one).
-from hwmodel.ecmp import RouteElement, combine, subflow_hkey
+from hwmodel.ecmp import ADAPTIVE, RouteElement, combine, subflow_hkey
 from hwmodel.fabric import FABRICS, build_cluster, fat_tree, rail_optimized, single_switch
 from hwmodel.node import NodeSpec, generic_node
 from hwmodel.routing import ROUTE_COST, ClosRoutes, CostRows, NodeClasses
@@ -355,15 +355,14 @@ class Topology(TopologyFile):
 
     def route_spread(self, src: str, dst: str, subflows: int) -> tuple[RouteElement, ...]:
         """:meth:`route_edges` of traffic crossing the fabric as ``subflows`` sub-flows hashed each on its
-        own (:mod:`hwmodel.ecmp`), their parting hops one :class:`~hwmodel.ecmp.Spread`. Not cached."""
-        if subflows <= 1:
+        own (:mod:`hwmodel.ecmp`; or adaptive routing's even spread), their parting hops one Spread. Not cached."""
+        if 0 <= subflows <= 1:
             return self.route_edges(src, dst)
         return tuple(self._compute_route(src, dst, subflows))
 
     def path_latency_s(self, route: Sequence[Edge]) -> float:
         """Sum of the links' latencies along ``route`` (s)."""
-        data = self.link_data
-        return sum(data(u, v)["latency_s"] for u, v in route)
+        return sum(self.link_data(u, v)["latency_s"] for u, v in route)
 
     def bottleneck_Bps(self, route: Sequence[Edge]) -> float:
         """Smallest link bandwidth along ``route`` (bytes/s per direction); ``inf`` for an empty route."""
@@ -408,10 +407,11 @@ class Topology(TopologyFile):
                 a = self._exit_nic(src)
                 out += self._local(src, a, s_node, hkey)
                 self._remember_end(src, a, s_node, True)
-            b = dst
-            if d_node is not None:
-                b = self._exit_nic(dst)
-            if subflows > 1 and a != b:  # (sub-flow j's key as ClosRoutes.spread_between hashes it)
+            b = dst if d_node is None else self._exit_nic(dst)
+            clos = self.constructed_fabric() if subflows == ADAPTIVE and a != b else None
+            if clos is not None:  # (adaptive routing: a built fabric, ecmp.check_adaptive_routing)
+                out += clos.adaptive_between(a, b) or self._fabric(a, b, hkey)
+            elif subflows > 1 and a != b:  # (sub-flow j's key as ClosRoutes.spread_between hashes it)
                 out += combine([self._fabric(a, b, subflow_hkey(src, dst, j)) for j in range(subflows)])
             else:
                 out += self._fabric(a, b, hkey)

@@ -36,6 +36,8 @@ from hwmodel.nccl.tuner_config import TunerConfigError, load_tuner_config
 from hwmodel.topology import FABRICS, known_systems
 from scenarios.cli import UserError, output_file
 
+IB_KEYS = ("nccl_ib_qps_per_connection", "nccl_ib_adaptive_routing")
+"""The ``[simulation]`` keys nccl-tests takes from a scenario (NCCL's IB knobs, :mod:`hwmodel.ecmp`)."""
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
@@ -71,14 +73,19 @@ def register(subparsers) -> None:
     p.add_argument("--ib-qps-per-connection", type=int, default=None, metavar="N",
                    help="NCCL_IB_QPS_PER_CONNECTION: QPs per connection, each hashed onto the fabric on its own "
                         "(default: the scenario's [simulation] nccl_ib_qps_per_connection, else 1)")
+    p.add_argument("--ib-adaptive-routing", action=argparse.BooleanOptionalAction, default=None,
+                   help="NCCL_IB_ADAPTIVE_ROUTING: the fabric spreads each flow evenly over every equal-cost path "
+                        "instead of hashing it onto one (default: the scenario's [simulation] "
+                        "nccl_ib_adaptive_routing, else off)")
     p.add_argument("--json", metavar="PATH", default=None, help="also write the rows as JSON to PATH")
     p.set_defaults(func=run)
 
 
-def _system(args: argparse.Namespace) -> tuple[dict, Path | None, int]:
+def _system(args: argparse.Namespace) -> tuple[dict, Path | None, int, bool]:
     """The ``[system]`` section the options describe (from ``--scenario``, then the options), the
     folder its relative paths are taken from, and the QPs per NCCL connection (``--ib-qps-per-connection``,
-    else the scenario's ``[simulation] nccl_ib_qps_per_connection``, else NCCL's default 1)."""
+    else the scenario's ``[simulation] nccl_ib_qps_per_connection``, else NCCL's default 1) and whether
+    the fabric routes adaptively (``--ib-adaptive-routing``, else the scenario's, else off)."""
     from scenarios.scenario import parse_scenario
 
     system: dict = {"name": "dgx-a100"}
@@ -91,20 +98,23 @@ def _system(args: argparse.Namespace) -> tuple[dict, Path | None, int]:
         if path.suffix == ".toml" and path.is_file() and "model" not in _read_toml(path):  # [system] is enough
             system, base_dir = dict(_read_toml(path).get("system", {})), path.parent
             simulation = {k: v for k, v in _read_toml(path).get("simulation", {}).items()
-                          if k == "nccl_ib_qps_per_connection"}
+                          if k in IB_KEYS}
         else:
             sc = load(None if args.scenario == "default" and not Path("default").exists() else args.scenario, [])
             system, base_dir = dict(sc.system), Path(sc.source).parent if Path(sc.source).is_file() else None
-            simulation = {k: v for k, v in sc.simulation.items() if k == "nccl_ib_qps_per_connection"}
+            simulation = {k: v for k, v in sc.simulation.items() if k in IB_KEYS}
     if args.ib_qps_per_connection is not None:
         simulation["nccl_ib_qps_per_connection"] = args.ib_qps_per_connection
+    if args.ib_adaptive_routing is not None:
+        simulation["nccl_ib_adaptive_routing"] = args.ib_adaptive_routing
     for key, value in (("name", args.system), ("nodes", args.nodes), ("nic", args.nic), ("fabric", args.fabric),
                        ("oversubscription", args.oversubscription), ("nodes_per_leaf", args.nodes_per_leaf)):
         if value is not None:
             system[key] = value
     # the scenario schema checks them (finite, >= 1, ...): one set of rules for both commands
     parse_scenario({"system": system, "model": {"name": "gpt-1.7b"}, "simulation": simulation})
-    return system, base_dir, int(simulation.get("nccl_ib_qps_per_connection", 1))
+    return system, base_dir, int(simulation.get("nccl_ib_qps_per_connection", 1)), \
+        bool(simulation.get("nccl_ib_adaptive_routing", False))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -118,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
     if args.ngpus < 1:
         raise UserError(f"-g must be >= 1, got {args.ngpus}")
     json_path = output_file("--json", args.json) if args.json else None
-    system, base_dir, qps = _system(args)
+    system, base_dir, qps, adaptive = _system(args)
     topo = build_topology(system, base_dir)
     nodes = topo.num_nodes
     per_node = topo.gpus_per_node
@@ -147,7 +157,8 @@ def run(args: argparse.Namespace) -> int:
     with recording_corrections() as used_curves:
         rows = simulate_nccl_tests(topo, coll, sizes, gpus_per_thread=args.ngpus, dtype=args.datatype,
                                    algorithm=args.algo, protocol=args.proto, fidelity=args.fidelity,
-                                   gpus=gpus, tuner_config=rules, ib_qps_per_connection=qps)
+                                   gpus=gpus, tuner_config=rules, ib_qps_per_connection=qps,
+                                   ib_adaptive_routing=adaptive)
     profile = calibration_overlay.active()
     applying = _profile_applies(profile, topo, args.fidelity, used_curves) if profile else ()
     print(f"# trainsim nccl-tests: {topo.name}, {nodes} node(s) x {args.ngpus} GPU(s), "

@@ -17,7 +17,9 @@ No row is tuned. Rows named by a ``fitted_to`` list in ``hwmodel/data/calibratio
 in-sample; the report splits every table's error into in- and out-of-sample, gives the
 leave-one-source-out error (:mod:`scenarios.validation.provenance`), Kendall's tau between predicted
 and measured per group of plans (one model on one cluster, or one scaling series), and the error trend
-per doubling of GPUs of each scaling series (MegaScale's two global batches, SC'21 Table 2's models).
+per doubling of GPUs of each scaling series (MegaScale's two global batches, SC'21 Table 2's models);
+a series of iteration times is also fitted as a line in micro-batches per pipeline (per micro-batch and
+per iteration cost, measured and predicted).
 """
 
 from __future__ import annotations
@@ -63,12 +65,31 @@ def summary(rows_: list[Row]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def time_vs_microbatches(series: list[Row]) -> dict[str, dict[str, float]] | None:
+    """Measured and predicted iteration time of a strong-scaling series as a straight line in the
+    micro-batches per pipeline m (least squares): ``{"measured" | "predicted": {"per_microbatch_s",
+    "per_iteration_s"}}``, the slope and the intercept. At a fixed global batch, m halves as the GPUs
+    double, so an error that grows with the GPU count is a per-iteration cost (intercept) or a
+    per-micro-batch cost (slope) the model gets wrong; this says which. ``None`` unless every row is an
+    iteration time (unit ``s``) of a built scenario and the series has two distinct m."""
+    ms = [r.microbatches for r in series]
+    if any(r.unit != "s" for r in series) or None in ms or len(set(ms)) < 2:
+        return None
+    xs = [float(m) for m in ms if m is not None]
+    out = {}
+    for side in ("measured", "predicted"):
+        a, b = stats.line_fit(xs, [getattr(r, side) for r in series])
+        out[side] = {"per_microbatch_s": a, "per_iteration_s": b}
+    return out
+
+
 def ranking(rows_: list[Row]) -> dict[str, dict[str, Any]]:
     """Kendall's tau-b between predicted and measured per group of plans (one model on one cluster, or
     one scaling series) of the ``RANKED_TABLES`` with at least two rows, ``"<table> / <group>"`` (``"... on
     N GPUs"`` where split by GPU count) -> ``{"tau", "rows"}``; a scaling series also gets
-    ``slope_points_per_doubling`` (signed error in percentage points per doubling of GPUs). Under
-    ``"MegaScale Table 2"``: the slope over all its rows (both series pooled)."""
+    ``slope_points_per_doubling`` (signed error in percentage points per doubling of GPUs) and, for
+    iteration times, ``time_vs_microbatches`` (:func:`time_vs_microbatches`). Under
+    ``"MegaScale Table 2"``: the slope and the line over all its rows (both series pooled)."""
     out: dict[str, dict[str, Any]] = {}
     for table, by_gpus in RANKED_TABLES.items():
         done = [r for r in rows_ if r.table == table and r.expressible]
@@ -82,11 +103,15 @@ def ranking(rows_: list[Row]) -> dict[str, dict[str, Any]]:
             if not by_gpus:
                 entry["slope_points_per_doubling"] = stats.slope_per_doubling([r.gpus for r in g],
                                                                               [r.error for r in g])
+                if (line := time_vs_microbatches(g)) is not None:
+                    entry["time_vs_microbatches"] = line
             out[f"{table} / {group}" + (f" on {gpus} GPUs" if by_gpus else "")] = entry
         if table == "MegaScale Table 2" and done:
             out[table] = {"slope_points_per_doubling": stats.slope_per_doubling([r.gpus for r in done],
                                                                                  [r.error for r in done]),
                           "rows": len(done)}
+            if (line := time_vs_microbatches(done)) is not None:
+                out[table]["time_vs_microbatches"] = line
     return out
 
 
@@ -150,10 +175,14 @@ def format_table(rows_: list[Row]) -> str:
         slope_text = "   -  " if slope is None or math.isnan(slope) else f"{slope:+.2f}"
         if "tau" not in rk:
             lines.append(f"{name}: error slope {slope_text} points per doubling of GPUs ({rk['rows']} rows, pooled)")
-            continue
-        tau = "  -  " if math.isnan(rk["tau"]) else f"{rk['tau']:+.2f}"
-        lines.append(f"{name}: Kendall tau (predicted vs measured) {tau} over {rk['rows']} plans"
-                     + (f"; error slope {slope_text} points per doubling of GPUs" if slope is not None else ""))
+        else:
+            tau = "  -  " if math.isnan(rk["tau"]) else f"{rk['tau']:+.2f}"
+            lines.append(f"{name}: Kendall tau (predicted vs measured) {tau} over {rk['rows']} plans"
+                         + (f"; error slope {slope_text} points per doubling of GPUs" if slope is not None else ""))
+        if (line := rk.get("time_vs_microbatches")) is not None:
+            fits = [f"{side} {line[side]['per_microbatch_s']:.3f} s x m {line[side]['per_iteration_s']:+.2f} s"
+                    for side in ("measured", "predicted")]
+            lines.append(f"  iteration time vs micro-batches per pipeline m (least squares): {', '.join(fits)}")
     return "\n".join(lines)
 
 

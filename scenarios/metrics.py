@@ -179,15 +179,25 @@ def link_capacity(links: Sequence[Any], name: str) -> float:
     return float(next(lk.nominal_capacity for lk in links if name in getattr(lk, "names", list)()))
 
 
-def link_kind(graph: Any, name: str) -> str:
+def link_kind(graph: Any, name: str, topology: Any = None) -> str:
     """What the link ``name`` (``"u->v"``, an edge of the topology ``graph``) connects: the edge's
     ``kind`` (``nvlink``: GPU to NVSwitch; ``pcie``: GPU or NIC to PCIe switch to CPU), with the
     fabric's ``ib`` edges told apart by their ends (:mod:`hwmodel.fabric`): ``nic`` (a NIC and its leaf
-    switch) or the two switch tiers, ``leaf-spine``, ``spine-leaf``, ``spine-core``, ``core-spine``."""
+    switch) or the two switch tiers, ``leaf-spine``, ``spine-leaf``, ``spine-core``, ``core-spine``.
+    ``topology``: the graph's :class:`~hwmodel.topology.Topology`, when given read so that no server made
+    on demand is made (for the many links of a bundle)."""
     u, v = name.split("->", 1)
-    kind = str(graph._adj[u][v].get("kind", "other"))  # (networkx's plain dicts: off its views)
-    if kind != "ib":
-        return kind
+    if topology is not None:
+        kind = str(topology.link_rows()[u][v].get("kind", "other"))
+        if kind != "ib":
+            return kind
+        kinds = topology.device_kinds()
+        if kinds[u] == "nic" or kinds[v] == "nic":
+            return "nic"
+    else:
+        kind = str(graph._adj[u][v].get("kind", "other"))  # (networkx's plain dicts: off its views)
+        if kind != "ib":
+            return kind
     ends = graph.nodes[u], graph.nodes[v]
     if any(e.get("kind") == "nic" for e in ends):
         return "nic"

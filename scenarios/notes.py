@@ -7,6 +7,7 @@ when there is one) and names the key that would make it count.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -32,13 +33,15 @@ scenario's node is a system's, which names its NVSwitch and PCIe generation), an
 
 
 def what_if_notes(system: dict[str, Any], topology: Topology, base_dir: str | Path | None = None,
-                  copies_requested_peak: int | None = None) -> list[str]:
+                  copies_requested_peak: int | None = None, simulation: dict[str, Any] | None = None) -> list[str]:
     """One line per ``[system]`` key of this scenario that has no effect on the simulation (a NIC faster than
     the switch port, an oversubscription no traffic crosses, a pod holding every leaf, unused GPU fields;
-    with ``copies_requested_peak``, the run's :attr:`hwmodel.runtime.Runtime.copies_requested_peak`, a
-    ``copy_engines`` that no copy waited for)."""
+    ``spines`` or, with the ``simulation`` table, ``nccl_ib_qps_per_connection`` where no traffic crosses a
+    spine; with ``copies_requested_peak``, the run's :attr:`hwmodel.runtime.Runtime.copies_requested_peak`, a
+    ``copy_engines`` that no copy waited for), and a ``spines`` that does not divide a leaf's uplinks."""
     notes = _nic_note(system, topology) + _oversubscription_note(system, topology) + _pod_note(system, topology)
-    notes += _fabric_key_notes(system, topology)
+    notes += _fabric_key_notes(system, topology) + _spine_traffic_notes(system, simulation or {}, topology)
+    notes += _spine_split_note(system, topology)
     if system.get("gpu_overrides"):
         notes += _unused_gpu_notes(system, topology, base_dir, copies_requested_peak)
     return notes
@@ -147,6 +150,61 @@ def _fabric_key_notes(system: dict, topo: Topology) -> list[str]:
             for k in keys]
 
 
+def _spine_traffic_notes(system: dict, simulation: dict, topo: Topology) -> list[str]:
+    """``[system] spines``, ``[simulation] nccl_ib_qps_per_connection`` and ``nccl_ib_adaptive_routing``
+    (both only split traffic over the spines' paths, :mod:`hwmodel.ecmp`) where no traffic crosses a
+    spine: one node (its GPUs talk over NVLink), one fat-tree leaf, one switch, one spine (for the QPs and
+    the adaptive routing), and -- almost -- one rail-optimised scalable unit, whose rail-aligned traffic
+    stays under its leaves. (``spines`` on a fabric without
+    spines is :func:`_fabric_key_notes`'.)"""
+    g = topo.graph.graph
+    fabric = g.get("fabric")
+    keys = [f"[system] spines = {system['spines']}"] if "spines" in system and fabric in FABRIC_KEYS_READ and \
+        "spines" in FABRIC_KEYS_READ[fabric] else []
+    qps = simulation.get("nccl_ib_qps_per_connection", 1)
+    if qps != 1:
+        keys.append(f"[simulation] nccl_ib_qps_per_connection = {qps}")
+    if simulation.get("nccl_ib_adaptive_routing"):
+        keys.append("[simulation] nccl_ib_adaptive_routing = true")
+    if not keys:
+        return []
+    spines = _switches(topo, "spine")
+    if topo.num_nodes < 2 or fabric == "none":
+        why = "changes nothing here: one node, no inter-node traffic (its GPUs talk over NVLink)"
+    elif fabric == "single_switch":
+        why = "changes nothing here: one switch joins every NIC, no traffic crosses a spine"
+    elif fabric == "fat_tree" and len(_switches(topo, "leaf")) < 2:
+        why = (f"changes nothing here: all {topo.num_nodes} nodes sit under one leaf switch, no traffic crosses "
+               f"a spine; set [system] nodes_per_leaf below {topo.num_nodes}")
+    elif fabric == "rail_optimized" and g.get("su_size") and topo.num_nodes <= g["su_size"]:
+        why = (f"changes (almost) nothing here: all {topo.num_nodes} nodes are in one scalable unit (su_size = "
+               f"{g['su_size']}), so rail-aligned traffic stays under the leaves and only traffic between rails "
+               f"crosses a spine; set [system] su_size below {topo.num_nodes} to cross the spines")
+    elif len(spines) == 1 and not _switches(topo, "core"):
+        keys = [k for k in keys if k.startswith("[simulation]")]
+        why = "changes nothing here: with one spine every sub-flow of a connection takes the same path"
+    else:
+        return []
+    return [f"{k} {why}" for k in keys]
+
+
+def _spine_split_note(system: dict, topo: Topology) -> list[str]:
+    """A ``[system] spines`` that does not divide a leaf's (whole) uplink count: the model splits the leaf's
+    uplink capacity evenly over the spines (ONE edge each, :mod:`hwmodel.fabric`), which no cabling does;
+    a fabric engineer cables the same number of uplinks to every spine, so the note names those counts."""
+    n, up = system.get("spines"), topo.graph.graph.get("leaf_uplink_ports")
+    if not isinstance(n, int) or up is None or not float(up).is_integer() or int(up) % n == 0:
+        return []
+    up = int(up)
+    low, high = topo.graph.graph.get("spines_allowed", (1, up))
+    even = [str(d) for d in range(low, high + 1) if up % d == 0]
+    q, r = divmod(up, n)
+    return [f"[system] spines = {n} does not divide a leaf's {up} uplinks: the model gives each leaf-spine link "
+            f"{up}/{n} = {up / n:.3g} uplinks' capacity, as if a cable could be split; a real leaf cables {q + 1} "
+            f"to {r} spine(s) and {q} to the other {n - r}, whose links fill first under ECMP's equal shares, so "
+            f"this reads fast; spines that cable evenly here: {', '.join(even) or 'none'}"]
+
+
 def _unused_gpu_notes(system: dict, topo: Topology, base_dir: str | Path | None,
                       copies_requested_peak: int | None) -> list[str]:
     from scenarios.runner import system_gpu  # deferred: the runner imports this module's caller
@@ -219,12 +277,14 @@ def parallel_notes(config: Any, parallel: dict[str, Any] | None = None) -> list[
     return notes + _rank_order_notes(config)
 
 
-def tp_span_notes(config: Any, gpus_per_node: int) -> list[str]:
+def tp_span_notes(config: Any, gpus_per_node: int, model: Any = None) -> list[str]:
     """A tensor-parallel group placed across servers (``tensor_model_parallel_size`` not dividing the node's
     GPUs, e.g. TP 4 on 6-GPU nodes or TP 8 on 4-GPU ones, or ``tp`` not first in ``rank_order``): its
     per-layer collectives then cross the NIC instead of NVLink. Megatron-LM and torchtitan allow it, so it is
     a note, not a refusal. Ranks sit on servers in rank order (rank r on server r // gpus_per_node), as the
-    runner places them; the count is closed form over the ranks (numpy), so a 131,072-GPU run pays ~1 ms."""
+    runner places them; the count is closed form over the ranks (numpy), so a 131,072-GPU run pays ~1 ms.
+    With ``model``, the TP sizes the note suggests are those that also pass
+    :meth:`~workload.parallel.config.ParallelConfig.validate_model` (heads, groups, MLP width, vocabulary)."""
     tp, world = int(getattr(config, "tp", 1)), int(getattr(config, "world_size", 1))
     if tp <= 1 or world <= gpus_per_node:
         return []
@@ -239,13 +299,24 @@ def tp_span_notes(config: Any, gpus_per_node: int) -> list[str]:
     if not len(split):
         return []
     group = [int(split[0]) + k * stride for k in range(tp)]
-    fits = [d for d in range(2, gpus_per_node + 1) if gpus_per_node % d == 0]
+    fits = [d for d in range(2, gpus_per_node + 1) if gpus_per_node % d == 0 and _tp_fits(config, d, model)] or [1]
     return [f"[parallel] tensor_model_parallel_size = {tp} on {gpus_per_node}-GPU servers: {len(split)} of "
             f"{world // tp} TP groups span servers (e.g. ranks {group[0]}..{group[-1]} on servers "
             f"{group[0] // gpus_per_node}..{group[-1] // gpus_per_node}), so their per-layer all-reduce / "
             f"all-gather / reduce-scatter cross the NIC instead of NVLink -- allowed, but almost always a "
             f"mistake; a TP size that divides gpus_per_node ({', '.join(map(str, fits))}), with tp first in "
             f"rank_order, keeps every group in one server"]
+
+
+def _tp_fits(config: Any, tp: int, model: Any) -> bool:
+    """Whether TP size ``tp`` passes ``config``'s own checks and :meth:`validate_model` (no ``model``: yes)."""
+    if model is None or not dataclasses.is_dataclass(config):
+        return True
+    try:
+        dataclasses.replace(config, tensor_model_parallel_size=tp).validate_model(model)
+    except (ValueError, TypeError):
+        return False
+    return True
 
 
 def training_notes(training: Any, config: Any) -> list[str]:

@@ -278,10 +278,10 @@ def _kind_lines(rep: Any, links: list[Any]) -> list[str]:
     ``links``: the cluster's (``link_resources()``, or ``link_bundles()``: a bundle counts its links).
     Busiest as :func:`scenarios.metrics.busiest_links` ranks them, but the utilisation is integrated only
     for each kind's busiest link, not for every link."""
-    graph = rep.result.cluster.topology.graph
-    adj = rep.result.cluster.topology.link_rows()  # (plain dicts: off networkx's views; no server made)
+    topo = rep.result.cluster.topology
+    graph, adj = topo.graph, topo.link_rows()  # (plain dicts: off networkx's views; no server made)
     end = rep.result.end_time_s
-    first: dict[str, tuple[tuple[float, float, str], Any, float, float]] = {}  # kind -> its busiest link
+    first: dict[str, tuple[tuple[float, float, str], Any, float, float, str]] = {}  # kind -> its busiest link
     used: dict[str, int] = {}
     for lk in links:
         c = getattr(lk, "carried", None)
@@ -289,17 +289,23 @@ def _kind_lines(rep: Any, links: list[Any]) -> list[str]:
         if carried <= 0:
             continue
         u, v = lk.name.split("->", 1)
-        data = adj[u][v]
-        kind = link_kind(graph, lk.name)
-        used[kind] = used.get(kind, 0) + getattr(lk, "count", 1)  # (a bundle: its class's links)
-        key = (-carried / (float(lk.nominal_capacity) or 1.0), -carried, lk.name)  # busiest_links' order
-        if kind not in first or key < first[kind][0]:
-            first[kind] = (key, lk, carried, data["bandwidth_Bps"])
+        cap = adj[u][v]["bandwidth_Bps"]
+        # a bundle's links, loaded alike, may be of several kinds (a class holds leaf -> spine and spine ->
+        # leaf links of one bandwidth): each kind counts its own and may take the bundle as its busiest
+        by_kind: dict[str, list[str]] = {}
+        for name in (lk.names() if getattr(lk, "count", 1) > 1 else [lk.name]):
+            by_kind.setdefault(link_kind(graph, name, topo), []).append(name)
+        for kind, names in by_kind.items():
+            used[kind] = used.get(kind, 0) + len(names)
+            name = lk.name if lk.name in names else min(names)
+            key = (-carried / (float(lk.nominal_capacity) or 1.0), -carried, name)  # busiest_links' order
+            if kind not in first or key < first[kind][0]:
+                first[kind] = (key, lk, carried, cap, name)
     if len(first) < 2:
         return []
     best = {kind: ((link_stats(lk.timeline, float(lk.nominal_capacity), end)[1] if lk.timeline else
-                    unrecorded_utilisation(carried, float(lk.nominal_capacity), end)[0]), carried, lk.name, cap)
-            for kind, (_, lk, carried, cap) in first.items()}
+                    unrecorded_utilisation(carried, float(lk.nominal_capacity), end)[0]), carried, name, cap)
+            for kind, (_, lk, carried, cap, name) in first.items()}
     lines = ["  busiest link of each kind:"]
     for kind in sorted(best, key=lambda k: (list(LINK_KIND_LABELS).index(k) if k in LINK_KIND_LABELS else 9, k)):
         mean, carried, name, cap = best[kind]

@@ -31,7 +31,7 @@ from hwmodel.dtypes import check_gpu_has as check_dtype  # re-exported: the sear
 from hwmodel.nccl.engine import NcclEngine
 from hwmodel.nccl.tuner_config import TunerConfigError, load_tuner_config
 from hwmodel.runtime import DEFAULT_HOST_LAUNCH_OVERHEAD_S, RunResult, Runtime
-from hwmodel.spec_ranges import check_gpu_ranges, load_checked_gpu_file
+from hwmodel.spec_ranges import check_gpu_ranges, check_rated_power, load_checked_gpu_file
 from hwmodel.specs import get_gpu, with_overrides
 from hwmodel.systems import get_system, node_shape
 from hwmodel.topology import Topology, build_system
@@ -113,6 +113,7 @@ def system_gpu(system: dict, base_dir: str | Path | None = None):
     if system.get("gpu_overrides"):
         base = gpu or build_system(system["name"], 1).gpu_spec
         try:
+            check_rated_power(system["gpu_overrides"])  # before the spec's power_limit_W check reads it
             gpu = with_overrides(base, **system["gpu_overrides"])
             check_gpu_ranges(base, gpu, keys=system["gpu_overrides"])
         except ValueError as exc:
@@ -188,16 +189,20 @@ def node_shape_keys(system: dict) -> dict[str, int]:
 
 
 def build_topology(system: dict, base_dir: str | Path | None = None, gpu=None) -> Topology:
-    """The cluster of a ``[system]`` section (``gpu``: its GPU from :func:`system_gpu`, when known)."""
+    """The cluster of a ``[system]`` section (``gpu``: its GPU from :func:`system_gpu`, when known). Raises
+    ValueError naming the ``[system]`` key (the fabric's errors prefixed ``[system] ``), UnknownNameError."""
     if gpu is None:
         gpu = system_gpu(system, base_dir)
     nodes = check_nodes(system)
     ratio = {k: float(system[k]) for k in ("oversubscription", "core_oversubscription") if k in system}
-    return build_system(system["name"], nodes, fabric=system.get("fabric"), gpu_override=gpu,
-                        nic_override=system.get("nic"), su_size=system.get("su_size"),
-                        fabric_switch=system.get("fabric_switch"), nodes_per_leaf=system.get("nodes_per_leaf"),
-                        num_spines=system.get("spines"), leaves_per_pod=system.get("leaves_per_pod"),
-                        **ratio, **node_shape_keys(system))
+    try:
+        return build_system(system["name"], nodes, fabric=system.get("fabric"), gpu_override=gpu,
+                            nic_override=system.get("nic"), su_size=system.get("su_size"),
+                            fabric_switch=system.get("fabric_switch"), nodes_per_leaf=system.get("nodes_per_leaf"),
+                            num_spines=system.get("spines"), leaves_per_pod=system.get("leaves_per_pod"),
+                            **ratio, **node_shape_keys(system))
+    except ValueError as exc:  # the fabric's errors start with the key (hwmodel.fabric): named as [system] keys
+        raise ValueError(str(exc) if str(exc).startswith("[") else f"[system] {exc}") from None
 
 
 def build_model_config(model: dict, training: dict, base_dir: str | Path | None = None, *,
@@ -530,9 +535,10 @@ def _run_prepared(prep: Prepared, memory: Any, *, progress: bool, max_tasks: flo
     per_rank = breakdown(result.events, result.end_time_s, pipeline=cfg.pp > 1)
     report = RunReport(prep.scenario, prep, result, build, mode, per_rank, memory)
     report.metrics = run_metrics(report, model_flops(prep, trace))
-    notes = (what_if_notes(prep.scenario.system, topo, scenario_dir(prep.scenario), runtime.copies_requested_peak)
+    notes = (what_if_notes(prep.scenario.system, topo, scenario_dir(prep.scenario), runtime.copies_requested_peak,
+                           prep.scenario.simulation)
              + model_notes(prep.model_cfg) + parallel_notes(prep.config, prep.scenario.parallel)
-             + tp_span_notes(prep.config, topo.gpus_per_node)
+             + tp_span_notes(prep.config, topo.gpus_per_node, prep.model_cfg)
              + training_notes(prep.scenario.training, prep.config) + mode_note)
     if notes:  # only then: the JSON of a scenario without notes keeps its bytes
         report.metrics["warnings"] = notes
@@ -598,7 +604,8 @@ def _engine_factory(sim: dict, base_dir: Path | None = None) -> Callable[[Cluste
     def engine(cluster: Cluster) -> NcclEngine:
         return NcclEngine(cluster, fidelity=sim.get("fidelity", "flow"), algorithm=sim.get("nccl_algo"),
                           protocol=sim.get("nccl_proto"), tuner_config=tuner_rules,
-                          ib_qps_per_connection=sim.get("nccl_ib_qps_per_connection", 1))
+                          ib_qps_per_connection=sim.get("nccl_ib_qps_per_connection", 1),
+                          ib_adaptive_routing=sim.get("nccl_ib_adaptive_routing", False))
 
     return engine
 

@@ -11,7 +11,8 @@
               # nccl_tuner_config (a path: NCCL tuner-plugin CSV rules), host_launch_overhead_s, record_links,
               # gpu_speed_spread (per-GPU compute-time variation, default 0.02: hwmodel/variation.py),
               # steady_state (auto/off: extrapolate the steady pipeline period, scenarios/steady_state.py)
-              # nccl_ib_qps_per_connection (1..128, default 1: QPs per NCCL connection, hwmodel/ecmp.py)
+              # nccl_ib_qps_per_connection (1..128, default 1: QPs per NCCL connection, hwmodel/ecmp.py),
+              # nccl_ib_adaptive_routing (default false: fabric switches hash each flow; true: spread evenly)
 ```
 
 Unknown sections and keys are rejected by name with the allowed ones listed; values are type-checked.
@@ -53,7 +54,7 @@ arguments); :func:`parallel_kwargs` joins them to ``[parallel]``."""
 SIMULATION_KEYS = {
     "fidelity": str, "mode": str, "host_launch_overhead_s": (int, float), "nccl_algo": str, "nccl_proto": str,
     "record_links": bool, "nccl_tuner_config": str, "calibration": str, "gpu_speed_spread": (int, float),
-    "steady_state": str, "nccl_ib_qps_per_connection": int,
+    "steady_state": str, "nccl_ib_qps_per_connection": int, "nccl_ib_adaptive_routing": bool,
 }
 MAX_NODES = 16384
 MAX_GPUS = 131072

@@ -137,18 +137,19 @@ class NcclEngine:
         tuner_config: tuner-plugin rules (:mod:`hwmodel.nccl.tuner_config`) that override NCCL's
             model per collective and size; default: the module-wide rules
             (:func:`hwmodel.nccl.tuner.set_default_tuner_config`), usually none.
+        ib_qps_per_connection, ib_adaptive_routing: NCCL's IB knobs, as :mod:`hwmodel.ecmp` models them.
         p2p_read_cost: charge the A100's P2P-read slice cost (:data:`hwmodel.nccl.chunked.P2P_READ_SLICE_SYNC_S`)
             in the pipeline of both fidelities; off by default (docs/DESIGN.md, "Ring Simple on A100: the
             P2P-read slice", says why).
 
     Raises:
-        ValueError: unknown fidelity, algorithm or protocol (the message lists the allowed values).
+        ValueError: unknown fidelity, algorithm or protocol (the allowed values listed); ecmp.check_adaptive_routing's.
     """
 
     def __init__(self, cluster: Cluster, *, fidelity: str = "flow", algorithm: str | None = None,
                  protocol: str | None = None, nvlink_efficiency: float | None = None,
                  tuner_config: TunerConfig | None = None, p2p_read_cost: bool = False,
-                 ib_qps_per_connection: int = 1) -> None:
+                 ib_qps_per_connection: int = 1, ib_adaptive_routing: bool = False) -> None:
         if fidelity not in FIDELITIES:
             raise ValueError(f"fidelity: unknown value {fidelity!r}; allowed: {', '.join(FIDELITIES)}")
         self.cluster = cluster
@@ -160,6 +161,7 @@ class NcclEngine:
         """Tuner-plugin rules of this engine (``None``: the module-wide ones, if any)."""
         self.p2p_read_cost = p2p_read_cost
         self.ib_qps_per_connection = _ecmp.check_qps_per_connection(ib_qps_per_connection)  # (ecmp.plan_subflows)
+        self.ib_adaptive_routing = _ecmp.check_adaptive_routing(ib_adaptive_routing, cluster.topology, fidelity)
         self._rails_of: dict[tuple[str, ...], int] = {}  # (communicator -> rails; 0: inside one node)
         topo = cluster.topology
         spec = topo.gpu_spec
@@ -184,6 +186,7 @@ class NcclEngine:
         self._eff_cache: dict[Resource, float] = {}
         self._edge_weights_cache: dict[tuple, dict[_mirrors.Edge, float]] = {}
         self._eff_of_kind: dict[str, float] = {}
+        self.side_load_gpus: set[str] | None = None  # (whose HBM collectives load: a mirrored Runtime's ranks')
 
     # -- planning ------------------------------------------------------------------------------
     def comm_topology(self, gpus: tuple[str, ...]) -> _tuner.CommTopology:
@@ -497,8 +500,8 @@ class NcclEngine:
         # are one resource
         weights = self.cluster.link_classes.resolve(self.edge_weights(plan))
         hbm = HBM_BYTES_PER_BYTE.get(plan.op, 2.0)
-        side = {self.cluster.gpus[g].hbm: hbm for g in plan.gpus}
-        return weights, side
+        sims, gpus = self.side_load_gpus, self.cluster.gpus
+        return weights, {gpus[g].hbm: hbm for g in plan.gpus if sims is None or g in sims}
 
     def _link_weights(self, plan: Plan, flows: list[Flow] | None = None) -> dict[Resource, float]:
         """Link -> bytes on it per byte of per-rank progress of ``plan`` (its flows uncached if not given)."""
@@ -592,8 +595,8 @@ class NcclEngine:
 def simulate_nccl_tests(topology: Topology, collective: str, sizes: Iterable[int | str], *,
                         gpus_per_thread: int = 1, gpus: Sequence[str] | None = None, dtype: str = "float",
                         algorithm: str | None = None, protocol: str | None = None,
-                        fidelity: str = "flow", tuner_config: TunerConfig | None = None,
-                        p2p_read_cost: bool = False, ib_qps_per_connection: int = 1) -> list[_nt.NcclTestsRow]:
+                        fidelity: str = "flow", tuner_config: TunerConfig | None = None, p2p_read_cost: bool = False,
+                        ib_qps_per_connection: int = 1, ib_adaptive_routing: bool = False) -> list[_nt.NcclTestsRow]:
     """Emulate an nccl-tests sweep on the hardware model: one row per size, as nccl-tests prints it.
 
     Each size runs once on an otherwise idle cluster (``fidelity`` flow, step or chunked). The reported time is
@@ -615,7 +618,7 @@ def simulate_nccl_tests(topology: Topology, collective: str, sizes: Iterable[int
         algorithm, protocol: force NCCL's choice (``NCCL_ALGO`` / ``NCCL_PROTO``).
         tuner_config: tuner-plugin rules (``NCCL_TUNER_CONFIG_FILE``), applied after ``algorithm`` /
             ``protocol`` restrict the enabled pairs.
-        p2p_read_cost, ib_qps_per_connection: see :class:`NcclEngine` (``NCCL_IB_QPS_PER_CONNECTION``).
+        p2p_read_cost, ib_qps_per_connection, ib_adaptive_routing: see :class:`NcclEngine` (NCCL_IB_*).
 
     Returns:
         :class:`hwmodel.nccl.nccltests.NcclTestsRow` per size (SI units).
@@ -635,7 +638,7 @@ def simulate_nccl_tests(topology: Topology, collective: str, sizes: Iterable[int
     cluster = Cluster(topology, record=False)
     eng = NcclEngine(cluster, fidelity=fidelity, algorithm=algorithm, protocol=protocol,
                      tuner_config=tuner_config, p2p_read_cost=p2p_read_cost,
-                     ib_qps_per_connection=ib_qps_per_connection)
+                     ib_qps_per_connection=ib_qps_per_connection, ib_adaptive_routing=ib_adaptive_routing)
     env = cluster.env
     host_launch = _calibration.host_launch_per_gpu_s()
     host_per_channel = _calibration.host_per_channel_per_gpu_s()

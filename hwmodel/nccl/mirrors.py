@@ -40,7 +40,7 @@ class EdgeContext:
         self.subflows = subflows
 
     def path(self, a: str, b: str) -> tuple[Edge, ...]:
-        if self.subflows > 1:
+        if _ecmp.spreads(self.subflows):
             return cast(tuple[Edge, ...], self._topo.route_spread(a, b, self.subflows))
         return self._topo.route_edges(a, b)
 
@@ -66,7 +66,7 @@ def edge_weights(engine: NcclEngine, ctx: EdgeContext, plan: Plan,
     out: dict[Edge, float] = {}
     flows = _algorithms.get(plan.algorithm).flows(ctx, plan.op, plan.gpus, plan.root)  # type: ignore[arg-type]
     _add_edge_weights(engine, plan, [(f.frac, cast(tuple[Edge, ...], f.path)) for f in flows], efficiency, out,
-                      None, ctx.subflows > 1)
+                      None, _ecmp.spreads(ctx.subflows))
     return out
 
 
@@ -126,13 +126,14 @@ class _Recorder(EdgeContext):
 
 
 def _routes(topo: Any, pairs: list[tuple[str, str]], own: dict[Edge, float],
-            ends: set[str], subflows: int = 1) -> list[tuple[Edge, ...]]:
+            ends: set[str], subflows: int = 1, owners: list[int] | None = None) -> list[tuple[Edge, ...]]:
     """The route of each of ``pairs`` (a merge's mirrors' routes, in the order their flows ask them),
     less the node-local segments the merge would drop. Between GPUs of two nodes whose ends are *private*
     (:meth:`hwmodel.topology.Topology.private_ends`: each GPU's segment to and from its NIC fixed, and
     all of them disjoint) a route is its source's segment, the fabric's hops and its destination's
     segment, and a segment is left out when its GPU is not one of ``ends``, ends no other route of the
-    merge the same way (leaving or arriving), shares no edge with ``own``, and no route of the merge is
+    merge the same way (leaving or arriving; ``owners``: the member each pair belongs to, where routes of
+    one member, e.g. a ring's channels, may share a segment), shares no edge with ``own``, and no route of the merge is
     inside its node or starts or ends at a device there that is not a GPU (:func:`_nodes_in_full`).
     Each of its edges is then crossed by this route alone, in all the merge: the merge drops it (kept:
     the first member's edges, edges several members share, edges between fabric switches and those
@@ -149,7 +150,7 @@ def _routes(topo: Any, pairs: list[tuple[str, str]], own: dict[Edge, float],
     src_nodes, dst_nodes = list(map(gpu_nodes.get, srcs)), list(map(gpu_nodes.get, dsts))  # (None: not a GPU)
     busy, own_nodes = _nodes_in_full(topo, pairs, own, ends, (src_nodes, dst_nodes))
     # routes leaving / reaching each device (those of devices in busy nodes are not looked at)
-    ups, downs = Counter(srcs), Counter(dsts)
+    ups, downs = _users(srcs, owners), _users(dsts, owners)
     private, segment = topo.private_ends, topo.end_segment
 
     def end(g: str, n: Any, leaving: bool) -> tuple[Edge, ...]:
@@ -190,6 +191,21 @@ def _routes(topo: Any, pairs: list[tuple[str, str]], own: dict[Edge, float],
             h = h + end(b, nb, False)
         append(h)
     return out
+
+
+def _users(devices: list[str], owners: list[int] | None) -> Counter[str]:
+    """For :func:`_routes`: device -> how many members' routes leave (or reach) it, as 1 or more than 1:
+    each route is its own member without ``owners`` (a route per member and device: the count itself).
+    A segment only one member crosses is, by symmetry, loaded as its counterpart on the first member's
+    path, however many of that member's routes cross it (a ring's channels)."""
+    if owners is None:
+        return Counter(devices)
+    first: dict[str, int] = {}
+    uses: Counter[str] = Counter()
+    for d, o in zip(devices, owners, strict=True):
+        had = first.setdefault(d, o)
+        uses[d] = 1 if had == o and uses.get(d, 1) == 1 else 2
+    return uses
 
 
 def _whole_ends(uses: Counter[str], n: int, ends: set[str], gpu_nodes: dict[str, int], full: set[Any]) -> set[str]:
@@ -270,7 +286,6 @@ def _pairs_kept(engine: NcclEngine, proto_w: float, pairs: list[tuple[str, ...]]
     counts: Counter[Edge] = Counter()  # (first use order, as the edge-by-edge loop: a dict)
     counts.update(chain.from_iterable(routes))
     adj = engine.cluster.topology.link_rows()
-    kinds = engine.cluster.topology.device_kinds()
     x_of_kind: dict[str, float] = {}
     efficiency: dict[str, float] = {}
 
@@ -290,11 +305,11 @@ def _pairs_kept(engine: NcclEngine, proto_w: float, pairs: list[tuple[str, ...]]
             for _ in range(k):
                 w = w + x
         kept[e] = w
-    switch = "ib_switch"
+    switches = _fabric_switches(engine)
     for e, k in counts.items():
         if k == 1:  # (most edges: one mirror's NIC link, dropped, or a fabric link, kept)
             u, v = e
-            if (kinds[u] == kinds[v] == switch or u in ends or v in ends) and e not in own:
+            if ((u in switches and v in switches) or u in ends or v in ends) and e not in own:
                 kept[e] = x_of(e)
         elif e not in own:
             w = x = x_of(e)
@@ -302,6 +317,16 @@ def _pairs_kept(engine: NcclEngine, proto_w: float, pairs: list[tuple[str, ...]]
                 w = w + x
             kept[e] = w
     return kept
+
+
+def _fabric_switches(engine: NcclEngine) -> frozenset[str] | dict[str, None]:
+    """The cluster's fabric switches (``ib_switch`` devices), to test an edge's ends by membership: the
+    constructed fabric's own list, else every device of that kind (a user's topology, built whole)."""
+    topo = engine.cluster.topology
+    clos = topo.constructed_fabric()
+    if clos is not None:
+        return clos.switches
+    return dict.fromkeys(topo.nodes_of_kind("ib_switch"))
 
 
 def merged_weights(engine: NcclEngine, members: list[Plan], own: dict[Edge, float],
@@ -319,26 +344,30 @@ def merged_weights(engine: NcclEngine, members: list[Plan], own: dict[Edge, floa
     The mirrors' routes are laid out only as far as the merge needs them (:func:`_routes`). ``subflows``:
     the sub-flows of each NIC pair's traffic (default: :func:`hwmodel.ecmp.plan_subflows` of the first
     member, as ``own`` was laid out; sends are one flow)."""
-    if len(members) > 1:
+    if subflows is None:
+        subflows = _ecmp.plan_subflows(engine, members[0])
+    if len(members) > 1 and subflows == 1:  # (sends spread by adaptive routing: laid out below)
         sends = _sends_kept(engine, members[1:], own, ends)
         if sends is not None:
             return engine.cluster.link_classes.resolve(sends)
-    if subflows is None:
-        subflows = _ecmp.plan_subflows(engine, members[0])
     rec = _Recorder(engine, subflows)
-    laid = [(p, _algorithms.get(p.algorithm).flows(rec, p.op, p.gpus, p.root)) for p in members[1:]]  # type: ignore[arg-type]
-    routes = _routes(engine.cluster.topology, rec.pairs, own, ends, subflows)
+    laid: list[tuple[Plan, Any]] = []
+    owners: list[int] = []
+    for i, p in enumerate(members[1:]):
+        laid.append((p, _algorithms.get(p.algorithm).flows(rec, p.op, p.gpus, p.root)))  # type: ignore[arg-type]
+        owners.extend([i] * (len(rec.pairs) - len(owners)))
+    routes = _routes(engine.cluster.topology, rec.pairs, own, ends, subflows, owners)
     efficiency: dict[str, float] = {}
     weights: dict[Edge, float] = dict(own)
     shared: set[Edge] = set()  # edges several members use
     for p, flows in laid:
         paths = [(f.frac, _resolved(cast(tuple[int, ...], f.path), routes)) for f in flows]
-        _add_edge_weights(engine, p, paths, efficiency, weights, shared, subflows > 1)
-    kinds = engine.cluster.topology.device_kinds()
+        _add_edge_weights(engine, p, paths, efficiency, weights, shared, _ecmp.spreads(subflows))
+    switches = _fabric_switches(engine)
     kept: dict[Edge, float] = {}
     for e, x in weights.items():
         u, v = e
-        if e in own or e in shared or kinds[u] == kinds[v] == "ib_switch" or u in ends or v in ends:
+        if e in own or e in shared or (u in switches and v in switches) or u in ends or v in ends:
             kept[e] = x
     return engine.cluster.link_classes.resolve(kept)
 
@@ -357,6 +386,8 @@ def merged_sends(engine: NcclEngine, plan: Plan, pairs: list[tuple[str, ...]]) -
     one plan of each kind stands for the mirrors of that kind (a pipeline send on 16,384 GPUs has 1,023
     mirrors). None where the members would not be one group of sends of one protocol weight (a mirror
     inside a node with a latency of its own, say): the caller then plans every mirror."""
+    if _ecmp.plan_subflows(engine, plan) != 1:  # (adaptive routing spreads each send: the general merge)
+        return None
     node_of, size = engine._node_of, plan.size_bytes
     local = list(map(eq, map(node_of.__getitem__, map(itemgetter(0), pairs)),
                      map(node_of.__getitem__, map(itemgetter(1), pairs))))  # (by map: a thousand mirrors)

@@ -154,7 +154,8 @@ class ScreenContext:
                 raise ValueError(f"simulation.nccl_tuner_config: {exc}") from None
         self.engine = NcclEngine(Cluster(self.topology, record=False), algorithm=sim.get("nccl_algo"),
                                  protocol=sim.get("nccl_proto"), tuner_config=tuner_rules,
-                                 ib_qps_per_connection=sim.get("nccl_ib_qps_per_connection", 1))
+                                 ib_qps_per_connection=sim.get("nccl_ib_qps_per_connection", 1),
+                                 ib_adaptive_routing=sim.get("nccl_ib_adaptive_routing", False))
         self.tuner_rules = tuner_rules
         # the run's clock: sustained, slowed by the expected slowest GPU (scenarios.runner.run_cost_model)
         spread = float(sim.get("gpu_speed_spread", DEFAULT_GPU_SPEED_SPREAD))

@@ -1,5 +1,5 @@
-"""Error statistics of a validation: MAPE, Kendall's tau-b, error trend per doubling, and the 1-D refit
-behind the leave-one-source-out error. Pure functions on numbers (no simulation)."""
+"""Error statistics of a validation: MAPE, Kendall's tau-b, error trend per doubling, a straight-line fit,
+and the 1-D refit behind the leave-one-source-out error. Pure functions on numbers (no simulation)."""
 
 from __future__ import annotations
 
@@ -50,6 +50,23 @@ def slope_per_doubling(gpus: Sequence[int], errors: Sequence[float]) -> float:
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
     sxx = sum((x - mx) ** 2 for x in xs)
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx if sxx else float("nan")
+
+
+def line_fit(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
+    """Least-squares ``(slope, intercept)`` of y = slope * x + intercept; ``(nan, nan)`` with fewer than
+    two distinct x.
+
+    Raises:
+        ValueError: ``xs`` and ``ys`` differ in length.
+    """
+    if len(xs) != len(ys):
+        raise ValueError(f"line_fit: xs has {len(xs)} values, ys {len(ys)}")
+    if len(set(xs)) < 2:
+        return float("nan"), float("nan")
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = (sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
+             / sum((x - mx) ** 2 for x in xs))
+    return slope, my - slope * mx
 
 
 def two_point_curve(f0: float, t0: float, f1: float, t1: float) -> tuple[float, float]:

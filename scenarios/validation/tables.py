@@ -62,6 +62,17 @@ class Row:
     """The model's reserved memory per GPU for such a row (GiB), once predicted."""
 
     @property
+    def microbatches(self) -> int | None:
+        """Micro-batches per pipeline per iteration, global batch / (data-parallel size x micro-batch), of a
+        built scenario that states all three (``None`` otherwise, e.g. catalog rows)."""
+        sc = self.scenario or {}
+        par, tr = sc.get("parallel", {}), sc.get("training", {})
+        try:
+            return int(tr["global_batch_size"]) // (int(par["data_parallel_size"]) * int(tr["micro_batch_size"]))
+        except (KeyError, TypeError, ZeroDivisionError):
+            return None
+
+    @property
     def row_id(self) -> str:
         """``"<table key>:<row name>"``, the form ``fitted_to`` lists in calibration.toml."""
         return f"{self.key}:{self.name}"

@@ -16,7 +16,7 @@ from hwmodel.power import (
     sustained_clock_hz,
     throughput_scale,
 )
-from hwmodel.specs import get_gpu, known_gpus, with_overrides
+from hwmodel.specs import get_gpu, shipped_gpus, with_overrides
 
 BIG_GEMM = Compute("aten.mm", "gemm", 2.0 * 8192**3, 3 * 2 * 8192**2, "fp16", (1, 8192, 8192, 8192))
 """Compute-bound on every shipped GPU (arithmetic intensity ~2,700 FLOP/byte, 64 or more full waves)."""
@@ -60,7 +60,7 @@ def test_an_h100_capped_at_500w_runs_its_gemms_at_the_cube_law_clock():
 
 
 def test_every_shipped_sku_gives_its_rated_power_and_runs_at_it():
-    rated = {name: get_gpu(name).tdp_w for name in known_gpus()}
+    rated = {name: get_gpu(name).tdp_w for name in shipped_gpus()}
     assert rated == {"V100-SXM2": 300, "A100-SXM4-40GB": 400, "A100-SXM4-80GB": 400, "H100-SXM5": 700,
                      "H200-SXM": 700, "B200-HGX": 1000, "H100-SXM5-96GB-500W": 500, "B200-GB200": 1200}
     assert all(sustained_clock_fraction(get_gpu(n)) == 1.0 for n in rated)
@@ -72,7 +72,7 @@ def test_no_hopper_or_blackwell_sku_reads_the_a100_fitted_clock():
     ampere_value = data["architecture"]["ampere"]["sustained_clock_fraction"]
     a100_sources = ("sc21", "t4:", "t5:", "megascale", "readme2020", "A100", "ampere")
     cal = Calibration.load()
-    others = [n for n in known_gpus() if get_gpu(n).architecture != "Ampere"]
+    others = [n for n in shipped_gpus() if get_gpu(n).architecture != "Ampere"]
     assert {"H100-SXM5", "H200-SXM", "B200-HGX", "B200-GB200", "H100-SXM5-96GB-500W"} <= set(others)
     for name in others:
         gpu = get_gpu(name)

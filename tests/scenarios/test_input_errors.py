@@ -46,8 +46,9 @@ def one_line_error(capsys, argv) -> str:
      "num_layers=8 with num_layers_in_first_pipeline_stage=8: leaves 0 layers for the last stage "
      "(pipeline_model_parallel_size=2), which needs at least one layer"),
     ("model.hf_config=x.json", "[model] give one of name, factory, hf_config; got name and hf_config"),
-    ('system.gpu_overrides.architecture="volta"', "[system] gpu_overrides: architecture: unknown 'volta'; allowed: "
-                                                  "Ampere, Blackwell, Hopper"),
+    ('system.gpu_overrides.architecture="volta"', "[system] gpu_overrides: architecture: unknown 'volta' (did you "
+                                                  "mean 'Volta'? the name is case-sensitive); allowed: Ampere, "
+                                                  "Blackwell, Hopper"),
     ('system.fabric="none"', "[system] fabric = 'none' connects no servers; it needs nodes = 1, got 4"),
     ("model.num_layers=100000", "num_layers=100000 is above 2048"),  # refused at once, not traced for minutes
     ("simulation.host_launch_overhead_s=1", "[simulation] host_launch_overhead_s must be in [0, 1e-3] seconds"),

@@ -74,3 +74,18 @@ def test_the_report_of_link_bundles_is_the_report_of_every_link():
         assert link_groups(cl.link_bundles(), end, top) == link_groups(cl.link_resources(), end, top)
     rep = SimpleNamespace(result=SimpleNamespace(cluster=cl, end_time_s=end))
     assert _kind_lines(rep, cl.link_bundles()) == _kind_lines(rep, cl.link_resources())
+
+
+def test_a_bundle_of_leaf_up_and_spine_down_links_counts_each_kind_apart():
+    """A link class may hold links of two kinds loaded alike (leaf -> spine and spine -> leaf of one
+    bandwidth): each kind counts its own links -- 4 leaves x 4 spines, 16 each way, not a class's 28."""
+    from scenarios.cmd_run import load
+    from scenarios.report import format_report
+    from scenarios.runner import run_scenario
+
+    rep = run_scenario(load(None, ['system.fabric="fat_tree"', "system.nodes_per_leaf=1", "system.oversubscription=2",
+                                   "system.spines=4", 'simulation.mode="full"']))
+    text = format_report(rep)
+    up = next(line for line in text.splitlines() if "fabric (leaf to spine)" in line)
+    down = next(line for line in text.splitlines() if "fabric (spine to leaf)" in line)
+    assert "(16 such links carried traffic)" in up and "(16 such links carried traffic)" in down

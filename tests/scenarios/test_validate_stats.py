@@ -29,6 +29,16 @@ def test_slope_per_doubling_of_a_linear_trend():
     assert math.isnan(stats.slope_per_doubling([8, 8], [0.1, 0.2]))
 
 
+def test_line_fit_recovers_slope_and_intercept():
+    assert stats.line_fit([192, 96, 64, 48], [0.2 * m + 2.5 for m in (192, 96, 64, 48)]) == (
+        pytest.approx(0.2), pytest.approx(2.5))
+    # least squares through (0, 0), (1, 1), (2, 1): slope 1/2, intercept 1/6
+    assert stats.line_fit([0, 1, 2], [0, 1, 1]) == (pytest.approx(0.5), pytest.approx(1 / 6))
+    assert all(math.isnan(v) for v in stats.line_fit([4, 4], [1.0, 2.0]))
+    with pytest.raises(ValueError, match="xs has 2 values, ys 1"):
+        stats.line_fit([1, 2], [1])
+
+
 def test_two_point_curve_recovers_a_plus_b_over_f():
     a, b = 2.0, 3.0
     ca, cb = stats.two_point_curve(0.85, a + b / 0.85, 0.95, a + b / 0.95)

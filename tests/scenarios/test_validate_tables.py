@@ -185,6 +185,33 @@ def test_format_table_prints_tau_and_slope_per_series():
     assert "MegaScale Table 2: error slope +1.00 points per doubling of GPUs (8 rows, pooled)" in text
 
 
+def test_megascale_series_split_into_per_microbatch_and_per_iteration_time():
+    """Strong scaling at a fixed global batch: m = batch / DP micro-batches per pipeline (192..48 and
+    128..32); each series' measured and predicted times as a line in m (here predicted exactly
+    0.2 s x m + 1 s); none for a series in TFLOP/s (SC'21 Table 2)."""
+    rs = rows(("megascale",))
+    assert [r.microbatches for r in rs] == [192, 96, 64, 48, 128, 64, 48, 32]
+    for r in rs:
+        r.predicted = 0.2 * r.microbatches + 1.0
+    rk = ranking(rs)
+    line = rk["MegaScale Table 2 / GPT 175B, TP 8 x PP 8, global batch 768"]["time_vs_microbatches"]
+    assert line["predicted"] == {"per_microbatch_s": pytest.approx(0.2), "per_iteration_s": pytest.approx(1.0)}
+    # the paper's batch-768 times, 40.0 / 21.2 / 15.2 / 11.9 s, by least squares
+    a, b = stats.line_fit([192, 96, 64, 48], [40.0, 21.2, 15.2, 11.9])
+    assert line["measured"] == {"per_microbatch_s": pytest.approx(a), "per_iteration_s": pytest.approx(b)}
+    assert a == pytest.approx(0.195, abs=5e-4) and b == pytest.approx(2.6, abs=0.05)
+    assert "measured 0.195 s x m +2.61 s, predicted 0.200 s x m +1.00 s" in format_table(rs)
+    pooled = rk["MegaScale Table 2"]["time_vs_microbatches"]  # all 8 rows, DP 4..192, on one line
+    assert pooled["predicted"]["per_iteration_s"] == pytest.approx(1.0)
+    assert pooled["measured"]["per_microbatch_s"] == pytest.approx(0.198, abs=5e-4)
+    assert pooled["measured"]["per_iteration_s"] == pytest.approx(2.45, abs=0.05)
+    t2 = rows(("sc21t2",))
+    for r in t2:
+        r.predicted = r.measured
+    assert all("time_vs_microbatches" not in v for v in ranking(t2).values())
+    assert rows(("sc21",))[0].microbatches is None  # a catalog row states no batch here
+
+
 def test_megascale_rows_run_on_the_papers_cluster():
     rs = rows(("megascale",))
     assert {r.scenario["system"]["name"] for r in rs} == {"megascale-ampere"}

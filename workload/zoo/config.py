@@ -353,8 +353,10 @@ def padded_vocab_size(config: TransformerConfig, tensor_parallel_degree: int = 1
 def validate_tensor_parallel(config: ModelConfig, tensor_parallel_degree: int) -> None:
     """Check that Megatron-style tensor parallelism of degree ``tp`` can split this model.
 
-    Heads, query groups and the MLP width must divide evenly (column/row-parallel linears split them);
-    the vocabulary does not have to: Megatron pads it (:func:`padded_vocab_size`).
+    Heads, query groups and the MLP width must divide evenly (column/row-parallel linears split them).
+    The vocabulary is not checked here: Megatron pads it (:func:`padded_vocab_size`), but the zoo's
+    vocab-parallel embedding shards it unpadded, so :meth:`workload.parallel.config.ParallelConfig.validate_model`
+    requires ``tp`` to divide it.
 
     Raises:
         ValueError: naming the quantity and both numbers.

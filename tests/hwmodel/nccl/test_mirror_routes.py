@@ -14,7 +14,7 @@ from hwmodel.topology import build_cluster, build_system
 MiB = 1 << 20
 
 
-def _whole_routes(topo, pairs, own, ends, subflows=1):
+def _whole_routes(topo, pairs, own, ends, subflows=1, owners=None):
     return [topo.route_spread(a, b, subflows) for a, b in pairs]
 
 
