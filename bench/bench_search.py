@@ -93,10 +93,11 @@ def main() -> None:
     idle_wall = cpu_main + max(cpu_workers / args.workers, slowest)
     print(f"on an idle machine with {args.workers} cores: about {idle_wall:.0f} s (the main process's CPU, then "
           f"the simulations' CPU over the workers, or the slowest one; target <= {target_s:.0f} s)")
-    print(f"CPU time: {cpu_main:.1f} s in the main process (enumerate, trace, screen, re-price; the re-pricing of the "
-          f"screen's {res.info.get('refined', 0)} fastest plans {res.info.get('refine_cpu_s', 0.0):.1f} s in "
-          f"{res.info.get('refine_runs', 0)} short simulations), {cpu_workers:.1f} s in the "
-          f"simulation workers; peak RSS {own.ru_maxrss / 1e6:.2f} GB (main), {kids.ru_maxrss / 1e6:.2f} GB (largest "
+    print(f"CPU time: {cpu_main:.1f} s in the main process (enumerate, trace, screen, re-price pipelines), "
+          f"{cpu_workers:.1f} s in the workers (the re-pricing's sampled layers, the top K); the re-pricing of the "
+          f"screen's {res.info.get('refined', 0)} fastest plans {res.info.get('refine_cpu_s', 0.0):.1f} s CPU (both), "
+          f"{res.info.get('refine_wall_s', 0.0):.1f} s wall, in {res.info.get('refine_runs', 0)} short simulations; "
+          f"peak RSS {own.ru_maxrss / 1e6:.2f} GB (main), {kids.ru_maxrss / 1e6:.2f} GB (largest "
           f"worker) -- on a shared machine the CPU time is the figure that does not depend on the load")
 
 

@@ -26,6 +26,7 @@ where *solo* is the cost model's time for the kernel alone on an idle GPU.
 
 from __future__ import annotations
 
+import sys
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -169,7 +170,8 @@ class OverlapStats:
     """Communication time overlapped with compute / all communication time (0..1)."""
     compute_slowdown: float
     """sum(actual - solo kernel time) / sum(solo kernel time): 0.1 means kernels ran 10 % slower than
-    alone because of SM and HBM sharing."""
+    alone because of SM and HBM sharing. Exactly 0 where the two sums differ by no more than their
+    rounding (``n`` kernels: ``n`` float epsilons of the sum), not a -5e-16 of summation noise."""
     kernels: int
 
 
@@ -186,7 +188,10 @@ def overlap_stats(events: Iterable[TraceEvent], per_rank: dict[int, RankBreakdow
             n += 1
     total = sum(b.comm_total_s for b in per_rank.values())
     hidden = sum(b.comm_hidden_s for b in per_rank.values())
-    return OverlapStats(hidden / total if total else 0.0, (actual - solo) / solo if solo else 0.0, n)
+    slower = actual - solo
+    if abs(slower) <= n * sys.float_info.epsilon * max(actual, solo):  # summation noise, not a slowdown
+        slower = 0.0
+    return OverlapStats(hidden / total if total else 0.0, slower / solo if solo else 0.0, n)
 
 
 def mfu_peak_dtype(dtype: str) -> str:

@@ -11,7 +11,8 @@ divide the layers), DP with ZeRO 0-3 (3 = FSDP, also with PP), micro-batch size,
 gradient-reduce and parameter-gather overlap, TP communication overlap (tp_comm_overlap or async_tp),
 rank order -- is checked (invalid plans are
 reported by reason) and estimated by an analytic screen (memory model, kernel cost model, NCCL's tuner,
-the pipeline-bubble closed form); ``--top-k`` plans that fit (the best of the screen's K/2 fastest shapes,
+the pipeline-bubble closed form), and its 300 fastest re-priced by short simulations on the ``--workers``
+pool; ``--top-k`` plans that fit (the best of the screen's K/2 fastest shapes,
 then K/2 variants of the shapes that simulated fastest), the baseline (plain DP or FSDP if it fits, else
 Megatron-LM's recipe) and the scenario's plan are then co-simulated in parallel, and ranked.
 
@@ -63,7 +64,8 @@ def register(subparsers) -> None:
     p.add_argument("--executor", default=None, metavar="SPEC",
                    help="'process' (default: a local pool of --workers) or dask://HOST:PORT (needs trainsim[dask])")
     p.add_argument("--cache", metavar="PATH", default=None,
-                   help="JSONL cache of simulated plans: an interrupted search resumes from it")
+                   help="JSONL cache of the simulations (the top K's and the re-pricing's): an interrupted "
+                        "search resumes from it")
     p.add_argument("--json", metavar="PATH", default=None, help="write every plan's estimate (and simulation)")
     p.add_argument("--plot", metavar="PATH", default=None, help="PNG: time vs memory of the plans, Pareto front")
     p.add_argument("--emit-scenario", metavar="PATH", default=None, help="write the best plan as a scenario file")
@@ -78,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     from scenarios.runner import DEFAULT_MAX_TASKS
     from scenarios.search.driver import NoFeasiblePlan, run_search
     from scenarios.search.report import emit_scenario, format_search, plot_pareto, search_json
-    from scenarios.search.simulate import make_executor
+    from scenarios.search.simulate import CACHE_SCHEMA, check_cache, make_executor, stale_records
     from scenarios.search.space import parse_knobs
 
     if args.top_k < 1:
@@ -91,8 +93,16 @@ def run(args: argparse.Namespace) -> int:
     parse_knobs(args.fix, args.space)  # bad keys and values fail before any tracing
     # output paths too, before minutes of search (a typo must not become a new tree of folders)
     outputs = {opt: output_file(opt, v) for opt, v in (("--json", args.json), ("--plot", args.plot),
-                                                        ("--emit-scenario", args.emit_scenario)) if v}
+                                                        ("--emit-scenario", args.emit_scenario),
+                                                        ("--cache", args.cache)) if v}
+    if args.cache:
+        check_cache(args.cache)
     scenario = load(args.scenario, args.overrides, args.trust_code)
+    stale = stale_records(args.cache)
+    if stale:  # said once, here: each round of simulations re-reads the cache
+        print(f"trainsim search: --cache {args.cache}: {stale} cached plan{'s' if stale != 1 else ''} written by an "
+              f"older trainsim (cache schema other than {CACHE_SCHEMA}) ignored; simulated again where picked",
+              file=sys.stderr)
     executor, close = (None, None) if args.executor is None and args.workers == 1 else make_executor(
         args.executor, args.workers)
     try:

@@ -22,7 +22,7 @@ from scenarios.analysis import mfu_peak_dtype, overlap_stats
 __all__ = [
     "BUSIEST_LINK_GROUPS", "LINK_GROUP_REL_TOL", "busiest_links", "link_capacity", "link_groups", "link_kind",
     "link_stats", "memory_dict",
-    "parallel_dict", "peak_dtype_for", "run_metrics",
+    "parallel_dict", "peak_dtype_for", "run_metrics", "run_summary", "SUMMARY_KEYS", "unrecorded_utilisation",
 ]
 
 BUSIEST_LINK_GROUPS = 10
@@ -104,7 +104,16 @@ def busiest_links(links: Iterable[Any], top: int, end_time_s: float) -> list[tup
     return rows
 
 
-def link_groups(links: Iterable[Any], end_time_s: float, top: int) -> list[tuple[str, int, float, float, float]]:
+def unrecorded_utilisation(carried: float, capacity: float, end_time_s: float) -> tuple[float, None]:
+    """``(mean, peak)`` utilisation of a link that kept no load timeline: the mean is its ``carried`` bytes
+    over ``capacity x end_time_s`` (what :func:`link_stats` integrates from a timeline), the peak unknown
+    (``None``; ``[simulation] record_links = true`` records it)."""
+    cap = capacity if capacity > 0 else 1.0
+    return (carried / (cap * end_time_s) if end_time_s > 0 else 0.0), None
+
+
+def link_groups(links: Iterable[Any], end_time_s: float,
+                top: int) -> list[tuple[str, int, float, float, float | None]]:
     """The ``top`` busiest *groups* of links: consecutive links (in :func:`busiest_links` order) with
     the same load (bytes, mean and peak utilisation equal to :data:`LINK_GROUP_REL_TOL` relative), as
     symmetric collectives produce, are one row; links that carried nothing are left out.
@@ -119,8 +128,11 @@ def link_groups(links: Iterable[Any], end_time_s: float, top: int) -> list[tuple
     bundle's links sort next to each other unless another entry's load key is exactly theirs, and only
     such ties are ranked link by link (by name), so the rows are those of the links one by one.
 
+    A link that keeps no load timeline (``[simulation] record_links = false``: only its ``carried``
+    bytes) has its mean utilisation from its bytes and no peak (``None``): :func:`unrecorded_utilisation`.
+
     Returns:
-        ``[(first link's name, number of links, bytes each, mean utilisation, peak utilisation)]``.
+        ``[(first link's name, number of links, bytes each, mean utilisation, peak utilisation or None)]``.
     """
     def carried_of(lk: Any) -> float:
         c = getattr(lk, "carried", None)
@@ -131,10 +143,12 @@ def link_groups(links: Iterable[Any], end_time_s: float, top: int) -> list[tuple
         return (-r[0] / cap, -r[0], r[1].name)
 
     # (mean, peak) by timeline object; the value holds the timeline, so its id is not reused meanwhile
-    stats: dict[tuple[int, float], tuple[Any, float, float]] = {}
+    stats: dict[tuple[int, float], tuple[Any, float, float | None]] = {}
 
-    def stats_of(lk: Any) -> tuple[float, float]:
+    def stats_of(lk: Any) -> tuple[float, float | None]:
         cap, timeline = float(lk.nominal_capacity), lk.timeline
+        if not timeline:  # not recorded: the mean from the bytes, no peak
+            return unrecorded_utilisation(carried_of(lk), cap, end_time_s)
         sk = (id(timeline), cap)
         if sk not in stats:
             stats[sk] = (timeline, *link_stats(timeline, cap, end_time_s)[1:])
@@ -145,8 +159,9 @@ def link_groups(links: Iterable[Any], end_time_s: float, top: int) -> list[tuple
     for carried, lk in ranked:
         mean, peak = stats_of(lk)
         g = groups[-1] if groups else None
-        if g and all(math.isclose(a, b, rel_tol=LINK_GROUP_REL_TOL)
-                     for a, b in ((carried, g[2]), (mean, g[3]), (peak, g[4]))):
+        if g and (peak is None) == (g[4] is None) and all(
+                math.isclose(a, b, rel_tol=LINK_GROUP_REL_TOL)
+                for a, b in ((carried, g[2]), (mean, g[3]), (peak, g[4])) if a is not None and b is not None):
             g[1] += getattr(lk, "count", 1)
             continue
         if len(groups) == top:
@@ -315,6 +330,19 @@ def run_metrics(rep: Any, flops: tuple[float, float, str]) -> dict[str, Any]:
                        # null: every micro-batch simulated; scenarios.steady_state fills it when extrapolated
                        "steady_state": None},
     }
+
+
+SUMMARY_KEYS = ("iteration_time_s", "tokens_per_s", "samples_per_s", "tflops_per_gpu", "mfu", "peak_allocated_bytes",
+                "peak_reserved_bytes", "oom", "breakdown", "overlap", "busiest_links", "simulation", "warnings")
+"""The keys of :func:`run_summary`: a run's figures without its per-rank rows and its memory breakdown."""
+
+
+def run_summary(metrics: dict[str, Any]) -> dict[str, Any]:
+    """The figures of a run's metrics (:func:`run_metrics`, ``run --json``) that another command's JSON
+    reports per run (``search --json``'s ``simulated``): :data:`SUMMARY_KEYS`, with ``run``'s names and
+    nesting (``breakdown.bubble_s``, ``busiest_links[].kind``, ``simulation.mode``), so that one figure has
+    one name in every command's output. Keys the run does not have are left out."""
+    return {k: metrics[k] for k in SUMMARY_KEYS if k in metrics}
 
 
 def _throughput(T: float, cfg: Any, mc: Any, flops: tuple[float, float, str], peak_flops: float) -> dict[str, Any]:

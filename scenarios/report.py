@@ -5,8 +5,10 @@ report converts to ms, GB, GB/s, TFLOP/s and percent. The JSON keeps SI, with un
 where the runner gives them (``iteration_time_s``, ``peak_allocated_bytes``).
 
 The JSON is reproducible: keys sorted, floats written with 12 significant digits (far below the
-simulator's resolution, far above the last-bit noise of float summation order), and no wall-clock
-times -- running one scenario twice gives byte-identical files.
+simulator's resolution, far above the last-bit noise of float summation order), byte counts (keys
+ending ``_bytes``) as whole numbers, seconds (keys ending ``_s``) to the picosecond, and no wall-clock
+times -- running one scenario twice gives byte-identical files. Every command's ``--json`` (``run``,
+``sweep``, ``search``, ``synth``) is written by :func:`write_json`, so they share this formatting.
 """
 
 from __future__ import annotations
@@ -26,15 +28,20 @@ from scenarios.metrics import (
     memory_dict,
     parallel_dict,
     peak_dtype_for,
+    unrecorded_utilisation,
 )
 
 __all__ = [
-    "JSON_FLOAT_DIGITS", "MAX_RANK_ROWS", "TRACE_MAX_LINKS", "format_memory_only", "format_report",
-    "stable_json", "write_json", "write_plots", "write_trace",
+    "JSON_FLOAT_DIGITS", "JSON_TIME_DECIMALS", "MAX_RANK_ROWS", "TRACE_MAX_LINKS", "format_memory_only",
+    "format_report", "stable_json", "write_json", "write_plots", "write_trace",
 ]
 
 JSON_FLOAT_DIGITS = 12
 """Significant digits of floats in the JSON outputs."""
+JSON_TIME_DECIMALS = 12
+"""Seconds in the JSON outputs are rounded to this many decimals (1 ps) before their significant digits: a
+small time that is the difference of two iteration-long sums (a rank's idle time, 4e-6 s out of 1.5 s)
+carries their last-bit noise (1e-16 s), which 12 significant digits of it would print (3.99999999989e-06)."""
 MAX_RANK_ROWS = 16
 """The per-rank table shows at most this many ranks (the first and the last ones)."""
 TRACE_MAX_LINKS = 16
@@ -42,20 +49,26 @@ TRACE_MAX_LINKS = 16
 _WALL_CLOCK_KEYS = ("wall_s", "wall_time_s")
 
 
-def _round_floats(obj: Any) -> Any:
-    """A copy of ``obj`` with floats rounded to :data:`JSON_FLOAT_DIGITS` significant digits, tuples
-    as lists, wall-clock keys dropped, and non-finite floats as None (JSON has no NaN)."""
+def _round_floats(obj: Any, key: str = "") -> Any:
+    """A copy of ``obj`` with floats rounded to :data:`JSON_FLOAT_DIGITS` significant digits (under a
+    key ending ``_bytes``: to the nearest whole byte; ending ``_s``, seconds, first to
+    :data:`JSON_TIME_DECIMALS` decimals), tuples as lists, wall-clock keys dropped, and non-finite floats
+    as None (JSON has no NaN). ``key``: the key ``obj`` is the value of."""
     if isinstance(obj, bool) or obj is None or isinstance(obj, (int, str)):
         return obj
     if isinstance(obj, float):
         if not math.isfinite(obj):
             return None
+        if key.endswith("_bytes"):  # a byte count: whole bytes (a model's bytes are sums of fractions)
+            return round(obj)
+        if key.endswith("_s") and not key.endswith("_per_s"):  # seconds: to the picosecond, then the digits
+            obj = round(obj, JSON_TIME_DECIMALS) + 0.0  # (+ 0.0: -0.0 is 0)
         r = float(f"{obj:.{JSON_FLOAT_DIGITS}g}")
         return int(r) if r.is_integer() and abs(r) < 2**53 else r
     if isinstance(obj, Mapping):
-        return {str(k): _round_floats(v) for k, v in obj.items() if k not in _WALL_CLOCK_KEYS}
+        return {str(k): _round_floats(v, str(k)) for k, v in obj.items() if k not in _WALL_CLOCK_KEYS}
     if isinstance(obj, (list, tuple)):
-        return [_round_floats(v) for v in obj]
+        return [_round_floats(v, key) for v in obj]
     return str(obj)
 
 
@@ -237,9 +250,12 @@ def _link_lines(rep: Any, top: int) -> list[str]:
     for name, n, carried, mean, peak in groups:  # kind and capacity as --json's busiest_links give them
         label = name if n == 1 else f"{name} (+{n - 1})"
         cap = link_capacity(links, name)
+        peak_text = f"{100 * peak:>6.1f}%" if peak is not None else f"{'-':>7}"
         lines.append(f"  {label:<34} {link_kind(graph, name):<10} {n:>5} {_gb(carried):>13} {cap / 1e9:>6.0f} GB/s "
-                     f"{100 * mean:>6.1f}% {100 * peak:>6.1f}%")
-    lines.append("  (+k): k more links with the same load; capacity per direction")
+                     f"{100 * mean:>6.1f}% {peak_text}")
+    lines.append("  (+k): k more links with the same load; capacity per direction"
+                 + ("; peak -: no load timeline kept ([simulation] record_links = false)"
+                    if any(g[4] is None for g in groups) else ""))
     lines += _kind_lines(rep, links)
     if rep.mode == "hierarchical":  # macro tasks carry time, not traffic (docs/DESIGN.md, hierarchical engine)
         lines.append("  (hierarchical mode: collectives inside a layer pass -- TP, CP -- are timed in its macro task "
@@ -287,7 +303,8 @@ def _kind_lines(rep: Any, links: list[Any]) -> list[str]:
                 first[kind] = (key, lk, carried, cap, name)
     if len(first) < 2:
         return []
-    best = {kind: (link_stats(lk.timeline, float(lk.nominal_capacity), end)[1], carried, name, cap)
+    best = {kind: ((link_stats(lk.timeline, float(lk.nominal_capacity), end)[1] if lk.timeline else
+                    unrecorded_utilisation(carried, float(lk.nominal_capacity), end)[0]), carried, name, cap)
             for kind, (_, lk, carried, cap, name) in first.items()}
     lines = ["  busiest link of each kind:"]
     for kind in sorted(best, key=lambda k: (list(LINK_KIND_LABELS).index(k) if k in LINK_KIND_LABELS else 9, k)):

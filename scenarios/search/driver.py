@@ -44,6 +44,8 @@ DEFAULT_TOP_K = 20
 TOP_K_RULES = ("shapes", "screen")
 """How the top K are picked (:func:`pick_top_k`): ``shapes`` (default) half by plan shape, half by
 variants of the shapes that simulated fastest; ``screen``: the screen's K fastest as they come."""
+MAX_EMPTY_REASONS = 3
+"""A space without a valid plan is refused naming this many of its rejections' reasons, most common first."""
 VARIANTS_PER_SHAPE = 4
 """Round 2 of the ``shapes`` rule simulates at most this many more variants of one shape."""
 
@@ -314,16 +316,22 @@ def run_search(scenario: Scenario, *, fix: Sequence[str] = (), space: Sequence[s
     if not cands:  # bad input (exit 2), not a memory verdict
         if not rejections:  # the values given leave no factorisation of the cluster
             raise ValueError(empty_space_reason(ctx.facts, knobs))
-        raise ValueError(f"no valid plan in the space ({sum(r.count for r in rejections)} rejected); "
-                         f"the most common reason: {rejections[0].reason}")
+        # every plan may fail for another reason than the most common one: the first few, with their counts
+        shown = "; ".join(f"{r.reason} ({r.count:,} plan{'s' if r.count != 1 else ''})"
+                          for r in rejections[:MAX_EMPTY_REASONS])
+        more = f"; {len(rejections) - MAX_EMPTY_REASONS} more reasons" if len(rejections) > MAX_EMPTY_REASONS else ""
+        raise ValueError(f"no valid plan in the space ({sum(r.count for r in rejections):,} rejected); "
+                         f"the most common reasons: {shown}{more}")
     t0 = time.perf_counter()
     estimates, rate, trace_s = screen_all(ctx, cands, progress)
     screen_s = time.perf_counter() - t0
     fit = sorted((e for e in estimates if e.fits), key=lambda e: (e.iteration_time_s, e.candidate))
-    t_refine = time.process_time()
+    t_refine, w_refine, c_workers = time.process_time(), time.perf_counter(), getattr(ctx, "refine_worker_cpu_s", 0.0)
     with _bar(progress, min(len(fit), REFINE_PLANS), "re-pricing the fastest plans", "plan") as bar:
-        fit = refine(ctx, fit, progress=bar.update)  # the fastest plans as the simulator times them
-    refine_cpu_s = time.process_time() - t_refine
+        fit = refine(ctx, fit, progress=bar.update, executor=executor, cache=cache)  # as the simulator times them
+    # CPU of this process and of the executor's runs (each run reports its own), whatever else the machine runs
+    refine_cpu_s = time.process_time() - t_refine + getattr(ctx, "refine_worker_cpu_s", 0.0) - c_workers
+    refine_wall_s = time.perf_counter() - w_refine
     if not fit:
         close = min(estimates, key=lambda e: (e.memory_bytes, e.candidate))
         raise NoFeasiblePlan(f"no plan fits in {close.hbm_bytes / 1e9:.1f} GB per GPU; closest: "
@@ -350,7 +358,7 @@ def run_search(scenario: Scenario, *, fix: Sequence[str] = (), space: Sequence[s
                         info={"candidates": len(cands), "fitting": len(fit), "top_k": top_k,
                               "top_k_rule": top_k_rule, "picked": len(picks), "max_tasks": max_tasks,
                               "shapes_picked": sum(1 for v in picks.values() if v == "shape"),
-                              "enumerate_s": enumerate_s, "refine_cpu_s": refine_cpu_s,
+                              "enumerate_s": enumerate_s, "refine_cpu_s": refine_cpu_s, "refine_wall_s": refine_wall_s,
                               "refine_runs": getattr(ctx, "refine_runs", 0),
                               "refined": min(len(fit), REFINE_PLANS), "usable_hbm_bytes": usable_hbm_bytes(ctx.gpu)},
                         picks=picks, num_layers=ctx.facts.num_layers,

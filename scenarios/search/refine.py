@@ -28,12 +28,20 @@ engine on the real cluster:
   the tail) stay analytic.
 
 A plan whose re-pricing fails (the simulator refuses it) keeps its analytic estimate.
+
+The sampled-layer runs are whole simulations (about a second of CPU each, two or three per plan, so
+hundreds for the 300 plans): given an executor (``trainsim search``'s process pool of ``--workers``),
+:func:`refine` runs them there, as the top K's simulations run, while this process times the pipelines'
+step-1 passes, whose caches it holds. Each run is cached by :func:`scenarios.search.simulate.scenario_key`,
+so plans that share one (a block-recomputation plan and its every-layer twin) run it once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Executor, Future, as_completed
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from hwmodel.cluster import Cluster
@@ -42,7 +50,7 @@ from hwmodel.runtime import DEFAULT_HOST_LAUNCH_OVERHEAD_S, Runtime
 from scenarios.hierarchical import PassProfile, pass_profiles, step2_mirror
 from scenarios.runner import _engine_factory, scenario_dir, trace_options
 from scenarios.search.estimate import Estimate
-from scenarios.search.simulate import candidate_data, simulate_plan
+from scenarios.search.simulate import append_cache, candidate_data, load_cache, scenario_key, simulate_plan
 from scenarios.search.space import Candidate
 from workload.parallel.placement import Layout
 from workload.parallel.rank_trace import trace_rank
@@ -140,13 +148,54 @@ def dp_probe(ctx, c: Candidate) -> Callable[..., tuple[float, int]]:
     return probe
 
 
-def _simulated_s(ctx, c: Candidate, layers: int) -> float | None:
-    """Simulated iteration time of plan ``c`` with ``layers`` layers (``None``: the simulator refused it)."""
+def _sampled_data(ctx, c: Candidate, layers: int) -> dict[str, Any]:
+    """The scenario dict of plan ``c`` with ``layers`` layers."""
     data: dict[str, Any] = candidate_data(ctx.scenario, c)
     data["model"] = dict(data["model"], num_layers=layers)
+    return data
+
+
+def _runs(ctx) -> dict[str, float | None]:
+    """``ctx``'s sampled runs: run key -> iteration time (``None``: refused)."""
+    runs: dict[str, float | None] = ctx.__dict__.setdefault("_runs", {})
+    return runs
+
+
+def _record_run(ctx, key: str, result: dict[str, Any], plan: Candidate, layers: int) -> float | None:
+    """Keep one sampled run's iteration time in ``ctx`` (``None``: refused), count it, and append it to
+    the search's cache (``ctx.run_cache``, :func:`refine`'s ``cache``)."""
+    t = result.get("iteration_time_s")
     ctx.refine_runs = getattr(ctx, "refine_runs", 0) + 1
-    t = simulate_plan(data, ctx.scenario.source or "").get("iteration_time_s")
-    return float(t) if t is not None else None
+    if not result.get("over_budget"):
+        append_cache(getattr(ctx, "run_cache", None), key, plan, result, sampled_layers=layers)
+    hit = _runs(ctx)[key] = float(t) if t is not None else None
+    return hit
+
+
+def _simulated_s(ctx, c: Candidate, layers: int) -> float | None:
+    """Simulated iteration time of plan ``c`` with ``layers`` layers (``None``: the simulator refused it);
+    cached in ``ctx`` by the run's :func:`scenario_key`."""
+    data = _sampled_data(ctx, c, layers)
+    key = scenario_key(data)
+    runs = _runs(ctx)
+    if key in runs:
+        return runs[key]
+    return _record_run(ctx, key, simulate_plan(data, ctx.scenario.source or ""), c, layers)
+
+
+def sampled_runs(ctx, c: Candidate) -> Iterator[tuple[Candidate, int]]:
+    """The (plan, layers) runs :func:`sampled_time_s` simulates for plan ``c`` where none is refused."""
+    layers = ctx.model_cfg.num_layers
+    k1, k2 = SAMPLED_LAYERS
+    if layers <= k2:
+        yield c, layers
+        return
+    every = replace(c, recompute_method="", recompute_num_layers=0)
+    yield every, k1
+    yield every, k2
+    rec = recomputed_layers(c.recompute_method, c.recompute_num_layers, [layers]) if c.recompute_method else layers
+    if rec < layers:
+        yield replace(c, recompute_method="block", recompute_num_layers=k1), k2
 
 
 def sampled_time_s(ctx, c: Candidate) -> float | None:
@@ -163,17 +212,16 @@ def sampled_time_s(ctx, c: Candidate) -> float | None:
         return cache[c]
     layers = ctx.model_cfg.num_layers
     k1, k2 = SAMPLED_LAYERS
+    runs = list(sampled_runs(ctx, c))
     t: float | None = None
-    if layers <= k2:
-        t = _simulated_s(ctx, c, layers)
-    else:
-        every = replace(c, recompute_method="", recompute_num_layers=0)  # each layer as the plan recomputes
+    if len(runs) == 1:  # at most k2 layers: simulated whole
+        t = _simulated_s(ctx, *runs[0])
+    else:  # each layer as the plan recomputes, on k1 and k2 layers; then k1 of k2 recomputed
         rec = recomputed_layers(c.recompute_method, c.recompute_num_layers, [layers]) if c.recompute_method \
             else layers
-        t1 = _simulated_s(ctx, every, k1)
-        t2 = _simulated_s(ctx, every, k2) if t1 is not None else None
-        t3 = _simulated_s(ctx, replace(c, recompute_method="block", recompute_num_layers=k1), k2) \
-            if t2 is not None and rec < layers else t2
+        t1 = _simulated_s(ctx, *runs[0])
+        t2 = _simulated_s(ctx, *runs[1]) if t1 is not None else None
+        t3 = _simulated_s(ctx, *runs[2]) if t2 is not None and len(runs) > 2 else t2
         if t1 is not None and t2 is not None and t3 is not None:
             t = t1 + (rec - k1) * (t2 - t1) / (k2 - k1) + (layers - rec) * (t3 - t1) / (k2 - k1)
     cache[c] = t
@@ -202,13 +250,77 @@ def refined_estimate(ctx, c: Candidate) -> Estimate:
     return replace(ctx._timed(c, mem, need, cap, measured), priced="step1")
 
 
-def refine(ctx, fit: Sequence[Estimate], n: int = REFINE_PLANS,
-           progress: Callable[[int], Any] | None = None) -> list[Estimate]:
+def refine(ctx, fit: Sequence[Estimate], n: int = REFINE_PLANS, progress: Callable[[int], Any] | None = None,
+           executor: Executor | None = None, cache: str | Path | None = None) -> list[Estimate]:
     """``fit`` (fitting estimates, fastest first) with its first ``n`` re-priced by
-    :func:`refined_estimate`, fastest first again; ``progress(1)`` after each plan (a tqdm ``update``)."""
-    head = []
-    for e in fit[:n]:
-        head.append(refined_estimate(ctx, e.candidate))
-        if progress is not None:
+    :func:`refined_estimate`, fastest first again; ``progress(1)`` after each plan (a tqdm ``update``).
+
+    ``executor`` (``None``: all here, one after the other): the sampled-layer runs of the plans without
+    pipeline stages are submitted to it first, the pipelines are re-priced here meanwhile, and then the
+    runs are collected; the result is the same either way (each run is one deterministic simulation).
+    ``cache``: the search's JSONL cache (:mod:`scenarios.search.simulate`): runs found there are read
+    back, and each new one is appended as it arrives, so that a resumed search re-prices without
+    simulating again (kept for the searches that follow on ``ctx``)."""
+    if cache is not None:
+        ctx.run_cache = cache
+        runs = _runs(ctx)
+        for key, result in load_cache(cache).items():
+            t = result.get("iteration_time_s")
+            runs.setdefault(key, float(t) if t is not None else None)
+    head = [e.candidate for e in fit[:n]]
+    pooled = [c for c in head if sampled(c) and ctx.estimate(c).fits] if executor is not None else []
+    waits, futures = _submit_sampled(ctx, pooled, executor) if executor is not None else ({}, {})
+    out: dict[Candidate, Estimate] = {}
+    for c in head:
+        if c not in waits:
+            out[c] = refined_estimate(ctx, c)
+            if progress is not None:
+                progress(1)
+    _collect(ctx, waits, futures, progress)
+    out.update((c, refined_estimate(ctx, c)) for c in waits)  # their runs are cached: nothing simulated here
+    return sorted(out.values(), key=lambda e: (e.iteration_time_s, e.candidate)) + list(fit[n:])
+
+
+def _submit_sampled(ctx, plans: Sequence[Candidate], executor: Executor
+                    ) -> tuple[dict[Candidate, set[str]], dict[Future, tuple[str, Candidate, int]]]:
+    """Submit the sampled-layer runs of ``plans`` (:func:`sampled_runs`; each distinct run once, none
+    already cached in ``ctx``) to ``executor``. Returns plan -> the run keys it waits for, and the
+    futures with their run keys and (plan, layers) runs."""
+    runs = _runs(ctx)
+    source = ctx.scenario.source or ""
+    waits: dict[Candidate, set[str]] = {}
+    futures: dict[Future, tuple[str, Candidate, int]] = {}
+    submitted: set[str] = set()
+    for c in plans:
+        waits[c] = set()
+        for p, layers in sampled_runs(ctx, c):
+            data = _sampled_data(ctx, p, layers)
+            key = scenario_key(data)
+            if key in runs:
+                continue
+            waits[c].add(key)
+            if key not in submitted:
+                submitted.add(key)
+                futures[executor.submit(simulate_plan, data, source)] = key, p, layers
+    return waits, futures
+
+
+def _collect(ctx, waits: dict[Candidate, set[str]], futures: dict[Future, tuple[str, Candidate, int]],
+             progress: Callable[[int], Any] | None) -> None:
+    """Cache the runs of ``futures`` in ``ctx`` as they finish (:func:`_submit_sampled`), adding their
+    CPU to ``ctx.refine_worker_cpu_s``; ``progress(1)`` as each plan of ``waits`` has all of its runs."""
+    plans_of: dict[str, list[Candidate]] = {}
+    left = {c: len(keys) for c, keys in waits.items()}
+    for c, keys in waits.items():
+        for k in keys:
+            plans_of.setdefault(k, []).append(c)
+        if not keys and progress is not None:
             progress(1)
-    return sorted(head, key=lambda e: (e.iteration_time_s, e.candidate)) + list(fit[n:])
+    for fut in as_completed(futures):
+        (key, plan, layers), result = futures[fut], fut.result()
+        _record_run(ctx, key, result, plan, layers)
+        ctx.refine_worker_cpu_s = getattr(ctx, "refine_worker_cpu_s", 0.0) + float(result.get("cpu_s", 0.0))
+        for c in plans_of[key]:
+            left[c] -= 1
+            if not left[c] and progress is not None:
+                progress(1)

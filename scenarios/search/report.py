@@ -61,12 +61,12 @@ def format_table(res: SearchResult) -> str:
     lines = [head]
     for i, (c, r) in enumerate(res.ranked, 1):
         e = res.estimate_of(c)
-        T = r["iteration_time_s"]
+        T, b = r["iteration_time_s"], r["breakdown"]
         tok = (r.get("tokens_per_s") or 0.0) / res.world_size
         mem = e.memory_bytes if e else float("nan")
         lines.append(f"{i:>3} {_ms(T):>9} {_ms(e.iteration_time_s if e else None):>9} {tok:>10,.0f} "
                      f"{_pct(r['mfu']):>5} {mem / 1e9:>7.1f} {(res.hbm_bytes - mem) / 1e9:>7.1f} "
-                     f"{_pct(r['bubble_s'] / T if T else None):>6} {_pct(r['exposed_comm_s'] / T if T else None):>5}  "
+                     f"{_pct(b['bubble_s'] / T if T else None):>6} {_pct(b['exposed_comm_s'] / T if T else None):>5}  "
                      f"{_flags(res, c)}{_mark(res, c)}")
     failed = [(c, r) for c, r in res.simulated.items() if r.get("error") or r.get("oom")]
     for c, r in failed:
@@ -173,7 +173,8 @@ def _shape_label(c) -> str:
 def _refine_line(res: SearchResult) -> str:
     n = res.info.get("refined", 0)
     return (f"re-priced by the simulator: the screen's {n:,} fastest plans ({res.info.get('refine_runs', 0)} short "
-            f"simulations: step-1 passes or sampled layers) in {res.info.get('refine_cpu_s', 0.0):.1f} s CPU")
+            f"simulations: step-1 passes or sampled layers) in {res.info.get('refine_cpu_s', 0.0):.1f} s CPU, "
+            f"{res.info.get('refine_wall_s', 0.0):.1f} s wall")
 
 
 def format_search(res: SearchResult) -> str:

@@ -11,7 +11,9 @@ imported only then). Start a local scheduler and two workers with::
 
 Each result is appended to a JSONL file as soon as it arrives, keyed by :func:`scenario_key` -- the
 SHA-256 of the candidate scenario's canonical JSON (sorted keys; the sections that define the run, not
-its name) -- so an interrupted search re-simulates only what is missing.
+its name) -- so an interrupted search re-simulates only what is missing. Each record carries the
+:data:`CACHE_SCHEMA` its result was written in; a record of another schema (an older trainsim's names,
+``peak_memory_bytes``, flat ``bubble_s``) is not read back, and its plan is simulated again.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import copy
 import hashlib
 import json
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,10 @@ from scenarios.scenario import Scenario, parse_scenario
 from scenarios.search.space import Candidate
 
 RUN_SECTIONS = ("system", "model", "parallel", "training", "simulation")
+CACHE_SCHEMA = 2
+"""The layout of a cache record's ``result`` (the record's ``schema``): 2, ``run --json``'s names and nesting
+(:func:`scenarios.metrics.run_summary`). Records without it (1: flat keys, and ``peak_memory_bytes`` in
+older releases) or with another are stale: :func:`load_cache` skips them, :func:`stale_records` counts them."""
 
 
 def candidate_data(base: Scenario, c: Candidate) -> dict[str, Any]:
@@ -52,12 +58,15 @@ def scenario_key(data: Mapping[str, Any]) -> str:
 
 
 def simulate_plan(data: Mapping[str, Any], source: str = "", max_tasks: float | None = None) -> dict[str, Any]:
-    """Simulate one scenario dict; the metrics the search reports, or ``{"error": ...}`` (never raises
+    """Simulate one scenario dict; the run's figures as ``run --json`` names and nests them
+    (:func:`scenarios.metrics.run_summary`: ``iteration_time_s``, ``breakdown``, ``overlap``,
+    ``busiest_links``, ``simulation``...) with the run's ``wall_s`` and ``cpu_s``, or ``{"error": ...}`` (never raises
     for a bad plan; ``"over_budget": True`` beside it for a run above ``max_tasks`` estimated tasks,
     refused before it is built, as ``trainsim run --max-tasks`` refuses it). Module level so that worker
     processes can run it."""
     import time
 
+    from scenarios.metrics import run_summary
     from scenarios.runner import TaskBudgetError, memory_for, prepare, run_prepared
 
     data = copy.deepcopy(dict(data))
@@ -70,30 +79,68 @@ def simulate_plan(data: Mapping[str, Any], source: str = "", max_tasks: float | 
         return {"error": f"not simulated: {exc}", "over_budget": True}
     except (ValueError, KeyError) as exc:
         return {"error": str(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc)}
-    m = rep.metrics
-    b = m.get("breakdown", {})
-    return {"iteration_time_s": m["iteration_time_s"], "tokens_per_s": m["tokens_per_s"], "mfu": m["mfu"],
-            "tflops_per_gpu": m["tflops_per_gpu"], "peak_allocated_bytes": m["peak_allocated_bytes"],
-            "peak_reserved_bytes": m["peak_reserved_bytes"], "oom": m["oom"],
-            "bubble_s": b.get("bubble_s", 0.0), "exposed_comm_s": b.get("exposed_comm_s", 0.0),
-            "compute_s": b.get("compute_s", 0.0), "mode": m["simulation"]["mode"],
-            "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0}
+    return {**run_summary(rep.metrics), "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0}
 
 
-def load_cache(path: str | Path | None) -> dict[str, dict[str, Any]]:
-    """key -> result of a JSONL cache (missing file: empty; a torn last line, from an interrupted
-    write, is ignored)."""
-    out: dict[str, dict[str, Any]] = {}
+def _records(path: str | Path | None) -> Iterator[dict[str, Any]]:
+    """The records of a JSONL cache (missing file: none; a torn line, from an interrupted write, skipped)."""
     if path is None or not Path(path).exists():
-        return out
+        return
     for line in Path(path).read_text(encoding="utf-8").splitlines():
         try:
             rec = json.loads(line)
         except json.JSONDecodeError:
             continue
         if isinstance(rec, dict) and "key" in rec and "result" in rec:
-            out[rec["key"]] = rec["result"]
-    return out
+            yield rec
+
+
+def load_cache(path: str | Path | None) -> dict[str, dict[str, Any]]:
+    """key -> result of a JSONL cache, records of :data:`CACHE_SCHEMA` only (missing file: empty; a torn
+    last line, from an interrupted write, is ignored; the last record of a key wins)."""
+    return {rec["key"]: rec["result"] for rec in _records(path) if rec.get("schema") == CACHE_SCHEMA}
+
+
+def append_cache(path: str | Path | None, key: str, plan: Candidate, result: Mapping[str, Any], **extra: Any) -> None:
+    """Append one record (``key``, :data:`CACHE_SCHEMA`, ``plan``, ``result``, and ``extra`` fields such as
+    ``sampled_layers``) to the JSONL cache at ``path`` (``None``: no cache)."""
+    if path is None:
+        return
+    rec = {"key": key, "schema": CACHE_SCHEMA, "plan": plan.to_dict(), "result": dict(result), **extra}
+    with Path(path).open("a", encoding="utf-8") as fh:
+        fh.write(json.dumps(rec, sort_keys=True) + "\n")
+
+
+def check_cache(path: str | Path) -> None:
+    """Refuse, before any work, a ``--cache`` file that is not a search cache (a ``--json`` output given by
+    mistake would have records appended to it): its first line must be a record.
+
+    Raises:
+        ValueError: one line naming the file.
+    """
+    p = Path(path)
+    if not p.is_file():
+        return
+    with p.open(encoding="utf-8", errors="replace") as fh:
+        first = fh.readline().strip()
+    if not first:
+        return
+    try:
+        rec = json.loads(first)
+    except json.JSONDecodeError:
+        rec = None
+    if not (isinstance(rec, dict) and "key" in rec and "result" in rec):
+        raise ValueError(f"--cache {path}: not a trainsim search cache (its first line is not a record); "
+                         f"give a new file or one an earlier search wrote")
+
+
+def stale_records(path: str | Path | None) -> int:
+    """How many plans of a JSONL cache have only records of another :data:`CACHE_SCHEMA` (an older
+    trainsim's): :func:`simulate_plans` simulates them again when the search picks them."""
+    old, current = set(), set()
+    for rec in _records(path):
+        (current if rec.get("schema") == CACHE_SCHEMA else old).add(rec["key"])
+    return len(old - current)
 
 
 def make_executor(spec: str | None, workers: int) -> tuple[Executor, Callable[[], None]]:
@@ -150,9 +197,8 @@ def simulate_plans(base: Scenario, cands: Iterable[Candidate], *, executor: Exec
 
     def record(c: Candidate, result: dict[str, Any]) -> None:
         out[c] = result
-        if cache is not None and not result.get("over_budget"):  # written as it arrives: an interruption loses none
-            with Path(cache).open("a", encoding="utf-8") as fh:
-                fh.write(json.dumps({"key": keyed[c], "plan": c.to_dict(), "result": result}, sort_keys=True) + "\n")
+        if not result.get("over_budget"):  # written as it arrives: an interruption loses none
+            append_cache(cache, keyed[c], c, result)
         bar.update()
 
     try:

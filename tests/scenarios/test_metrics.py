@@ -1,10 +1,20 @@
 """The metrics module: busiest links and their groups (closed forms), the memory dict, peak dtypes."""
 
+import json
 from types import SimpleNamespace
 
 import pytest
 
-from scenarios.metrics import busiest_links, link_groups, link_kind, link_stats, memory_dict, peak_dtype_for
+from scenarios.metrics import (
+    busiest_links,
+    link_groups,
+    link_kind,
+    link_stats,
+    memory_dict,
+    peak_dtype_for,
+    unrecorded_utilisation,
+)
+from scenarios.report import stable_json
 
 
 def link(name, cap, timeline, carried=None):
@@ -42,6 +52,41 @@ def test_link_groups_merge_equal_loads_and_drop_idle_links():
     assert groups[1][:2] == ("other", 1) and groups[1][2] == pytest.approx(2e9)
     assert len(groups) == 2  # the idle link carried nothing
     assert link_groups([other, *ring], 1.0, 1) == [groups[0]]
+
+
+def test_links_without_a_timeline_have_their_mean_from_their_bytes_and_no_peak():
+    """``record_links = false`` (the search's runs): only ``carried`` is kept. The mean is the bytes over
+    capacity x time, as the timeline would integrate; the peak is unknown, not 0."""
+    ring = [link(f"ring{i}", 10e9, [], carried=4e9) for i in range(4)]
+    other = link("other", 10e9, [], carried=2e9)
+    groups = link_groups([other, *ring], 2.0, 10)
+    assert groups == [("ring0", 4, 4e9, pytest.approx(0.2), None), ("other", 1, 2e9, pytest.approx(0.1), None)]
+    assert unrecorded_utilisation(4e9, 10e9, 2.0) == (pytest.approx(0.2), None)
+
+
+def test_json_bytes_whole_seconds_to_the_picosecond():
+    """Every command's --json: byte counts are integers, seconds carry no last-bit noise of a difference of
+    long sums (an idle 4 us out of 1.5 s read 3.99999999989e-06), rates (``_per_s``) keep their digits."""
+    doc = json.loads(stable_json({"verdict_need_bytes": 11998100701.2, "idle_s": 1.5 - (1.5 - 4e-6),
+                                  "rows": [{"carried_bytes": 2.5e9 + 0.49}], "tokens_per_s": 1e-13,
+                                  "bubble_s": -5.4e-16, "iteration_time_s": 1.53706570954123}))
+    assert doc == {"verdict_need_bytes": 11998100701, "idle_s": 4e-06, "rows": [{"carried_bytes": 2500000000}],
+                   "tokens_per_s": 1e-13, "bubble_s": 0, "iteration_time_s": 1.53706570954}
+    assert isinstance(doc["verdict_need_bytes"], int) and isinstance(doc["rows"][0]["carried_bytes"], int)
+
+
+def test_compute_slowdown_is_zero_within_summation_noise():
+    """Kernels that ran exactly as fast as alone: the two sums may differ in their last bits (-5.4e-16);
+    that is no slowdown. A real 1e-9 slowdown of 1,000 kernels is kept."""
+    from hwmodel.events import KernelInfo
+    from scenarios.analysis import overlap_stats
+
+    def kernels(scale):
+        return [SimpleNamespace(category="compute", start_s=0.0, end_s=0.1 * (i % 7 + 1) * scale,
+                                info=KernelInfo(flops=0.0, solo_time_s=0.1 * (i % 7 + 1))) for i in range(1000)]
+
+    assert overlap_stats(kernels(1 + 1e-16), {}).compute_slowdown == 0.0
+    assert overlap_stats(kernels(1 + 1e-9), {}).compute_slowdown == pytest.approx(1e-9, rel=1e-3)
 
 
 def test_memory_dict_and_peak_dtypes():

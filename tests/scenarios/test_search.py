@@ -215,15 +215,50 @@ def test_cache_resumes(small, tmp_path, monkeypatch):
     assert again[plans[0]] == first[plans[0]]
 
 
+def test_stale_cache_records_are_simulated_again(small, tmp_path, monkeypatch):
+    """A record of an older trainsim (no schema, its old key names) is not read back: its plan is simulated
+    again, and the new record, of this schema, is what a resumed search reads."""
+    cache = tmp_path / "c.jsonl"
+    plan = Candidate(tp=2, dp=4, sp=True)
+    key = scenario_key(candidate_data(small, plan))
+    old = {"iteration_time_s": 1.0, "peak_memory_bytes": 1e9, "bubble_s": 0.0}
+    cache.write_text(json.dumps({"key": key, "plan": plan.to_dict(), "result": old}) + "\n")
+    assert sim_mod.load_cache(cache) == {} and sim_mod.stale_records(cache) == 1
+    calls = []
+    real = sim_mod.simulate_plan
+    monkeypatch.setattr(sim_mod, "simulate_plan", lambda d, s="", *a: calls.append(d) or real(d, s, *a))
+    got = simulate_plans(small, [plan], cache=cache)[plan]
+    assert len(calls) == 1 and got["iteration_time_s"] != 1.0 and "peak_memory_bytes" not in got
+    assert sim_mod.stale_records(cache) == 0 and sim_mod.load_cache(cache)[key] == got
+    assert simulate_plans(small, [plan], cache=cache)[plan] == got and len(calls) == 1
+
+
+def _values(doc, key=""):
+    """(key, value) of every scalar of a JSON document, at any depth."""
+    if isinstance(doc, dict):
+        for k, v in doc.items():
+            yield from _values(v, k)
+    elif isinstance(doc, list):
+        for v in doc:
+            yield from _values(v, key)
+    else:
+        yield key, doc
+
+
 def test_cli_search_emits_a_runnable_scenario(tmp_path, capsys):
     scen = tmp_path / "small.toml"
     scen.write_text(to_toml(SMALL))
     out = tmp_path / "best.toml"
     js = tmp_path / "s.json"
+    cache = tmp_path / "c.jsonl"  # one plan's record from an older trainsim: said once, simulated again
+    stale = {"key": "0" * 64, "plan": {}, "result": {"iteration_time_s": 1.0, "peak_memory_bytes": 1e9}}
+    cache.write_text(json.dumps(stale) + "\n")
     rc = main(["search", str(scen), "--top-k", "2", "--workers", "1", "--emit-scenario", str(out), "--json", str(js),
                *[f"--fix={f}" for f in TIGHT], "--fix", "parallel.pipeline_model_parallel_size=1",
-               "--space", "parallel.tensor_model_parallel_size=2,8", "--space", "parallel.zero_stage=1,3"])
-    text = capsys.readouterr().out
+               "--space", "parallel.tensor_model_parallel_size=2,8", "--space", "parallel.zero_stage=1,3",
+               "--cache", str(cache)])
+    text, err = capsys.readouterr()
+    assert err.count("written by an older trainsim") == 1 and "1 cached plan " in err
     # plain DDP (TP 1) is outside --space TP 2,8: shown for comparison only
     assert rc == 0 and "best:" in text and "[baseline, outside --fix/--space: for comparison only]" in text
     doc = json.loads(js.read_text())
@@ -241,6 +276,22 @@ def test_cli_search_emits_a_runnable_scenario(tmp_path, capsys):
     for k in ("verdict_need_bytes", "verdict_capacity_bytes"):
         assert best[k] == run["memory"][k]
     assert doc["usable_hbm_bytes"] == run["memory"]["usable_hbm_bytes"] == best["verdict_capacity_bytes"]
+    # one vocabulary for a run's figures: the simulated record is run --json's, names and nesting
+    sim = best["simulated"]
+    for k in ("breakdown", "overlap", "simulation"):
+        assert set(sim[k]) == set(run[k]), k
+    assert sim["breakdown"] == pytest.approx(run["breakdown"], rel=1e-9)
+    assert sim["simulation"]["mode"] == run["simulation"]["mode"]
+    s0, r0 = sim["busiest_links"][0], run["busiest_links"][0]  # searched without link timelines: no peak
+    assert set(s0) == set(r0) and s0["peak_utilisation"] is None and r0["peak_utilisation"] > 0
+    for k in ("link", "links", "kind", "capacity_Bps", "carried_bytes"):
+        assert s0[k] == r0[k], k
+    assert s0["mean_utilisation"] == pytest.approx(r0["mean_utilisation"], rel=1e-9) and 0 < s0["mean_utilisation"] <= 1
+    # bytes whole, and no float noise where a figure is zero
+    for doc_ in (doc, run):
+        assert all(isinstance(v, int) for k, v in _values(doc_) if k.endswith("_bytes") and v is not None)
+        assert all(v == 0 or abs(v) > 1e-12 for _, v in _values(doc_) if isinstance(v, float))
+    assert run["overlap"]["compute_slowdown"] >= 0
     base = doc["speedups"]
     assert base["speedup_over_baseline"] >= 1.0  # never slower than the printed baseline
 
@@ -288,3 +339,26 @@ def test_table_times_have_three_significant_figures():
     assert [_ms(t) for t in (0.02418, 0.02467, 0.00512, 0.000523, 0.1234, 1.5)] == \
         ["24.2", "24.7", "5.12", "0.523", "123", "1,500"]
     assert _ms(None) == _ms(float("nan")) == "-"
+
+
+def test_a_space_without_a_valid_plan_names_its_reasons(capsys):
+    """Async TP pinned beside the distributed optimizer: most plans fail for want of SP, but those with SP
+    fail for the stack conflict, which the one line must name too (it named only the first)."""
+    assert main(["search", "llama3-8b-tp2-dgx-h100", "--fix", "parallel.async_tp=true",
+                 "--fix", "parallel.zero_stage=1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "async_tp=true needs sequence_parallel=true" in err
+    assert "conflicts with use_distributed_optimizer / zero_stage 1-2" in err and "(234 plans)" in err
+
+
+@pytest.mark.parametrize("what", ["missing folder", "a --json file", "a folder"])
+def test_cli_bad_cache_path_exits_2_before_any_work(what, tmp_path, capsys):
+    """A --cache the search could not append to, or one that is not a cache (a --json output given by
+    mistake, which the search would append records to), is refused in one line before minutes of search."""
+    js = tmp_path / "s.json"
+    js.write_text('{\n "plans": []\n}\n')
+    path = {"missing folder": tmp_path / "no" / "c.jsonl", "a --json file": js, "a folder": tmp_path}[what]
+    assert main(["search", "llama3-8b-tp2-dgx-h100", "--cache", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"--cache {path}" in err
+    assert js.read_text() == '{\n "plans": []\n}\n'

@@ -8,6 +8,7 @@ collectives simulated with every stage's rings at once. The simulations are run 
 read the simulator, not pinned values."""
 
 import itertools
+from dataclasses import replace
 
 import pytest
 
@@ -80,6 +81,34 @@ def test_refine_prices_each_family_its_own_way_and_reorders(small):
     assert [e.iteration_time_s for e in out] == sorted(e.iteration_time_s for e in out)
     assert {e.candidate: e.priced for e in out} == {c: "sampled" if c.pp == 1 else "step1" for c in PLANS}
     assert step1_profiles(ctx, PLANS[-1]) is step1_profiles(ctx, PLANS[-1])  # cached by its pass key
+
+
+def test_refine_on_a_process_pool_prices_as_here(small, tmp_path):
+    """The sampled-layer runs on a process pool (``trainsim search --workers``) give the very estimates the
+    runs in this process give, each distinct run once: the block-recompute plan shares its every-layer
+    runs with its twin. With the search's ``--cache`` they are kept, and a resumed search re-prices
+    from it without simulating again (the pipeline's step-1 passes are timed again: no simulation)."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    sc, here = small
+    block = Candidate(tp=2, sp=True, dp=4, zero=1, recompute="full", recompute_method="block", recompute_num_layers=4)
+    plans = [*PLANS, replace(block, recompute_method="", recompute_num_layers=0), block]
+    fit = sorted((here.estimate(c) for c in plans), key=lambda e: (e.iteration_time_s, e.candidate))
+    serial = refine(here, fit, n=len(fit))
+    ticks = []
+    pooled_ctx = ScreenContext(sc)
+    with ProcessPoolExecutor(max_workers=2) as pool:
+        pooled = refine(pooled_ctx, fit, n=len(fit), progress=ticks.append, executor=pool, cache=tmp_path / "c.jsonl")
+    times = [(e.candidate, e.iteration_time_s) for e in serial]
+    assert [(e.candidate, e.iteration_time_s) for e in pooled] == times
+    assert len(ticks) == len(plans)
+    sampled_plans = [c for c in plans if sampled(c)]
+    assert pooled_ctx.refine_runs == 2 * len(sampled_plans) - 2 + 1 + len(plans) - len(sampled_plans)
+    assert pooled_ctx.refine_worker_cpu_s > 0
+    resumed = ScreenContext(sc)
+    assert [(e.candidate, e.iteration_time_s) for e in refine(resumed, fit, n=len(fit), cache=tmp_path / "c.jsonl")] \
+        == times
+    assert resumed.refine_runs == len(plans) - len(sampled_plans)
 
 
 @pytest.mark.parametrize("oversubscription", [1, 4])

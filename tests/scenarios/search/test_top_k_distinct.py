@@ -77,8 +77,8 @@ def test_cli_reports_the_rule_and_marks_the_picks(tmp_path, capsys, monkeypatch)
     """The report says how the K were picked and ``--json`` marks each simulated plan with its round. The
     simulation is replaced by a fixed time per plan (what the simulator predicts is tested elsewhere)."""
     def fake_simulate(base, cands, **_kw):
-        return {c: {"iteration_time_s": 1.0 + 0.01 * c.mbs, "tokens_per_s": 1.0, "mfu": 0.1, "bubble_s": 0.0,
-                    "exposed_comm_s": 0.0, "oom": False} for c in cands}
+        return {c: {"iteration_time_s": 1.0 + 0.01 * c.mbs, "tokens_per_s": 1.0, "mfu": 0.1, "oom": False,
+                    "breakdown": {"compute_s": 1.0, "bubble_s": 0.0, "exposed_comm_s": 0.0}} for c in cands}
 
     monkeypatch.setattr(driver, "simulate_plans", fake_simulate)
     sc = tmp_path / "small.toml"
