@@ -317,7 +317,7 @@ def run_metrics(rep: Any, flops: tuple[float, float, str]) -> dict[str, Any]:
         "breakdown": mean,
         "per_rank": {str(r): rep.per_rank[r].as_dict() for r in ranks},
         "overlap": {"comm_hidden_fraction": ov.comm_hidden_fraction, "compute_slowdown": ov.compute_slowdown},
-        "busiest_links": [{"link": n, "links": k, "kind": link_kind(graph, n),
+        "busiest_links": [{"link": n, "links": k, "kind": link_kind(graph, n, res.cluster.topology),
                            "capacity_Bps": link_capacity(bundles, n), "carried_bytes": b,
                            "mean_utilisation": m, "peak_utilisation": p} for n, k, b, m, p in links],
         "parallel": parallel_dict(cfg),
