@@ -245,6 +245,8 @@ class ClosRoutes:
         if subflows == ADAPTIVE:
             return [self.adaptive_between(a, b) for a, b in zip(nics_a, nics_b, strict=True)]
         if subflows > 1:
+            if self.cores is not None and isinstance(self.spines, dict):
+                return self._spreads_three_tier(nics_a, nics_b, srcs, dsts, subflows)
             if self.cores is not None or not isinstance(self.spines, tuple) or len(self.spines) == 0:
                 return [self.spread_between(*q, subflows) for q in zip(nics_a, nics_b, srcs, dsts, strict=True)]
             return self._spreads_two_tier(nics_a, nics_b, srcs, dsts, subflows)
@@ -291,6 +293,39 @@ class ClosRoutes:
                 out[k] = ends
             else:
                 yield k, ea, eb
+
+    def _spreads_three_tier(self, nics_a: list[str], nics_b: list[str], srcs: list[str], dsts: list[str],
+                            subflows: int) -> list[tuple[RouteElement, ...] | None]:
+        """:meth:`routes_between` with ``subflows`` > 1 on a three-tier Clos: per pair, each sub-flow's spine
+        and (across pods) core, hashed as :meth:`route` hashes them, and the paths combined
+        (:func:`~hwmodel.ecmp.combine`) between the pair's two NIC links: the routes :meth:`spread_between`
+        gives, without a route list and a count per sub-flow (a 16,384-rank DP ring asks it per hop)."""
+        crc = zlib.crc32
+        spines_of, cores_of, pod_of, down_spine = self.spines, self.cores, self.pod_of, self.spine_to_pod
+        assert isinstance(spines_of, dict) and cores_of is not None
+        out: list[tuple[RouteElement, ...] | None] = [None] * len(nics_a)
+        for k, ea, eb in self._crossing_spines(nics_a, nics_b, out):
+            src, dst, la, lb = srcs[k], dsts[k], ea[1], eb[0]
+            spines = spines_of[la]
+            n = len(spines)
+            if n == 0:
+                out[k] = self.spread_between(nics_a[k], nics_b[k], src, dst, subflows)
+                continue
+            pod = pod_of[lb]
+            far = pod_of[la] != pod
+            paths: list[tuple[Edge, ...]] = []
+            for j in range(subflows):
+                h = subflow_hkey(src, dst, j)
+                sp = spines[0] if n == 1 else spines[crc(f"{h}|{la}".encode()) % n]
+                if not far:
+                    paths.append(((la, sp), (sp, lb)))
+                    continue
+                cores = cores_of[sp]
+                c = cores[0] if len(cores) == 1 else cores[crc(f"{h}|{sp}".encode()) % len(cores)]
+                t = down_spine[(c, pod)]
+                paths.append(((la, sp), (sp, c), (c, t), (t, lb)))
+            out[k] = (ea, *combine(paths), eb)
+        return out
 
     def _spreads_two_tier(self, nics_a: list[str], nics_b: list[str], srcs: list[str], dsts: list[str],
                           subflows: int) -> list[tuple[RouteElement, ...] | None]:

@@ -191,3 +191,22 @@ def test_megascale_preset_is_the_papers_fabric():
     # 256 GPUs (MegaScale Table 2's smallest run) are one set of ToRs: same-rail traffic never climbs
     small = build_system("megascale-ampere", 32)
     assert not any(v in _switches(small, "spine") for _, v in small.route("n0.gpu3", "n31.gpu3"))
+
+
+@pytest.mark.parametrize("subflows", [2, 4, 7])
+def test_many_pairs_spread_as_each_pair_alone_on_three_tiers(subflows):
+    """ClosRoutes.routes_between's three-tier loop gives exactly each pair's spread_between (the same
+    hashes, the same Spread), pairs under one leaf, in one pod and across pods alike."""
+    import random
+
+    topo = build_system("dgx-h100", 64, leaves_per_pod=8, fabric="fat_tree", nodes_per_leaf=2)
+    clos = topo.constructed_fabric()
+    assert clos.cores is not None
+    nics = sorted(clos.leaf_of)
+    rng = random.Random(7)
+    a = [rng.choice(nics) for _ in range(600)]
+    b = [rng.choice(nics) for _ in range(600)]
+    srcs, dsts = [x.replace("nic", "gpu") for x in a], [x.replace("nic", "gpu") for x in b]
+    fast = clos.routes_between(a, b, srcs, dsts, subflows)
+    assert fast == [clos.spread_between(*q, subflows) for q in zip(a, b, srcs, dsts, strict=True)]
+    assert sum(1 for r in fast if r is not None and len(r) > 2) > 500  # (most cross the spines)
