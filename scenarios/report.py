@@ -115,7 +115,8 @@ def _parallel_line(p: Mapping[str, Any], stack: list[str] | None = None) -> str:
     if p.get("ep", 1) > 1:
         parts.append(f"EP {p['ep']}")
     line = " x ".join(parts)
-    extras = [f"schedule {p['schedule']}" + (f" (vpp {p['vpp']})" if p.get("vpp", 1) > 1 else "")]
+    extras = [f"schedule {p['schedule']}" + (f" (vpp {p['vpp']})" if p.get("vpp", 1) > 1 else "")
+              if p["pp"] > 1 else "no pipeline"]  # (PP 1: Megatron's forward_backward_no_pipelining)
     extras.append(f"micro-batch {p['micro_batch_size']}, global batch {p['global_batch_size']} "
                   f"({p['num_microbatches']} micro-batch{'es' if p['num_microbatches'] != 1 else ''} per pipeline)")
     extras.append(f"recompute {p['recompute_granularity']}" + (
