@@ -19,8 +19,11 @@ from workload.parallel.placement import Layout
 SYMMETRY_THRESHOLD_GPUS = 16
 """Above this many GPUs, ``mode = "auto"`` simulates one representative rank per pipeline stage."""
 HIERARCHICAL_THRESHOLD_TASKS = 100_000
-"""Above this many tasks on the representative ranks, ``auto`` uses the hierarchical engine; and the
-most tasks ``auto`` gives the full simulation of a layout whose mirrors are not placed alike."""
+"""Above this many tasks on the representative ranks, ``auto`` uses the hierarchical engine."""
+SKEWED_FULL_MAX_TASKS = 1_000_000
+"""The most tasks ``auto`` gives the full simulation of a layout whose mirrors are not placed alike
+(a newcomer's 527,520-task one ran in 13 s; the catalog runs 4,500-40,000 tasks/s): beyond, it keeps the
+one-rank-per-stage engine and says the time can read fast."""
 
 
 def estimate_tasks(trace: Any, cfg: ParallelConfig, ranks: int) -> float:
@@ -43,13 +46,13 @@ def placement_asymmetry(cfg: ParallelConfig, gpus_per_node: int) -> str | None:
     neither is named (``"tensor-parallel groups of 4 GPUs on 6-GPU servers"``)."""
     sizes = {"tp": cfg.tp, "cp": cfg.cp, "dp": cfg.dp, "pp": cfg.pp, "ep": cfg.ep}  # (dp counts ep's ranks)
     names = {"tp": "tensor-parallel groups", "cp": "context-parallel blocks", "ep": "expert-parallel blocks",
-             "dp": "pipeline stages' ranks"}
+             "dp": "data-parallel blocks", "pp": "pipeline-parallel blocks"}
     unit = 1
     for axis in cfg.rank_order.split("-"):
         # (expert parallelism is carved out of the data-parallel axis: its block is checked, not counted)
         block = unit * sizes[axis]
         if sizes[axis] > 1 and block < cfg.world_size and block % gpus_per_node and gpus_per_node % block:
-            return f"{names.get(axis, axis)} of {block} GPUs on {gpus_per_node}-GPU servers"
+            return f"{names[axis]} of {block} GPUs on {gpus_per_node}-GPU servers"
         if axis != "ep":
             unit = block
     return None
@@ -59,7 +62,7 @@ def simulation_mode(cfg: ParallelConfig, sim: dict, trace: Any, gpus_per_node: i
                     model_name: str = "the model") -> tuple[str, list[str]]:
     """``[simulation] mode`` resolved, and the report's notes on it: ``auto`` picks full, symmetric or
     hierarchical by size, and full where the mirrors would not be placed alike
-    (:func:`placement_asymmetry`) while the full run stays under :data:`HIERARCHICAL_THRESHOLD_TASKS`.
+    (:func:`placement_asymmetry`) while the full run stays under :data:`SKEWED_FULL_MAX_TASKS`.
     The hierarchical engine is exact wherever its blocks are alike: context parallelism's ring stays
     inside its layer pass, and a pass whose TP-overlap pipelines run on into the next is timed as the
     second of two in a row (``tests/scenarios/test_mode_equivalence.py``, within 0.3 %). Not where a CP
@@ -74,19 +77,20 @@ def simulation_mode(cfg: ParallelConfig, sim: dict, trace: Any, gpus_per_node: i
     if asked == "hierarchical" and not uniform:
         raise ValueError(f"[simulation] mode = 'hierarchical' times one block and reuses it for every block; "
                          f"{model_name}'s blocks differ: use auto, full or symmetric")
-    cp_note = [f"mode hierarchical with context parallelism across servers (TP {cfg.tp} x CP {cfg.cp} > "
-               f"{gpus_per_node} GPUs per server): one rank's layer pass stands for ranks whose ring "
-               f"crosses the network differently, which can read a few % fast; mode = \"full\" or \"symmetric\" "
-               f"simulates each"] if cfg.cp > 1 and cfg.tp * cfg.cp > gpus_per_node else []
+    what = "context" if cfg.cp > 1 else "tensor"
+    cp_note = [f"mode hierarchical with {what} parallelism across servers (TP {cfg.tp} x CP {cfg.cp} > "
+               f"{gpus_per_node} GPUs per server): one rank's layer pass stands for ranks whose {what}-parallel "
+               f"traffic crosses the network differently, which can read a few % fast (TP 8 on 4-GPU servers: "
+               f"6 %); mode = \"full\" or \"symmetric\" simulates each"] if cfg.tp * cfg.cp > gpus_per_node else []
     skew = placement_asymmetry(cfg, gpus_per_node)
-    skew_note = [f"mode {{mode}}: {skew} sit differently on different servers (NVLink for some groups, the "
-                 f"network for others), and one simulated rank stands for all, so the iteration time can read "
-                 f"fast (10-20 % in cases measured); mode = \"full\" simulates every rank"] if skew else []
+    skew_note = [f"mode {{mode}}: {skew} sit differently on different servers (their traffic meets NVLink and "
+                 f"the network in different shares), and one simulated rank stands for all, so the iteration time "
+                 f"can read fast (4-20 % in cases measured); mode = \"full\" simulates every rank"] if skew else []
     if asked != "auto":
         notes = (cp_note if asked == "hierarchical" else []) + ([] if asked == "full" else skew_note)
         return asked, [n.replace("{mode}", asked) for n in notes]
     mode = "full" if cfg.world_size <= SYMMETRY_THRESHOLD_GPUS else "symmetric"
-    if skew and mode != "full" and estimate_tasks(trace, cfg, cfg.world_size) <= HIERARCHICAL_THRESHOLD_TASKS:
+    if skew and mode != "full" and estimate_tasks(trace, cfg, cfg.world_size) <= SKEWED_FULL_MAX_TASKS:
         return "full", [f"mode full (auto's choice): {skew} sit differently on different servers, so no rank "
                         f"stands for the others; every rank is simulated"]
     ranks = 0 if mode == "full" else len(Layout(cfg).representatives())

@@ -308,10 +308,11 @@ def _kind_lines(rep: Any, links: list[Any]) -> list[str]:
                     unrecorded_utilisation(carried, float(lk.nominal_capacity), end)[0]), carried, name, cap)
             for kind, (_, lk, carried, cap, name) in first.items()}
     lines = ["  busiest link of each kind:"]
+    of = "" if getattr(rep, "mode", "full") == "full" else " of the simulated ranks"  # (not a mirror's own links)
     for kind in sorted(best, key=lambda k: (list(LINK_KIND_LABELS).index(k) if k in LINK_KIND_LABELS else 9, k)):
         mean, carried, name, cap = best[kind]
         lines.append(f"    {LINK_KIND_LABELS.get(kind, kind):<26} {name:<26} {_gb(carried):>10} "
-                     f"{cap / 1e9:>6.0f} GB/s {100 * mean:>6.1f}%  ({used[kind]} such links carried traffic)")
+                     f"{cap / 1e9:>6.0f} GB/s {100 * mean:>6.1f}%  ({used[kind]} such links{of} carried traffic)")
     return lines
 
 

@@ -155,7 +155,7 @@ def _check_types(section: str, data: dict, spec: dict) -> None:
         types_ = want if isinstance(want, tuple) else (want,)
         # bool is an int in Python, not in a scenario: ``nodes = true`` is a mistake
         if not isinstance(v, want) or isinstance(v, bool) and bool not in types_:
-            names = " or ".join(t.__name__ for t in types_)
+            names = " or ".join("bool (true or false)" if t is bool else t.__name__ for t in types_)
             shown = str(v).lower() if isinstance(v, bool) else repr(v)
             raise ValueError(f"[{section}] {k} must be {names}, got {shown}")
 

@@ -22,8 +22,10 @@ def _cfg(world, **sizes):
     (144, {"tensor_model_parallel_size": 8}, 36, "tensor-parallel groups of 8 GPUs on 36-GPU servers"),
     (144, {"tensor_model_parallel_size": 4}, 36, None),  # 9 whole groups a server
     (24, {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 3}, 6,
-     "pipeline stages' ranks of 8 GPUs on 6-GPU servers"),  # a stage's 8 ranks: servers cut stages unevenly
+     "data-parallel blocks of 8 GPUs on 6-GPU servers"),  # a stage's 8 ranks: servers cut stages unevenly
     (24, {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 3}, 8, None),
+    (24, {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 3, "rank_order": "tp-cp-ep-pp-dp"}, 8,
+     "pipeline-parallel blocks of 6 GPUs on 8-GPU servers"),
     (32, {"tensor_model_parallel_size": 8, "pipeline_model_parallel_size": 2}, 8, None),
     (64, {"tensor_model_parallel_size": 2, "expert_model_parallel_size": 8}, 8, None),  # EP blocks of 16
     (576, {"tensor_model_parallel_size": 8, "pipeline_model_parallel_size": 8}, 72, None),  # a stage = a rack
@@ -49,7 +51,7 @@ def test_auto_simulates_every_rank_of_a_skewed_layout_and_says_why():
 
 
 def test_auto_warns_where_the_full_run_is_too_big(monkeypatch):
-    monkeypatch.setattr(modes, "HIERARCHICAL_THRESHOLD_TASKS", 0)  # (no full run is affordable)
+    monkeypatch.setattr(modes, "SKEWED_FULL_MAX_TASKS", 0)  # (no full run is affordable)
     rep = run_scenario(load(None, SKEWED))
     assert rep.mode in ("symmetric", "hierarchical")
     note = f"mode {rep.mode} (auto's choice): tensor-parallel groups of 4 GPUs"
