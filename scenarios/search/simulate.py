@@ -103,12 +103,18 @@ def load_cache(path: str | Path | None) -> dict[str, dict[str, Any]]:
 
 def append_cache(path: str | Path | None, key: str, plan: Candidate, result: Mapping[str, Any], **extra: Any) -> None:
     """Append one record (``key``, :data:`CACHE_SCHEMA`, ``plan``, ``result``, and ``extra`` fields such as
-    ``sampled_layers``) to the JSONL cache at ``path`` (``None``: no cache)."""
+    ``sampled_layers``) to the JSONL cache at ``path`` (``None``: no cache), on a line of its own even after
+    a torn last line (which :func:`load_cache` then skips)."""
     if path is None:
         return
     rec = {"key": key, "schema": CACHE_SCHEMA, "plan": plan.to_dict(), "result": dict(result), **extra}
-    with Path(path).open("a", encoding="utf-8") as fh:
-        fh.write(json.dumps(rec, sort_keys=True) + "\n")
+    line = json.dumps(rec, sort_keys=True) + "\n"
+    with Path(path).open("a+b") as fh:  # (appends at the end whatever the read position)
+        if fh.seek(0, 2):  # a torn last line, from an interrupted write, is ended first
+            fh.seek(-1, 2)
+            if fh.read(1) != b"\n":
+                line = "\n" + line
+        fh.write(line.encode("utf-8"))
 
 
 def check_cache(path: str | Path) -> None:

@@ -213,6 +213,10 @@ def test_cache_resumes(small, tmp_path, monkeypatch):
     again = simulate_plans(small, plans, cache=cache)
     assert len(calls) == 1 and calls[0]["parallel"]["tensor_model_parallel_size"] == 8  # only the new plan
     assert again[plans[0]] == first[plans[0]]
+    # the new record went on a line of its own, after the torn one: a third search simulates nothing
+    assert len(sim_mod.load_cache(cache)) == 2
+    calls.clear()
+    assert simulate_plans(small, plans, cache=cache) == again and not calls
 
 
 def test_stale_cache_records_are_simulated_again(small, tmp_path, monkeypatch):
