@@ -119,6 +119,7 @@ def _system(args: argparse.Namespace) -> tuple[dict, Path | None, int, bool]:
 
 def run(args: argparse.Namespace) -> int:
     coll = N.canonical_collective(args.collective)
+    from scenarios.notes import what_if_notes
     from scenarios.runner import build_topology
     from scenarios.scenario import MAX_NODES
 
@@ -130,6 +131,10 @@ def run(args: argparse.Namespace) -> int:
     json_path = output_file("--json", args.json) if args.json else None
     system, base_dir, qps, adaptive = _system(args)
     topo = build_topology(system, base_dir)
+    # what the cluster's keys and the IB knobs change nothing here, as `run` says it (a node, a leaf, a spine)
+    for line in what_if_notes(system, topo, base_dir, simulation={"nccl_ib_qps_per_connection": qps,
+                                                                   "nccl_ib_adaptive_routing": adaptive}):
+        print(f"# note: {line}", file=sys.stderr)
     nodes = topo.num_nodes
     per_node = topo.gpus_per_node
     if args.ngpus > per_node:
