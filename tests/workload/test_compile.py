@@ -47,6 +47,6 @@ def test_compile_keeps_flops_and_cuts_memory_bound_kernels():
 def test_compile_key_is_type_checked():
     base = {"system": {"name": "dgx-h100"}, "model": {"name": "llama3-8b"}}
     assert parse_scenario({**base, "training": {"compile": True}}).training["compile"] is True
-    with pytest.raises(ValueError, match=r"\[training\] compile must be bool, got 1") as e:
+    with pytest.raises(ValueError, match=r"\[training\] compile must be bool \(true or false\), got 1") as e:
         parse_scenario({**base, "training": {"compile": 1}})
     assert "\n" not in str(e.value)
