@@ -64,6 +64,8 @@ def _oversubscription_note(system: dict, topo: Topology) -> list[str]:
     k = float(system.get("oversubscription", 1.0))
     if k == 1:
         return []
+    if topo.num_nodes < 2:  # (no fix to suggest: a leaf's uplinks carry only inter-node traffic)
+        return [f"oversubscription = {k:g} has no effect: one node, no inter-node traffic (its GPUs talk over NVLink)"]
     g = topo.graph
     fabric = g.graph.get("fabric")
     if fabric == "fat_tree":

@@ -5,8 +5,9 @@ from scenarios.cli import main
 
 def test_ib_knobs_on_one_node_are_noted(capsys):
     assert main(["nccl-tests", "all_reduce", "-b", "1M", "-e", "1M", "--nodes", "1", "--ib-adaptive-routing",
-                 "--ib-qps-per-connection", "4"]) == 0
+                 "--ib-qps-per-connection", "4", "--oversubscription", "4"]) == 0
     err = capsys.readouterr().err
+    assert "# note: oversubscription = 4 has no effect: one node, no inter-node traffic" in err
     assert "# note: [simulation] nccl_ib_adaptive_routing = true changes nothing here: one node" in err
     assert "# note: [simulation] nccl_ib_qps_per_connection = 4 changes nothing here: one node" in err
 
