@@ -196,6 +196,8 @@ class ClosRoutes:
             return self.adaptive_between(a, b)
         if subflows <= 1:
             return self.route_between(a, b, src, dst)
+        if self.cores is not None and isinstance(self.spines, dict):  # (one loop for one pair or a merge's many)
+            return self._spreads_three_tier([a], [b], [src], [dst], subflows)[0]
         if a == b:
             return None
         routes = []
@@ -298,8 +300,9 @@ class ClosRoutes:
                             subflows: int) -> list[tuple[RouteElement, ...] | None]:
         """:meth:`routes_between` with ``subflows`` > 1 on a three-tier Clos: per pair, each sub-flow's spine
         and (across pods) core, hashed as :meth:`route` hashes them, and the paths combined
-        (:func:`~hwmodel.ecmp.combine`) between the pair's two NIC links: the routes :meth:`spread_between`
-        gives, without a route list and a count per sub-flow (a 16,384-rank DP ring asks it per hop)."""
+        (:func:`~hwmodel.ecmp.combine`) between the pair's two NIC links, as combining each sub-flow's
+        :meth:`route` would, without a route list and a count per sub-flow (a 16,384-rank DP ring asks it
+        per hop); :meth:`spread_between` on three tiers is this loop for one pair."""
         crc = zlib.crc32
         spines_of, cores_of, pod_of, down_spine = self.spines, self.cores, self.pod_of, self.spine_to_pod
         assert isinstance(spines_of, dict) and cores_of is not None
@@ -308,8 +311,7 @@ class ClosRoutes:
             src, dst, la, lb = srcs[k], dsts[k], ea[1], eb[0]
             spines = spines_of[la]
             n = len(spines)
-            if n == 0:
-                out[k] = self.spread_between(nics_a[k], nics_b[k], src, dst, subflows)
+            if n == 0:  # (no spine above the leaf: no route, as route() finds)
                 continue
             pod = pod_of[lb]
             far = pod_of[la] != pod

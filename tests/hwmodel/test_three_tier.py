@@ -195,9 +195,12 @@ def test_megascale_preset_is_the_papers_fabric():
 
 @pytest.mark.parametrize("subflows", [2, 4, 7])
 def test_many_pairs_spread_as_each_pair_alone_on_three_tiers(subflows):
-    """ClosRoutes.routes_between's three-tier loop gives exactly each pair's spread_between (the same
-    hashes, the same Spread), pairs under one leaf, in one pod and across pods alike."""
+    """ClosRoutes.routes_between's three-tier loop (and spread_between, which is that loop for one pair)
+    gives exactly each sub-flow's route combined (the same hashes, the same Spread), pairs under one leaf,
+    in one pod and across pods alike."""
     import random
+
+    from hwmodel.ecmp import combine, subflow_hkey
 
     topo = build_system("dgx-h100", 64, leaves_per_pod=8, fabric="fat_tree", nodes_per_leaf=2)
     clos = topo.constructed_fabric()
@@ -208,5 +211,12 @@ def test_many_pairs_spread_as_each_pair_alone_on_three_tiers(subflows):
     b = [rng.choice(nics) for _ in range(600)]
     srcs, dsts = [x.replace("nic", "gpu") for x in a], [x.replace("nic", "gpu") for x in b]
     fast = clos.routes_between(a, b, srcs, dsts, subflows)
+
+    def reference(x, y, s, d):  # (each sub-flow's route, as the search hashes it, combined)
+        if x == y:
+            return None
+        return combine([clos.route(x, y, subflow_hkey(s, d, j)) for j in range(subflows)])
+
+    assert fast == [reference(*q) for q in zip(a, b, srcs, dsts, strict=True)]
     assert fast == [clos.spread_between(*q, subflows) for q in zip(a, b, srcs, dsts, strict=True)]
     assert sum(1 for r in fast if r is not None and len(r) > 2) > 500  # (most cross the spines)
