@@ -385,13 +385,21 @@ def format_report(rep: Any, *, max_rank_rows: int = MAX_RANK_ROWS, top_links: in
         f"  compute slowed by contention        {_pct(ov['compute_slowdown'])} (SM and HBM sharing with "
         f"communication kernels, vs each kernel alone)",
         "",
-        f"Simulation  mode {sim['mode']}"
-        + (" (auto's choice)" if rep.scenario.simulation.get("mode", "auto") == "auto" else "")
+        f"Simulation  mode {sim['mode']}" + _mode_why(rep)
         + f", {sim['simulated_ranks']} rank(s), {sim['tasks']:,} tasks, "
         f"{sim['fluid_solves']:,} fluid solves; wall time {rep.wall_s:.2f} s",
         *_steady_lines(sim),
     ]
     return "\n".join(lines)
+
+
+def _mode_why(rep: Any) -> str:
+    """`` (auto's choice: why)`` / `` (set by [simulation] mode)``: the mode line's reason
+    (:func:`scenarios.modes.simulation_mode`)."""
+    why = getattr(rep, "mode_reason", "")
+    if rep.scenario.simulation.get("mode", "auto") != "auto":
+        return " (set by [simulation] mode)"
+    return f" (auto's choice: {why})" if why else " (auto's choice)"
 
 
 def _steady_lines(sim: Mapping[str, Any]) -> list[str]:

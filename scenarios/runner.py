@@ -393,6 +393,8 @@ class RunReport:
     wall_s: float = 0.0
     simulated: RunResult | None = None
     """The run ``--trace`` / ``--plots`` draw where ``result`` is extrapolated (:mod:`scenarios.steady_state`)."""
+    mode_reason: str = ""
+    """Why ``mode`` (:func:`scenarios.modes.simulation_mode`): the report's mode line says it."""
 
     def to_json(self) -> dict[str, Any]:
         return self.metrics
@@ -505,16 +507,16 @@ def scenario_profile(scenario: Scenario) -> calibration_overlay.Overlay | None:
 
 
 def _run_prepared(prep: Prepared, memory: Any, *, progress: bool, max_tasks: float | None,
-                  resolved: tuple[str, list[str]] | None = None) -> RunReport:
+                  resolved: tuple[str, list[str], str] | None = None) -> RunReport:
     cfg, topo, sim = prep.config, prep.topology, prep.scenario.simulation
     trace = prep.trace if prep.trace is not None else trace_rank(
         prep.model_cfg, cfg, **trace_options(prep.scenario.training))
     layout = Layout(cfg)
-    mode, mode_note = resolved or simulation_mode(cfg, sim, trace, topo.gpus_per_node,
-                                                  getattr(prep.model_cfg, "name", "the model"))
+    mode, mode_note, mode_reason = resolved or simulation_mode(cfg, sim, trace, topo.gpus_per_node,
+                                                               getattr(prep.model_cfg, "name", "the model"))
     if (steady := plan_for(cfg, sim)) is not None:  # a few micro-batches simulated in the real run's mode
         return extrapolated(replace(prep, trace=trace), steady, model_flops(prep, trace), lambda p: _run_prepared(
-            p, memory, progress=progress, max_tasks=max_tasks, resolved=(mode, mode_note)))
+            p, memory, progress=progress, max_tasks=max_tasks, resolved=(mode, mode_note, mode_reason)))
     if max_tasks is not None:
         check_task_budget(prep, trace, mode, max_tasks)
     ranks = None if mode == "full" else layout.representatives()
@@ -532,7 +534,7 @@ def _run_prepared(prep: Prepared, memory: Any, *, progress: bool, max_tasks: flo
     with _progress_bar(progress, f"simulating {prep.scenario.name}") as tick:
         result = runtime.run(progress=tick)
     per_rank = breakdown(result.events, result.end_time_s, pipeline=cfg.pp > 1)
-    report = RunReport(prep.scenario, prep, result, build, mode, per_rank, memory)
+    report = RunReport(prep.scenario, prep, result, build, mode, per_rank, memory, mode_reason=mode_reason)
     report.metrics = run_metrics(report, model_flops(prep, trace))
     notes = (what_if_notes(prep.scenario.system, topo, scenario_dir(prep.scenario), runtime.copies_requested_peak,
                            prep.scenario.simulation)
