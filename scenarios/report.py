@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from hwmodel.specs import get_switch
 from scenarios.catalog import display_source
 from scenarios.metrics import (
     link_capacity,
@@ -242,22 +243,31 @@ def _rank_rows(per_rank: Mapping[str, Mapping[str, float]], T: float, max_rows: 
 def _link_lines(rep: Any, top: int) -> list[str]:
     # (once, a link class as one bundle: a large cluster's merges load tens of thousands of links)
     links = rep.result.cluster.link_bundles()
-    groups = link_groups(links, rep.result.end_time_s, top)
+    topo = rep.result.cluster.topology
+    graph = topo.graph
+
+    def kind_of(name: str) -> str:
+        return link_kind(graph, name, topo)
+
+    groups = link_groups(links, rep.result.end_time_s, top, kind_of)  # (a mixed link class: one row per kind)
     if not groups:
         return ["  no link traffic"]
-    graph = rep.result.cluster.topology.graph
     lines = [f"  {'link':<34} {'kind':<10} {'links':>5} {'carried each':>13} {'capacity':>11} {'mean':>7} "
              f"{'peak':>7}"]
+    caps: dict[str, float] = {}  # kind -> capacity of the links shown
     for name, n, carried, mean, peak in groups:  # kind and capacity as --json's busiest_links give them
         label = name if n == 1 else f"{name} (+{n - 1})"
         cap = link_capacity(links, name)
+        kind = link_kind(graph, name)
+        caps[kind] = cap
         peak_text = f"{100 * peak:>6.1f}%" if peak is not None else f"{'-':>7}"
-        lines.append(f"  {label:<34} {link_kind(graph, name):<10} {n:>5} {_gb(carried):>13} {cap / 1e9:>6.0f} GB/s "
+        lines.append(f"  {label:<34} {kind:<10} {n:>5} {_gb(carried):>13} {cap / 1e9:>6.0f} GB/s "
                      f"{100 * mean:>6.1f}% {peak_text}")
     lines.append("  (+k): k more links with the same load; capacity per direction"
                  + ("; peak -: no load timeline kept ([simulation] record_links = false)"
                     if any(g[4] is None for g in groups) else ""))
-    lines += _kind_lines(rep, links)
+    lines += _kind_lines(rep, links, caps)
+    lines += _aggregate_lines(topo, caps)
     if rep.mode == "hierarchical":  # macro tasks carry time, not traffic (docs/DESIGN.md, hierarchical engine)
         lines.append("  (hierarchical mode: collectives inside a layer pass -- TP, CP -- are timed in its macro task "
                      "and put on no link; mode = \"symmetric\" puts them on the NVLink-domain links)")
@@ -272,7 +282,36 @@ LINK_KIND_LABELS = {"nvlink": "NVLink (NVLink domain)", "pcie": "PCIe (GPU/NIC t
 ``busiest_links`` names them), in the order the per-kind lines show them."""
 
 
-def _kind_lines(rep: Any, links: list[Any]) -> list[str]:
+FABRIC_TIERS = (("leaf-spine", "spine-leaf"), ("spine-core", "core-spine"))
+"""The fabric's switch-to-switch link kinds (each tier's two directions), whose one edge per switch pair
+aggregates the pair's parallel cables (:mod:`hwmodel.fabric`)."""
+
+
+def _aggregate_lines(topo: Any, caps: Mapping[str, float]) -> list[str]:
+    """What a fabric tier's capacity shown (``caps``: kind -> capacity, per direction) aggregates: one edge
+    per switch pair holds its parallel cables' summed bandwidth (:mod:`hwmodel.fabric`), ``capacity / port``
+    cables of the fabric's port rate (the NIC-leaf link's, ``min(NIC, switch port)``); a fractional count is
+    the uplink capacity (downlinks / oversubscription) split evenly over the switches above."""
+    switch = topo.graph.graph.get("fabric_switch")
+    if topo.nic_spec is None or not switch:
+        return []
+    port = min(topo.nic_spec.bandwidth_Bps, get_switch(switch).port_bandwidth_Bps)
+    parts, fraction = [], False
+    for up, down in FABRIC_TIERS:
+        cap = caps.get(up, caps.get(down))
+        if cap is not None and abs(cap / port - 1) > 1e-9:  # (one cable's edge aggregates nothing)
+            n = cap / port
+            whole = abs(n - round(n)) < 1e-9
+            fraction |= not whole
+            parts.append(f"{up} {cap / 1e9:.0f} GB/s = {n:.{0 if whole else 2}f} x {port / 1e9:.0f} GB/s")
+    if not parts:
+        return []
+    return [f"  fabric capacities are per switch pair, its parallel cables aggregated: {'; '.join(parts)}"
+            + (" (a fraction: the model spreads a switch's uplink capacity, downlinks / oversubscription, evenly "
+               "over the switches above)" if fraction else "")]
+
+
+def _kind_lines(rep: Any, links: list[Any], caps: dict[str, float] | None = None) -> list[str]:
     """The busiest link of each kind (:func:`scenarios.metrics.link_kind`) that carried traffic: NVLink-domain,
     NIC and fabric traffic apart, whichever dominates the table above (on an NVL72 the rack's NVLink is
     rarely the busiest).
@@ -311,6 +350,8 @@ def _kind_lines(rep: Any, links: list[Any]) -> list[str]:
     of = "" if getattr(rep, "mode", "full") == "full" else " of the simulated ranks"  # (not a mirror's own links)
     for kind in sorted(best, key=lambda k: (list(LINK_KIND_LABELS).index(k) if k in LINK_KIND_LABELS else 9, k)):
         mean, carried, name, cap = best[kind]
+        if caps is not None:
+            caps.setdefault(kind, cap)
         lines.append(f"    {LINK_KIND_LABELS.get(kind, kind):<26} {name:<26} {_gb(carried):>10} "
                      f"{cap / 1e9:>6.0f} GB/s {100 * mean:>6.1f}%  ({used[kind]} such links{of} carried traffic)")
     return lines
