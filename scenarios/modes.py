@@ -104,8 +104,8 @@ def simulation_mode(cfg: ParallelConfig, sim: dict, trace: Any, gpus_per_node: i
             f"~{full_tasks:,.0f} tasks <= {SKEWED_FULL_MAX_TASKS:,}"
     ranks = len(Layout(cfg).representatives())
     tasks = estimate_tasks(trace, cfg, ranks)
-    why = f"{gpus} > {SYMMETRY_THRESHOLD_GPUS} and {ranks:,} representative rank{'s' if ranks != 1 else ''}' " \
-          f"~{tasks:,.0f} tasks"
+    whose = "ranks'" if ranks != 1 else "rank's"
+    why = f"{gpus} > {SYMMETRY_THRESHOLD_GPUS} and {ranks:,} representative {whose} ~{tasks:,.0f} tasks"
     if skew:
         why += f"; mirrors placed unlike their ranks, but the full run's ~{full_tasks:,.0f} tasks > " \
                f"{SKEWED_FULL_MAX_TASKS:,}"
