@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from hwmodel.specs import get_switch
+from scenarios.analysis import latency_bound
 from scenarios.catalog import display_source
 from scenarios.metrics import (
     link_capacity,
@@ -407,6 +408,7 @@ def format_report(rep: Any, *, max_rank_rows: int = MAX_RANK_ROWS, top_links: in
     for k, label in labels.items():
         v = m["breakdown"][k]
         lines.append(f"  {label:<22} {_ms(v):>12} {100 * v / T if T else 0.0:>6.1f} %")
+    lines += _latency_lines(rep)
     sim = m["simulation"]
     world = m["system"]["gpus"]
     n_sim = sim["simulated_ranks"]
@@ -432,6 +434,24 @@ def format_report(rep: Any, *, max_rank_rows: int = MAX_RANK_ROWS, top_links: in
         *_steady_lines(sim),
     ]
     return "\n".join(lines)
+
+
+def _latency_lines(rep: Any) -> list[str]:
+    """A line per latency-bound collective of the lowest simulated rank (:func:`scenarios.analysis.
+    latency_bound`), in the simulated run (the extrapolated one's own events where it is one)."""
+    res = rep.simulated if getattr(rep, "simulated", None) is not None else rep.result
+    if not rep.per_rank:
+        return []
+    lines = []
+    for lb in latency_bound(res.events, min(rep.per_rank), res.end_time_s):
+        i = lb.info
+        names = lb.names[0] + (f" and {len(lb.names) - 1} more" if len(lb.names) > 1 else "")
+        lines.append(f"  latency-bound: {names} ({lb.count} x {lb.op} over {i.ranks:,} ranks, {i.algorithm} "
+                     f"{i.protocol}, {i.size_bytes / 1e6:,.1f} MB{' the last' if lb.count > 1 else ''}): "
+                     f"{100 * lb.latency_s / lb.moving_s:.0f} % of {'its' if lb.count == 1 else 'their'} "
+                     f"{_ms(lb.moving_s)} moving data is NCCL's latency term (many steps of small "
+                     f"chunks), not bandwidth")
+    return lines
 
 
 def _mode_why(rep: Any) -> str:
