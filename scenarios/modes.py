@@ -95,7 +95,7 @@ def simulation_mode(cfg: ParallelConfig, sim: dict, trace: Any, gpus_per_node: i
     world = cfg.world_size
     gpus = f"{world:,} GPU{'s' if world != 1 else ''}"
     if world <= SYMMETRY_THRESHOLD_GPUS:
-        return "full", [], f"{gpus} <= {SYMMETRY_THRESHOLD_GPUS}: every rank simulated"
+        return "full", [], f"{gpus} <= {SYMMETRY_THRESHOLD_GPUS}"
     full_tasks = estimate_tasks(trace, cfg, world) if skew else 0.0
     if skew and full_tasks <= SKEWED_FULL_MAX_TASKS:
         return "full", [f"mode full (auto's choice): {skew} sit differently on different servers, so no rank "

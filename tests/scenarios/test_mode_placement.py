@@ -86,7 +86,7 @@ def test_the_mode_line_says_why_auto_picked_by_size(monkeypatch):
                                       "~2,368 tasks > 2,000), 2 rank(s)")
     small = run_scenario(load(None, ["system.nodes=1", "parallel.pipeline_model_parallel_size=1",
                                      "training.global_batch_size=4"]))
-    assert _mode_line(small).startswith("mode full (auto's choice: 8 GPUs <= 16: every rank simulated), 8 rank(s)")
+    assert _mode_line(small).startswith("mode full (auto's choice: 8 GPUs <= 16), 8 rank(s)")
     asked = run_scenario(load(None, ["system.nodes=1", "parallel.pipeline_model_parallel_size=1",
                                      "training.global_batch_size=4", 'simulation.mode="symmetric"']))
     assert _mode_line(asked).startswith("mode symmetric (set by [simulation] mode), 1 rank(s)")
