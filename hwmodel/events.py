@@ -46,6 +46,11 @@ class CollectiveInfo:
     """Channels, one SM each held while the kernel runs."""
     size_bytes: int
     """nccl-tests' ``S`` (``Collective.size_bytes``)."""
+    latency_s: float = 0.0
+    """The plan's latency term: its predicted time less its bytes over its bandwidth bound (NCCL's base
+    latency plus every step's; a ring all-reduce of ``n`` ranks has ``2 (n - 1)`` steps). 0: not recorded."""
+    ranks: int = 0
+    """Ranks in the communicator (``len(Collective.group)``; 0: not recorded)."""
 
 
 @dataclass(frozen=True, slots=True)

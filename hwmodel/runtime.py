@@ -317,7 +317,8 @@ class Runtime:
         p = rdv.plan
         self.events.append(TraceEvent(rank, stream, t.id, op.name or op.op, f"nccl:{op.op}", start,
                                       self.env.now, "", "",
-                                      CollectiveInfo(p.algorithm, p.protocol, p.n_channels, op.size_bytes),
+                                      CollectiveInfo(p.algorithm, p.protocol, p.n_channels, op.size_bytes,
+                                                     getattr(p, "latency_s", 0.0), len(group)),
                                       rdv.start_time, op.dtype))
 
     def _p2p(self, rank: int, stream: str, t: Task, op: SendRecv, start: float):

@@ -32,7 +32,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from hwmodel.dtypes import TRAINING_DTYPES
-from hwmodel.events import KernelInfo, MacroInfo, TraceEvent
+from hwmodel.events import CollectiveInfo, KernelInfo, MacroInfo, TraceEvent
 
 COMM_PREFIXES = ("nccl:", "send", "recv", "memcpy")
 
@@ -192,6 +192,51 @@ def overlap_stats(events: Iterable[TraceEvent], per_rank: dict[int, RankBreakdow
     if abs(slower) <= n * sys.float_info.epsilon * max(actual, solo):  # summation noise, not a slowdown
         slower = 0.0
     return OverlapStats(hidden / total if total else 0.0, slower / solo if solo else 0.0, n)
+
+
+LATENCY_BOUND_SHARE = 0.5
+"""A collective is *latency-bound* where NCCL's latency term (:attr:`hwmodel.events.CollectiveInfo.latency_s`)
+is at least this share of the time its data moved (peers' arrival to its end)."""
+LATENCY_BOUND_MIN_SHARE_OF_ITERATION = 0.05
+"""...and the report names it only where its moving time is at least this share of the iteration."""
+
+
+@dataclass(frozen=True)
+class LatencyBound:
+    """Collectives of one rank with one plan shape (operation, communicator size, algorithm, protocol) whose
+    time is mostly NCCL's per-step latency: ``names`` (the events', in order; gradient buckets are one
+    each), ``count`` launches, ``moving_s`` summed from every peer's arrival to the end, ``latency_s`` of it
+    the plans' latency terms (each at most its launch's moving time), and the last launch's ``info``."""
+
+    names: tuple[str, ...]
+    op: str
+    count: int
+    moving_s: float
+    latency_s: float
+    info: CollectiveInfo
+
+
+def latency_bound(events: Iterable[TraceEvent], rank: int, iteration_s: float) -> list[LatencyBound]:
+    """The latency-bound collectives of ``rank`` (:data:`LATENCY_BOUND_SHARE`), grouped by plan shape,
+    that take at least :data:`LATENCY_BOUND_MIN_SHARE_OF_ITERATION` of ``iteration_s``, longest first: a
+    data-parallel ring of many ranks moves small chunks in ``2 (n - 1)`` steps, each paying NCCL's step
+    latency."""
+    by: dict[tuple, list] = {}
+    for ev in events:
+        info = ev.info
+        if ev.rank != rank or not isinstance(info, CollectiveInfo) or info.latency_s <= 0:
+            continue
+        moving = ev.end_s - (ev.xfer_start_s if ev.xfer_start_s is not None else ev.start_s)
+        op = ev.category.removeprefix("nccl:")
+        d = by.setdefault((op, info.ranks, info.algorithm, info.protocol), [{}, op, 0, 0.0, 0.0, info])
+        d[0][ev.name] = None
+        d[2] += 1
+        d[3] += moving
+        d[4] += min(info.latency_s, moving)
+        d[5] = info
+    out = [LatencyBound(tuple(d[0]), *d[1:]) for d in by.values()
+           if d[3] >= LATENCY_BOUND_MIN_SHARE_OF_ITERATION * iteration_s and d[4] >= LATENCY_BOUND_SHARE * d[3]]
+    return sorted(out, key=lambda lb: (-lb.moving_s, lb.names))
 
 
 def mfu_peak_dtype(dtype: str) -> str:

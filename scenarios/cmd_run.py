@@ -8,7 +8,8 @@ SCENARIO is a TOML file or a catalog name; ``--set section.key=value`` overrides
 read as TOML: ``8``, ``true``, ``"ring"``; anything else is a string), and may be repeated.
 
 Exit status: 0 on success; 2 for bad input (one line on stderr), and for a run estimated above
-``--max-tasks`` tasks (it says how many and how long, before simulating); 3 when the configuration
+``--max-tasks`` tasks (the data-parallel rings' mirrored route hops counted as tasks of the same wall
+time; it says how many and how long, before simulating); 3 when the configuration
 does not fit in GPU memory (the report shows the memory verdict; ``OOM: ...`` on stderr). An OOM
 configuration is not simulated unless ``--simulate-oom`` is given; then it exits 0 with the verdict as
 a warning on stderr.
@@ -52,7 +53,8 @@ def register(subparsers) -> None:
                    help="simulate even when the configuration does not fit in GPU memory (exit 0, the verdict "
                         "as a warning)")
     p.add_argument("--max-tasks", type=float, default=None, metavar="N",
-                   help="refuse a run estimated above N simulated tasks, saying how many and how long "
+                   help="refuse a run estimated above N simulated tasks (mirrored ring route hops counted "
+                        "as tasks of the same time), saying how many and how long "
                         "(default 2,000,000: minutes; the catalog's largest is about 524,000)")
     add_trust_code(p)
     p.set_defaults(func=run)

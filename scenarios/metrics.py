@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from scenarios.analysis import mfu_peak_dtype, overlap_stats
@@ -27,8 +27,9 @@ __all__ = [
 
 BUSIEST_LINK_GROUPS = 10
 """Rows of the JSON's ``busiest_links``: groups of links with the same load, as the text report's
-``name (+k)`` rows; each row gives its first link's name, ``links`` (the number in the group), its
-``kind`` (:func:`link_kind`) and ``capacity_Bps`` (nominal, per direction; what the utilisations are of)."""
+``name (+k)`` rows (one per kind where links of several kinds are loaded alike, :func:`link_groups`); each
+row gives its first link's name, ``links`` (the number in the group), its ``kind`` (:func:`link_kind`) and
+``capacity_Bps`` (nominal, per direction; what the utilisations are of)."""
 LINK_GROUP_REL_TOL = 1e-9
 """Links whose bytes, mean and peak utilisation agree to this relative tolerance are one group."""
 
@@ -112,8 +113,8 @@ def unrecorded_utilisation(carried: float, capacity: float, end_time_s: float) -
     return (carried / (cap * end_time_s) if end_time_s > 0 else 0.0), None
 
 
-def link_groups(links: Iterable[Any], end_time_s: float,
-                top: int) -> list[tuple[str, int, float, float, float | None]]:
+def link_groups(links: Iterable[Any], end_time_s: float, top: int,
+                kind_of: Callable[[str], str] | None = None) -> list[tuple[str, int, float, float, float | None]]:
     """The ``top`` busiest *groups* of links: consecutive links (in :func:`busiest_links` order) with
     the same load (bytes, mean and peak utilisation equal to :data:`LINK_GROUP_REL_TOL` relative), as
     symmetric collectives produce, are one row; links that carried nothing are left out.
@@ -130,6 +131,11 @@ def link_groups(links: Iterable[Any], end_time_s: float,
 
     A link that keeps no load timeline (``[simulation] record_links = false``: only its ``carried``
     bytes) has its mean utilisation from its bytes and no peak (``None``): :func:`unrecorded_utilisation`.
+
+    ``kind_of`` (a link's name -> its kind, :func:`link_kind`): a group whose links are of several kinds
+    (a link class can hold NIC-leaf and leaf-spine links of one bandwidth loaded alike) is one row per
+    kind, each named by its first link (the group's own where it is of that kind) and counting its own
+    links, so that a row's kind is every one of its links' (:func:`_by_kind`); at most ``top`` rows.
 
     Returns:
         ``[(first link's name, number of links, bytes each, mean utilisation, peak utilisation or None)]``.
@@ -163,11 +169,30 @@ def link_groups(links: Iterable[Any], end_time_s: float,
                 math.isclose(a, b, rel_tol=LINK_GROUP_REL_TOL)
                 for a, b in ((carried, g[2]), (mean, g[3]), (peak, g[4])) if a is not None and b is not None):
             g[1] += getattr(lk, "count", 1)
+            g[5].append(lk)
             continue
         if len(groups) == top:
             break
-        groups.append([lk.name, getattr(lk, "count", 1), carried, mean, peak])
-    return [tuple(g) for g in groups]
+        groups.append([lk.name, getattr(lk, "count", 1), carried, mean, peak, [lk]])
+    if kind_of is None:
+        return [tuple(g[:5]) for g in groups]
+    return [row for g in groups for row in _by_kind(g, kind_of)][:top]
+
+
+def _by_kind(group: list, kind_of: Callable[[str], str]) -> list[tuple[str, int, float, float, float | None]]:
+    """A :func:`link_groups` group ``[name, count, bytes, mean, peak, members]`` as one row per kind of its
+    links: the kind of the group's named link first (under that name), the others by their first link's
+    name; a group of one kind is its one row, unchanged."""
+    name, count, carried, mean, peak, members = group
+    names: dict[str, list[str]] = {}
+    for lk in members:
+        for n in (lk.names() if getattr(lk, "count", 1) > 1 and hasattr(lk, "names") else [lk.name]):
+            names.setdefault(kind_of(n), []).append(n)
+    if len(names) == 1:
+        return [(name, count, carried, mean, peak)]
+    lead = kind_of(name)
+    rows = [(name if kind == lead else min(ns), len(ns), carried, mean, peak) for kind, ns in names.items()]
+    return sorted(rows, key=lambda r: (r[0] != name, r[0]))
 
 
 def link_capacity(links: Sequence[Any], name: str) -> float:
@@ -303,8 +328,12 @@ def run_metrics(rep: Any, flops: tuple[float, float, str]) -> dict[str, Any]:
             for k in ("compute_s", "exposed_comm_s", "bubble_s", "idle_s")}
     ov = overlap_stats(res.events, rep.per_rank)
     bundles = res.cluster.link_bundles()
-    links = link_groups(bundles, T, BUSIEST_LINK_GROUPS)
-    graph = res.cluster.topology.graph
+    graph, topo = res.cluster.topology.graph, res.cluster.topology
+
+    def kinds(name: str) -> str:
+        return link_kind(graph, name, topo)
+
+    links = link_groups(bundles, T, BUSIEST_LINK_GROUPS, kinds)
     return {
         "scenario": rep.scenario.name,
         "iteration_time_s": T,
@@ -317,7 +346,7 @@ def run_metrics(rep: Any, flops: tuple[float, float, str]) -> dict[str, Any]:
         "breakdown": mean,
         "per_rank": {str(r): rep.per_rank[r].as_dict() for r in ranks},
         "overlap": {"comm_hidden_fraction": ov.comm_hidden_fraction, "compute_slowdown": ov.compute_slowdown},
-        "busiest_links": [{"link": n, "links": k, "kind": link_kind(graph, n, res.cluster.topology),
+        "busiest_links": [{"link": n, "links": k, "kind": kinds(n),
                            "capacity_Bps": link_capacity(bundles, n), "carried_bytes": b,
                            "mean_utilisation": m, "peak_utilisation": p} for n, k, b, m, p in links],
         "parallel": parallel_dict(cfg),

@@ -59,9 +59,12 @@ def placement_asymmetry(cfg: ParallelConfig, gpus_per_node: int) -> str | None:
 
 
 def simulation_mode(cfg: ParallelConfig, sim: dict, trace: Any, gpus_per_node: int,
-                    model_name: str = "the model") -> tuple[str, list[str]]:
-    """``[simulation] mode`` resolved, and the report's notes on it: ``auto`` picks full, symmetric or
-    hierarchical by size, and full where the mirrors would not be placed alike
+                    model_name: str = "the model") -> tuple[str, list[str], str]:
+    """``[simulation] mode`` resolved, the report's notes on it, and why it was picked (one clause for the
+    report's mode line, with the thresholds that decided: ``"1,536 GPUs > 16 and 8 representative ranks'
+    ~240,000 tasks > 100,000"``): ``auto`` picks full, symmetric or
+    hierarchical by size (:data:`SYMMETRY_THRESHOLD_GPUS`, :data:`HIERARCHICAL_THRESHOLD_TASKS`, by
+    :func:`estimate_tasks`), and full where the mirrors would not be placed alike
     (:func:`placement_asymmetry`) while the full run stays under :data:`SKEWED_FULL_MAX_TASKS`.
     The hierarchical engine is exact wherever its blocks are alike: context parallelism's ring stays
     inside its layer pass, and a pass whose TP-overlap pipelines run on into the next is timed as the
@@ -88,12 +91,27 @@ def simulation_mode(cfg: ParallelConfig, sim: dict, trace: Any, gpus_per_node: i
                  f"can read fast (4-20 % in cases measured); mode = \"full\" simulates every rank"] if skew else []
     if asked != "auto":
         notes = (cp_note if asked == "hierarchical" else []) + ([] if asked == "full" else skew_note)
-        return asked, [n.replace("{mode}", asked) for n in notes]
-    mode = "full" if cfg.world_size <= SYMMETRY_THRESHOLD_GPUS else "symmetric"
-    if skew and mode != "full" and estimate_tasks(trace, cfg, cfg.world_size) <= SKEWED_FULL_MAX_TASKS:
+        return asked, [n.replace("{mode}", asked) for n in notes], "[simulation] mode"
+    world = cfg.world_size
+    gpus = f"{world:,} GPU{'s' if world != 1 else ''}"
+    if world <= SYMMETRY_THRESHOLD_GPUS:
+        return "full", [], f"{gpus} <= {SYMMETRY_THRESHOLD_GPUS}"
+    full_tasks = estimate_tasks(trace, cfg, world) if skew else 0.0
+    if skew and full_tasks <= SKEWED_FULL_MAX_TASKS:
         return "full", [f"mode full (auto's choice): {skew} sit differently on different servers, so no rank "
-                        f"stands for the others; every rank is simulated"]
-    ranks = 0 if mode == "full" else len(Layout(cfg).representatives())
-    if uniform and estimate_tasks(trace, cfg, ranks) > HIERARCHICAL_THRESHOLD_TASKS:
-        return "hierarchical", [n.replace("{mode}", "hierarchical (auto's choice)") for n in cp_note + skew_note]
-    return mode, [n.replace("{mode}", f"{mode} (auto's choice)") for n in skew_note] if mode != "full" else []
+                        f"stands for the others; every rank is simulated"], \
+            f"{gpus} > {SYMMETRY_THRESHOLD_GPUS}, but mirrors placed unlike their ranks and the full run's " \
+            f"~{full_tasks:,.0f} tasks <= {SKEWED_FULL_MAX_TASKS:,}"
+    ranks = len(Layout(cfg).representatives())
+    tasks = estimate_tasks(trace, cfg, ranks)
+    whose = "ranks'" if ranks != 1 else "rank's"
+    why = f"{gpus} > {SYMMETRY_THRESHOLD_GPUS} and {ranks:,} representative {whose} ~{tasks:,.0f} tasks"
+    if skew:
+        why += f"; mirrors placed unlike their ranks, but the full run's ~{full_tasks:,.0f} tasks > " \
+               f"{SKEWED_FULL_MAX_TASKS:,}"
+    if uniform and tasks > HIERARCHICAL_THRESHOLD_TASKS:
+        return "hierarchical", [n.replace("{mode}", "hierarchical (auto's choice)") for n in cp_note + skew_note], \
+            why.replace(" tasks", f" tasks > {HIERARCHICAL_THRESHOLD_TASKS:,}", 1)
+    bound = f" tasks <= {HIERARCHICAL_THRESHOLD_TASKS:,}" if uniform else " tasks (blocks differ: not hierarchical)"
+    why = why.replace(" tasks", bound, 1)
+    return "symmetric", [n.replace("{mode}", "symmetric (auto's choice)") for n in skew_note], why

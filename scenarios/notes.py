@@ -97,7 +97,7 @@ def _pod_note(system: dict, topo: Topology) -> list[str]:
         return []
     leaves = len(_switches(topo, "leaf"))
     if _switches(topo, "core"):
-        return []
+        return _last_pod_note(g, int(per_pod), leaves)
     if system.get("leaves_per_pod") is None:  # the preset's pods; the scenario set only the core's ratio
         return [f"core_oversubscription = {float(core):g} has (almost) no effect: all {topo.num_nodes} node(s) "
                 f"({leaves} leaf switch(es)) are in one pod (leaves_per_pod = {per_pod}), so no traffic reaches "
@@ -105,6 +105,25 @@ def _pod_note(system: dict, topo: Topology) -> list[str]:
     tail = f", so core_oversubscription = {core:g} has no effect" if core is not None else ""
     return [f"leaves_per_pod = {per_pod} covers all {leaves} leaf switch(es): one pod, no core tier{tail}; "
             f"{_more_pods_hint(g, leaves)} for traffic to cross the core"]
+
+
+def _last_pod_note(g: Any, per_pod: int, leaves: int) -> list[str]:
+    """An uneven last pod (``leaves_per_pod`` not dividing the leaves, :func:`hwmodel.fabric._add_pods`): it
+    gets a full pod's spines and spine-core cabling for fewer leaves (as a partly filled scalable unit keeps
+    its leaves' full uplinks), so each of its leaves has ``leaves_per_pod / k`` times a full pod's leaf's
+    share of the core."""
+    last = leaves % per_pod
+    if not last:
+        return []
+    pods = -(-leaves // per_pod)
+    su = ""
+    if g.graph.get("fabric") == "rail_optimized":
+        sus = {d.get("su") for _, d in g.nodes(data=True) if d.get("tier") == "leaf"}
+        rails = leaves // max(1, len(sus))
+        su = f" ({last // rails} scalable unit{'s' if last // rails != 1 else ''})"
+    return [f"the last of {pods} pods has {last} leaf switch(es){su}, not leaves_per_pod = {per_pod} ({leaves} "
+            f"leaves): its spines keep a full pod's cabling to the core, {per_pod / last:.3g}x the core bandwidth "
+            f"per leaf of a full pod"]
 
 
 def _more_pods_hint(g: Any, leaves: int) -> str:

@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from hwmodel.specs import get_switch
+from scenarios.analysis import latency_bound
 from scenarios.catalog import display_source
 from scenarios.metrics import (
     link_capacity,
@@ -242,22 +244,31 @@ def _rank_rows(per_rank: Mapping[str, Mapping[str, float]], T: float, max_rows: 
 def _link_lines(rep: Any, top: int) -> list[str]:
     # (once, a link class as one bundle: a large cluster's merges load tens of thousands of links)
     links = rep.result.cluster.link_bundles()
-    groups = link_groups(links, rep.result.end_time_s, top)
+    topo = rep.result.cluster.topology
+    graph = topo.graph
+
+    def kind_of(name: str) -> str:
+        return link_kind(graph, name, topo)
+
+    groups = link_groups(links, rep.result.end_time_s, top, kind_of)  # (a mixed link class: one row per kind)
     if not groups:
         return ["  no link traffic"]
-    graph = rep.result.cluster.topology.graph
     lines = [f"  {'link':<34} {'kind':<10} {'links':>5} {'carried each':>13} {'capacity':>11} {'mean':>7} "
              f"{'peak':>7}"]
+    caps: dict[str, float] = {}  # kind -> capacity of the links shown
     for name, n, carried, mean, peak in groups:  # kind and capacity as --json's busiest_links give them
         label = name if n == 1 else f"{name} (+{n - 1})"
         cap = link_capacity(links, name)
+        kind = link_kind(graph, name)
+        caps[kind] = cap
         peak_text = f"{100 * peak:>6.1f}%" if peak is not None else f"{'-':>7}"
-        lines.append(f"  {label:<34} {link_kind(graph, name):<10} {n:>5} {_gb(carried):>13} {cap / 1e9:>6.0f} GB/s "
+        lines.append(f"  {label:<34} {kind:<10} {n:>5} {_gb(carried):>13} {cap / 1e9:>6.0f} GB/s "
                      f"{100 * mean:>6.1f}% {peak_text}")
     lines.append("  (+k): k more links with the same load; capacity per direction"
                  + ("; peak -: no load timeline kept ([simulation] record_links = false)"
                     if any(g[4] is None for g in groups) else ""))
-    lines += _kind_lines(rep, links)
+    lines += _kind_lines(rep, links, caps)
+    lines += _aggregate_lines(topo, caps)
     if rep.mode == "hierarchical":  # macro tasks carry time, not traffic (docs/DESIGN.md, hierarchical engine)
         lines.append("  (hierarchical mode: collectives inside a layer pass -- TP, CP -- are timed in its macro task "
                      "and put on no link; mode = \"symmetric\" puts them on the NVLink-domain links)")
@@ -272,7 +283,36 @@ LINK_KIND_LABELS = {"nvlink": "NVLink (NVLink domain)", "pcie": "PCIe (GPU/NIC t
 ``busiest_links`` names them), in the order the per-kind lines show them."""
 
 
-def _kind_lines(rep: Any, links: list[Any]) -> list[str]:
+FABRIC_TIERS = (("leaf-spine", "spine-leaf"), ("spine-core", "core-spine"))
+"""The fabric's switch-to-switch link kinds (each tier's two directions), whose one edge per switch pair
+aggregates the pair's parallel cables (:mod:`hwmodel.fabric`)."""
+
+
+def _aggregate_lines(topo: Any, caps: Mapping[str, float]) -> list[str]:
+    """What a fabric tier's capacity shown (``caps``: kind -> capacity, per direction) aggregates: one edge
+    per switch pair holds its parallel cables' summed bandwidth (:mod:`hwmodel.fabric`), ``capacity / port``
+    cables of the fabric's port rate (the NIC-leaf link's, ``min(NIC, switch port)``); a fractional count is
+    the uplink capacity (downlinks / oversubscription) split evenly over the switches above."""
+    switch = topo.graph.graph.get("fabric_switch")
+    if topo.nic_spec is None or not switch:
+        return []
+    port = min(topo.nic_spec.bandwidth_Bps, get_switch(switch).port_bandwidth_Bps)
+    parts, fraction = [], False
+    for up, down in FABRIC_TIERS:
+        cap = caps.get(up, caps.get(down))
+        if cap is not None and abs(cap / port - 1) > 1e-9:  # (one cable's edge aggregates nothing)
+            n = cap / port
+            whole = abs(n - round(n)) < 1e-9
+            fraction |= not whole
+            parts.append(f"{up} {cap / 1e9:.0f} GB/s = {n:.{0 if whole else 2}f} x {port / 1e9:.0f} GB/s")
+    if not parts:
+        return []
+    return [f"  fabric capacities are per switch pair, its parallel cables aggregated: {'; '.join(parts)}"
+            + (" (a fraction: the model spreads a switch's uplink capacity, downlinks / oversubscription, evenly "
+               "over the switches above)" if fraction else "")]
+
+
+def _kind_lines(rep: Any, links: list[Any], caps: dict[str, float] | None = None) -> list[str]:
     """The busiest link of each kind (:func:`scenarios.metrics.link_kind`) that carried traffic: NVLink-domain,
     NIC and fabric traffic apart, whichever dominates the table above (on an NVL72 the rack's NVLink is
     rarely the busiest).
@@ -311,6 +351,8 @@ def _kind_lines(rep: Any, links: list[Any]) -> list[str]:
     of = "" if getattr(rep, "mode", "full") == "full" else " of the simulated ranks"  # (not a mirror's own links)
     for kind in sorted(best, key=lambda k: (list(LINK_KIND_LABELS).index(k) if k in LINK_KIND_LABELS else 9, k)):
         mean, carried, name, cap = best[kind]
+        if caps is not None:
+            caps.setdefault(kind, cap)
         lines.append(f"    {LINK_KIND_LABELS.get(kind, kind):<26} {name:<26} {_gb(carried):>10} "
                      f"{cap / 1e9:>6.0f} GB/s {100 * mean:>6.1f}%  ({used[kind]} such links{of} carried traffic)")
     return lines
@@ -366,6 +408,7 @@ def format_report(rep: Any, *, max_rank_rows: int = MAX_RANK_ROWS, top_links: in
     for k, label in labels.items():
         v = m["breakdown"][k]
         lines.append(f"  {label:<22} {_ms(v):>12} {100 * v / T if T else 0.0:>6.1f} %")
+    lines += _latency_lines(rep)
     sim = m["simulation"]
     world = m["system"]["gpus"]
     n_sim = sim["simulated_ranks"]
@@ -385,13 +428,39 @@ def format_report(rep: Any, *, max_rank_rows: int = MAX_RANK_ROWS, top_links: in
         f"  compute slowed by contention        {_pct(ov['compute_slowdown'])} (SM and HBM sharing with "
         f"communication kernels, vs each kernel alone)",
         "",
-        f"Simulation  mode {sim['mode']}"
-        + (" (auto's choice)" if rep.scenario.simulation.get("mode", "auto") == "auto" else "")
+        f"Simulation  mode {sim['mode']}" + _mode_why(rep)
         + f", {sim['simulated_ranks']} rank(s), {sim['tasks']:,} tasks, "
         f"{sim['fluid_solves']:,} fluid solves; wall time {rep.wall_s:.2f} s",
         *_steady_lines(sim),
     ]
     return "\n".join(lines)
+
+
+def _latency_lines(rep: Any) -> list[str]:
+    """A line per latency-bound collective of the lowest simulated rank (:func:`scenarios.analysis.
+    latency_bound`), in the simulated run (the extrapolated one's own events where it is one)."""
+    res = rep.simulated if getattr(rep, "simulated", None) is not None else rep.result
+    if not rep.per_rank:
+        return []
+    lines = []
+    for lb in latency_bound(res.events, min(rep.per_rank), res.end_time_s):
+        i = lb.info
+        names = lb.names[0] + (f" and {len(lb.names) - 1} more" if len(lb.names) > 1 else "")
+        lines.append(f"  latency-bound: {names} ({lb.count} x {lb.op} over {i.ranks:,} ranks, {i.algorithm} "
+                     f"{i.protocol}, {i.size_bytes / 1e6:,.1f} MB{' the last' if lb.count > 1 else ''}): "
+                     f"{100 * lb.latency_s / lb.moving_s:.0f} % of {'its' if lb.count == 1 else 'their'} "
+                     f"{_ms(lb.moving_s)} moving data is NCCL's latency term (many steps of small "
+                     f"chunks), not bandwidth")
+    return lines
+
+
+def _mode_why(rep: Any) -> str:
+    """`` (auto's choice: why)`` / `` (set by [simulation] mode)``: the mode line's reason
+    (:func:`scenarios.modes.simulation_mode`)."""
+    why = getattr(rep, "mode_reason", "")
+    if rep.scenario.simulation.get("mode", "auto") != "auto":
+        return " (set by [simulation] mode)"
+    return f" (auto's choice: {why})" if why else " (auto's choice)"
 
 
 def _steady_lines(sim: Mapping[str, Any]) -> list[str]:

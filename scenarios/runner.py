@@ -37,6 +37,10 @@ from hwmodel.systems import get_system, node_shape
 from hwmodel.topology import Topology, build_system
 from hwmodel.variation import DEFAULT_GPU_SPEED_SPREAD, straggler_slowdown
 from scenarios.analysis import RankBreakdown, breakdown
+from scenarios.budget import TASKS_PER_S as TASKS_PER_S  # re-exported: runner's API before scenarios.budget
+from scenarios.budget import TaskBudgetError as TaskBudgetError
+from scenarios.budget import check_task_budget as check_task_budget
+from scenarios.budget import duration
 from scenarios.catalog import scenario_path as scenario_path  # re-exported: runner.scenario_path is API
 from scenarios.hierarchical import macro_programs, step2_mirror
 from scenarios.metrics import peak_dtype_for as peak_dtype_for  # re-exported, as scenario_path
@@ -60,16 +64,11 @@ from workload.zoo.config import ResNetConfig, TransformerConfig
 from workload.zoo.hf import config_from_hf
 
 MODEL_SPECIAL_KEYS = ("name", "factory", "hf_config", "factory_args")
+LONG_RUN_S = 60.0
+"""A run estimated at this many seconds or more says so on stderr before it starts (with a progress bar)."""
 DEFAULT_MAX_TASKS = 2_000_000
 """Default bound on the estimated tasks of one run (``trainsim run --max-tasks``): about four times the
 largest catalog scenario (sc21-gpt-1t, about 524,000 tasks in 117 s), i.e. minutes, not hours."""
-TASKS_PER_S = 5_000
-"""Rough simulation rate for the time estimate of a refused run, in tasks per wall-clock second: the
-catalog runs 4,500-20,000 tasks/s on one core (``Simulation`` line of their reports)."""
-
-
-class TaskBudgetError(ValueError):
-    """A run would simulate more tasks than the caller's bound."""
 
 
 @dataclass
@@ -393,6 +392,8 @@ class RunReport:
     wall_s: float = 0.0
     simulated: RunResult | None = None
     """The run ``--trace`` / ``--plots`` draw where ``result`` is extrapolated (:mod:`scenarios.steady_state`)."""
+    mode_reason: str = ""
+    """Why ``mode`` (:func:`scenarios.modes.simulation_mode`): the report's mode line says it."""
 
     def to_json(self) -> dict[str, Any]:
         return self.metrics
@@ -505,18 +506,21 @@ def scenario_profile(scenario: Scenario) -> calibration_overlay.Overlay | None:
 
 
 def _run_prepared(prep: Prepared, memory: Any, *, progress: bool, max_tasks: float | None,
-                  resolved: tuple[str, list[str]] | None = None) -> RunReport:
+                  resolved: tuple[str, list[str], str] | None = None) -> RunReport:
     cfg, topo, sim = prep.config, prep.topology, prep.scenario.simulation
     trace = prep.trace if prep.trace is not None else trace_rank(
         prep.model_cfg, cfg, **trace_options(prep.scenario.training))
     layout = Layout(cfg)
-    mode, mode_note = resolved or simulation_mode(cfg, sim, trace, topo.gpus_per_node,
-                                                  getattr(prep.model_cfg, "name", "the model"))
+    mode, mode_note, mode_reason = resolved or simulation_mode(cfg, sim, trace, topo.gpus_per_node,
+                                                               getattr(prep.model_cfg, "name", "the model"))
     if (steady := plan_for(cfg, sim)) is not None:  # a few micro-batches simulated in the real run's mode
         return extrapolated(replace(prep, trace=trace), steady, model_flops(prep, trace), lambda p: _run_prepared(
-            p, memory, progress=progress, max_tasks=max_tasks, resolved=(mode, mode_note)))
+            p, memory, progress=progress, max_tasks=max_tasks, resolved=(mode, mode_note, mode_reason)))
     if max_tasks is not None:
-        check_task_budget(prep, trace, mode, max_tasks)
+        seconds = check_task_budget(prep, trace, mode, max_tasks)
+        if progress and seconds >= LONG_RUN_S:  # (told before a long run, as a refused one is)
+            print(f"trainsim run: {prep.scenario.name} is estimated at {duration(seconds)} (tasks and the "
+                  f"data-parallel rings' mirrored routes: scenarios.budget)", file=sys.stderr)
     ranks = None if mode == "full" else layout.representatives()
     build = None if mode == "hierarchical" else build_programs(trace, cfg, ranks=ranks)
     engine = _engine_factory(sim, scenario_dir(prep.scenario))
@@ -532,7 +536,7 @@ def _run_prepared(prep: Prepared, memory: Any, *, progress: bool, max_tasks: flo
     with _progress_bar(progress, f"simulating {prep.scenario.name}") as tick:
         result = runtime.run(progress=tick)
     per_rank = breakdown(result.events, result.end_time_s, pipeline=cfg.pp > 1)
-    report = RunReport(prep.scenario, prep, result, build, mode, per_rank, memory)
+    report = RunReport(prep.scenario, prep, result, build, mode, per_rank, memory, mode_reason=mode_reason)
     report.metrics = run_metrics(report, model_flops(prep, trace))
     notes = (what_if_notes(prep.scenario.system, topo, scenario_dir(prep.scenario), runtime.copies_requested_peak,
                            prep.scenario.simulation)
@@ -597,35 +601,6 @@ def _progress_bar(enabled: bool, desc: str) -> Iterator[Callable[[int, int], Non
         yield tick
     finally:
         bar.close()
-
-
-def check_task_budget(prep: Prepared, trace, mode: str, max_tasks: float) -> None:
-    """Refuse a run whose estimated task count exceeds ``max_tasks``, before building its programs.
-
-    Raises:
-        TaskBudgetError: one line with the estimate, the expected wall time and what to change.
-    """
-    cfg = prep.config
-    if mode == "hierarchical":  # one macro task per layer pass, plus a few per micro-batch (p2p, buckets)
-        ranks = len(Layout(cfg).representatives(every_cp=False))
-        tasks = ranks * cfg.num_microbatches * (2.0 * trace.num_layers / cfg.pp + 8)
-    else:
-        tasks = estimate_tasks(trace, cfg, cfg.world_size if mode == "full" else len(Layout(cfg).representatives()))
-    if tasks <= max_tasks:
-        return
-    hint = "a smaller [training] global_batch_size (fewer micro-batches)" if mode == "hierarchical" else \
-        '[simulation] mode = "hierarchical" or a smaller [training] global_batch_size'
-    raise TaskBudgetError(f"this run would simulate about {tasks:,.0f} tasks ({cfg.num_microbatches:,} micro-batches, "
-                          f"mode {mode}), {_duration(tasks / TASKS_PER_S)}, above --max-tasks "
-                          f"{max_tasks:,.0f}; try {hint}, or raise --max-tasks")
-
-
-def _duration(seconds: float) -> str:
-    """A rough wall time, as words: ``about 3 hours``, ``about 40 s``, ``under a second`` (not ``about 0 s``)."""
-    for unit, size in (("years", 365 * 86400.0), ("days", 86400.0), ("hours", 3600.0), ("minutes", 60.0)):
-        if seconds >= 2 * size:
-            return f"about {seconds / size:,.0f} {unit}"
-    return f"about {seconds:.0f} s" if seconds >= 1 else "under a second"
 
 
 def memory_for(prep: Prepared):

@@ -38,6 +38,8 @@ so plans that share one (a block-recomputation plan and its every-layer twin) ru
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor, Future, as_completed
 from dataclasses import replace
@@ -84,15 +86,46 @@ def pass_key(ctx, c: Candidate) -> tuple:
             c.async_tp)
 
 
+def stored_key(ctx, kind: str, key: tuple) -> str:
+    """The search cache's key of a step-1 or probe run (``kind``): the SHA-256 of the base scenario's run
+    key (:func:`scenario_key`: the sections that define every run of the search) and ``key`` (what the
+    run depends on beyond them: :func:`pass_key`, or a probe's layout, collective and size)."""
+    base = ctx.__dict__.get("_base_key")
+    if base is None:
+        base = ctx._base_key = scenario_key(ctx.scenario.to_dict())
+    doc = json.dumps([kind, base, key], sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(doc.encode()).hexdigest()
+
+
+def _stored(ctx) -> dict[str, dict[str, Any]]:
+    """The step-1 and probe results read from the search's cache (:func:`refine`'s ``cache``), by
+    :func:`stored_key`."""
+    stored: dict[str, dict[str, Any]] = ctx.__dict__.setdefault("_stored", {})
+    return stored
+
+
+def _keep(ctx, key: str, plan: Candidate, result: dict[str, Any], kind: str) -> None:
+    """Count one step-1 or probe simulation and append it to the search's cache (``ctx.run_cache``)."""
+    ctx.refine_runs = getattr(ctx, "refine_runs", 0) + 1
+    append_cache(getattr(ctx, "run_cache", None), key, plan, result, kind=kind)
+
+
 def step1_profiles(ctx, c: Candidate) -> Profiles:
     """The hierarchical engine's step-1 :class:`PassProfile` of each layer pass of plan ``c`` (cached in
-    ``ctx`` by :func:`pass_key`). Traced with one layer per virtual stage and even stages: step 1 runs
+    ``ctx`` by :func:`pass_key`, and in the search's cache by its :func:`stored_key`: a resumed search
+    reads them back). Traced with one layer per virtual stage and even stages: step 1 runs
     layer 0 of stage 0, whatever the split (Megatron's ``--recompute-method`` is priced by the screen).
     The passes alone: no FSDP gathers (with PP, FSDP2 gathers once per step, priced in the tail)."""
     key = pass_key(ctx, c)
     cache = ctx.__dict__.setdefault("_step1", {})
     hit = cache.get(key)
-    if hit is None:
+    if hit is not None:
+        return hit
+    h = stored_key(ctx, "step1", key)
+    stored = _stored(ctx).get(h)
+    if stored is not None:  # (floats through JSON come back bit for bit)
+        hit = cache[key] = {(p, k): PassProfile(*t) for p, k, *t in stored["pass_profiles"]}
+    else:
         cfg = replace(c.config(ctx.global_batch_size, ctx.base_parallel),
                       num_layers_in_first_pipeline_stage=None, num_layers_in_last_pipeline_stage=None,
                       recompute_method=None, recompute_num_layers=None, virtual_pipeline_model_parallel_size=None)
@@ -103,7 +136,7 @@ def step1_profiles(ctx, c: Candidate) -> Profiles:
         host = float(sim.get("host_launch_overhead_s", DEFAULT_HOST_LAUNCH_OVERHEAD_S))
         engine = _engine_factory(sim, scenario_dir(ctx.scenario))
         hit = cache[key] = pass_profiles(trace, cfg, ctx.topology, engine, host, ctx.cost_model)
-        ctx.refine_runs = getattr(ctx, "refine_runs", 0) + 1
+        _keep(ctx, h, c, {"pass_profiles": [[*k, *p.as_tuple()] for k, p in hit.items()]}, "step1")
     return hit
 
 
@@ -116,7 +149,8 @@ def dp_probe(ctx, c: Candidate) -> Callable[..., tuple[float, int]]:
     ``every_stage=False`` stage 0's groups alone (FSDP's once-a-step gathers before each stage's first
     forward, which the schedule staggers). NCCL's tuner prices one ring alone: on 128 DGX A100 a 160 MB
     reduce-scatter over DP 64 takes 6.7 ms alone and 13.4 ms beside the other stage's. Channels are the
-    tuner's. Cached in ``ctx`` by (layout, op, bytes, axis, stages)."""
+    tuner's. Cached in ``ctx`` by (layout, op, bytes, axis, stages), and in the search's cache by its
+    :func:`stored_key` (a resumed search reads it back)."""
     cfg = c.config(ctx.global_batch_size, ctx.base_parallel)
     lay = Layout(cfg)
     ranks = [lay.rank(pp=s) for s in range(cfg.pp)]
@@ -133,7 +167,13 @@ def dp_probe(ctx, c: Candidate) -> Callable[..., tuple[float, int]]:
             return 0.0, 0
         key = (layout_key, op, int(size_bytes), axis, every_stage)
         hit = cache.get(key)
-        if hit is None:
+        if hit is not None:
+            return hit
+        h = stored_key(ctx, "dp_probe", key)
+        stored = _stored(ctx).get(h)
+        if stored is not None:
+            hit = cache[key] = (float(stored["probe_s"]), int(stored["channels"]))
+        else:
             programs = {}
             for r in ranks if every_stage else ranks[:1]:
                 programs[r] = Program(r)
@@ -143,6 +183,7 @@ def dp_probe(ctx, c: Candidate) -> Callable[..., tuple[float, int]]:
             res = Runtime(cluster, programs, placement=placement, host_launch_overhead_s=0.0, nccl=engine(cluster),
                           mirror=step2_mirror(lay)).run()
             hit = cache[key] = (res.end_time_s, ctx.coll(op, size_bytes, groups[axis])[1])
+            _keep(ctx, h, c, {"probe_s": hit[0], "channels": hit[1]}, "dp_probe")
         return hit
 
     return probe
@@ -260,11 +301,15 @@ def refine(ctx, fit: Sequence[Estimate], n: int = REFINE_PLANS, progress: Callab
     runs are collected; the result is the same either way (each run is one deterministic simulation).
     ``cache``: the search's JSONL cache (:mod:`scenarios.search.simulate`): runs found there are read
     back, and each new one is appended as it arrives, so that a resumed search re-prices without
-    simulating again (kept for the searches that follow on ``ctx``)."""
+    simulating again (kept for the searches that follow on ``ctx``): the sampled-layer runs, the step-1
+    passes and the data-parallel probes alike."""
     if cache is not None:
         ctx.run_cache = cache
-        runs = _runs(ctx)
+        runs, stored = _runs(ctx), _stored(ctx)
         for key, result in load_cache(cache).items():
+            if "pass_profiles" in result or "probe_s" in result:
+                stored.setdefault(key, result)
+                continue
             t = result.get("iteration_time_s")
             runs.setdefault(key, float(t) if t is not None else None)
     head = [e.candidate for e in fit[:n]]

@@ -173,7 +173,8 @@ def _shape_label(c) -> str:
 def _refine_line(res: SearchResult) -> str:
     n = res.info.get("refined", 0)
     return (f"re-priced by the simulator: the screen's {n:,} fastest plans ({res.info.get('refine_runs', 0)} short "
-            f"simulations: step-1 passes or sampled layers) in {res.info.get('refine_cpu_s', 0.0):.1f} s CPU, "
+            f"simulations: step-1 passes, data-parallel probes or sampled layers) in "
+            f"{res.info.get('refine_cpu_s', 0.0):.1f} s CPU, "
             f"{res.info.get('refine_wall_s', 0.0):.1f} s wall")
 
 

@@ -8,6 +8,7 @@ import pytest
 import scenarios.modes as modes
 from scenarios.cmd_run import load
 from scenarios.modes import placement_asymmetry
+from scenarios.report import format_report
 from scenarios.runner import run_scenario
 from workload.parallel.config import ParallelConfig
 
@@ -44,6 +45,8 @@ def test_auto_simulates_every_rank_of_a_skewed_layout_and_says_why():
     assert auto.mode == "full"
     assert auto.metrics["iteration_time_s"] == full.metrics["iteration_time_s"]
     assert any("mode full (auto's choice): tensor-parallel groups of 4 GPUs" in w for w in auto.metrics["warnings"])
+    assert _mode_line(auto).startswith("mode full (auto's choice: 24 GPUs > 16, but mirrors placed unlike their "
+                                       "ranks and the full run's ~14,208 tasks <= 1,000,000), 24 rank(s)")
     sym = run_scenario(load(None, [*SKEWED, 'simulation.mode="symmetric"']))
     assert sym.metrics["iteration_time_s"] < 0.95 * full.metrics["iteration_time_s"]  # (why auto does not use it)
     assert any(w.startswith("mode symmetric: tensor-parallel groups") and "can read fast" in w
@@ -61,3 +64,29 @@ def test_auto_warns_where_the_full_run_is_too_big(monkeypatch):
 def test_aligned_layouts_keep_auto_symmetric_and_quiet():
     rep = run_scenario(load(None, []))  # the default scenario: TP 8 on 8-GPU servers
     assert rep.mode == "symmetric" and not any("sit differently" in w for w in rep.metrics.get("warnings", []))
+
+
+def _mode_line(rep) -> str:
+    """The report's ``Simulation  mode ...`` line, from ``mode`` on."""
+    return next(ln for ln in format_report(rep).splitlines() if ln.startswith("Simulation  ")).split("  ", 1)[1]
+
+
+def test_the_mode_line_says_why_auto_picked_by_size(monkeypatch):
+    """Each of auto's size-based choices names the figures and the thresholds that decided it: the default
+    scenario's 32 GPUs > 16 (one rank per stage), its 2 stage ranks' estimated tasks
+    (:func:`scenarios.modes.estimate_tasks`) against the hierarchical threshold, 8 GPUs <= 16."""
+    rep = run_scenario(load(None, []))
+    assert modes.estimate_tasks(rep.prepared.trace, rep.prepared.config, 2) == 2368
+    assert _mode_line(rep).startswith("mode symmetric (auto's choice: 32 GPUs > 16 and 2 representative ranks' "
+                                      "~2,368 tasks <= 100,000), 2 rank(s)")
+    monkeypatch.setattr(modes, "HIERARCHICAL_THRESHOLD_TASKS", 2000)
+    rep = run_scenario(load(None, []))
+    assert rep.mode == "hierarchical"
+    assert _mode_line(rep).startswith("mode hierarchical (auto's choice: 32 GPUs > 16 and 2 representative ranks' "
+                                      "~2,368 tasks > 2,000), 2 rank(s)")
+    small = run_scenario(load(None, ["system.nodes=1", "parallel.pipeline_model_parallel_size=1",
+                                     "training.global_batch_size=4"]))
+    assert _mode_line(small).startswith("mode full (auto's choice: 8 GPUs <= 16), 8 rank(s)")
+    asked = run_scenario(load(None, ["system.nodes=1", "parallel.pipeline_model_parallel_size=1",
+                                     "training.global_batch_size=4", 'simulation.mode="symmetric"']))
+    assert _mode_line(asked).startswith("mode symmetric (set by [simulation] mode), 1 rank(s)")

@@ -55,6 +55,11 @@ def test_max_tasks_names_hierarchical_and_counts_closed_form():
 
     reps = len(Layout(cfg).representatives())
     tasks = estimate_tasks(prep.trace, cfg, reps)
+    from scenarios.budget import ROUTE_HOPS_PER_S, TASKS_PER_S, route_hops
+
+    hops, ring = route_hops(cfg, prep.topology.gpus_per_node)  # DP 2 across 2 of the 4 servers: world hops
+    assert (hops, ring) == (32, 2)
+    tasks += hops * TASKS_PER_S / ROUTE_HOPS_PER_S
     check_task_budget(prep, prep.trace, "symmetric", tasks)  # at the bound: runs
     with pytest.raises(TaskBudgetError, match=r'mode = "hierarchical" or a smaller \[training\] global_batch_size'):
         check_task_budget(prep, prep.trace, "symmetric", tasks - 1)

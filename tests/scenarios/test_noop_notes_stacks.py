@@ -87,3 +87,28 @@ def test_compile_without_op_sac_says_memory_is_unchanged():
         "saved activations; torch.compile's saved set is modelled under recompute_granularity = \"selective_op\" only"]
     assert training_notes({"compile": True}, cfg("selective_op")) == []
     assert training_notes({"compile": False}, cfg("none")) == training_notes({}, cfg("full")) == []
+
+
+def test_an_uneven_last_pod_is_named_with_its_share_of_the_core():
+    """``leaves_per_pod = 3`` over 4 leaves builds a last pod of one leaf whose spines keep a full pod's
+    cabling to the core (:func:`hwmodel.fabric._add_pods`): the note names it and its leaf's 3x share of
+    the core, which the graph's spine-core capacities show; pods that divide the leaves say nothing."""
+    from scenarios.notes import what_if_notes
+    from scenarios.runner import build_topology
+
+    def run(**system):
+        system = {"name": "dgx-h100", **system}
+        topo = build_topology(system, None)
+        return topo, [n for n in what_if_notes(system, topo) if "last of" in n]
+
+    topo, notes = run(nodes=8, fabric="fat_tree", nodes_per_leaf=2, leaves_per_pod=3)
+    assert notes == ["the last of 2 pods has 1 leaf switch(es), not leaves_per_pod = 3 (4 leaves): its spines keep "
+                     "a full pod's cabling to the core, 3x the core bandwidth per leaf of a full pod"]
+    up = {p: sum(d["bandwidth_Bps"] for u, v, d in topo.graph.edges(data=True)
+                 if u.startswith(f"pod{p}.") and v.startswith("core")) for p in (0, 1)}
+    assert up[1] / 1 == 3 * up[0] / 3  # per leaf: one leaf in pod 1, three in pod 0
+    _, rail = run(nodes=3, su_size=1, leaves_per_pod=16)  # 3 SUs of 8 rail leaves, pods of 2 SUs
+    assert rail == ["the last of 2 pods has 8 leaf switch(es) (1 scalable unit), not leaves_per_pod = 16 (24 "
+                    "leaves): its spines keep a full pod's cabling to the core, 2x the core bandwidth per leaf of a "
+                    "full pod"]
+    assert run(nodes=8, fabric="fat_tree", nodes_per_leaf=2, leaves_per_pod=2)[1] == []

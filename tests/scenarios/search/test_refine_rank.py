@@ -12,6 +12,7 @@ from dataclasses import replace
 
 import pytest
 
+from hwmodel.runtime import Runtime
 from scenarios.scenario import parse_scenario
 from scenarios.search import Candidate, ScreenContext
 from scenarios.search.refine import SAMPLED_LAYERS, dp_probe, refine, refined_estimate, sampled, step1_profiles
@@ -83,11 +84,12 @@ def test_refine_prices_each_family_its_own_way_and_reorders(small):
     assert step1_profiles(ctx, PLANS[-1]) is step1_profiles(ctx, PLANS[-1])  # cached by its pass key
 
 
-def test_refine_on_a_process_pool_prices_as_here(small, tmp_path):
+def test_refine_on_a_process_pool_prices_as_here(small, tmp_path, monkeypatch):
     """The sampled-layer runs on a process pool (``trainsim search --workers``) give the very estimates the
     runs in this process give, each distinct run once: the block-recompute plan shares its every-layer
-    runs with its twin. With the search's ``--cache`` they are kept, and a resumed search re-prices
-    from it without simulating again (the pipeline's step-1 passes are timed again: no simulation)."""
+    runs with its twin. With the search's ``--cache`` they are kept, the pipeline's step-1 passes and
+    data-parallel probes too, and a resumed search re-prices from it simulating nothing (every run counted
+    at the simulator's entry, :meth:`hwmodel.runtime.Runtime.run`) to the same estimates."""
     from concurrent.futures import ProcessPoolExecutor
 
     sc, here = small
@@ -103,12 +105,20 @@ def test_refine_on_a_process_pool_prices_as_here(small, tmp_path):
     assert [(e.candidate, e.iteration_time_s) for e in pooled] == times
     assert len(ticks) == len(plans)
     sampled_plans = [c for c in plans if sampled(c)]
-    assert pooled_ctx.refine_runs == 2 * len(sampled_plans) - 2 + 1 + len(plans) - len(sampled_plans)
+    probes = len(pooled_ctx._dp_probe)  # the pipeline plan's data-parallel collectives, one run each
+    assert probes >= 1
+    assert pooled_ctx.refine_runs == 2 * len(sampled_plans) - 2 + 1 + len(plans) - len(sampled_plans) + probes
     assert pooled_ctx.refine_worker_cpu_s > 0
     resumed = ScreenContext(sc)
+    runs = []
+    real_run = Runtime.run
+    monkeypatch.setattr(Runtime, "run", lambda self, *a, **k: runs.append(1) or real_run(self, *a, **k))
     assert [(e.candidate, e.iteration_time_s) for e in refine(resumed, fit, n=len(fit), cache=tmp_path / "c.jsonl")] \
         == times
-    assert resumed.refine_runs == len(plans) - len(sampled_plans)
+    assert getattr(resumed, "refine_runs", 0) == 0 and runs == []
+    assert len(resumed._dp_probe) == probes and len(resumed._step1) == 1  # read back, not simulated
+    assert [(e.candidate, e.iteration_time_s) for e in refine(ScreenContext(sc), fit, n=len(fit))] == times
+    assert runs  # (the count sees simulations: the same search without the cache runs them)
 
 
 @pytest.mark.parametrize("oversubscription", [1, 4])
